@@ -1,0 +1,32 @@
+"""fitjax: the PyTorch-Lightning experience on JAX.
+
+Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`); `Trainer.fit`
+builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
+"""
+
+from fitjax import callbacks, data, loggers, strategies
+from fitjax.callbacks import Callback, RichProgressBar
+from fitjax.data import DataLoader, DataModule
+from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
+from fitjax.module import LitModule
+from fitjax.state import TrainState
+from fitjax.trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CSVLogger",
+    "Callback",
+    "DataLoader",
+    "DataModule",
+    "LitModule",
+    "Logger",
+    "RichProgressBar",
+    "TensorBoardLogger",
+    "TrainState",
+    "Trainer",
+    "callbacks",
+    "data",
+    "loggers",
+    "strategies",
+]

@@ -1,0 +1,115 @@
+"""One interface over Linen and NNX models: initialise, then call a function of the bound model.
+
+Both backends reduce a model to two plain pytrees of arrays: `params` (what the optimizer
+updates) and `model_state` (BatchNorm statistics, NNX rng counters, ...). Everything the trainer
+jits, shards and checkpoints is built from these two trees, so the rest of fitjax never asks which
+kind of model it holds.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+from flax import nnx
+
+from fitjax._typing import PyTree
+
+# Linen collections that are outputs of a call, not state to thread between steps.
+_TRANSIENT_COLLECTIONS = ("intermediates",)
+
+
+class ModelBinding(abc.ABC):
+    """Initialises a model and calls `fn(bound_model, *args)` on given params and state."""
+
+    @abc.abstractmethod
+    def init(self, fn: Callable, rng: jax.Array, *args: Any) -> tuple[PyTree, PyTree]:
+        """Returns `(params, model_state)`; traceable (it runs under `jax.jit`)."""
+
+    @abc.abstractmethod
+    def apply(
+        self, fn: Callable, params: PyTree, model_state: PyTree, rng: jax.Array, *args: Any, train: bool
+    ) -> tuple[Any, PyTree]:
+        """Returns `(fn(bound_model, *args), new_model_state)`."""
+
+    def initial_variables(self) -> tuple[PyTree, PyTree] | None:
+        """The variables the model already holds (NNX), or None when it must be initialised."""
+        return None
+
+
+class LinenBinding(ModelBinding):
+    """A `flax.linen.Module`: variables are created by tracing `fn` itself on the first batch."""
+
+    def __init__(self, model: nn.Module, rng_streams: tuple[str, ...]):
+        self.model = model
+        self.rng_streams = tuple(rng_streams)
+
+    def _rngs(self, rng: jax.Array) -> dict[str, jax.Array]:
+        return {name: jax.random.fold_in(rng, i) for i, name in enumerate(self.rng_streams)}
+
+    def init(self, fn, rng, *args):
+        params_rng, rng = jax.random.split(rng)
+        variables = nn.init(fn, self.model)({"params": params_rng, **self._rngs(rng)}, *args)
+        variables = dict(variables)
+        params = variables.pop("params", {})
+        state = {k: v for k, v in variables.items() if k not in _TRANSIENT_COLLECTIONS}
+        return params, state
+
+    def apply(self, fn, params, model_state, rng, *args, train):
+        variables = {"params": params, **model_state}
+        if train and model_state:
+            out, updates = nn.apply(fn, self.model, mutable=list(model_state))(
+                variables, *args, rngs=self._rngs(rng)
+            )
+            return out, {**model_state, **{k: updates[k] for k in model_state if k in updates}}
+        return nn.apply(fn, self.model)(variables, *args, rngs=self._rngs(rng)), model_state
+
+
+class NNXBinding(ModelBinding):
+    """A `flax.nnx.Module`: split once into a graph and two pure-dict states, merged in the step.
+
+    The states are kept as plain nested dicts of arrays (not `nnx.State` of Variables) so that
+    they move through `jax.grad`, donation and Orbax like any pytree.
+    """
+
+    def __init__(self, model: nnx.Module):
+        self.model = model
+        self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self._initial = (nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
+
+    def initial_variables(self):
+        return self._initial
+
+    def init(self, fn, rng, *args):
+        return self._initial
+
+    def apply(self, fn, params, model_state, rng, *args, train):
+        model = nnx.merge(self.graphdef, nnx.State(params), nnx.State(model_state))
+        if train:
+            model.train()
+        else:
+            model.eval()
+        out = fn(model, *args)
+        _, _, rest = nnx.split(model, nnx.Param, ...)
+        return out, nnx.to_pure_dict(rest)
+
+    def update_model(self, params: PyTree, model_state: PyTree) -> None:
+        """Writes trained values back into the user's NNX module object."""
+        _, param_state, rest_state = nnx.split(self.model, nnx.Param, ...)
+        nnx.replace_by_pure_dict(param_state, params)
+        nnx.replace_by_pure_dict(rest_state, model_state)
+        nnx.update(self.model, param_state, rest_state)
+
+
+def bind(model: Any, *, rng_streams: tuple[str, ...], owner: str) -> ModelBinding:
+    """The binding for `model`, with an error naming what was found when it is no flax model."""
+    if isinstance(model, nn.Module):
+        return LinenBinding(model, rng_streams)
+    if isinstance(model, nnx.Module):
+        return NNXBinding(model)
+    raise TypeError(
+        f"{owner}.model must be a flax.linen.Module or a flax.nnx.Module, got {type(model).__name__}: "
+        f"{model!r}. Assign your network in __init__: `self.model = MyNet()`."
+    )

@@ -1,0 +1,103 @@
+"""Builds the train state and the jitted functions for one (module, strategy) pair.
+
+Everything here returns values; nothing mutates the trainer. `Compiled.train_step` is the single
+jitted step of DESIGN.md: compiled once per batch shape, state donated, shardings from the strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import optax
+
+from fitjax import metrics as acc_lib
+from fitjax import step as step_lib
+from fitjax._typing import Batch, PyTree
+from fitjax.state import TrainState
+from fitjax.strategies import Strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """The jitted functions of one fit/eval run and the shardings they were built with."""
+
+    state_shardings: Any
+    metric_names: tuple[str, ...]
+    train_step: Callable[[TrainState, Batch], tuple[TrainState, dict]] | None
+    reset_metrics: Callable[[TrainState], TrainState] | None
+    eval_step: Callable[..., Any]
+    predict_step: Callable[..., Any]
+
+
+def check_optimizer(tx: Any, owner: str) -> optax.GradientTransformation:
+    if isinstance(tx, optax.GradientTransformation) or (
+        hasattr(tx, "init") and hasattr(tx, "update") and callable(tx.init) and callable(tx.update)
+    ):
+        return tx
+    raise TypeError(
+        f"{owner}.configure_optimizer must return an optax.GradientTransformation (e.g. "
+        f"`optax.adamw(1e-3)`), got {type(tx).__name__}: {tx!r}."
+    )
+
+
+def _abstract(batch: Batch) -> Batch:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+
+
+def build(module, strategy: Strategy, batch: Batch, *, seed: int, train: bool = True
+          ) -> tuple[TrainState | tuple[PyTree, PyTree], Compiled]:
+    """Initialises (or reuses) the module's variables and compiles the step functions.
+
+    With `train=True` returns a sharded `TrainState` (optimizer state included); otherwise the
+    sharded `(params, model_state)` alone. `batch` is a host batch used for shapes (and, for Linen,
+    to trace `loss` for lazy initialisation).
+    """
+    owner = type(module).__name__
+    binding = module._get_binding()
+    given = module.variables or binding.initial_variables()
+    abstract_batch = _abstract(batch)
+    metric_names = step_lib.check_step_outputs(module, binding, abstract_batch, given)
+    tx = check_optimizer(module.configure_optimizer(), owner) if train else optax.identity()
+
+    init_fn = step_lib.make_init_fn(module, binding, tx, metric_names)
+    abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
+    shardings = strategy.state_shardings(abstract_state)
+    replicated = strategy.replicated
+    batch_sharding = strategy.batch_sharding
+
+    rng = jax.random.key(seed)
+    sharded_batch = strategy.shard_batch(batch)
+    if given is not None:
+        # A copy, never an alias: the state is donated to the step, and these arrays belong to the
+        # user's model (NNX) or to the module's last fit.
+        given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
+    state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
+
+    train_step = reset_metrics = None
+    if train:
+        train_step = strategy.jit(
+            step_lib.make_train_step(module, binding, tx),
+            in_shardings=(shardings, batch_sharding),
+            out_shardings=(shardings, replicated),
+            donate_argnums=(0,),
+        )
+        reset_metrics = strategy.jit(
+            lambda s: s.replace(metrics=acc_lib.zeros(metric_names)),
+            in_shardings=(shardings,), out_shardings=shardings, donate_argnums=(0,),
+        )
+    eval_step = strategy.jit(
+        step_lib.make_eval_step(module, binding),
+        in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
+                      batch_sharding, batch_sharding),
+        out_shardings=replicated,
+        donate_argnums=(3,),
+    )
+    predict_step = strategy.jit(
+        step_lib.make_predict_step(module, binding),
+        in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
+        out_shardings=batch_sharding,
+    )
+    compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step)
+    return (state if train else (state.params, state.model_state, state.rng)), compiled

@@ -1,0 +1,111 @@
+"""`Callback`: plain objects with hook methods; the trainer calls them in a loop over a list.
+
+Hooks receive the trainer (to read counters and metrics, not to mutate its internals) and the
+module, with Lightning's names and arguments. A hook no callback overrides is never called: the
+trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost nothing unless used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Callback", "CallbackList"]
+
+HOOKS = (
+    "setup", "teardown",
+    "on_fit_start", "on_fit_end",
+    "on_train_start", "on_train_end",
+    "on_train_epoch_start", "on_train_epoch_end",
+    "on_train_batch_start", "on_train_batch_end",
+    "on_validation_start", "on_validation_end",
+    "on_validation_epoch_start", "on_validation_epoch_end",
+    "on_validation_batch_end",
+    "on_test_start", "on_test_end",
+    "on_test_epoch_start", "on_test_epoch_end",
+    "on_test_batch_end",
+    "on_predict_start", "on_predict_end",
+    "on_predict_batch_end",
+    "on_exception",
+)  # fmt: skip
+
+
+class Callback:
+    """Base class for callbacks; override the hooks you need.
+
+    Per-batch hooks receive `outputs`: the step's metrics as device arrays (a dict). Reading one
+    (`float(outputs["loss"])`) waits for that step to finish — a host sync per batch that stalls
+    the pipeline of queued steps; read them every N batches, or use the values the trainer
+    fetches at log time in `trainer.callback_metrics`.
+
+    Example:
+        >>> import fitjax as fj
+        >>> class PrintEpoch(fj.Callback):
+        ...     def on_train_epoch_end(self, trainer, module):
+        ...         print(trainer.current_epoch, trainer.callback_metrics.get("train/loss_epoch"))
+    """
+
+    def setup(self, trainer, module, stage: str) -> None: ...
+    def teardown(self, trainer, module, stage: str) -> None: ...
+    def on_fit_start(self, trainer, module) -> None: ...
+    def on_fit_end(self, trainer, module) -> None: ...
+    def on_train_start(self, trainer, module) -> None: ...
+    def on_train_end(self, trainer, module) -> None: ...
+    def on_train_epoch_start(self, trainer, module) -> None: ...
+    def on_train_epoch_end(self, trainer, module) -> None: ...
+    def on_train_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_start(self, trainer, module) -> None: ...
+    def on_validation_end(self, trainer, module) -> None: ...
+    def on_validation_epoch_start(self, trainer, module) -> None: ...
+    def on_validation_epoch_end(self, trainer, module) -> None: ...
+    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_test_start(self, trainer, module) -> None: ...
+    def on_test_end(self, trainer, module) -> None: ...
+    def on_test_epoch_start(self, trainer, module) -> None: ...
+    def on_test_epoch_end(self, trainer, module) -> None: ...
+    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_start(self, trainer, module) -> None: ...
+    def on_predict_end(self, trainer, module) -> None: ...
+    def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_exception(self, trainer, module, exception: BaseException) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What to store in a checkpoint to resume this callback exactly."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what `state_dict` returned."""
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint (class name by default)."""
+        return type(self).__qualname__
+
+
+class CallbackList:
+    """Calls a hook on the module first (if it has it) and then on each callback that overrides it."""
+
+    def __init__(self, callbacks: list[Callback]):
+        self.callbacks = list(callbacks)
+        self._overriding = {
+            name: [cb for cb in self.callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
+            for name in HOOKS
+        }
+
+    def wants(self, hook: str) -> bool:
+        """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
+        return bool(self._overriding[hook])
+
+    def call(self, hook: str, trainer, module, *args: Any) -> None:
+        if hook in MODULE_HOOKS:
+            getattr(module, hook)()
+        for cb in self._overriding[hook]:
+            getattr(cb, hook)(trainer, module, *args)
+
+
+# The no-argument hooks a LitModule may override; called before the callbacks' hooks.
+MODULE_HOOKS = frozenset(
+    {"on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start",
+     "on_train_epoch_end", "on_validation_epoch_start", "on_validation_epoch_end",
+     "on_test_epoch_start", "on_test_epoch_end"}
+)

@@ -1,0 +1,158 @@
+"""`LitModule`: what to train. The user declares `loss`, `configure_optimizer` and `metrics`."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Iterator
+
+import flax.linen as nn
+import optax
+from flax import nnx
+
+from fitjax._binding import ModelBinding, NNXBinding, bind
+from fitjax._hparams import AttributeDict, collect_init_args
+from fitjax._typing import Batch, Metrics, PyTree
+
+__all__ = ["LitModule"]
+
+
+class LitModule:
+    """The user's training recipe: a flax model plus the loss, metrics and optimizer around it.
+
+    Subclass it, assign a `flax.linen.Module` or `flax.nnx.Module` to `self.model`, and define
+    `loss` and `configure_optimizer` (and optionally `metrics`, `predict_step`). Every method that
+    receives `model` is traced under `jax.jit`: keep it pure (no Python side effects, no `.item()`).
+
+    Example:
+        >>> import fitjax as fj, flax.linen as nn, optax
+        >>> class Regressor(fj.LitModule):
+        ...     def __init__(self, lr: float = 1e-2):
+        ...         super().__init__()
+        ...         self.save_hyperparameters()
+        ...         self.model = nn.Dense(1)
+        ...     def loss(self, model, batch):
+        ...         return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+        ...     def configure_optimizer(self):
+        ...         return optax.sgd(self.hparams.lr)
+        >>> Regressor().hparams.lr
+        0.01
+    """
+
+    #: Linen rng streams the trainer supplies to every call (`self.make_rng(name)` in the model).
+    #: NNX models carry their own `nnx.Rngs`, checkpointed with the model state.
+    rng_streams: tuple[str, ...] = ("dropout",)
+
+    def __init__(self) -> None:
+        self.training: bool = False
+        self._hparams = AttributeDict()
+        self._binding: ModelBinding | None = None
+        self._variables: tuple[PyTree, PyTree] | None = None
+
+    # ----------------------------------------------------------------- user hooks (override these)
+
+    def loss(self, model: Any, batch: Batch) -> Any:
+        """Returns a scalar loss, or `(loss, outputs)` where `outputs` is handed to `metrics`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define `loss(self, model, batch)` returning a scalar loss "
+            "or `(loss, outputs)`."
+        )
+
+    def metrics(self, batch: Batch, outputs: Any) -> Metrics:
+        """Per-batch scalar metrics (traced); averaged over examples by the trainer."""
+        return {}
+
+    def configure_optimizer(self) -> optax.GradientTransformation:
+        """Returns the optax transformation that updates `model`'s parameters."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define `configure_optimizer(self)` returning an optax "
+            "transformation, e.g. `return optax.adamw(1e-3)`."
+        )
+
+    def predict_step(self, model: Any, batch: Batch) -> Any:
+        """What `Trainer.predict` returns per batch; by default `model(inputs)`.
+
+        `inputs` is the batch itself when it is an array, or its first element when it is a
+        tuple or list (`(x, y)` pairs). Override it for dict batches or richer outputs.
+        """
+        if isinstance(batch, (tuple, list)):
+            batch = batch[0]
+        if isinstance(batch, dict):
+            raise NotImplementedError(
+                f"{type(self).__name__}.predict_step: the batch is a dict with keys {sorted(batch)}, "
+                "so fitjax cannot tell which are the inputs. Override "
+                "`predict_step(self, model, batch)`, e.g. `return model(batch['image'])`."
+            )
+        return model(batch)
+
+    # lifecycle hooks, called before the callbacks' hooks of the same name
+    def on_fit_start(self) -> None: ...
+    def on_fit_end(self) -> None: ...
+    def on_train_start(self) -> None: ...
+    def on_train_end(self) -> None: ...
+    def on_train_epoch_start(self) -> None: ...
+    def on_train_epoch_end(self) -> None: ...
+    def on_validation_epoch_start(self) -> None: ...
+    def on_validation_epoch_end(self) -> None: ...
+    def on_test_epoch_start(self) -> None: ...
+    def on_test_epoch_end(self) -> None: ...
+
+    # ------------------------------------------------------------------------ hyperparameters
+
+    def save_hyperparameters(self, *names: str, ignore: str | tuple[str, ...] = ()) -> None:
+        """Records the calling `__init__`'s arguments as `self.hparams` (logged and checkpointed).
+
+        Args:
+            *names: only these arguments (default: all of them).
+            ignore: arguments to leave out (e.g. large objects).
+        """
+        frame = inspect.currentframe().f_back  # the subclass's __init__
+        try:
+            ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+            self._hparams.update(collect_init_args(frame, names=names, ignore=ignore))
+        finally:
+            del frame
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """The saved hyperparameters; `self.hparams.lr` or `self.hparams["lr"]`."""
+        return self._hparams
+
+    # ------------------------------------------------------------------ model binding (internal)
+
+    @property
+    def variables(self) -> tuple[PyTree, PyTree] | None:
+        """`(params, model_state)` after `fit` (or a restore); None before the model is built."""
+        return self._variables
+
+    def _find_model(self) -> Any:
+        if getattr(self, "model", None) is not None:
+            return self.model
+        found = [v for v in vars(self).values() if isinstance(v, (nn.Module, nnx.Module))]
+        if len(found) == 1:
+            return found[0]
+        raise AttributeError(
+            f"{type(self).__name__} has no model: assign a flax.linen or flax.nnx module to "
+            f"`self.model` in __init__ (found {len(found)} flax modules among its attributes)."
+        )
+
+    def _get_binding(self) -> ModelBinding:
+        if self._binding is None:
+            self._binding = bind(
+                self._find_model(), rng_streams=tuple(self.rng_streams), owner=type(self).__name__
+            )
+        return self._binding
+
+    def _set_variables(self, params: PyTree, model_state: PyTree) -> None:
+        self._variables = (params, model_state)
+        binding = self._get_binding()
+        if isinstance(binding, NNXBinding):
+            binding.update_model(params, model_state)
+
+    @contextlib.contextmanager
+    def _mode(self, training: bool) -> Iterator[None]:
+        previous, self.training = self.training, training
+        try:
+            yield
+        finally:
+            self.training = previous

@@ -1,0 +1,32 @@
+"""`TrainState`: everything a step reads and writes, as one pytree."""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+
+from fitjax._typing import PyTree
+
+__all__ = ["TrainState"]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """One pytree holding the whole mutable state of training.
+
+    Attributes:
+        step: optimizer steps taken (int32 scalar); folded into `rng` so each step draws fresh keys.
+        params: the trainable parameters (a nested dict of arrays).
+        model_state: non-trainable model variables (BatchNorm statistics, NNX rng counters).
+        opt_state: the optax state.
+        rng: the run's base key; per-step keys are `fold_in(rng, step)`, so a resumed run continues
+            the same random stream.
+        metrics: train-metric accumulators since the last log (see `fitjax.metrics`).
+    """
+
+    step: jax.Array
+    params: PyTree
+    model_state: PyTree
+    opt_state: PyTree
+    rng: jax.Array
+    metrics: dict[str, jax.Array]

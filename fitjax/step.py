@@ -1,0 +1,181 @@
+"""The pure functions the trainer jits: init, train step, eval step, predict step.
+
+No I/O and no Python side effects here: each function is traced once per input shape and then
+runs as compiled code. The strategy decides how their inputs and outputs are sharded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fitjax import metrics as acc_lib
+from fitjax._binding import ModelBinding
+from fitjax._typing import Batch, PyTree
+from fitjax.state import TrainState
+
+__all__ = [
+    "check_step_outputs",
+    "make_eval_step",
+    "make_init_fn",
+    "make_predict_step",
+    "make_train_step",
+]
+
+_EVAL_RNG_SALT = 0x5EED  # eval/predict draw from a fixed key: the same params give the same numbers
+
+
+def _split_loss(out: Any) -> tuple[jax.Array, Any]:
+    if isinstance(out, tuple) and len(out) == 2:
+        return out
+    return out, None
+
+
+def _forward(module, binding: ModelBinding, params, model_state, rng, batch, *, train: bool):
+    """`module.loss` on the bound model: `(loss, outputs, new_model_state)`."""
+    with module._mode(train):
+        out, new_state = binding.apply(module.loss, params, model_state, rng, batch, train=train)
+    loss, outputs = _split_loss(out)
+    return loss, outputs, new_state
+
+
+def _metrics(module, batch, outputs, loss, *, train: bool) -> dict[str, jax.Array]:
+    with module._mode(train):
+        values = dict(module.metrics(batch, outputs) or {})
+    return {"loss": loss, **values}
+
+
+def _leading_dim(batch: Batch) -> int:
+    return jax.tree.leaves(batch)[0].shape[0]
+
+
+def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation,
+                 metric_names: tuple[str, ...]) -> Callable[..., TrainState]:
+    """`init(rng, batch, given) -> TrainState`; `given` holds NNX variables (None for Linen)."""
+
+    def init(rng: jax.Array, batch: Batch, given: tuple[PyTree, PyTree] | None) -> TrainState:
+        init_rng, rng = jax.random.split(rng)
+        if given is None:
+            with module._mode(True):
+                params, model_state = binding.init(module.loss, init_rng, batch)
+        else:
+            params, model_state = given
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            model_state=model_state,
+            opt_state=tx.init(params),
+            rng=rng,
+            metrics=acc_lib.zeros(metric_names),
+        )
+
+    return init
+
+
+def make_train_step(module, binding: ModelBinding, tx: optax.GradientTransformation):
+    """`train_step(state, batch) -> (state, step_metrics)`: one optimizer update."""
+
+    def train_step(state: TrainState, batch: Batch):
+        rng = jax.random.fold_in(state.rng, state.step)
+
+        def loss_fn(params):
+            loss, outputs, new_state = _forward(
+                module, binding, params, state.model_state, rng, batch, train=True
+            )
+            return loss, (outputs, new_state)
+
+        (loss, (outputs, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        values = _metrics(module, batch, outputs, loss, train=True)
+        new_state = state.replace(
+            step=state.step + 1,
+            params=params,
+            model_state=model_state,
+            opt_state=opt_state,
+            metrics=acc_lib.add(state.metrics, values, _leading_dim(batch)),
+        )
+        return new_state, values
+
+    return train_step
+
+
+def make_eval_step(module, binding: ModelBinding):
+    """`eval_step(params, model_state, rng, acc, batch, mask) -> acc`.
+
+    The loss and metrics are computed per example (`vmap` over the batch) and weighted by
+    `mask`, so the padded rows of a last partial batch count for nothing and every real example
+    counts exactly once, without compiling a second shape.
+    """
+
+    def eval_step(params, model_state, rng, acc, batch: Batch, mask: jax.Array):
+        rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
+
+        def one(example):
+            example = jax.tree.map(lambda x: x[None], example)
+            loss, outputs, _ = _forward(module, binding, params, model_state, rng, example, train=False)
+            return _metrics(module, example, outputs, loss, train=False)
+
+        return acc_lib.add(acc, jax.vmap(one)(batch), mask)
+
+    return eval_step
+
+
+def make_predict_step(module, binding: ModelBinding):
+    """`predict_step(params, model_state, rng, batch) -> outputs` in eval mode."""
+
+    def predict_step(params, model_state, rng, batch: Batch):
+        rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
+        with module._mode(False):
+            out, _ = binding.apply(module.predict_step, params, model_state, rng, batch, train=False)
+        return out
+
+    return predict_step
+
+
+def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> tuple[str, ...]:
+    """Traces (never compiles) init + loss + metrics on `batch`; returns the metric names.
+
+    Raises the errors a user needs before a long compilation: a non-scalar loss, metrics that are
+    not a dict of per-batch scalars.
+    """
+    owner = type(module).__name__
+
+    def probe(rng, batch, given):
+        params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
+        with module._mode(True):
+            out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=True)
+        loss, outputs = _split_loss(out)
+        with module._mode(True):
+            values = module.metrics(batch, outputs)
+        return loss, values
+
+    with module._mode(True):
+        loss, values = jax.eval_shape(probe, jax.random.key(0), batch, given)
+    if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
+        got = f"shape {loss.shape} dtype {loss.dtype}" if hasattr(loss, "shape") else repr(loss)
+        raise ValueError(
+            f"{owner}.loss must return a scalar float loss (or `(loss, outputs)`), got {got}. "
+            "Reduce it over the batch, e.g. `.mean()`."
+        )
+    values = values or {}
+    if not isinstance(values, dict):
+        raise TypeError(
+            f"{owner}.metrics must return a dict of name -> scalar, got {type(values).__name__}: "
+            f"{values!r}."
+        )
+    for name, value in values.items():
+        if not isinstance(name, str) or name == "loss":
+            raise ValueError(
+                f"{owner}.metrics returned the key {name!r}; keys must be strings other than 'loss' "
+                "(the loss is logged for you)."
+            )
+        if getattr(value, "shape", None) != ():
+            raise ValueError(
+                f"{owner}.metrics()[{name!r}] must be one scalar per batch, got shape "
+                f"{getattr(value, 'shape', value)!r}. Reduce it over the batch, e.g. `.mean()`."
+            )
+    return ("loss", *values)

@@ -1,0 +1,40 @@
+"""Strategies: how the train state and batches are laid out over devices.
+
+`resolve(name_or_instance)` maps Trainer's `strategy=` argument to an instance through one
+registry; an unknown name gets an error listing the valid ones.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fitjax.strategies._base import Strategy
+from fitjax.strategies.dp import DataParallel
+from fitjax.strategies.single import SingleDevice
+
+__all__ = ["DataParallel", "SingleDevice", "Strategy", "register", "resolve"]
+
+_REGISTRY: dict[str, Callable[[], Strategy]] = {
+    "single": SingleDevice,
+    "dp": DataParallel,
+    "ddp": DataParallel,  # Lightning's name for the same thing
+}
+
+
+def register(name: str, factory: Callable[[], Strategy]) -> None:
+    """Makes `Trainer(strategy=name)` build `factory()`."""
+    _REGISTRY[name] = factory
+
+
+def resolve(strategy: str | Strategy, *, num_devices: int) -> Strategy:
+    """`"auto"` is `"dp"` over several devices and `"single"` over one."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy == "auto":
+        strategy = "dp" if num_devices > 1 else "single"
+    if isinstance(strategy, str) and strategy in _REGISTRY:
+        return _REGISTRY[strategy]()
+    raise ValueError(
+        f"Trainer(strategy=...) got {strategy!r}; use one of {['auto', *sorted(_REGISTRY)]} or a "
+        "fitjax.strategies.Strategy instance."
+    )

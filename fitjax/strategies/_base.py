@@ -1,0 +1,95 @@
+"""`Strategy`: how arrays are laid out over devices. It supplies shardings; the step is shared.
+
+A strategy owns a `jax.sharding.Mesh`. The batch is split over `data_axes`; the train state is
+laid out by `state_shardings` (replicated here; FSDP overrides it to shard parameters). The same
+jitted step serves every strategy: only its `in_shardings`/`out_shardings` differ.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fitjax._typing import Batch, PyTree
+
+__all__ = ["Strategy"]
+
+
+class Strategy(abc.ABC):
+    """Base class: build a mesh in `setup`, then say how the state and batches are sharded.
+
+    Subclasses implement `_build_mesh` and may override `state_shardings`.
+    """
+
+    #: mesh axes the batch's leading dimension is split over
+    data_axes: tuple[str, ...] = ("data",)
+
+    def __init__(self) -> None:
+        self._mesh: Mesh | None = None
+
+    # ------------------------------------------------------------------------ what subclasses say
+
+    @abc.abstractmethod
+    def _build_mesh(self, devices: Sequence[jax.Device]) -> Mesh:
+        """A mesh over `devices` whose axes include `data_axes`."""
+
+    def state_shardings(self, abstract_state: PyTree) -> PyTree:
+        """Shardings for every leaf of the train state (default: replicated on the mesh)."""
+        replicated = self.replicated
+        return jax.tree.map(lambda _: replicated, abstract_state)
+
+    # ----------------------------------------------------------------------------- shared parts
+
+    def setup(self, devices: Sequence[jax.Device]) -> None:
+        """Builds the mesh over `devices` (called by the trainer once, before the first step)."""
+        self._mesh = self._build_mesh(list(devices))
+
+    @property
+    def mesh(self) -> Mesh:
+        if self._mesh is None:
+            raise RuntimeError(f"{type(self).__name__}.setup(devices) must run before the mesh is used")
+        return self._mesh
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P(self.data_axes))
+
+    @property
+    def num_batch_shards(self) -> int:
+        """How many pieces each global batch is split into."""
+        return int(np.prod([self.mesh.shape[a] for a in self.data_axes]))
+
+    def check_batch_size(self, size: int, *, what: str = "the global batch size") -> None:
+        shards = self.num_batch_shards
+        if size % shards:
+            raise ValueError(
+                f"{what} is {size}, which does not divide over the {shards} devices of the "
+                f"{type(self).__name__} strategy's {'×'.join(self.data_axes)} mesh axis. Use a batch "
+                f"size that is a multiple of {shards} (e.g. {max(shards, size - size % shards)}), or "
+                "fewer devices (`Trainer(devices=...)`)."
+            )
+
+    def shard_batch(self, batch: Batch) -> Batch:
+        """Host batch -> global arrays split over the data axes (this process's rows only)."""
+        sharding = self.batch_sharding
+        if jax.process_count() == 1:
+            return jax.device_put(batch, sharding)
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+
+    def jit(self, fn: Callable, *, in_shardings: Any, out_shardings: Any,
+            donate_argnums: tuple[int, ...] = ()) -> Callable:
+        """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation."""
+        return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                       donate_argnums=donate_argnums)
+
+    def __repr__(self) -> str:
+        shape = dict(self._mesh.shape) if self._mesh is not None else "not set up"
+        return f"{type(self).__name__}(mesh={shape})"

@@ -1,0 +1,511 @@
+"""`Trainer`: the loop. `fit` reads top to bottom: build, then epochs of steps, logs and validation.
+
+Sync points (where the host waits for the device) are marked; there is none per step.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import os
+from typing import Any, Iterable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from fitjax import _compiled
+from fitjax import metrics as acc_lib
+from fitjax._typing import Batch, HostMetrics, PyTree
+from fitjax.callbacks import Callback, CallbackList, RichProgressBar
+from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
+from fitjax.loggers import Logger, resolve_loggers
+from fitjax.module import LitModule
+from fitjax.state import TrainState
+from fitjax.strategies import Strategy, resolve as resolve_strategy
+
+__all__ = ["Trainer"]
+
+_PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
+
+
+def _positive_int_or_none(name: str, value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"Trainer({name}=...) must be a positive int or None, got {value!r}")
+
+
+def _check_limit(name: str, value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+        isinstance(value, float) and value > 1.0
+    ):
+        raise ValueError(
+            f"Trainer({name}=...) takes an int number of batches or a float fraction in [0, 1], "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _apply_limit(limit: int | float | None, total: int | None) -> int | None:
+    if limit is None:
+        return total
+    if isinstance(limit, float):
+        if total is None:
+            raise ValueError("a fractional limit_*_batches needs data with a known length (len())")
+        return int(total * limit) if limit < 1.0 else total
+    return limit if total is None else min(limit, total)
+
+
+def _select_devices(devices: Any) -> list[jax.Device]:
+    available = jax.devices()
+    if devices in ("auto", -1, None):
+        return available
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        if devices > len(available):
+            raise ValueError(
+                f"Trainer(devices={devices}) asks for more devices than the {len(available)} "
+                f"available ({available[0].platform}); use devices='auto' or at most {len(available)}."
+            )
+        return available[:devices]
+    if isinstance(devices, Sequence) and devices and all(isinstance(d, jax.Device) for d in devices):
+        return list(devices)
+    raise ValueError(
+        f"Trainer(devices=...) takes 'auto', a positive int or a list of jax devices, got {devices!r}"
+    )
+
+
+class Trainer:
+    """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
+
+    Args (Lightning's names and meanings):
+        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
+        max_steps: stop after this many optimizer steps.
+        strategy: "auto", "single", "dp" or a `fitjax.strategies.Strategy`.
+        devices: "auto" (all), a count, or a list of `jax.Device`.
+        callbacks: extra `Callback`s (a progress bar is added when `enable_progress_bar`).
+        logger: True (TensorBoard), False, a `Logger` or a list of them.
+        default_root_dir: where logs (and checkpoints) go; the working directory by default.
+        log_every_n_steps: fetch, log and display train metrics every this many steps (the only
+            regular host sync of the loop).
+        val_check_interval: validate every this many train batches (int) or fraction of an epoch
+            (float); default once per epoch.
+        check_val_every_n_epoch: validate after every n-th epoch.
+        limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches:
+            an int number of batches or a float fraction per epoch.
+        fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
+        enable_progress_bar: show a `RichProgressBar`.
+        seed: the run's base random key (parameter init and every rng stream).
+
+    Example:
+        >>> import fitjax as fj
+        >>> trainer = fj.Trainer(max_epochs=3, strategy="dp", log_every_n_steps=10)
+        >>> # trainer.fit(MyModule(), fj.DataLoader(train, batch_size=64, shuffle=True), val_loader)
+    """
+
+    def __init__(
+        self,
+        *,
+        max_epochs: int | None = None,
+        max_steps: int | None = None,
+        strategy: str | Strategy = "auto",
+        devices: Any = "auto",
+        callbacks: Iterable[Callback] | None = None,
+        logger: bool | Logger | Sequence[Logger] = True,
+        default_root_dir: str | os.PathLike | None = None,
+        log_every_n_steps: int = 50,
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        fast_dev_run: bool | int = False,
+        enable_progress_bar: bool = True,
+        seed: int = 0,
+    ):
+        self.max_steps = _positive_int_or_none("max_steps", max_steps)
+        self.max_epochs = _positive_int_or_none("max_epochs", max_epochs)
+        if self.max_epochs is None and self.max_steps is None:
+            self.max_epochs = 1000  # Lightning's default
+        self.log_every_n_steps = _positive_int_or_none("log_every_n_steps", log_every_n_steps)
+        self.check_val_every_n_epoch = _positive_int_or_none("check_val_every_n_epoch", check_val_every_n_epoch)
+        if val_check_interval is not None and (
+            isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
+            or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1)
+        ):
+            raise ValueError(
+                "Trainer(val_check_interval=...) takes an int number of train batches or a float "
+                f"fraction of an epoch in (0, 1], got {val_check_interval!r}"
+            )
+        self.val_check_interval = val_check_interval
+        self.limits = {
+            "train": _check_limit("limit_train_batches", limit_train_batches),
+            "val": _check_limit("limit_val_batches", limit_val_batches),
+            "test": _check_limit("limit_test_batches", limit_test_batches),
+            "predict": _check_limit("limit_predict_batches", limit_predict_batches),
+        }
+        if not isinstance(fast_dev_run, (bool, int)) or fast_dev_run < 0:
+            raise ValueError(f"Trainer(fast_dev_run=...) takes a bool or a positive int, got {fast_dev_run!r}")
+        self.fast_dev_run = int(fast_dev_run)
+        if self.fast_dev_run:
+            self.limits = {stage: self.fast_dev_run for stage in self.limits}
+            self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
+            logger = False
+        if not isinstance(seed, int):
+            raise ValueError(f"Trainer(seed=...) must be an int, got {seed!r}")
+        self.seed = seed
+
+        self.devices = _select_devices(devices)
+        self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
+        self.strategy.setup(self.devices)
+        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
+
+        callbacks = list(callbacks or [])
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(
+                    f"Trainer(callbacks=...) items must be fitjax.Callback instances, got "
+                    f"{type(cb).__name__}: {cb!r}"
+                )
+        if enable_progress_bar and not any(isinstance(cb, RichProgressBar) for cb in callbacks):
+            callbacks.append(RichProgressBar())
+        if not enable_progress_bar:
+            callbacks = [cb for cb in callbacks if not isinstance(cb, RichProgressBar)]
+        self.callbacks: list[Callback] = callbacks
+        self._hooks = CallbackList(callbacks)
+
+        # Loop position and what the last fetch saw. Read these from callbacks; do not set them.
+        self.global_step = 0
+        self.current_epoch = 0
+        self.should_stop = False
+        self.state: TrainState | None = None
+        self.callback_metrics: HostMetrics = {}
+        self.logged_metrics: HostMetrics = {}
+        self.progress_bar_metrics: HostMetrics = {}
+        self.num_training_batches: int | None = None
+        self.num_val_batches: int | None = None
+        self._compiled: _compiled.Compiled | None = None
+        self._module_for_compiled: LitModule | None = None
+        self._epoch_acc: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------------------ properties
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger (Lightning's `trainer.logger`)."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str | None:
+        return self.logger.log_dir if self.logger is not None else None
+
+    @property
+    def is_global_zero(self) -> bool:
+        return jax.process_index() == 0
+
+    # --------------------------------------------------------------------------------- fit
+
+    def fit(
+        self,
+        module: LitModule,
+        train_data: Any = None,
+        val_data: Any = None,
+        *,
+        datamodule: DataModule | None = None,
+    ) -> None:
+        """Trains `module` on `train_data`, validating on `val_data` (both optional with a datamodule).
+
+        Data may be a `fj.DataLoader`, a torch `DataLoader`, a grain dataset, or any re-iterable
+        of batches (pytrees of arrays).
+        """
+        _check_module(module)
+        train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
+        self._hooks.call("setup", self, module, "fit")
+        try:
+            self._fit(module, train_loader, val_loader)
+        except BaseException as exc:
+            self._hooks.call("on_exception", self, module, exc)
+            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            raise
+        finally:
+            self._hooks.call("teardown", self, module, "fit")
+        self._finalize_loggers("success")
+
+    def _fit(self, module: LitModule, train_loader, val_loader) -> None:
+        self.should_stop = False
+        epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
+        first = next(epoch_iter, None)
+        if first is None:
+            raise ValueError("train_data is empty: its first epoch yielded no batch.")
+        self.strategy.check_batch_size(batch_size_of(first), what="the train batch size")
+        self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed)
+        self._module_for_compiled = module
+        epoch_iter = itertools.chain([first], epoch_iter)
+        for logger in self.loggers:
+            logger.log_hyperparams(dict(module.hparams))
+
+        self.num_training_batches = _apply_limit(self.limits["train"], _maybe_len(train_loader))
+        val_every = self._val_every(self.num_training_batches)
+        self._hooks.call("on_fit_start", self, module)
+        self._hooks.call("on_train_start", self, module)
+        wants_batch_start = self._hooks.wants("on_train_batch_start")
+        wants_batch_end = self._hooks.wants("on_train_batch_end")
+
+        while not self._done_training():
+            self._epoch_acc = {}
+            self._hooks.call("on_train_epoch_start", self, module)
+            batch_idx = -1
+            for batch_idx, batch in enumerate(self._prefetch(epoch_iter)):
+                if wants_batch_start:
+                    self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
+                self.state, outputs = self._compiled.train_step(self.state, batch)  # async dispatch
+                self.global_step += 1
+                if self.global_step % self.log_every_n_steps == 0:
+                    self._log_train_window()  # sync point: one transfer every log_every_n_steps
+                if wants_batch_end:
+                    self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
+                if val_every and (batch_idx + 1) % val_every == 0 and (batch_idx + 1) != self.num_training_batches:
+                    self._validate_during_fit(module, val_loader)
+                if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+                    break
+            if batch_idx < 0 and self.global_step == 0:
+                raise ValueError("train_data is empty: an epoch yielded no batch.")
+            self._log_train_window()
+            self._log(acc_lib.compute(self._epoch_acc, prefix="train/", suffix="_epoch"))
+            if self.check_val_every_n_epoch and (self.current_epoch + 1) % self.check_val_every_n_epoch == 0:
+                self._validate_during_fit(module, val_loader)
+            self._hooks.call("on_train_epoch_end", self, module)
+            self.current_epoch += 1
+            epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
+
+        self._sync_module(module)
+        self._hooks.call("on_train_end", self, module)
+        self._hooks.call("on_fit_end", self, module)
+
+    def _done_training(self) -> bool:
+        return (
+            self.should_stop
+            or (self.max_steps is not None and self.global_step >= self.max_steps)
+            or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
+        )
+
+    def _val_every(self, num_batches: int | None) -> int | None:
+        if self.val_check_interval is None:
+            return None
+        if isinstance(self.val_check_interval, float):
+            if num_batches is None:
+                raise ValueError("a float val_check_interval needs train data with a known length (len())")
+            return max(1, int(num_batches * self.val_check_interval))
+        return self.val_check_interval
+
+    def _log_train_window(self) -> None:
+        """Fetches the train accumulators (one transfer) and logs their means; resets them."""
+        host = jax.device_get(self.state.metrics)  # sync point
+        self.state = self._compiled.reset_metrics(self.state)
+        if not any(w > 0 for _, w in host.values()):
+            return
+        self._epoch_acc = acc_lib.merge_host(self._epoch_acc, host)
+        window = acc_lib.compute(host, prefix="train/")
+        self.progress_bar_metrics.update(window)
+        self._log(window)
+
+    def _validate_during_fit(self, module: LitModule, val_loader) -> None:
+        if val_loader is None:
+            return
+        self._hooks.call("on_validation_start", self, module)
+        self._hooks.call("on_validation_epoch_start", self, module)
+        results = self._evaluate(
+            module, val_loader, self.state.params, self.state.model_state, self.state.rng, stage="val"
+        )
+        self.progress_bar_metrics.update(results)
+        self._log(results)
+        self._hooks.call("on_validation_epoch_end", self, module)
+        self._hooks.call("on_validation_end", self, module)
+
+    # ---------------------------------------------------------------- validate / test / predict
+
+    def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None
+                 ) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`."""
+        return self._run_eval_stage(module, data, datamodule, stage="val")
+
+    def test(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None
+             ) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`."""
+        return self._run_eval_stage(module, data, datamodule, stage="test")
+
+    def _run_eval_stage(self, module, data, datamodule, *, stage: str) -> list[HostMetrics]:
+        _check_module(module)
+        name = {"val": "validate", "test": "test"}[stage]
+        loader = self._stage_loader(data, datamodule, stage=stage, method=name)
+        hook = {"val": "validation", "test": "test"}[stage]
+        self._hooks.call("setup", self, module, name)
+        try:
+            params, model_state, rng = self._eval_variables(module, loader, stage)
+            self._hooks.call(f"on_{hook}_start", self, module)
+            self._hooks.call(f"on_{hook}_epoch_start", self, module)
+            results = self._evaluate(module, loader, params, model_state, rng, stage=stage)
+            self._log(results)
+            self._hooks.call(f"on_{hook}_epoch_end", self, module)
+            self._hooks.call(f"on_{hook}_end", self, module)
+        finally:
+            self._hooks.call("teardown", self, module, name)
+        for logger in self.loggers:
+            logger.save()
+        return [results]
+
+    def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None) -> Any:
+        """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
+        input order, every example exactly once (the padding of a last partial batch removed)."""
+        _check_module(module)
+        loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
+        self._hooks.call("setup", self, module, "predict")
+        try:
+            params, model_state, rng = self._eval_variables(module, loader, "predict")
+            self._hooks.call("on_predict_start", self, module)
+            wants_batch_end = self._hooks.wants("on_predict_batch_end")
+            pieces = []
+            for batch_idx, (batch, size) in enumerate(self._eval_batches(loader, "predict")):
+                out = self._compiled.predict_step(params, model_state, rng, batch)
+                pieces.append((out, size))
+                if wants_batch_end:
+                    self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
+            host = jax.device_get([out for out, _ in pieces])  # sync point: one transfer at the end
+            self._hooks.call("on_predict_end", self, module)
+        finally:
+            self._hooks.call("teardown", self, module, "predict")
+        if not host:
+            return None
+        trimmed = [jax.tree.map(lambda x, n=n: np.asarray(x)[:n], out) for out, (_, n) in zip(host, pieces)]
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trimmed)
+
+    def _eval_variables(self, module: LitModule, loader, stage: str):
+        """Sharded `(params, model_state, rng)` for eval; initialises an unfitted Linen model."""
+        if self._compiled is not None and self._module_for_compiled is module and self.state is not None:
+            return self.state.params, self.state.model_state, self.state.rng
+        first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
+        if first is None:
+            raise ValueError(f"the {stage} data is empty: it yielded no batch.")
+        variables, self._compiled = _compiled.build(module, self.strategy, first[0], seed=self.seed, train=False)
+        self._module_for_compiled = module
+        self.state = None
+        return variables
+
+    def _evaluate(self, module, loader, params, model_state, rng, *, stage: str) -> HostMetrics:
+        """Loss and metrics over the whole of `loader`, each example counted once."""
+        acc = jax.device_put(acc_lib.zeros(self._compiled.metric_names), self.strategy.replicated)
+        hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
+        wants_batch_end = self._hooks.wants(hook)
+        if stage == "val":
+            self.num_val_batches = _apply_limit(self.limits["val"], _maybe_len(loader))
+        for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True)):
+            acc = self._compiled.eval_step(params, model_state, rng, acc, batch, mask)
+            if wants_batch_end:
+                self._hooks.call(hook, self, module, None, batch, batch_idx)
+        host = jax.device_get(acc)  # sync point: once per evaluation
+        return acc_lib.compute(host, prefix=f"{stage}/")
+
+    def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True
+                      ) -> Iterator[tuple[Batch, Any]]:
+        """Batches padded to one shape (the first batch's size, rounded up to a multiple of the
+        device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`."""
+        limit = _apply_limit(self.limits[stage], _maybe_len(loader))
+        shards = self.strategy.num_batch_shards
+        full = None
+        for batch_idx, batch in enumerate(loader):
+            if limit is not None and batch_idx >= limit:
+                break
+            size = batch_size_of(batch)
+            if full is None or size > full:
+                full = math.ceil(size / shards) * shards
+            padded, mask = pad_batch(batch, full)
+            if shard:
+                padded = self.strategy.shard_batch(padded)
+                mask = self.strategy.shard_batch(mask) if with_mask else mask
+            yield padded, (mask if with_mask else size)
+
+    # ---------------------------------------------------------------------------- internals
+
+    def _epoch_batches(self, loader, epoch: int) -> Iterator[Batch]:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        limit = _apply_limit(self.limits["train"], _maybe_len(loader))
+        return itertools.islice(iter(loader), limit)
+
+    def _prefetch(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        """Shards each batch onto the devices `_PREFETCH` steps before the step that uses it."""
+        queue: collections.deque = collections.deque()
+        for batch in batches:
+            queue.append(self.strategy.shard_batch(batch))
+            if len(queue) > _PREFETCH - 1:
+                yield queue.popleft()
+        while queue:
+            yield queue.popleft()
+
+    def _log(self, values: HostMetrics) -> None:
+        if not values:
+            return
+        self.callback_metrics.update(values)
+        self.logged_metrics.update(values)
+        row = {**values, "epoch": float(self.current_epoch)}
+        for logger in self.loggers:
+            logger.log_metrics(row, step=self.global_step)
+
+    def _sync_module(self, module: LitModule) -> None:
+        """Hands the trained variables back to the module (and into an NNX model object)."""
+        module._set_variables(self.state.params, self.state.model_state)
+
+    def _finalize_loggers(self, status: str) -> None:
+        for logger in self.loggers:
+            logger.finalize(status)
+
+    def _fit_loaders(self, train_data, val_data, datamodule):
+        if datamodule is not None:
+            if train_data is not None or val_data is not None:
+                raise ValueError("Trainer.fit: pass either train_data/val_data or datamodule=, not both.")
+            datamodule.prepare_data()
+            datamodule.setup("fit")
+            train_data = datamodule.train_dataloader()
+            try:
+                val_data = datamodule.val_dataloader()
+            except NotImplementedError:
+                val_data = None
+        if train_data is None:
+            raise ValueError(
+                "Trainer.fit needs train_data (e.g. `fj.DataLoader(arrays, batch_size=64, shuffle=True)`) "
+                "or datamodule=."
+            )
+        train = as_loader(train_data, name="train_data")
+        val = as_loader(val_data, name="val_data") if val_data is not None else None
+        return train, val
+
+    def _stage_loader(self, data, datamodule, *, stage: str, method: str):
+        if datamodule is not None:
+            datamodule.prepare_data()
+            datamodule.setup({"val": "validate"}.get(stage, stage))
+            data = getattr(datamodule, f"{stage}_dataloader")()
+        if data is None:
+            raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches) or datamodule=.")
+        return as_loader(data, name="data")
+
+
+def _maybe_len(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _check_module(module: Any) -> None:
+    if not isinstance(module, LitModule):
+        raise TypeError(
+            f"expected a fitjax.LitModule, got {type(module).__name__}: {module!r}. Subclass "
+            "`fj.LitModule` and define `loss` and `configure_optimizer`."
+        )
+    if "training" not in vars(module):
+        raise RuntimeError(
+            f"{type(module).__name__}.__init__ did not call `super().__init__()`; add it as the first line."
+        )

@@ -1,0 +1,12 @@
+"""8 virtual CPU devices for every test: set before JAX is imported anywhere."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+assert jax.device_count() == 8, "conftest must run before anything imports jax"
