@@ -1,6 +1,7 @@
 """Data for fitjax: in-memory loaders, adapters for what users bring, batch helpers, DataModule."""
 
 from fitjax.data._batching import batch_size_of, pad_batch
+from fitjax.data._datamodule import DataModule
 from fitjax.data._loader import DataLoader
 
-__all__ = ["DataLoader", "batch_size_of", "pad_batch"]
+__all__ = ["DataLoader", "DataModule", "batch_size_of", "pad_batch"]
