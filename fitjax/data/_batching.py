@@ -40,7 +40,7 @@ def _to_numpy(leaf: Any) -> np.ndarray | None:
 
 
 def _to_host(batch: Any) -> Any:
-    """Converts every array leaf of `batch` (numpy, jax, torch) to numpy; other leaves pass as is."""
+    """Converts the array leaves of `batch` (numpy, jax, torch) to numpy; others pass as is."""
 
     def convert(leaf: Any) -> Any:
         array = _to_numpy(leaf)

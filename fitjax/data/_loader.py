@@ -1,4 +1,4 @@
-"""`DataLoader`: batches of in-memory arrays, shuffled per epoch, resumable, split across processes."""
+"""`DataLoader`: batches of in-memory arrays; per-epoch shuffle, exact resume, process slices."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fitjax.data._batching import _check_int, _leading_dim, _to_numpy
 
 
 def _host_arrays(data: Any) -> Any:
-    """Returns `data` with every leaf as a numpy array (no copy of host memory); TypeError if not."""
+    """Returns `data` with numpy leaves (host memory is not copied); TypeError for non-arrays."""
 
     def convert(path: jax.tree_util.KeyPath, leaf: Any) -> np.ndarray:
         array = _to_numpy(leaf)

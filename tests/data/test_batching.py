@@ -16,7 +16,8 @@ def test_public_names():
 def test_batch_size_of():
     assert batch_size_of({"x": np.zeros((32, 8)), "y": (jnp.zeros(32), torch.zeros(32, 2))}) == 32
     assert batch_size_of(np.zeros((0, 3))) == 0
-    with pytest.raises(ValueError, match=r"`batch\['x'\]`: 4, `batch\['y'\]\[0\]`: 4, `batch\['y'\]\[1\]`: 3"):
+    disagree = r"`batch\['x'\]`: 4, `batch\['y'\]\[0\]`: 4, `batch\['y'\]\[1\]`: 3"
+    with pytest.raises(ValueError, match=disagree):
         batch_size_of({"x": np.zeros(4), "y": [np.zeros(4), np.zeros(3)]})
     with pytest.raises(ValueError, match=r"`batch\['t'\]` is a scalar \(0.5\)"):
         batch_size_of({"x": np.zeros(4), "t": 0.5})

@@ -72,7 +72,8 @@ def test_from_datasets_builds_fitjax_loaders():
 
 def test_from_datasets_options_and_errors():
     dm = DataModule.from_datasets(arrays(10), batch_size=4, shuffle_train=False)
-    np.testing.assert_array_equal(np.concatenate([b["y"] for b in dm.train_dataloader()]), range(10))
+    rows = np.concatenate([b["y"] for b in dm.train_dataloader()])
+    np.testing.assert_array_equal(rows, np.arange(10))
     with pytest.raises(ValueError, match=r"received no data: pass at least one of train"):
         DataModule.from_datasets(batch_size=4)
     with pytest.raises(ValueError, match=r"from_datasets\(val=...\)`: .*is empty"):

@@ -186,7 +186,7 @@ def test_bad_data():
         DataLoader({"x": np.zeros((0, 3))}, batch_size=2)
     with pytest.raises(TypeError, match=r"`data\['name'\]` is 'abc' \(type str\).*np.asarray"):
         DataLoader({"x": np.zeros(3), "name": "abc"}, batch_size=2)
-    with pytest.raises(TypeError, match=r"`data\[0\]` is 1 \(type int\).*Python list is a container"):
+    with pytest.raises(TypeError, match=r"`data\[0\]` is 1 \(type int\).*list is a container"):
         DataLoader([1, 2, 3], batch_size=2)
     with pytest.raises(ValueError, match=r"`data\['s'\]` is a scalar"):
         DataLoader({"x": np.zeros(3), "s": np.float32(1.0)}, batch_size=2)
