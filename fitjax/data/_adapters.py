@@ -99,8 +99,8 @@ class _GrainBatches(_Batches):
         return map(_to_host, self._iterator)
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self._epoch:
-            self._pending = None
+        if epoch != self._epoch:  # another epoch starts from its beginning
+            self._pending, self._iterator = None, None
         super().set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:

@@ -99,6 +99,8 @@ def test_grain_dataset_resumes_mid_epoch():
     resumed.set_epoch(0)
     np.testing.assert_array_equal(np.concatenate(seen + [ys(resumed)]), expected)
     np.testing.assert_array_equal(ys(resumed), expected)  # the next pass starts over
+    resumed.set_epoch(1)
+    assert resumed.state_dict() == {"epoch": 1, "iterator": None}  # no position in epoch 1 yet
     with pytest.raises(ValueError, match=r"`val_data.load_state_dict\(state\)` expects"):
         resumed.load_state_dict({"batches_seen": 2})
 
