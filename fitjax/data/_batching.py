@@ -49,12 +49,12 @@ def _to_host(batch: Any) -> Any:
     return jax.tree_util.tree_map(convert, batch)
 
 
-def _check_int(value: Any, *, where: str, minimum: int, hint: str = "") -> int:
+def _check_int(value: Any, *, where: str, minimum: int) -> int:
     """Returns `value` as an int, or raises naming `where` (e.g. "`DataLoader(batch_size=...)`")."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{where} must be an int >= {minimum}; received {value!r}.{hint}")
+        raise TypeError(f"{where} must be an int >= {minimum}; received {value!r}.")
     if value < minimum:
-        raise ValueError(f"{where} must be an int >= {minimum}; received {value!r}.{hint}")
+        raise ValueError(f"{where} must be an int >= {minimum}; received {value!r}.")
     return int(value)
 
 
