@@ -1,5 +1,6 @@
 """Loggers: where the trainer sends metrics and hyperparameters (TensorBoard, CSV, your own)."""
 
 from fitjax.loggers._base import Logger
+from fitjax.loggers._tensorboard import TensorBoardLogger
 
-__all__ = ["Logger"]
+__all__ = ["Logger", "TensorBoardLogger"]
