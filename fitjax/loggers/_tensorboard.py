@@ -1,0 +1,172 @@
+"""`TensorBoardLogger`: scalars and the HPARAMS tab, one event-file folder per run."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fitjax.loggers._base import check_status
+from fitjax.loggers._hparams import Scalar, check_params, flatten, write_yaml
+from fitjax.loggers._versioned import VersionedLogger
+
+if TYPE_CHECKING:
+    from tensorboardX import SummaryWriter
+    from tensorboardX.proto.summary_pb2 import Summary
+
+# tensorboardX is imported inside the methods: importing it imports torch when torch is installed
+# (seconds), a cost `import fitjax` should not pay when nobody logs to TensorBoard.
+
+# The tags and plugin name TensorBoard's hparams plugin reads (tensorboard/plugins/hparams/metadata.py).
+_PLUGIN = "hparams"
+_SESSION_START_TAG = "_hparams_/session_start_info"
+_SESSION_END_TAG = "_hparams_/session_end_info"
+# tensorboardX names event files by the second and opens them with "wb": a second writer in the same
+# folder within the same second would erase the first file. A per-process counter keeps names
+# distinct and, zero-padded, in the order TensorBoard must read them.
+_WRITER_COUNT = itertools.count()
+
+
+class TensorBoardLogger(VersionedLogger):
+    """Logs scalars and hyperparameters to TensorBoard event files in `<save_dir>/<name>/version_<N>`.
+
+    Every metric key becomes a scalar chart at its global step (TensorBoard groups `train/…` and
+    `val/…` by prefix). Hyperparameters go to `hparams.yaml` and to the HPARAMS tab as a session
+    of this same run folder (not a sub-run), so the tab's table shows each run's hyperparameters
+    beside the last value of each of its metrics. Nothing is created until the first write, and
+    nothing at all on processes other than 0.
+
+    Two things TensorBoard does shape what is written. It takes the first "experiment" summary it
+    finds as the table's columns for every run, hiding what later runs added, so none is written
+    and TensorBoard builds the columns from all runs. It keeps the first end status of a run
+    folder, so only a successful end is written: a failed or interrupted run shows "Unknown" and
+    can still end as "Success" when it is resumed into the same folder.
+
+    Args:
+        save_dir: Root folder of all experiments.
+        name: Experiment folder under `save_dir` ("" for none).
+        version: None for the next unused `version_<N>`, an int for `version_<int>`, or a folder name.
+        flush_secs: How often, in seconds, buffered events reach the disk.
+        process_index: This process's index; defaults to `jax.process_index()`. Only 0 writes.
+
+    Example:
+        >>> logger = TensorBoardLogger("runs")
+        >>> logger.log_hyperparams({"lr": 1e-3, "model": {"width": 64}})
+        >>> logger.log_metrics({"train/loss": 0.7, "lr": 1e-3}, step=50)
+        >>> logger.finalize("success")
+        >>> logger.log_dir.as_posix()
+        'runs/fitjax_logs/version_0'
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str],
+        name: str = "fitjax_logs",
+        version: int | str | None = None,
+        *,
+        flush_secs: float = 10,
+        process_index: int | None = None,
+    ) -> None:
+        super().__init__(save_dir, name, version, process_index=process_index)
+        if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)) or not flush_secs > 0:
+            raise ValueError(
+                f"`TensorBoardLogger(flush_secs=...)` must be a number > 0 (seconds); got {flush_secs!r}."
+            )
+        self._flush_secs = flush_secs
+        self._writer: SummaryWriter | None = None
+        self._session_open = False  # a session start is in the file and its end is not
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Writes one scalar point per key at `step`, all in one event."""
+        if not self._is_writer() or not metrics:
+            return
+        self._get_writer().file_writer.add_summary(_scalars(metrics), global_step=int(step))
+        self._note_step(int(step))
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Starts the HPARAMS session of this run and writes `hparams.yaml`.
+
+        Nested keys are joined with "/"; values other than bools, numbers and strings are shown as
+        their `str`. TensorBoard keeps the first session start of a run, so call it once per run.
+        """
+        if not self._is_writer():
+            return
+        check_params("TensorBoardLogger", params)
+        writer = self._get_writer()
+        write_yaml(self.log_dir / "hparams.yaml", params)
+        writer.file_writer.add_summary(_session_start(flatten(params)))
+        self._session_open = True
+
+    def save(self) -> None:
+        """Flushes buffered events to disk."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def finalize(self, status: str) -> None:
+        """Ends the HPARAMS session when `status` is "success", flushes and closes the event file.
+
+        Safe to call twice, and after an exception; logging afterwards opens a new event file in
+        the same folder.
+        """
+        check_status("TensorBoardLogger", status)
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
+        try:
+            if self._session_open and status == "success":
+                self._session_open = False
+                writer.file_writer.add_summary(_session_end())
+        finally:
+            writer.close()
+
+    def _get_writer(self) -> SummaryWriter:
+        if self._writer is None:
+            from tensorboardX import SummaryWriter
+
+            # purge_step hides the points an interrupted earlier attempt logged past the checkpoint.
+            self._writer = SummaryWriter(
+                str(self._open()),
+                flush_secs=self._flush_secs,
+                purge_step=self._take_purge_step(),
+                filename_suffix=f".{os.getpid()}.{next(_WRITER_COUNT):06d}",
+            )
+        return self._writer
+
+
+def _scalars(metrics: Mapping[str, float]) -> Summary:
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    return Summary(value=[Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()])
+
+
+def _session_start(hparams: Mapping[str, Scalar]) -> Summary:
+    from tensorboardX.proto.plugin_hparams_pb2 import SessionStartInfo
+
+    start = SessionStartInfo(start_time_secs=time.time())
+    for key, value in hparams.items():
+        if isinstance(value, bool):
+            start.hparams[key].bool_value = value
+        elif isinstance(value, (int, float)):
+            start.hparams[key].number_value = float(value)
+        else:
+            start.hparams[key].string_value = value
+    return _plugin_summary(_SESSION_START_TAG, session_start_info=start)
+
+
+def _session_end() -> Summary:
+    from tensorboardX.proto.plugin_hparams_pb2 import SessionEndInfo
+
+    end = SessionEndInfo(status="STATUS_SUCCESS", end_time_secs=time.time())
+    return _plugin_summary(_SESSION_END_TAG, session_end_info=end)
+
+
+def _plugin_summary(tag: str, **data: Any) -> Summary:
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+    from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
+
+    content = HParamsPluginData(version=0, **data).SerializeToString()
+    plugin_data = SummaryMetadata.PluginData(plugin_name=_PLUGIN, content=content)
+    metadata = SummaryMetadata(plugin_data=plugin_data)
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata)])

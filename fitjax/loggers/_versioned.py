@@ -1,0 +1,167 @@
+"""The versioned run folder the file loggers share: `<save_dir>/<name>/version_<N>/`."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from fitjax.loggers._base import Logger
+
+_VERSION_FOLDER = re.compile(r"version_(\d+)")
+
+
+def next_version(root: Path) -> int:
+    """One past the largest `version_<N>` folder in `root`; 0 when there is none.
+
+    Example:
+        >>> next_version(Path("no/such/folder"))
+        0
+    """
+    if not root.is_dir():
+        return 0
+    matches = (_VERSION_FOLDER.fullmatch(p.name) for p in root.iterdir() if p.is_dir())
+    taken = [int(m.group(1)) for m in matches if m]
+    return max(taken, default=-1) + 1
+
+
+class VersionedLogger(Logger):
+    """A logger that writes files into `<save_dir>/<name>/<version folder>/`, on process 0 only.
+
+    The version is picked the first time it is asked for (the next unused `version_<N>`, like
+    Lightning); the folder is created only when the logger first writes. An explicit int version
+    means `version_<int>`, a string is the folder name itself.
+
+    Subclasses call `_is_writer()` before doing anything and `_open()` to get the folder.
+    """
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str],
+        name: str,
+        version: int | str | None,
+        *,
+        process_index: int | None,
+    ) -> None:
+        owner = type(self).__name__
+        if not isinstance(save_dir, (str, os.PathLike)):
+            raise TypeError(f"`{owner}(save_dir=...)` must be a str or a path; got {save_dir!r}.")
+        if not isinstance(name, str) or os.sep in name or (os.altsep and os.altsep in name):
+            raise ValueError(
+                f"`{owner}(name=...)` must be a str without path separators (use '' for none); "
+                f"got {name!r}. To nest runs deeper, put the extra folders in `save_dir`."
+            )
+        _check_version(f"`{owner}(version=...)`", version)
+        if process_index is not None and not is_int(process_index):
+            raise TypeError(
+                f"`{owner}(process_index=...)` must be an int or None (jax.process_index()); "
+                f"got {process_index!r}."
+            )
+        self._save_dir = Path(save_dir)
+        self._name = name
+        self._explicit_version = version
+        self._version = version
+        self._process_index = process_index
+        self._opened = False
+        # Resume bookkeeping: the last step logged, and the first step to drop from an earlier
+        # attempt of this run (set by load_state_dict, consumed by the first write).
+        self._last_step: int | None = None
+        self._purge_step: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The experiment folder under `save_dir`."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The run's version: chosen on first access unless given, then fixed."""
+        if self._version is None:
+            self._version = next_version(self._save_dir / self._name)
+        return self._version
+
+    @property
+    def save_dir(self) -> Path:
+        """The root folder passed to the constructor."""
+        return self._save_dir
+
+    @property
+    def log_dir(self) -> Path:
+        """`<save_dir>/<name>/version_<N>` (or the string version as the last folder)."""
+        version = self.version
+        folder = version if isinstance(version, str) else f"version_{version}"
+        return self._save_dir / self._name / folder
+
+    def state_dict(self) -> dict[str, Any]:
+        """`{"version": ..., "step": last step logged}`: enough to continue the same folder."""
+        return {"version": self.version, "step": self._last_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues the run folder saved in `state`; call it before the first write.
+
+        Points the earlier attempt logged after `state["step"]` are dropped on the first write, so
+        a run resumed from a checkpoint shows no doubled curve. A `version` given to the
+        constructor wins over the restored one.
+        """
+        owner = type(self).__name__
+        version, step = state.get("version"), state.get("step")
+        _check_version(f'`{owner}.load_state_dict(state)["version"]`', version)
+        if step is not None and not is_int(step):
+            raise TypeError(
+                f'`{owner}.load_state_dict(state)["step"]` must be an int or None; got {step!r}. '
+                f"Pass what `state_dict()` returned."
+            )
+        if self._explicit_version is not None and self._explicit_version != version:
+            return
+        if self._opened and version != self._version:
+            raise RuntimeError(
+                f"`{owner}.load_state_dict` got version {version!r} after the logger already wrote to "
+                f"{str(self.log_dir)!r}. Restore the logger state before logging anything."
+            )
+        self._version = version
+        self._last_step = step
+        self._purge_step = None if step is None else step + 1
+
+    def _is_writer(self) -> bool:
+        # Asked lazily, not in __init__: jax.process_index() starts the backends, which must not
+        # happen before the user calls jax.distributed.initialize().
+        if self._process_index is None:
+            self._process_index = jax.process_index()
+        return self._process_index == 0
+
+    def _open(self) -> Path:
+        path = self.log_dir
+        if not self._opened:
+            path.mkdir(parents=True, exist_ok=True)
+            self._opened = True
+        return path
+
+    def _take_purge_step(self) -> int | None:
+        step, self._purge_step = self._purge_step, None
+        return step
+
+    def _note_step(self, step: int) -> None:
+        if self._last_step is None or step > self._last_step:
+            self._last_step = step
+
+
+def is_int(value: object) -> bool:
+    """True for ints, not for bools (which are ints to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_version(where: str, version: object) -> None:
+    ok = (
+        version is None
+        or (is_int(version) and version >= 0)
+        or (isinstance(version, str) and version not in ("", ".", "..") and os.sep not in version)
+    )
+    if not ok:
+        raise ValueError(
+            f"{where} must be None (next unused version_<N>), an int >= 0 "
+            f"(folder version_<int>) or a folder name without path separators; got {version!r}."
+        )
