@@ -46,22 +46,26 @@ def _abstract(batch: Batch) -> Batch:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
 
 
-def build(module, strategy: Strategy, batch: Batch, *, seed: int, train: bool = True
-          ) -> tuple[TrainState | tuple[PyTree, PyTree], Compiled]:
+def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit"
+          ) -> tuple[TrainState | tuple[PyTree, PyTree, jax.Array], Compiled]:
     """Initialises (or reuses) the module's variables and compiles the step functions.
 
-    With `train=True` returns a sharded `TrainState` (optimizer state included); otherwise the
-    sharded `(params, model_state)` alone. `batch` is a host batch used for shapes (and, for Linen,
-    to trace `loss` for lazy initialisation).
+    With `stage="fit"` returns a sharded `TrainState` (optimizer state included); for "eval" and
+    "predict" the sharded `(params, model_state, rng)` alone. `batch` is a host batch used for
+    shapes (and, for Linen, traced through `loss` — `predict_step` for "predict" — to initialise).
     """
     owner = type(module).__name__
+    train = stage == "fit"
     binding = module._get_binding()
     given = module.variables or binding.initial_variables()
     abstract_batch = _abstract(batch)
-    metric_names = step_lib.check_step_outputs(module, binding, abstract_batch, given)
+    if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
+        metric_names, trace = ("loss",), module.predict_step
+    else:
+        metric_names, trace = step_lib.check_step_outputs(module, binding, abstract_batch, given), None
     tx = check_optimizer(module.configure_optimizer(), owner) if train else optax.identity()
 
-    init_fn = step_lib.make_init_fn(module, binding, tx, metric_names)
+    init_fn = step_lib.make_init_fn(module, binding, tx, metric_names, trace=trace)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state)
     replicated = strategy.replicated

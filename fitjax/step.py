@@ -53,14 +53,17 @@ def _leading_dim(batch: Batch) -> int:
 
 
 def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation,
-                 metric_names: tuple[str, ...]) -> Callable[..., TrainState]:
-    """`init(rng, batch, given) -> TrainState`; `given` holds NNX variables (None for Linen)."""
+                 metric_names: tuple[str, ...], *, trace: Callable | None = None
+                 ) -> Callable[..., TrainState]:
+    """`init(rng, batch, given) -> TrainState`; `given` holds existing variables (None: a Linen
+    model is initialised by tracing `trace(model, batch)`, `module.loss` by default)."""
+    trace = trace or module.loss
 
     def init(rng: jax.Array, batch: Batch, given: tuple[PyTree, PyTree] | None) -> TrainState:
         init_rng, rng = jax.random.split(rng)
         if given is None:
             with module._mode(True):
-                params, model_state = binding.init(module.loss, init_rng, batch)
+                params, model_state = binding.init(trace, init_rng, batch)
         else:
             params, model_state = given
         return TrainState(

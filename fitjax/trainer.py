@@ -389,9 +389,12 @@ class Trainer:
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
-        variables, self._compiled = _compiled.build(module, self.strategy, first[0], seed=self.seed, train=False)
+        variables, self._compiled = _compiled.build(
+            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval"
+        )
         self._module_for_compiled = module
         self.state = None
+        module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
         return variables
 
     def _evaluate(self, module, loader, params, model_state, rng, *, stage: str) -> HostMetrics:

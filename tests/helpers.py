@@ -1,0 +1,110 @@
+"""Shared test pieces: one numerics helper, small modules, synthetic data and a digits split."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import re
+import sys
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+import fitjax as fj
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+
+def assert_trees_close(actual, expected, *, rtol=1e-5, atol=1e-6):
+    """Every leaf of two pytrees with the same structure agrees to the tolerance."""
+    a_leaves, a_def = jax.tree_util.tree_flatten_with_path(jax.device_get(actual))
+    e_leaves, e_def = jax.tree_util.tree_flatten_with_path(jax.device_get(expected))
+    assert a_def == e_def, f"tree structures differ:\n{a_def}\n{e_def}"
+    for (path, a), (_, e) in zip(a_leaves, e_leaves):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def regression_data(n=256, d=8, seed=0):
+    """A linear teacher with noise: `{"x": [n, d], "y": [n, 1]}`."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    w = rng.normal(size=(d, 1)).astype(np.float32)
+    y = (x @ w + 0.1 * rng.normal(size=(n, 1))).astype(np.float32)
+    return {"x": x, "y": y}
+
+
+class MLP(nn.Module):
+    width: int = 32
+    batchnorm: bool = True
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = nn.Dense(self.width)(x)
+        if self.batchnorm:
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+        return nn.Dense(1)(nn.relu(x))
+
+
+class Regressor(fj.LitModule):
+    """MSE regression on `regression_data`, with an `mae` metric."""
+
+    def __init__(self, lr: float = 0.05, batchnorm: bool = True):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = MLP(batchnorm=batchnorm)
+
+    def loss(self, model, batch):
+        pred = model(batch["x"], train=self.training)
+        return ((pred - batch["y"]) ** 2).mean(), {"pred": pred}
+
+    def metrics(self, batch, outputs):
+        return {"mae": abs(outputs["pred"] - batch["y"]).mean()}
+
+    def predict_step(self, model, batch):
+        return model(batch["x"], train=False)
+
+    def configure_optimizer(self):
+        return optax.sgd(self.hparams.lr, momentum=0.9)
+
+
+class LossHistory(fj.Callback):
+    """Records each step's loss (fetching it: a per-step sync that tests can afford)."""
+
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def quiet_trainer(**kwargs) -> fj.Trainer:
+    kwargs.setdefault("enable_progress_bar", False)
+    kwargs.setdefault("logger", False)
+    return fj.Trainer(**kwargs)
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Counts XLA compilations per jitted function name inside the block (a Counter)."""
+    counts: collections.Counter = collections.Counter()
+
+    class _Handler(logging.Handler):
+        def emit(self, record):
+            match = re.match(r"Compiling jit\((.+?)\)", record.getMessage())
+            if match:
+                counts[match.group(1)] += 1
+
+    handler = _Handler(level=logging.DEBUG)
+    log = logging.getLogger("jax")
+    log.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            yield counts
+    finally:
+        log.removeHandler(handler)
