@@ -261,3 +261,12 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoints_usable(tmp_path):
     assert meta["module"].endswith("Wide")
     state = ocp.StandardCheckpointer().restore(last / "state")
     assert np.isfinite(state["params"]["kernel"]).all() and int(state["step"]) == meta["global_step"]
+
+
+def test_docstring_examples_run(tmp_path, monkeypatch):
+    import doctest
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("fitjax.callbacks.model_checkpoint", "fitjax.checkpoint"):
+        assert doctest.testmod(importlib.import_module(name)).failed == 0
