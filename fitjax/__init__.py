@@ -4,8 +4,8 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, data, loggers, strategies
-from fitjax.callbacks import Callback, RichProgressBar
+from fitjax import callbacks, checkpoint, data, loggers, strategies
+from fitjax.callbacks import Callback, ModelCheckpoint, RichProgressBar
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
@@ -21,11 +21,13 @@ __all__ = [
     "DataModule",
     "LitModule",
     "Logger",
+    "ModelCheckpoint",
     "RichProgressBar",
     "TensorBoardLogger",
     "TrainState",
     "Trainer",
     "callbacks",
+    "checkpoint",
     "data",
     "loggers",
     "strategies",
