@@ -5,7 +5,7 @@ builds the state, jits one step, shards it over devices, feeds data, logs and ca
 """
 
 from fitjax import callbacks, data, loggers, strategies
-from fitjax.callbacks import Callback, RichProgressBar
+from fitjax.callbacks import Callback, EarlyStopping, LearningRateMonitor, RichModelSummary, RichProgressBar
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
@@ -19,8 +19,11 @@ __all__ = [
     "Callback",
     "DataLoader",
     "DataModule",
+    "EarlyStopping",
+    "LearningRateMonitor",
     "LitModule",
     "Logger",
+    "RichModelSummary",
     "RichProgressBar",
     "TensorBoardLogger",
     "TrainState",
