@@ -99,8 +99,10 @@ class LitModule:
             name: the key under the stage prefix (`"grad_norm"` is logged as `train/grad_norm`).
             value: a scalar array (one value for the batch).
             prog_bar: show it in the progress bar (the loss always is).
-            on_step: log the mean over each `log_every_n_steps` window (train default True).
-            on_epoch: log the epoch mean as `train/<name>_epoch` (default True).
+            on_step: log the train mean over each `log_every_n_steps` window (default True).
+            on_epoch: log the train epoch mean as `train/<name>_epoch` (default True).
+                Evaluation always logs one mean per run, `val/<name>` / `test/<name>`, where
+                (as for `metrics`) each example is traced on its own and the values averaged.
             reduce_fx: how values are combined; "mean" (weighted by examples).
 
         Example:

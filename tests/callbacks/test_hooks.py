@@ -7,6 +7,10 @@ test counts every read of a device array's value instead (`np.asarray`, `float`,
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
+import pytest
 from helpers import LossHistory, Regressor, quiet_trainer, regression_data
 from jax._src import array as jax_array
 
@@ -66,3 +70,10 @@ def test_module_hooks_run_before_callback_hooks():
     quiet_trainer(max_steps=2, strategy="single", callbacks=[Last()]).fit(
         Module(), fj.DataLoader(regression_data(n=32), batch_size=16))
     assert order == ["module", "callback"]
+
+
+@pytest.mark.parametrize("name", ["_base", "early_stopping", "lr_monitor", "progress", "summary"])
+def test_docstring_examples_run(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples build Trainers whose default logger picks a folder here
+    results = doctest.testmod(importlib.import_module(f"fitjax.callbacks.{name}"))
+    assert results.failed == 0 and results.attempted > 0
