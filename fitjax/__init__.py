@@ -5,7 +5,14 @@ builds the state, jits one step, shards it over devices, feeds data, logs and ca
 """
 
 from fitjax import callbacks, checkpoint, data, loggers, strategies
-from fitjax.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from fitjax.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    RichModelSummary,
+    RichProgressBar,
+)
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
@@ -19,9 +26,12 @@ __all__ = [
     "Callback",
     "DataLoader",
     "DataModule",
+    "EarlyStopping",
+    "LearningRateMonitor",
     "LitModule",
     "Logger",
     "ModelCheckpoint",
+    "RichModelSummary",
     "RichProgressBar",
     "TensorBoardLogger",
     "TrainState",

@@ -29,6 +29,8 @@ class Compiled:
     reset_metrics: Callable[[TrainState], TrainState] | None
     eval_step: Callable[..., Any]
     predict_step: Callable[..., Any]
+    eval_metric_names: tuple[str, ...] = ()
+    log_specs: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> `_logged.LogSpec`
 
 
 def check_optimizer(tx: Any, owner: str) -> optax.GradientTransformation:
@@ -60,9 +62,10 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     given = module.variables or binding.initial_variables()
     abstract_batch = _abstract(batch)
     if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
-        metric_names, trace = ("loss",), module.predict_step
+        names, trace = step_lib.StepNames(("loss",), ("loss",), {}), module.predict_step
     else:
-        metric_names, trace = step_lib.check_step_outputs(module, binding, abstract_batch, given), None
+        names, trace = step_lib.check_step_outputs(module, binding, abstract_batch, given), None
+    metric_names = names.train
     tx = check_optimizer(module.configure_optimizer(), owner) if train else optax.identity()
 
     init_fn = step_lib.make_init_fn(module, binding, tx, metric_names, trace=trace)
@@ -103,5 +106,6 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
-    compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step)
+    compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step,
+                        eval_metric_names=names.eval, log_specs=names.log_specs)
     return (state if train else (state.params, state.model_state, state.rng)), compiled

@@ -11,7 +11,7 @@ import flax.linen as nn
 import optax
 from flax import nnx
 
-from fitjax import checkpoint
+from fitjax import _logged, checkpoint
 from fitjax._binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
@@ -86,6 +86,40 @@ class LitModule:
                 "`predict_step(self, model, batch)`, e.g. `return model(batch['image'])`."
             )
         return model(batch)
+
+    # ------------------------------------------------------------- extra values (inside loss/metrics)
+
+    def log(self, name: str, value: Any, prog_bar: bool = False, *, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: str = "mean") -> None:
+        """Logs a scalar computed inside `loss` or `metrics`, as `train/<name>` and `val/<name>`.
+
+        The value is an extra output of the jitted step, averaged over examples on device like
+        the metrics `metrics` returns: logging it costs no host transfer.
+
+        Args:
+            name: the key under the stage prefix (`"grad_norm"` is logged as `train/grad_norm`).
+            value: a scalar array (one value for the batch).
+            prog_bar: show it in the progress bar (the loss always is).
+            on_step: log the train mean over each `log_every_n_steps` window (default True).
+            on_epoch: log the train epoch mean as `train/<name>_epoch` (default True).
+                Evaluation always logs one mean per run, `val/<name>` / `test/<name>`, where
+                (as for `metrics`) each example is traced on its own and the values averaged.
+            reduce_fx: how values are combined; "mean" (weighted by examples).
+
+        Example:
+            >>> def loss(self, model, batch):
+            ...     pred = model(batch["x"])
+            ...     self.log("pred_std", pred.std(), prog_bar=True)
+            ...     return ((pred - batch["y"]) ** 2).mean()
+        """
+        spec = _logged.LogSpec(prog_bar=prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx)
+        _logged.record(type(self).__name__, name, value, spec)
+
+    def log_dict(self, values: Metrics, prog_bar: bool = False, *, on_step: bool | None = None,
+                 on_epoch: bool | None = None, reduce_fx: str = "mean") -> None:
+        """`log` for each `name: value` of a dict, with the same options."""
+        for name, value in dict(values).items():
+            self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx)
 
     # lifecycle hooks, called before the callbacks' hooks of the same name
     def on_fit_start(self) -> None: ...

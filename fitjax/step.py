@@ -6,18 +6,22 @@ runs as compiled code. The strategy decides how their inputs and outputs are sha
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax._binding import ModelBinding
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
 
 __all__ = [
+    "StepNames",
     "check_step_outputs",
     "make_eval_step",
     "make_init_fn",
@@ -35,17 +39,19 @@ def _split_loss(out: Any) -> tuple[jax.Array, Any]:
 
 
 def _forward(module, binding: ModelBinding, params, model_state, rng, batch, *, train: bool):
-    """`module.loss` on the bound model: `(loss, outputs, new_model_state)`."""
-    with module._mode(train):
+    """`module.loss` on the bound model: `(loss, outputs, new_model_state, logged)`, where
+    `logged` holds what `module.log` recorded during the call."""
+    with module._mode(train), _logged.collecting() as logged:
         out, new_state = binding.apply(module.loss, params, model_state, rng, batch, train=train)
     loss, outputs = _split_loss(out)
-    return loss, outputs, new_state
+    return loss, outputs, new_state, logged.values
 
 
-def _metrics(module, batch, outputs, loss, *, train: bool) -> dict[str, jax.Array]:
-    with module._mode(train):
+def _metrics(module, batch, outputs, loss, logged, *, train: bool) -> dict[str, jax.Array]:
+    """The step's values: the loss, `module.metrics` and everything `module.log` recorded."""
+    with module._mode(train), _logged.collecting() as more:
         values = dict(module.metrics(batch, outputs) or {})
-    return {"loss": loss, **values}
+    return {"loss": loss, **values, **logged, **more.values}
 
 
 def _leading_dim(batch: Batch) -> int:
@@ -62,7 +68,7 @@ def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation
     def init(rng: jax.Array, batch: Batch, given: tuple[PyTree, PyTree] | None) -> TrainState:
         init_rng, rng = jax.random.split(rng)
         if given is None:
-            with module._mode(True):
+            with module._mode(True), _logged.collecting():  # what `log` records here is dropped
                 params, model_state = binding.init(trace, init_rng, batch)
         else:
             params, model_state = given
@@ -85,15 +91,15 @@ def make_train_step(module, binding: ModelBinding, tx: optax.GradientTransformat
         rng = jax.random.fold_in(state.rng, state.step)
 
         def loss_fn(params):
-            loss, outputs, new_state = _forward(
+            loss, outputs, new_state, logged = _forward(
                 module, binding, params, state.model_state, rng, batch, train=True
             )
-            return loss, (outputs, new_state)
+            return loss, (outputs, new_state, logged)
 
-        (loss, (outputs, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (loss, (outputs, model_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        values = _metrics(module, batch, outputs, loss, train=True)
+        values = _metrics(module, batch, outputs, loss, logged, train=True)
         new_state = state.replace(
             step=state.step + 1,
             params=params,
@@ -119,8 +125,8 @@ def make_eval_step(module, binding: ModelBinding):
 
         def one(example):
             example = jax.tree.map(lambda x: x[None], example)
-            loss, outputs, _ = _forward(module, binding, params, model_state, rng, example, train=False)
-            return _metrics(module, example, outputs, loss, train=False)
+            loss, outputs, _, logged = _forward(module, binding, params, model_state, rng, example, train=False)
+            return _metrics(module, example, outputs, loss, logged, train=False)
 
         return acc_lib.add(acc, jax.vmap(one)(batch), mask)
 
@@ -132,32 +138,69 @@ def make_predict_step(module, binding: ModelBinding):
 
     def predict_step(params, model_state, rng, batch: Batch):
         rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
-        with module._mode(False):
+        with module._mode(False), _logged.collecting():  # what `log` records here is dropped
             out, _ = binding.apply(module.predict_step, params, model_state, rng, batch, train=False)
         return out
 
     return predict_step
 
 
-def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> tuple[str, ...]:
-    """Traces (never compiles) init + loss + metrics on `batch`; returns the metric names.
+@dataclasses.dataclass(frozen=True)
+class StepNames:
+    """The names a step's values carry, found by tracing: `("loss", *metrics, *logged)` per mode,
+    and the options each `module.log` call gave."""
+
+    train: tuple[str, ...]
+    eval: tuple[str, ...]
+    log_specs: dict[str, _logged.LogSpec]
+
+
+def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> StepNames:
+    """Traces (never compiles) init + loss + metrics on `batch`; returns the value names.
 
     Raises the errors a user needs before a long compilation: a non-scalar loss, metrics that are
-    not a dict of per-batch scalars.
+    not a dict of per-batch scalars. Eval mode is traced too (`module.log` may record other
+    names when `self.training` is False): a second abstract trace, no compilation.
     """
     owner = type(module).__name__
+    specs: dict[str, _logged.LogSpec] = {}
 
-    def probe(rng, batch, given):
-        params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
-        with module._mode(True):
-            out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=True)
-        loss, outputs = _split_loss(out)
-        with module._mode(True):
+    def probe(rng, batch, given, train):
+        with module._mode(True), _logged.collecting():
+            params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
+        with module._mode(train), _logged.collecting() as logged:
+            out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
+            loss, outputs = _split_loss(out)
             values = module.metrics(batch, outputs)
-        return loss, values
+        specs.update(logged.specs)
+        return loss, values, logged.values
 
-    with module._mode(True):
-        loss, values = jax.eval_shape(probe, jax.random.key(0), batch, given)
+    def names(train: bool) -> tuple[str, ...]:
+        loss, values, logged = jax.eval_shape(functools.partial(probe, train=train),
+                                              jax.random.key(0), batch, given)
+        values = _check_values(owner, loss, values)
+        for name, value in logged.items():
+            if name in values:
+                raise ValueError(
+                    f"{owner}.log({name!r}, ...) logs a name `metrics` also returns; rename one of them."
+                )
+            _check_scalar(f"{owner}.log({name!r}, value)", value)
+        return ("loss", *values, *logged)
+
+    train_names = names(True)
+    eval_names = names(False)
+    return StepNames(train_names, eval_names, specs)
+
+
+def _check_scalar(what: str, value: Any) -> None:
+    if getattr(value, "shape", None) != ():
+        raise ValueError(
+            f"{what} must be one scalar per batch, got shape {getattr(value, 'shape', value)!r}. "
+            "Reduce it over the batch, e.g. `.mean()`."
+        )
+
+
+def _check_values(owner: str, loss: Any, values: Any) -> dict[str, Any]:
     if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
         got = f"shape {loss.shape} dtype {loss.dtype}" if hasattr(loss, "shape") else repr(loss)
         raise ValueError(
@@ -176,9 +219,5 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> tu
                 f"{owner}.metrics returned the key {name!r}; keys must be strings other than 'loss' "
                 "(the loss is logged for you)."
             )
-        if getattr(value, "shape", None) != ():
-            raise ValueError(
-                f"{owner}.metrics()[{name!r}] must be one scalar per batch, got shape "
-                f"{getattr(value, 'shape', value)!r}. Reduce it over the batch, e.g. `.mean()`."
-            )
-    return ("loss", *values)
+        _check_scalar(f"{owner}.metrics()[{name!r}]", value)
+    return values

@@ -14,10 +14,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _resume, checkpoint
+from fitjax import _compiled, _logged, _resume, checkpoint
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics, PyTree
-from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, RichProgressBar
+from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
@@ -96,6 +96,7 @@ class Trainer:
             an int number of batches or a float fraction per epoch.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
+        enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
         enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
             `<logger.log_dir>/checkpoints`) unless `callbacks` has one.
         seed: the run's base random key (parameter init and every rng stream).
@@ -125,6 +126,7 @@ class Trainer:
         limit_predict_batches: int | float | None = None,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
+        enable_model_summary: bool = True,
         enable_checkpointing: bool = True,
         seed: int = 0,
     ):
@@ -166,17 +168,8 @@ class Trainer:
         self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
-        callbacks = list(callbacks or [])
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(
-                    f"Trainer(callbacks=...) items must be fitjax.Callback instances, got "
-                    f"{type(cb).__name__}: {cb!r}"
-                )
-        if enable_progress_bar and not any(isinstance(cb, RichProgressBar) for cb in callbacks):
-            callbacks.append(RichProgressBar())
-        if not enable_progress_bar:
-            callbacks = [cb for cb in callbacks if not isinstance(cb, RichProgressBar)]
+        callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
+                                  model_summary=enable_model_summary)
         callbacks = _with_checkpointing(callbacks, enable_checkpointing)
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
@@ -342,9 +335,10 @@ class Trainer:
         self.state = self._compiled.reset_metrics(self.state)
         if not any(w > 0 for _, w in host.values()):
             return
-        self._epoch_acc = acc_lib.merge_host(self._epoch_acc, host)
-        window = acc_lib.compute(host, prefix="train/")
-        self.progress_bar_metrics.update(window)
+        specs = self._compiled.log_specs
+        self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
+        window = acc_lib.compute(_logged.keep(host, specs, "on_step"), prefix="train/")
+        self.progress_bar_metrics.update(_logged.for_progress_bar(window, specs))
         self._log(window)
 
     def _validate_during_fit(self, module: LitModule, val_loader) -> None:
@@ -355,7 +349,7 @@ class Trainer:
         results = self._evaluate(
             module, val_loader, self.state.params, self.state.model_state, self.state.rng, stage="val"
         )
-        self.progress_bar_metrics.update(results)
+        self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
         self._log(results)
         self._hooks.call("on_validation_epoch_end", self, module)
         self._hooks.call("on_validation_end", self, module)
@@ -444,7 +438,7 @@ class Trainer:
 
     def _evaluate(self, module, loader, params, model_state, rng, *, stage: str) -> HostMetrics:
         """Loss and metrics over the whole of `loader`, each example counted once."""
-        acc = jax.device_put(acc_lib.zeros(self._compiled.metric_names), self.strategy.replicated)
+        acc = jax.device_put(acc_lib.zeros(self._compiled.eval_metric_names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         if stage == "val":

@@ -1,7 +1,22 @@
 """Callbacks: objects with hook methods the trainer calls around steps, epochs and stages."""
 
 from fitjax.callbacks._base import Callback, CallbackList
+from fitjax.callbacks._defaults import with_defaults
+from fitjax.callbacks.early_stopping import EarlyStopping
+from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
+from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 
-__all__ = ["Callback", "CallbackList", "ModelCheckpoint", "RichProgressBar"]
+__all__ = [
+    "Callback",
+    "CallbackList",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "ModelSummary",
+    "RichModelSummary",
+    "RichProgressBar",
+    "summarize",
+    "with_defaults",
+]

@@ -1,8 +1,9 @@
 """`RichProgressBar`: epoch/step counters, speed, ETA and the latest fetched metrics.
 
 It never blocks the device: it shows host counters and the metric values the trainer already
-fetched at its last log step. When stdout is not a terminal (CI logs, `nohup`, SLURM files) it
-prints one plain line every `refresh_rate` steps instead of redrawing with escape codes.
+fetched at its last log step (`trainer.progress_bar_metrics`: the losses and the values logged
+with `prog_bar=True`). When its stream is not a terminal (CI logs, `nohup`, SLURM files) it prints
+one plain line per log step instead of redrawing with escape codes.
 """
 
 from __future__ import annotations
@@ -19,63 +20,85 @@ from fitjax.callbacks._base import Callback
 __all__ = ["RichProgressBar"]
 
 
-def _format_metrics(values: dict[str, float]) -> str:
+def _format(values: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in values.items())
+
+
+def _bar_values(trainer) -> dict[str, float]:
+    """`train/` dropped from the keys: the bar is about training unless a key says otherwise."""
+    return {k.removeprefix("train/"): v for k, v in trainer.progress_bar_metrics.items()}
+
+
+def _epoch_values(trainer) -> dict[str, float]:
+    """The epoch means of training (`loss`, ...) and the latest validation values."""
+    metrics = trainer.callback_metrics
+    train = {k[len("train/"):-len("_epoch")]: v for k, v in metrics.items()
+             if k.startswith("train/") and k.endswith("_epoch")}
+    ordered = {"loss": train.pop("loss")} if "loss" in train else {}
+    return {**ordered, **train, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
 
 
 class RichProgressBar(Callback):
     """A progress bar for training and validation, with a summary line per finished epoch.
 
+    Shows the epoch, step counters, it/s, elapsed time and ETA, the latest `train/loss` and every
+    value logged with `self.log(..., prog_bar=True)`. Validation gets its own bar; each finished
+    epoch leaves one line with its mean train metrics and validation results.
+
     Args:
-        refresh_rate: redraw every this many steps (plain lines: print every this many steps;
-            default 50 when not a terminal).
+        refresh_rate: redraw every this many steps. When the stream is not a terminal, a plain
+            line is printed every `log_every_n_steps` steps (when new values arrive), or every
+            `refresh_rate` steps if it is larger than 1.
         file: where to write (default stdout); a non-terminal stream gets plain lines.
+        force_terminal: treat `file` as a terminal (True) or not (False); None detects it.
 
     Example:
-        >>> import fitjax as fj
-        >>> trainer = fj.Trainer(callbacks=[fj.RichProgressBar(refresh_rate=10)])
+        >>> import io, fitjax as fj
+        >>> bar = fj.RichProgressBar(refresh_rate=10, file=io.StringIO())
+        >>> trainer = fj.Trainer(callbacks=[bar])
     """
 
-    def __init__(self, refresh_rate: int = 1, *, file: TextIO | None = None):
-        if not isinstance(refresh_rate, int) or refresh_rate < 1:
+    def __init__(self, refresh_rate: int = 1, *, file: TextIO | None = None,
+                 force_terminal: bool | None = None):
+        if not isinstance(refresh_rate, int) or isinstance(refresh_rate, bool) or refresh_rate < 1:
             raise ValueError(f"RichProgressBar(refresh_rate=...) must be a positive int, got {refresh_rate!r}")
         self.refresh_rate = refresh_rate
         self._file = file
+        self._force_terminal = force_terminal
         self._console: Console | None = None
         self._progress: Progress | None = None
         self._train_task = None
-        self._val_task = None
+        self._eval_task = None
         self._epoch_start = 0.0
-        self._plain_every = refresh_rate
+        self._epoch_first_step = 0
+        self._stage = "fit"
 
     # ------------------------------------------------------------------------------ helpers
 
     @property
-    def is_terminal(self) -> bool:
-        return self._get_console().is_terminal
-
-    def _get_console(self) -> Console:
+    def console(self) -> Console:
         if self._console is None:
-            self._console = Console(file=self._file or sys.stdout)
-            if not self._console.is_terminal and self.refresh_rate == 1:
-                self._plain_every = 50
+            self._console = Console(file=self._file or sys.stdout, force_terminal=self._force_terminal)
+            if not self._console.is_terminal:
+                self._console.width = max(self._console.width, 160)  # logs have no width: never wrap
         return self._console
 
-    def _shown_metrics(self, trainer) -> dict[str, float]:
-        return {k: v for k, v in trainer.progress_bar_metrics.items()}
+    @property
+    def is_terminal(self) -> bool:
+        return self.console.is_terminal
+
+    def _print(self, line: str) -> None:
+        (self._progress.console if self._progress is not None else self.console).print(
+            line, highlight=False, soft_wrap=True, markup=False
+        )
 
     def _start_progress(self) -> None:
         if self._progress is None and self.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[speed]}"),
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[speed]}"),
                 TextColumn("{task.fields[metrics]}"),
-                console=self._console,
-                transient=False,
+                console=self.console, transient=False,
             )
             self._progress.start()
 
@@ -83,63 +106,81 @@ class RichProgressBar(Callback):
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+            self._train_task = self._eval_task = None
 
-    # -------------------------------------------------------------------------------- hooks
+    # ------------------------------------------------------------------------------ training
+
+    def setup(self, trainer, module, stage: str) -> None:
+        self._stage = stage
 
     def on_train_epoch_start(self, trainer, module) -> None:
-        self._get_console()
         self._start_progress()
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
         if self._progress is not None:
             if self._train_task is not None:
                 self._progress.remove_task(self._train_task)
+            of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
             self._train_task = self._progress.add_task(
-                f"Epoch {trainer.current_epoch}", total=trainer.num_training_batches, speed="", metrics=""
+                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", metrics=""
             )
 
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         done = batch_idx + 1
         if self._progress is not None:
             if done % self.refresh_rate == 0 or done == trainer.num_training_batches:
-                elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
-                speed = (trainer.global_step - self._epoch_first_step) / elapsed
-                self._progress.update(
-                    self._train_task, completed=done, speed=f"{speed:.1f} it/s",
-                    metrics=_format_metrics(self._shown_metrics(trainer)),
-                )
-        elif done % self._plain_every == 0:
+                self._progress.update(self._train_task, completed=done, speed=self._speed(trainer),
+                                      metrics=_format(_bar_values(trainer)))
+            return
+        every = self.refresh_rate if self.refresh_rate > 1 else trainer.log_every_n_steps
+        if trainer.global_step % every == 0:
             total = trainer.num_training_batches
             of = f"/{total}" if total is not None else ""
-            self._console.print(
-                f"epoch {trainer.current_epoch} step {done}{of} (global {trainer.global_step})  "
-                f"{_format_metrics(self._shown_metrics(trainer))}",
-                highlight=False, soft_wrap=True,
-            )
+            self._print(f"epoch {trainer.current_epoch} step {done}{of} (global {trainer.global_step})  "
+                        f"{self._speed(trainer)}  {_format(_bar_values(trainer))}")
 
-    def on_validation_start(self, trainer, module) -> None:
-        if self._progress is not None and trainer.num_val_batches:
-            self._val_task = self._progress.add_task(
-                "Validation", total=trainer.num_val_batches, speed="", metrics=""
-            )
-
-    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._progress is not None and self._val_task is not None:
-            self._progress.update(self._val_task, completed=batch_idx + 1)
-
-    def on_validation_end(self, trainer, module) -> None:
-        if self._progress is not None and self._val_task is not None:
-            self._progress.remove_task(self._val_task)
-            self._val_task = None
+    def _speed(self, trainer) -> str:
+        elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
+        return f"{(trainer.global_step - self._epoch_first_step) / elapsed:.1f} it/s"
 
     def on_train_epoch_end(self, trainer, module) -> None:
         elapsed = time.perf_counter() - self._epoch_start
-        shown = {k: v for k, v in trainer.callback_metrics.items() if k.endswith("_epoch") or k.startswith("val/")}
-        line = f"Epoch {trainer.current_epoch} done in {elapsed:.1f}s  {_format_metrics(shown)}"
-        if self._progress is not None:
-            self._progress.console.print(line, highlight=False)
-        else:
-            self._console.print(line, highlight=False, soft_wrap=True)
+        self._print(f"Epoch {trainer.current_epoch} done in {elapsed:.1f}s (global step "
+                    f"{trainer.global_step})  {_format(_epoch_values(trainer))}")
+
+    # ---------------------------------------------------------------------------- evaluation
+
+    def _eval_batch(self, trainer, batch_idx: int, name: str) -> None:
+        if not self.is_terminal:
+            return
+        self._start_progress()
+        if self._eval_task is None:  # created here: the batch count is known once the stage runs
+            total = trainer.num_val_batches if name == "Validation" else None
+            self._eval_task = self._progress.add_task(name, total=total, speed="", metrics="")
+        self._progress.update(self._eval_task, completed=batch_idx + 1)
+
+    def _eval_end(self, trainer, prefix: str) -> None:
+        if self._progress is not None and self._eval_task is not None:
+            self._progress.remove_task(self._eval_task)
+            self._eval_task = None
+        if self._stage != "fit":  # fit shows validation in the epoch line instead
+            results = {k: v for k, v in trainer.callback_metrics.items() if k.startswith(prefix)}
+            self._print(f"{'Validation' if prefix == 'val/' else 'Test'} results  {_format(results)}")
+            self._stop_progress()
+
+    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._eval_batch(trainer, batch_idx, "Validation")
+
+    def on_validation_end(self, trainer, module) -> None:
+        self._eval_end(trainer, "val/")
+
+    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._eval_batch(trainer, batch_idx, "Test")
+
+    def on_test_end(self, trainer, module) -> None:
+        self._eval_end(trainer, "test/")
+
+    # ------------------------------------------------------------------------------ endings
 
     def on_fit_end(self, trainer, module) -> None:
         self._stop_progress()

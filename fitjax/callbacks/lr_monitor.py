@@ -1,0 +1,136 @@
+"""`LearningRateMonitor`: logs the learning rate the optimizer actually applied, as `lr`.
+
+Where the value comes from (in this order):
+
+1. `optax.inject_hyperparams` states anywhere in the optimizer state: their
+   `hyperparams["learning_rate"]` is the value the last update used (optax evaluates the schedule
+   at the update's count and stores it). Exact for any schedule; one key per such state
+   (`lr/<group>` for the groups of `optax.multi_transform`). This is the recommended way.
+2. Otherwise the module's `lr_schedule` attribute (a schedule `count -> lr`, or a number),
+   evaluated at the optimizer's own update count (found in the state: a `ScaleByScheduleState`
+   first, else any `count` field), so gradient accumulation's skipped updates are not counted.
+
+optax transformations keep their schedule in a closure, out of reach, so without either of those
+the monitor raises when training starts and says how to expose the value. Reading it is one small
+extra transfer per log step (a few scalars), never a sync on steps that are not logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+from fitjax.callbacks._base import Callback
+
+__all__ = ["LearningRateMonitor"]
+
+_INTERVALS = ("step", "epoch", None)
+
+
+def _is_inject(node: Any) -> bool:
+    return isinstance(node, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState))
+
+
+def _group_name(path: tuple, index: int) -> str:
+    keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+    return keys[-1] if keys else str(index)
+
+
+def injected_learning_rates(opt_state: Any) -> dict[str, jax.Array]:
+    """`{"lr": value}` or `{"lr/<group>": value, ...}` from `inject_hyperparams` states."""
+    found = [
+        (path, node)
+        for path, node in jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=_is_inject)[0]
+        if _is_inject(node) and "learning_rate" in node.hyperparams
+    ]
+    if len(found) == 1:
+        return {"lr": found[0][1].hyperparams["learning_rate"]}
+    return {f"lr/{_group_name(path, i)}": node.hyperparams["learning_rate"] for i, (path, node) in enumerate(found)}
+
+
+def update_count(opt_state: Any) -> jax.Array | None:
+    """The optimizer's update count: a `ScaleByScheduleState`'s, else the first `count` field."""
+    is_schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)  # noqa: E731
+    nodes = jax.tree_util.tree_leaves(opt_state, is_leaf=is_schedule)
+    for node in nodes:
+        if is_schedule(node):
+            return node.count
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "count":
+            return leaf
+    return None
+
+
+class LearningRateMonitor(Callback):
+    """Logs the learning rate applied at each logged step (`lr`, or `lr/<group>` per group).
+
+    Wrap the optimizer with `optax.inject_hyperparams` for an exact read of any schedule, e.g.
+    `optax.inject_hyperparams(optax.adamw)(learning_rate=schedule)`, or set `self.lr_schedule =
+    schedule` on the module (see the module docstring for how each is read).
+
+    Args:
+        logging_interval: "step" (default; every `log_every_n_steps`, the value applied at that
+            step) or "epoch" (at each epoch end, the value applied at its last step).
+
+    Attributes:
+        history: `{key: [(global_step, lr), ...]}` of everything logged.
+
+    Example:
+        >>> import fitjax as fj
+        >>> trainer = fj.Trainer(callbacks=[fj.LearningRateMonitor()], log_every_n_steps=10)
+    """
+
+    def __init__(self, logging_interval: str | None = "step"):
+        if logging_interval not in _INTERVALS:
+            raise ValueError(
+                f"LearningRateMonitor(logging_interval=...) must be one of {_INTERVALS}, got {logging_interval!r}"
+            )
+        self.logging_interval = logging_interval or "step"
+        self.history: dict[str, list[tuple[int, float]]] = {}
+        self._schedule: Callable[[Any], Any] | None = None
+
+    def on_train_start(self, trainer, module) -> None:
+        self._schedule = None
+        if injected_learning_rates(trainer.state.opt_state):
+            return
+        schedule = getattr(module, "lr_schedule", None)
+        if isinstance(schedule, (int, float)) and not isinstance(schedule, bool):
+            value = float(schedule)
+            self._schedule = lambda count: value
+        elif callable(schedule):
+            self._schedule = schedule
+        else:
+            raise ValueError(
+                f"LearningRateMonitor cannot find the learning rate of {type(module).__name__}'s "
+                "optimizer: optax keeps schedules out of the optimizer state. Either wrap the "
+                "optimizer, `optax.inject_hyperparams(optax.adamw)(learning_rate=schedule)`, or set "
+                f"`self.lr_schedule = schedule` (a callable or a number) on the module; got "
+                f"lr_schedule={schedule!r}."
+            )
+
+    def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.logging_interval == "step" and trainer.global_step % trainer.log_every_n_steps == 0:
+            self._log(trainer)
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        if self.logging_interval == "epoch":
+            self._log(trainer)
+
+    def current(self, trainer) -> dict[str, float]:
+        """The learning rates of the last update, as host floats (one small transfer)."""
+        opt_state = trainer.state.opt_state
+        if self._schedule is None:
+            return {k: float(v) for k, v in jax.device_get(injected_learning_rates(opt_state)).items()}
+        count = update_count(opt_state)
+        count = trainer.global_step if count is None else int(jax.device_get(count))
+        return {"lr": float(np.asarray(self._schedule(max(count - 1, 0))))}
+
+    def _log(self, trainer) -> None:
+        values = self.current(trainer)
+        for key, value in values.items():
+            self.history.setdefault(key, []).append((trainer.global_step, value))
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=trainer.global_step)

@@ -1,0 +1,202 @@
+"""`RichModelSummary`: a table of the model's arrays when fit starts, for Linen and NNX alike.
+
+Both kinds of model reach the trainer as two nested dicts (`params`, `model_state`), so the
+summary walks those: one row per array (or per module with `max_depth`), with its shape, element
+count, bytes and, on a mesh of several devices, how it is split and what one device holds. It
+reads only array metadata (shape, dtype, sharding): no transfer, no wait for the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from typing import Any, TextIO
+
+import jax
+from jax.sharding import NamedSharding
+from rich.console import Console
+from rich.table import Table
+
+from fitjax._typing import PyTree
+from fitjax.callbacks._base import Callback
+
+__all__ = ["ModelSummary", "RichModelSummary", "summarize"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryRow:
+    module: str  # the path of dict keys above the array ("Encoder_0/Dense_1"), or "" at the top
+    name: str  # the array's key, or "" for a row that sums a module's arrays
+    collection: str  # "params", or the model-state collection ("batch_stats", NNX "rngs", ...)
+    shape: tuple[int, ...] | None
+    dtype: str
+    count: int
+    nbytes: int
+    sharding: str | None = None  # the partition spec when the mesh has several devices
+    device_bytes: int | None = None  # what one device holds of it
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSummary:
+    """What `RichModelSummary` shows: the rows and the totals of trainable and other arrays."""
+
+    rows: list[SummaryRow]
+    trainable_count: int
+    trainable_bytes: int
+    other_count: int
+    other_bytes: int
+    sharded: bool
+
+    @property
+    def total_count(self) -> int:
+        return self.trainable_count + self.other_count
+
+    @property
+    def total_bytes(self) -> int:
+        return self.trainable_bytes + self.other_bytes
+
+
+def _spec(array: Any) -> tuple[str | None, int | None]:
+    sharding = getattr(array, "sharding", None)
+    if not isinstance(sharding, NamedSharding) or sharding.mesh.size <= 1:
+        return None, None
+    parts = [("+".join(p) if isinstance(p, tuple) else p) if p is not None else "-" for p in sharding.spec]
+    spec = "replicated" if all(p == "-" for p in parts) else f"({', '.join(parts)})"
+    per_device = math.prod(sharding.shard_shape(array.shape)) * array.dtype.itemsize
+    return spec, per_device
+
+
+def _rows(tree: PyTree, collection: str) -> list[SummaryRow]:
+    rows = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not hasattr(leaf, "shape"):
+            continue
+        keys = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+        spec, per_device = _spec(leaf)
+        rows.append(SummaryRow(
+            module="/".join(keys[:-1]), name=keys[-1] if keys else "", collection=collection,
+            shape=tuple(leaf.shape), dtype=str(leaf.dtype), count=math.prod(leaf.shape),
+            nbytes=int(leaf.nbytes), sharding=spec, device_bytes=per_device,
+        ))
+    return rows
+
+
+def _group(rows: list[SummaryRow], depth: int) -> list[SummaryRow]:
+    groups: dict[tuple[str, str], list[SummaryRow]] = {}
+    for row in rows:
+        key = ("/".join([*row.module.split("/"), row.name][:depth]).strip("/"), row.collection)
+        groups.setdefault(key, []).append(row)
+    out = []
+    for (module, collection), members in groups.items():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        dtypes = sorted({m.dtype for m in members})
+        per_device = [m.device_bytes for m in members]
+        out.append(SummaryRow(
+            module=module, name="", collection=collection, shape=None, dtype=", ".join(dtypes),
+            count=sum(m.count for m in members), nbytes=sum(m.nbytes for m in members),
+            sharding=None, device_bytes=sum(per_device) if None not in per_device else None,
+        ))
+    return out
+
+
+def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = None) -> ModelSummary:
+    """Rows and totals for a model's `params` and `model_state` (nested dicts of arrays).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> s = summarize({"Dense_0": {"kernel": jnp.zeros((3, 4)), "bias": jnp.zeros(4)}}, {})
+        >>> s.trainable_count, s.trainable_bytes
+        (16, 64)
+    """
+    trainable = _rows(params, "params")
+    other = [row for name, tree in (model_state or {}).items() for row in _rows(tree, str(name))]
+    rows = trainable + other
+    if max_depth is not None:
+        rows = _group(rows, max_depth)
+    return ModelSummary(
+        rows=rows,
+        trainable_count=sum(r.count for r in trainable), trainable_bytes=sum(r.nbytes for r in trainable),
+        other_count=sum(r.count for r in other), other_bytes=sum(r.nbytes for r in other),
+        sharded=any(r.sharding is not None for r in trainable + other),
+    )
+
+
+def _human(n: float, unit: str = "") -> str:
+    for suffix in ("", " K", " M", " B", " T"):
+        if abs(n) < 1000:
+            return f"{n:.3g}{suffix}{unit}" if suffix else f"{int(n)}{unit}"
+        n /= 1000
+    return f"{n:.3g} P{unit}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    for suffix in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or suffix == "TiB":
+            return f"{n:.4g} {suffix}" if suffix != "B" else f"{n} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def render(summary: ModelSummary, *, title: str = "Model summary") -> Table:
+    """A rich table of `summary`, totals in the caption."""
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for header, justify in (("Module", "left"), ("Array", "left"), ("Kind", "left"), ("Shape", "left"),
+                            ("Dtype", "left"), ("Count", "right"), ("Bytes", "right")):
+        table.add_column(header, justify=justify)
+    if summary.sharded:
+        table.add_column("Sharding", justify="left")
+        table.add_column("Per device", justify="right")
+    for row in summary.rows:
+        cells = [row.module or "-", row.name, row.collection,
+                 "" if row.shape is None else str(list(row.shape)), row.dtype,
+                 f"{row.count:,}", _bytes(row.nbytes)]
+        if summary.sharded:
+            cells += [row.sharding or "", _bytes(row.device_bytes)]
+        table.add_row(*cells)
+    table.caption = (
+        f"Trainable params: {_human(summary.trainable_count)} ({_bytes(summary.trainable_bytes)})  "
+        f"Other state: {_human(summary.other_count)} ({_bytes(summary.other_bytes)})  "
+        f"Total: {_human(summary.total_count)} ({_bytes(summary.total_bytes)})"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+class RichModelSummary(Callback):
+    """Prints a table of the model's arrays when `fit` starts (on by default: `enable_model_summary`).
+
+    One row per array of the parameters and the model state (BatchNorm statistics, NNX rng
+    counters): module path, shape, dtype, element count and bytes, with totals; on a mesh of
+    several devices also each array's partition spec and the bytes one device holds.
+
+    Args:
+        max_depth: sum the rows of each module at this depth of the path (None: every array).
+        file: where to print (default stdout).
+
+    Example:
+        >>> import fitjax as fj
+        >>> trainer = fj.Trainer(callbacks=[fj.RichModelSummary(max_depth=1)])
+    """
+
+    def __init__(self, max_depth: int | None = None, *, file: TextIO | None = None):
+        if max_depth is not None and (not isinstance(max_depth, int) or isinstance(max_depth, bool)
+                                      or max_depth < 1):
+            raise ValueError(f"RichModelSummary(max_depth=...) must be None or an int >= 1, got {max_depth!r}")
+        self.max_depth = max_depth
+        self._file = file
+        self.summary: ModelSummary | None = None
+
+    def on_fit_start(self, trainer, module) -> None:
+        if not trainer.is_global_zero:
+            return
+        state = trainer.state
+        self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth)
+        console = Console(file=self._file or sys.stdout)
+        if not console.is_terminal:
+            console.width = max(console.width, 160)  # logs have no width: don't squash the table
+        console.print(render(self.summary, title=f"{type(module).__name__} summary"), highlight=False)

@@ -1,0 +1,61 @@
+"""LearningRateMonitor logs the learning rate each logged step actually applied."""
+
+from __future__ import annotations
+
+import optax
+import pytest
+from helpers import Regressor, quiet_trainer, regression_data
+
+import fitjax as fj
+
+SCHEDULE = optax.warmup_cosine_decay_schedule(0.0, 0.1, 4, 16)
+
+
+class Scheduled(Regressor):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        if how == "attribute":
+            self.lr_schedule = SCHEDULE
+
+    def configure_optimizer(self):
+        if self.how == "inject":
+            return optax.inject_hyperparams(optax.adam)(learning_rate=SCHEDULE)
+        if self.how == "groups":  # Dense layers at the schedule, BatchNorm at a constant
+            labels = lambda params: {k: "dense" if k.startswith("Dense") else "norm" for k in params}  # noqa: E731
+            return optax.multi_transform(
+                {"dense": optax.inject_hyperparams(optax.sgd)(learning_rate=SCHEDULE),
+                 "norm": optax.inject_hyperparams(optax.sgd)(learning_rate=0.01)},
+                labels,
+            )
+        return optax.adam(SCHEDULE)
+
+
+def _fit(how, **kwargs):
+    monitor = fj.LearningRateMonitor(**kwargs)
+    trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=3, callbacks=[monitor])
+    trainer.fit(Scheduled(how), fj.DataLoader(regression_data(n=128), batch_size=16))  # 8 steps/epoch
+    return monitor
+
+
+@pytest.mark.parametrize("how", ["inject", "attribute"])
+def test_logged_values_equal_the_schedule_at_the_applied_steps(how):
+    monitor = _fit(how)
+    # the update that made global step s ran with optimizer count s - 1
+    expected = [(s, pytest.approx(float(SCHEDULE(s - 1)), rel=1e-6, abs=1e-9)) for s in range(3, 17, 3)]
+    assert monitor.history == {"lr": expected}
+
+
+def test_param_groups_get_one_key_each_and_epoch_interval_logs_at_epoch_ends():
+    monitor = _fit("groups", logging_interval="epoch")
+    assert monitor.history == {
+        "lr/dense": [(8, pytest.approx(float(SCHEDULE(7)))), (16, pytest.approx(float(SCHEDULE(15))))],
+        "lr/norm": [(8, pytest.approx(0.01)), (16, pytest.approx(0.01))],
+    }
+
+
+def test_an_optimizer_that_hides_its_schedule_gets_an_error_saying_how_to_expose_it():
+    with pytest.raises(ValueError, match=r"inject_hyperparams.*lr_schedule"):
+        _fit("hidden")
+    with pytest.raises(ValueError, match=r"logging_interval=.*'batch'"):
+        fj.LearningRateMonitor("batch")

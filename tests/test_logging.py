@@ -1,0 +1,105 @@
+"""A fit's logs as a user finds them: TensorBoard events, metrics.csv, and `self.log` values."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import optax
+import pytest
+from helpers import Regressor, quiet_trainer, regression_data
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import metadata
+
+import fitjax as fj
+
+
+class Logging(Regressor):
+    def loss(self, model, batch):
+        pred = model(batch["x"], train=self.training)
+        loss = ((pred - batch["y"]) ** 2).mean()
+        self.log("twice", 2 * loss)
+        self.log_dict({"epoch_only": loss + 1}, on_step=False)
+        return loss, {"pred": pred}
+
+    def configure_optimizer(self):
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(0.05, 0.01, 16))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logs")
+    loggers = [fj.TensorBoardLogger(root, name="tb"), fj.CSVLogger(root, name="csv")]
+    trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=4, logger=loggers,
+                            callbacks=[fj.LearningRateMonitor()])
+    trainer.fit(Logging(lr=0.07), fj.DataLoader(regression_data(), batch_size=32),  # 8 steps/epoch
+                fj.DataLoader(regression_data(n=64, seed=1), batch_size=32))
+    return trainer, root
+
+
+def test_tensorboard_holds_every_key_at_its_global_steps_and_the_hparams(run):
+    trainer, root = run
+    events = EventAccumulator(str(root / "tb" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert steps["train/loss"] == steps["train/twice"] == steps["lr"] == [4, 8, 12, 16]
+    assert steps["train/loss_epoch"] == steps["train/epoch_only_epoch"] == steps["val/loss"] == [8, 16]
+    assert "train/epoch_only" not in steps  # on_step=False
+    last = {tag: events.Scalars(tag)[-1].value for tag in steps}
+    assert last["train/twice"] == pytest.approx(2 * last["train/loss"], rel=1e-5)
+    assert last["train/epoch_only_epoch"] == pytest.approx(last["train/loss_epoch"] + 1, rel=1e-5)
+    assert last["val/twice"] == pytest.approx(2 * last["val/loss"], rel=1e-5)
+    assert last["val/loss"] == pytest.approx(trainer.callback_metrics["val/loss"], rel=1e-6)
+
+    start = metadata.parse_session_start_info_plugin_data(
+        events.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["lr"].number_value == pytest.approx(0.07)
+    assert start.hparams["batchnorm"].bool_value is True
+
+
+def test_metrics_csv_has_one_row_per_logged_step(run):
+    _, root = run
+    with open(root / "csv" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [4, 8, 12, 16]
+    assert all(r["train/loss"] and r["lr"] for r in rows)
+    assert [bool(r["val/loss"]) for r in rows] == [False, True, False, True]
+    assert [r["epoch"] for r in rows] == ["0.0", "0.0", "1.0", "1.0"]
+    assert (root / "csv" / "version_0" / "hparams.yaml").exists()
+
+
+def test_log_outside_loss_and_metrics_and_bad_values_are_errors():
+    with pytest.raises(RuntimeError, match=r"Regressor.log\('x', \.\.\.\) was called outside"):
+        Regressor().log("x", 1.0)
+
+    class Vector(Regressor):
+        def metrics(self, batch, outputs):
+            self.log("per_example", outputs["pred"][:, 0])
+            return {}
+
+    with pytest.raises(ValueError, match=r"Vector.log\('per_example', value\) must be one scalar.*\(16,\)"):
+        quiet_trainer(max_steps=1, strategy="single").fit(Vector(), fj.DataLoader(regression_data(n=16), batch_size=16))
+
+    class Clash(Regressor):
+        def metrics(self, batch, outputs):
+            self.log("mae", 0.0 * outputs["pred"].mean())
+            return {"mae": abs(outputs["pred"] - batch["y"]).mean()}
+
+    with pytest.raises(ValueError, match=r"Clash.log\('mae', \.\.\.\) logs a name `metrics` also returns"):
+        quiet_trainer(max_steps=1, strategy="single").fit(Clash(), fj.DataLoader(regression_data(n=16), batch_size=16))
+
+
+def test_a_value_logged_only_in_eval_mode_reaches_validation_only():
+    class EvalOnly(Regressor):
+        def metrics(self, batch, outputs):
+            if not self.training:
+                self.log("sq_pred", (outputs["pred"] ** 2).mean())
+            return {}
+
+    trainer = quiet_trainer(max_epochs=1, strategy="dp", devices=8)
+    data = regression_data(n=64)
+    module = EvalOnly()
+    trainer.fit(module, fj.DataLoader(data, batch_size=32), fj.DataLoader(data, batch_size=24))  # 24+24+16
+    assert "val/sq_pred" in trainer.callback_metrics and "train/sq_pred" not in trainer.callback_metrics
+    preds = trainer.predict(module, fj.DataLoader({"x": data["x"]}, batch_size=64))
+    assert trainer.callback_metrics["val/sq_pred"] == pytest.approx(float(np.mean(preds ** 2)), rel=1e-5)
