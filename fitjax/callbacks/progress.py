@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -25,6 +26,8 @@ def _format_metrics(values: dict[str, float]) -> str:
 
 class RichProgressBar(Callback):
     """A progress bar for training and validation, with a summary line per finished epoch.
+
+    With several processes only process 0 writes.
 
     Args:
         refresh_rate: redraw every this many steps (plain lines: print every this many steps;
@@ -56,7 +59,8 @@ class RichProgressBar(Callback):
 
     def _get_console(self) -> Console:
         if self._console is None:
-            self._console = Console(file=self._file or sys.stdout)
+            # Only process 0 of a multi-host run draws; the others keep counting, silently.
+            self._console = Console(file=self._file or sys.stdout, quiet=jax.process_index() != 0)
             if not self._console.is_terminal and self.refresh_rate == 1:
                 self._plain_every = 50
         return self._console
