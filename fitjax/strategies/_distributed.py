@@ -112,7 +112,7 @@ def gather_rows(outputs: Sequence[PyTree], sizes: Sequence[int]) -> list[Any]:
         host = jax.device_get(list(outputs))  # sync point: one transfer for all batches
         return [jax.tree.map(lambda x, n=n: np.asarray(x)[:n], out) for out, n in zip(host, sizes)]
     counts = multihost_utils.process_allgather(np.asarray(sizes, np.int64))  # [processes, batches]
-    host = multihost_utils.process_allgather(list(outputs))  # sync point: full arrays on each host
+    host = multihost_utils.process_allgather(list(outputs), tiled=True)  # sync point: whole arrays, each host
     processes = jax.process_count()
 
     def trim(x: np.ndarray, i: int) -> np.ndarray:
