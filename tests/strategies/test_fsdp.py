@@ -154,3 +154,28 @@ def test_batch_that_does_not_divide_over_the_mesh_is_refused():
     trainer = quiet_trainer(max_steps=1, strategy=FSDP(data=2, fsdp=4))
     with pytest.raises(ValueError, match=r"batch size is 12, which does not divide over the 8 devices"):
         trainer.fit(Regressor(), fj.DataLoader(regression_data(n=48), batch_size=12))
+
+
+def test_sharded_init_never_holds_the_whole_state_on_one_device():
+    """The jitted init writes only each device's shards: its outputs and temporaries per device
+    stay near 1/8 of the state (a replicated init would need the whole of it)."""
+    import sys
+    from pathlib import Path
+
+    from fitjax import _compiled, step as step_lib
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import memory as bench
+
+    batch = {"x": np.ones((16, 256), np.float32), "y": np.ones((16, 1), np.float32)}
+    used = {}
+    for strategy, devices in [("single", 1), (FSDP(min_size_to_shard=0), 8)]:
+        trainer = quiet_trainer(strategy=strategy, devices=devices)
+        module = bench.Module(width=256, depth=2)
+        state, compiled = _compiled.build(module, trainer.strategy, batch, seed=0)
+        init = step_lib.make_init_fn(module, module._get_binding(), optax.adam(1e-3), ("loss",))
+        stats = jax.jit(init, out_shardings=compiled.state_shardings).lower(
+            jax.random.key(0), trainer.strategy.shard_batch(batch), None).compile().memory_analysis()
+        used[devices] = stats.output_size_in_bytes + stats.temp_size_in_bytes
+        assert fj.strategies.bytes_per_device(state) == pytest.approx(stats.output_size_in_bytes, rel=0.01)
+    assert used[8] < used[1] / 6
