@@ -388,7 +388,8 @@ class Trainer:
 
     def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None) -> Any:
         """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
-        input order, every example exactly once (the padding of a last partial batch removed)."""
+        input order, every example exactly once (the padding of a last partial batch removed).
+        With several processes, every process returns all of them (gathered from the others)."""
         _check_module(module)
         loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
         self._hooks.call("setup", self, module, "predict")

@@ -52,7 +52,7 @@ def describe_sharding(tree: PyTree) -> dict[str, LeafSharding]:
         >>> import jax, jax.numpy as jnp
         >>> rows = describe_sharding({"w": jnp.zeros((4, 2))})
         >>> rows["w"].spec, rows["w"].bytes_per_device
-        (PartitionSpec(), 32)
+        (P(), 32)
     """
     rows = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:

@@ -44,6 +44,12 @@ class FSDP(Strategy):
     `sharding` metadata) follow their annotation, as do the optimizer-state arrays mirroring
     them; every other array follows the rule: its largest dimension divisible by `fsdp`.
 
+    Initialisation is sharded: a Linen model's variables are created by one jitted init whose
+    outputs carry these shardings, so the whole state never exists on one device. An NNX model
+    built eagerly already holds its arrays where it was built; they are copied into the sharded
+    layout once (build it under `nnx.use_eager_sharding(False)` for annotations to need no mesh,
+    or inside `jax.set_mesh(...)` to create it sharded).
+
     Example:
         >>> import fitjax as fj
         >>> trainer = fj.Trainer(strategy="fsdp")                    # all devices on `fsdp`
