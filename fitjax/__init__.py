@@ -4,11 +4,12 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, data, loggers, strategies
+from fitjax import callbacks, data, loggers, precision, strategies
 from fitjax.callbacks import Callback, RichProgressBar
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
+from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.trainer import Trainer
 
@@ -21,6 +22,7 @@ __all__ = [
     "DataModule",
     "LitModule",
     "Logger",
+    "Precision",
     "RichProgressBar",
     "TensorBoardLogger",
     "TrainState",
@@ -28,5 +30,6 @@ __all__ = [
     "callbacks",
     "data",
     "loggers",
+    "precision",
     "strategies",
 ]
