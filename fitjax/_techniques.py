@@ -229,7 +229,7 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, tech: Tec
         finite = _all_finite(grads) if (ls is not None or tech.detect_anomaly) else None
 
         if tech.log_grad_norm:
-            values = {**values, "grad_norm": optax.global_norm(grads)}
+            values = {**values, "grad_norm": optax.tree.norm(grads)}
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
