@@ -295,8 +295,8 @@ def jit_train_steps(module, binding, tx, tech: Techniques, metric_names, strateg
 
 
 def _put(tree, sharding):
-    if jax.process_count() == 1:
-        return jax.device_put(tree, sharding)
+    if jax.process_count() == 1:  # host arrays: the jitted step's in_shardings place them
+        return tree
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
 
 

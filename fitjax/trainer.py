@@ -483,8 +483,17 @@ class Trainer:
         limit = _apply_limit(self.limits["train"], _maybe_len(loader))
         return itertools.islice(iter(loader), limit)
 
-    def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterator[_techniques.Chunk]:
-        """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it."""
+    def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterable[_techniques.Chunk]:
+        """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.
+
+        With one process batches stay on the host: the jitted step's `in_shardings` transfer them
+        in its C++ dispatch path, which is cheaper than any Python-side prefetch.
+        """
+        if jax.process_count() == 1:
+            return chunks
+        return self._prefetch_global(chunks)
+
+    def _prefetch_global(self, chunks: Iterable[_techniques.Chunk]) -> Iterator[_techniques.Chunk]:
         queue: collections.deque = collections.deque()
         shard = self._compiled.shard_inputs
         for chunk in chunks:
