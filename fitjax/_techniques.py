@@ -15,7 +15,7 @@ trainer uses `step.make_train_step` unchanged; otherwise `make_train_step` here 
 Accumulation scans over micro-batches inside one jitted step rather than composing
 `optax.MultiSteps`: one dispatch per optimizer step instead of k, no accumulator buffer in the
 optimizer state (it lives only inside the step), and the trailing incomplete group of an epoch can
-step with a mask instead of waiting for micro-batches of the next epoch (`benchmarks/accumulation.py`
+step with a mask instead of waiting for micro-batches of the next epoch (`benchmarks/techniques.py`
 measures the two).
 """
 
