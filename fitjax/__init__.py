@@ -4,8 +4,15 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, data, loggers, strategies
-from fitjax.callbacks import Callback, EarlyStopping, LearningRateMonitor, RichModelSummary, RichProgressBar
+from fitjax import callbacks, checkpoint, data, loggers, strategies
+from fitjax.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    RichModelSummary,
+    RichProgressBar,
+)
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
@@ -23,12 +30,14 @@ __all__ = [
     "LearningRateMonitor",
     "LitModule",
     "Logger",
+    "ModelCheckpoint",
     "RichModelSummary",
     "RichProgressBar",
     "TensorBoardLogger",
     "TrainState",
     "Trainer",
     "callbacks",
+    "checkpoint",
     "data",
     "loggers",
     "strategies",

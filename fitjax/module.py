@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from typing import Any, Iterator
 
 import flax.linen as nn
 import optax
 from flax import nnx
 
-from fitjax import _logged
+from fitjax import _logged, checkpoint
 from fitjax._binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
@@ -152,6 +153,17 @@ class LitModule:
     def hparams(self) -> AttributeDict:
         """The saved hyperparameters; `self.hparams.lr` or `self.hparams["lr"]`."""
         return self._hparams
+
+    @classmethod
+    def load_from_checkpoint(cls, path: str | os.PathLike, **overrides: Any) -> "LitModule":
+        """Rebuilds the module from a checkpoint: `cls(**saved hparams, **overrides)` holding the
+        saved weights, ready for `Trainer.predict` (no trainer state or optimizer needed).
+
+        Example:
+            >>> # module = MyModule.load_from_checkpoint(ckpt.best_model_path, lr=1e-4)
+            >>> # predictions = fj.Trainer().predict(module, data)
+        """
+        return checkpoint.load_module(cls, path, **overrides)
 
     # ------------------------------------------------------------------ model binding (internal)
 

@@ -14,10 +14,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _logged
+from fitjax import _compiled, _logged, _resume, checkpoint
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics, PyTree
-from fitjax.callbacks import Callback, CallbackList, with_defaults
+from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
@@ -97,6 +97,8 @@ class Trainer:
         fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
+        enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
+            `<logger.log_dir>/checkpoints`) unless `callbacks` has one.
         seed: the run's base random key (parameter init and every rng stream).
 
     Example:
@@ -125,6 +127,7 @@ class Trainer:
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
         enable_model_summary: bool = True,
+        enable_checkpointing: bool = True,
         seed: int = 0,
     ):
         self.max_steps = _positive_int_or_none("max_steps", max_steps)
@@ -167,6 +170,9 @@ class Trainer:
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
+        callbacks = _with_checkpointing(callbacks, enable_checkpointing)
+        if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
+            callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
         self._hooks = CallbackList(callbacks)
 
@@ -183,6 +189,10 @@ class Trainer:
         self._compiled: _compiled.Compiled | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
+        self.received_sigterm = False
+        self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
+        self._batches_done = 0  # train batches stepped in the current epoch
+        self._batch_offset = 0  # where a resumed epoch starts
 
     # ------------------------------------------------------------------------------ properties
 
@@ -194,6 +204,15 @@ class Trainer:
     @property
     def log_dir(self) -> str | None:
         return self.logger.log_dir if self.logger is not None else None
+
+    @property
+    def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
+        return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first `ModelCheckpoint` (Lightning's `trainer.checkpoint_callback`)."""
+        return next(iter(self.checkpoint_callbacks), None)
 
     @property
     def is_global_zero(self) -> bool:
@@ -208,26 +227,34 @@ class Trainer:
         val_data: Any = None,
         *,
         datamodule: DataModule | None = None,
+        ckpt_path: str | os.PathLike | None = None,
     ) -> None:
         """Trains `module` on `train_data`, validating on `val_data` (both optional with a datamodule).
 
         Data may be a `fj.DataLoader`, a torch `DataLoader`, a grain dataset, or any re-iterable
-        of batches (pytrees of arrays).
+        of batches (pytrees of arrays). `ckpt_path` ("last", "best" or a checkpoint folder)
+        resumes exactly where that checkpoint stopped. SIGTERM saves a checkpoint after the
+        running step and returns (`trainer.received_sigterm` is then True).
         """
         _check_module(module)
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
         try:
-            self._fit(module, train_loader, val_loader)
+            with _resume.stop_on_sigterm(self):
+                self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
-            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
+            self._finalize_loggers("interrupted" if stopped else "failed")
+            if isinstance(exc, _resume.Preempted):
+                return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
             self._hooks.call("teardown", self, module, "fit")
         self._finalize_loggers("success")
 
-    def _fit(self, module: LitModule, train_loader, val_loader) -> None:
+    def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
         epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
         first = next(epoch_iter, None)
@@ -237,6 +264,8 @@ class Trainer:
         self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed)
         self._module_for_compiled = module
         epoch_iter = itertools.chain([first], epoch_iter)
+        if ckpt_path is not None:  # state, counters, data position, callback and logger states
+            epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
 
@@ -248,18 +277,24 @@ class Trainer:
         wants_batch_end = self._hooks.wants("on_train_batch_end")
 
         while not self._done_training():
-            self._epoch_acc = {}
+            offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
+            if not offset:
+                self._epoch_acc = {}
+            self._batches_done = offset
             self._hooks.call("on_train_epoch_start", self, module)
             batch_idx = -1
-            for batch_idx, batch in enumerate(self._prefetch(epoch_iter)):
+            for batch_idx, batch in enumerate(self._prefetch(epoch_iter), start=offset):
                 if wants_batch_start:
                     self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
                 self.state, outputs = self._compiled.train_step(self.state, batch)  # async dispatch
                 self.global_step += 1
+                self._batches_done = batch_idx + 1
                 if self.global_step % self.log_every_n_steps == 0:
                     self._log_train_window()  # sync point: one transfer every log_every_n_steps
                 if wants_batch_end:
                     self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
+                if self.received_sigterm:
+                    raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
                 if val_every and (batch_idx + 1) % val_every == 0 and (batch_idx + 1) != self.num_training_batches:
                     self._validate_during_fit(module, val_loader)
                 if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
@@ -321,24 +356,28 @@ class Trainer:
 
     # ---------------------------------------------------------------- validate / test / predict
 
-    def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None
-                 ) -> list[HostMetrics]:
-        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`."""
-        return self._run_eval_stage(module, data, datamodule, stage="val")
+    def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
+                 ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`.
 
-    def test(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None
-             ) -> list[HostMetrics]:
+        `ckpt_path` ("last", "best" or a checkpoint folder) evaluates those weights instead.
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="val")
+
+    def test(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
+             ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
         """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`."""
-        return self._run_eval_stage(module, data, datamodule, stage="test")
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="test")
 
-    def _run_eval_stage(self, module, data, datamodule, *, stage: str) -> list[HostMetrics]:
+    def _run_eval_stage(self, module, data, datamodule, ckpt_path, *, stage: str) -> list[HostMetrics]:
         _check_module(module)
         name = {"val": "validate", "test": "test"}[stage]
         loader = self._stage_loader(data, datamodule, stage=stage, method=name)
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
         self._hooks.call("setup", self, module, name)
         try:
-            params, model_state, rng = self._eval_variables(module, loader, stage)
+            params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
             self._hooks.call(f"on_{hook}_start", self, module)
             self._hooks.call(f"on_{hook}_epoch_start", self, module)
             results = self._evaluate(module, loader, params, model_state, rng, stage=stage)
@@ -351,14 +390,16 @@ class Trainer:
             logger.save()
         return [results]
 
-    def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None) -> Any:
+    def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
+                ckpt_path: str | os.PathLike | None = None) -> Any:
         """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
         input order, every example exactly once (the padding of a last partial batch removed)."""
         _check_module(module)
         loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         self._hooks.call("setup", self, module, "predict")
         try:
-            params, model_state, rng = self._eval_variables(module, loader, "predict")
+            params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
             self._hooks.call("on_predict_start", self, module)
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
@@ -376,9 +417,11 @@ class Trainer:
         trimmed = [jax.tree.map(lambda x, n=n: np.asarray(x)[:n], out) for out, (_, n) in zip(host, pieces)]
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trimmed)
 
-    def _eval_variables(self, module: LitModule, loader, stage: str):
-        """Sharded `(params, model_state, rng)` for eval; initialises an unfitted Linen model."""
-        if self._compiled is not None and self._module_for_compiled is module and self.state is not None:
+    def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None):
+        """Sharded `(params, model_state, rng)` for eval (from `ckpt_path` when given);
+        initialises an unfitted Linen model."""
+        if (ckpt_path is None and self._compiled is not None and self._module_for_compiled is module
+                and self.state is not None):
             return self.state.params, self.state.model_state, self.state.rng
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
@@ -386,6 +429,8 @@ class Trainer:
         variables, self._compiled = _compiled.build(
             module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval"
         )
+        if ckpt_path is not None:
+            variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
         self._module_for_compiled = module
         self.state = None
         module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
@@ -426,14 +471,24 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- internals
 
-    def _epoch_batches(self, loader, epoch: int) -> Iterator[Batch]:
+    def _epoch_batches(self, loader, epoch: int, *, start: int = 0, state: Any = None) -> Iterator[Batch]:
+        """Epoch `epoch`'s train batches from batch `start` (the loader's saved `state` there)."""
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         limit = _apply_limit(self.limits["train"], _maybe_len(loader))
-        return itertools.islice(iter(loader), limit)
+        return self._positions.batches(loader, limit, start=start, state=state)
 
-    def _prefetch(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """Shards each batch onto the devices `_PREFETCH` steps before the step that uses it."""
+    def _prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
+        """Shards each batch onto the devices `_PREFETCH` steps before the step that uses it.
+
+        With one process batches stay on the host: the jitted step's `in_shardings` transfer them
+        in its C++ dispatch path, which is cheaper than any Python-side prefetch.
+        """
+        if jax.process_count() == 1:
+            return batches
+        return self._prefetch_global(batches)
+
+    def _prefetch_global(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         queue: collections.deque = collections.deque()
         for batch in batches:
             queue.append(self.strategy.shard_batch(batch))
@@ -487,6 +542,20 @@ class Trainer:
         if data is None:
             raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches) or datamodule=.")
         return as_loader(data, name="data")
+
+
+def _with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callback]:
+    """Adds the default `ModelCheckpoint` when enabled, and puts checkpoint callbacks last so
+    that the states they save include every other callback's update of the same hook."""
+    checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+    if checkpoints and not enabled:
+        raise ValueError(
+            "Trainer(enable_checkpointing=False) was given a ModelCheckpoint in callbacks=; drop "
+            "one of the two."
+        )
+    if enabled and not checkpoints:
+        checkpoints = [ModelCheckpoint()]
+    return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
 
 
 def _maybe_len(loader) -> int | None:

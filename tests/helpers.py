@@ -87,6 +87,7 @@ def quiet_trainer(**kwargs) -> fj.Trainer:
     kwargs.setdefault("enable_progress_bar", False)
     kwargs.setdefault("enable_model_summary", False)
     kwargs.setdefault("logger", False)
+    kwargs.setdefault("enable_checkpointing", False)
     return fj.Trainer(**kwargs)
 
 

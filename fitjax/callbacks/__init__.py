@@ -4,6 +4,7 @@ from fitjax.callbacks._base import Callback, CallbackList
 from fitjax.callbacks._defaults import with_defaults
 from fitjax.callbacks.early_stopping import EarlyStopping
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
+from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 
@@ -12,6 +13,7 @@ __all__ = [
     "CallbackList",
     "EarlyStopping",
     "LearningRateMonitor",
+    "ModelCheckpoint",
     "ModelSummary",
     "RichModelSummary",
     "RichProgressBar",

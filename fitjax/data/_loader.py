@@ -177,10 +177,13 @@ class DataLoader:
 
     def _batches(self, order: np.ndarray, start: int, index: int, count: int) -> Iterator[Any]:
         local = self.batch_size // count
+        # Flattened once per pass: a tree_map per batch costs as much as the gather itself for
+        # small batches, and this loop runs once per training step.
+        leaves, treedef = jax.tree_util.tree_flatten(self._data)
         for k in range(start, len(self)):
             rows = order[k * self.batch_size : (k + 1) * self.batch_size]
             rows = rows[index * local : (index + 1) * local]
-            batch = jax.tree_util.tree_map(lambda leaf: np.take(leaf, rows, axis=0), self._data)
+            batch = treedef.unflatten([np.take(leaf, rows, axis=0) for leaf in leaves])
             self._batches_seen = k + 1
             yield batch
 

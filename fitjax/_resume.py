@@ -1,0 +1,161 @@
+"""Exact resume: what a checkpoint records about the loop, and how `fit` continues from it.
+
+The loop position is counted in batches *consumed by steps*, not drawn from the loader: the
+trainer shards a batch ahead of the step that uses it, so the loader itself is one batch ahead.
+`BatchPositions` keeps the loader's `state_dict()` taken right after each batch is drawn, keyed by
+that batch's number in the epoch, and a save picks the state belonging to the last stepped batch.
+
+A checkpoint saved once an epoch's end work is done (epoch metrics logged, validation run,
+`on_train_epoch_end` called) resumes at the next epoch's first batch; one saved mid-epoch (or
+after the last step but before that work) resumes at the next batch of the same epoch, so
+nothing is replayed, skipped or run twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from fitjax import checkpoint
+
+_KEEP = 8  # loader states kept behind the newest drawn batch (the prefetch depth is 2)
+
+
+class Preempted(Exception):
+    """Raised by the loop after the step during which SIGTERM arrived; `fit` saves and returns."""
+
+
+class BatchPositions:
+    """The train loader's state after each drawn batch of the current epoch."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, Any] = {}
+
+    def batches(self, loader: Any, limit: int | None, *, start: int = 0, state: Any = None
+                ) -> Iterator[Any]:
+        """The batches of one epoch from batch `start` (0-based), up to `limit` in the epoch.
+
+        `state` is the loader's saved position at `start` (loaded before iterating); a loader
+        without states is iterated from its beginning and its first `start` batches dropped.
+        """
+        self._states = {start: state}
+        skip = 0
+        if start and state is not None:
+            loader.load_state_dict(state)
+        else:
+            skip = start
+        stop = None if limit is None else max(limit - start, 0) + skip
+        return self._track(itertools.islice(iter(loader), skip, stop), loader, start)
+
+    def _track(self, batches: Iterable[Any], loader: Any, start: int) -> Iterator[Any]:
+        stateful = callable(getattr(loader, "state_dict", None))
+        for n, batch in enumerate(batches, start + 1):
+            if stateful:
+                self._states[n] = loader.state_dict()
+                self._states.pop(n - _KEEP, None)
+            yield batch
+
+    def state_after(self, batches_done: int) -> Any:
+        return self._states.get(batches_done)
+
+
+def fit_meta(trainer, module, *, epoch_end_done: bool) -> dict[str, Any]:
+    """The JSON item of a checkpoint taken now. `epoch_end_done`: saved after the epoch's end
+    work (from `on_train_epoch_end`), rather than after a step."""
+    done = trainer._batches_done
+    exhausted = done == trainer.num_training_batches or not (
+        trainer.should_stop or (trainer.max_steps is not None and trainer.global_step >= trainer.max_steps)
+    )
+    if epoch_end_done and exhausted:
+        epoch, batches, loader_state, epoch_acc = trainer.current_epoch + 1, 0, None, {}
+    else:
+        epoch, batches = trainer.current_epoch, done
+        loader_state = trainer._positions.state_after(done)
+        epoch_acc = {k: np.asarray(v, np.float64).tolist() for k, v in trainer._epoch_acc.items()}
+    hparams, not_saved = checkpoint.jsonable(dict(module.hparams))
+    return {
+        "format": 1,
+        "global_step": trainer.global_step,
+        "epoch": epoch,
+        "batches_done": batches,
+        "loader": loader_state,
+        "epoch_acc": epoch_acc,
+        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        "loggers": [logger.state_dict() for logger in trainer.loggers],
+        "hparams": hparams,
+        "hparams_not_saved": not_saved,
+        "module": f"{type(module).__module__}.{type(module).__qualname__}",
+    }
+
+
+def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
+    """Restores `trainer.state`, counters, callbacks and loggers from `path`; returns the batches
+    of the epoch the checkpoint stopped in, from the first one not yet stepped."""
+    meta = checkpoint.read_meta(path)
+    trainer.state = checkpoint.restore_state(path, trainer.state)
+    trainer.global_step = int(meta["global_step"])
+    trainer.current_epoch = int(meta["epoch"])
+    trainer._batch_offset = start = int(meta["batches_done"])
+    trainer._epoch_acc = {k: np.asarray(v, np.float64) for k, v in meta["epoch_acc"].items()}
+    states = meta["callbacks"]
+    for cb in trainer.callbacks:
+        if cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])
+    if len(meta["loggers"]) == len(trainer.loggers):
+        for logger, state in zip(trainer.loggers, meta["loggers"]):
+            logger.load_state_dict(state)
+    state = meta["loader"]
+    if start and state is None and callable(getattr(loader, "state_dict", None)):
+        warnings.warn(f"checkpoint {str(path)!r} holds no data position; the first {start} "
+                      "batches of the epoch are replayed from the loader and dropped.", stacklevel=3)
+    return trainer._epoch_batches(loader, trainer.current_epoch, start=start, state=state)
+
+
+def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:
+    """`ckpt_path` ("last", "best", a path or None) as a checkpoint folder (or None)."""
+    if ckpt_path is None:
+        return None
+    if ckpt_path in ("last", "best"):
+        callbacks = trainer.checkpoint_callbacks
+        if not callbacks:
+            raise ValueError(
+                f"{where}: ckpt_path={ckpt_path!r} needs a ModelCheckpoint callback, and this "
+                "trainer has none (enable_checkpointing=False). Pass a checkpoint path instead."
+            )
+        found = callbacks[0].find(ckpt_path, trainer)
+        if found is None:
+            raise FileNotFoundError(
+                f"{where}: ckpt_path={ckpt_path!r} found no complete checkpoint in "
+                f"{[str(d) for d in callbacks[0].search_dirs(trainer)]}. Pass a checkpoint path, "
+                "or ckpt_path=None to start from scratch."
+            )
+        return found
+    return checkpoint.check_path(ckpt_path, where=where)
+
+
+@contextlib.contextmanager
+def stop_on_sigterm(trainer) -> Iterator[None]:
+    """While fitting, SIGTERM sets `trainer.received_sigterm`; the loop stops after its step.
+
+    The handler only sets a flag: saving from inside a signal handler could meet the state
+    half-donated to a running step. Installed from the main thread only (Python's rule).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        trainer.received_sigterm = True
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,25 @@
+"""Every public name imports, and `__all__` is sorted and complete."""
+
+import importlib
+
+import pytest
+
+import fitjax
+
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.data", "fitjax.loggers", "fitjax.strategies"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_all_is_sorted_and_importable(name):
+    module = importlib.import_module(name)
+    assert list(module.__all__) == sorted(module.__all__)
+    for public in module.__all__:
+        assert getattr(module, public) is not None
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    for name in ["fitjax.module", "fitjax.trainer", "fitjax.strategies.dp"]:
+        failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert failures == 0, name
