@@ -12,6 +12,7 @@ from typing import Any, Callable
 import jax
 import optax
 
+from fitjax import _lightning
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax._typing import Batch, PyTree
@@ -31,6 +32,14 @@ class Compiled:
     predict_step: Callable[..., Any]
     eval_metric_names: tuple[str, ...] = ()
     log_specs: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> `_logged.LogSpec`
+    test_step: Callable[..., Any] | None = None  # a Lightning-style module's `test_step`
+    test_metric_names: tuple[str, ...] = ()
+
+    def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        """The eval step and its value names for "val" or "test"."""
+        if stage == "test" and self.test_step is not None:
+            return self.test_step, self.test_metric_names
+        return self.eval_step, self.eval_metric_names
 
 
 def check_optimizer(tx: Any, owner: str) -> optax.GradientTransformation:
@@ -58,13 +67,18 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     """
     owner = type(module).__name__
     train = stage == "fit"
+    _lightning.check(module)
     binding = module._get_binding()
     given = module.variables or binding.initial_variables()
     abstract_batch = _abstract(batch)
     if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
-        names, trace = step_lib.StepNames(("loss",), ("loss",), {}), module.predict_step
+        names, trace = step_lib.StepNames(("loss",), ("loss",), {}), _lightning.predict_fn(module)
     else:
         names, trace = step_lib.check_step_outputs(module, binding, abstract_batch, given), None
+    test_names = None
+    if stage != "predict" and _lightning.is_lightning(module):  # test_step logs names of its own
+        with _lightning.stage("test"):
+            test_names = step_lib.check_step_outputs(module, binding, abstract_batch, given)
     metric_names = names.train
     tx = check_optimizer(module.configure_optimizer(), owner) if train else optax.identity()
 
@@ -85,7 +99,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     train_step = reset_metrics = None
     if train:
         train_step = strategy.jit(
-            step_lib.make_train_step(module, binding, tx),
+            _lightning.train_step(module, binding, tx),
             in_shardings=(shardings, batch_sharding),
             out_shardings=(shardings, replicated),
             donate_argnums=(0,),
@@ -94,18 +108,24 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
             lambda s: s.replace(metrics=acc_lib.zeros(metric_names)),
             in_shardings=(shardings,), out_shardings=shardings, donate_argnums=(0,),
         )
-    eval_step = strategy.jit(
-        step_lib.make_eval_step(module, binding),
-        in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
-                      batch_sharding, batch_sharding),
-        out_shardings=replicated,
-        donate_argnums=(3,),
-    )
+    def jit_eval(stage_name: str):
+        return strategy.jit(
+            _lightning.eval_step(module, binding, stage_name),
+            in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
+                          batch_sharding, batch_sharding),
+            out_shardings=replicated,
+            donate_argnums=(3,),
+        )
+
+    eval_step = jit_eval("val")
     predict_step = strategy.jit(
-        step_lib.make_predict_step(module, binding),
+        step_lib.make_predict_step(module, binding, fn=_lightning.predict_fn(module)),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
+    log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step,
-                        eval_metric_names=names.eval, log_specs=names.log_specs)
+                        eval_metric_names=names.eval, log_specs=log_specs,
+                        test_step=jit_eval("test") if test_names else None,
+                        test_metric_names=test_names.eval if test_names else ())
     return (state if train else (state.params, state.model_state, state.rng)), compiled
