@@ -64,7 +64,8 @@ class LitGAN(fj.LitModule):
         fake = self.model.generate(real.shape[0])
         real_logits, fake_logits = self.model.discriminate(real), self.model.discriminate(fake)
         bce = optax.sigmoid_binary_cross_entropy
-        d_loss = (bce(real_logits, jnp.ones_like(real_logits)) + bce(fake_logits, jnp.zeros_like(fake_logits))).mean()
+        d_loss = (bce(real_logits, jnp.ones_like(real_logits))
+                  + bce(fake_logits, jnp.zeros_like(fake_logits))).mean()
         g_loss = bce(fake_logits, jnp.ones_like(fake_logits)).mean()  # non-saturating
         self.log_dict({"d_loss": d_loss, "g_loss": g_loss}, prog_bar=True)
         return {"discriminator": d_loss, "generator": g_loss}

@@ -59,22 +59,21 @@ def _defines(module: Any, name: str) -> bool:
 
 
 @contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
+def _setting(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def stage(name: str) -> contextlib.AbstractContextManager[None]:
     """Which evaluation hook a traced eval step calls: "val" (`validation_step`) or "test"."""
-    token = _STAGE.set(name)
-    try:
-        yield
-    finally:
-        _STAGE.reset(token)
+    return _setting(_STAGE, name)
 
 
-@contextlib.contextmanager
-def _batch_index(value: Any) -> Iterator[None]:
-    token = _BATCH_IDX.set(value)
-    try:
-        yield
-    finally:
-        _BATCH_IDX.reset(token)
+def _batch_index(value: Any) -> contextlib.AbstractContextManager[None]:
+    return _setting(_BATCH_IDX, value)
 
 
 def _current_batch_index() -> jax.Array:
@@ -160,12 +159,10 @@ def _calling(module: Any, model: Any, hook: str) -> Iterator[None]:
     name = _model_attribute(module)
     previous = vars(module)[name]
     setattr(module, name, model)
-    token = _HOOK.set(hook)
     try:
-        with explain_jit_rules(type(module).__name__, hook):
+        with _setting(_HOOK, hook), explain_jit_rules(type(module).__name__, hook):
             yield
     finally:
-        _HOOK.reset(token)
         setattr(module, name, previous)
 
 
@@ -216,7 +213,8 @@ def loss(module: Any, model: Any, batch: Any) -> Any:
 
 
 def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, GroupLosses]:
-    if not isinstance(out, dict) or not out or not all(hasattr(v, "shape") and v.shape == () for v in out.values()):
+    scalars = isinstance(out, dict) and out and all(getattr(v, "shape", None) == () for v in out.values())
+    if not scalars:
         raise ValueError(
             f"{owner}.training_step with `automatic_optimization = False` must return a dict "
             f"`{{param group: scalar loss}}`, e.g. `{{'generator': g_loss, 'discriminator': d_loss}}`, "
