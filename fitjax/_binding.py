@@ -24,6 +24,9 @@ _TRANSIENT_COLLECTIONS = ("intermediates",)
 class ModelBinding(abc.ABC):
     """Initialises a model and calls `fn(bound_model, *args)` on given params and state."""
 
+    #: Flax sharding annotations, `{("params", *path): names per dimension}`; known after `init`.
+    annotations: dict[tuple[str, ...], tuple] = {}
+
     @abc.abstractmethod
     def init(self, fn: Callable, rng: jax.Array, *args: Any) -> tuple[PyTree, PyTree]:
         """Returns `(params, model_state)`; traceable (it runs under `jax.jit`)."""
@@ -52,7 +55,8 @@ class LinenBinding(ModelBinding):
     def init(self, fn, rng, *args):
         params_rng, rng = jax.random.split(rng)
         variables = nn.init(fn, self.model)({"params": params_rng, **self._rngs(rng)}, *args)
-        variables = dict(variables)
+        # Static metadata, recorded while tracing; the strategy reads it, the arrays go unboxed.
+        self.annotations, variables = _unbox_linen(variables)
         params = variables.pop("params", {})
         state = {k: v for k, v in variables.items() if k not in _TRANSIENT_COLLECTIONS}
         return params, state
@@ -77,6 +81,7 @@ class NNXBinding(ModelBinding):
     def __init__(self, model: nnx.Module):
         self.model = model
         self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.annotations = {**_nnx_annotations("params", params), **_nnx_annotations("model_state", rest)}
         self._initial = (nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
 
     def initial_variables(self):
@@ -101,6 +106,33 @@ class NNXBinding(ModelBinding):
         nnx.replace_by_pure_dict(param_state, params)
         nnx.replace_by_pure_dict(rest_state, model_state)
         nnx.update(self.model, param_state, rest_state)
+
+
+def _unbox_linen(variables) -> tuple[dict[tuple[str, ...], tuple], dict]:
+    """Linen `nn.Partitioned` boxes -> (their axis names by path, the plain arrays)."""
+    is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)  # noqa: E731
+    annotations = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(variables, is_leaf=is_box)[0]:
+        if isinstance(leaf, nn.Partitioned):
+            names = tuple(str(getattr(e, "key", e)) for e in path)
+            where = names[1:] if names[0] == "params" else names
+            annotations[("params" if names[0] == "params" else "model_state", *where)] = tuple(leaf.names)
+    # apply_constraint=False: no mesh is in context here; the strategy's out_shardings place them
+    unboxed = jax.tree.map(
+        lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned) else (
+            x.unbox() if is_box(x) else x), dict(variables), is_leaf=is_box)
+    return annotations, unboxed
+
+
+def _nnx_annotations(root: str, state: nnx.State) -> dict[tuple[str, ...], tuple]:
+    """NNX Variables' sharding metadata (`sharding` / `out_sharding` / `sharding_names`) by path."""
+    found = {}
+    for path, var in nnx.to_flat_state(state):
+        meta = var.get_metadata()
+        names = next((meta[k] for k in ("out_sharding", "sharding_names", "sharding") if meta.get(k)), None)
+        if names is not None and not isinstance(names, jax.sharding.Sharding):
+            found[(root, *map(str, path))] = tuple(names)
+    return found
 
 
 def bind(model: Any, *, rng_streams: tuple[str, ...], owner: str) -> ModelBinding:

@@ -84,7 +84,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
 
     init_fn = step_lib.make_init_fn(module, binding, tx, metric_names, trace=trace)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
-    shardings = strategy.state_shardings(abstract_state)
+    shardings = strategy.state_shardings(abstract_state, binding.annotations)
     replicated = strategy.replicated
     batch_sharding = strategy.batch_sharding
 

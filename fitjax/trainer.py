@@ -22,7 +22,8 @@ from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, resolve as resolve_strategy
+from fitjax.strategies import Strategy, initialize_distributed, resolve as resolve_strategy
+from fitjax.strategies._distributed import agree, gather_rows
 
 __all__ = ["Trainer"]
 
@@ -82,8 +83,12 @@ class Trainer:
     Args (Lightning's names and meanings):
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
         max_steps: stop after this many optimizer steps.
-        strategy: "auto", "single", "dp" or a `fitjax.strategies.Strategy`.
-        devices: "auto" (all), a count, or a list of `jax.Device`.
+        strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
+        devices: "auto" (all, on every process), a count, or a list of `jax.Device`.
+        num_nodes: processes (hosts) to run on: `jax.distributed` is started once with the
+            coordinator and process id from the environment (see
+            `fitjax.strategies.initialize_distributed`); None reads the count from the
+            environment too, 1 stays single-process. Only process 0 logs and draws progress.
         callbacks: extra `Callback`s (a progress bar is added when `enable_progress_bar`).
         logger: True (TensorBoard), False, a `Logger` or a list of them.
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
@@ -114,6 +119,7 @@ class Trainer:
         max_steps: int | None = None,
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
+        num_nodes: int | None = None,
         callbacks: Iterable[Callback] | None = None,
         logger: bool | Logger | Sequence[Logger] = True,
         default_root_dir: str | os.PathLike | None = None,
@@ -162,6 +168,7 @@ class Trainer:
             raise ValueError(f"Trainer(seed=...) must be an int, got {seed!r}")
         self.seed = seed
 
+        initialize_distributed(num_nodes)  # before anything asks JAX for devices
         self.devices = _select_devices(devices)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
@@ -218,6 +225,25 @@ class Trainer:
     def is_global_zero(self) -> bool:
         return jax.process_index() == 0
 
+    def _agree(self, flag: bool) -> bool:
+        """True on every process when `flag` is True on any (free with one process).
+
+        Stop decisions taken from host-local facts (time, signals) must pass through this, at a
+        place every process reaches, or one process leaves the loop while the others wait for
+        it in a collective.
+        """
+        return agree(flag)
+
+    def _stop_agreed(self, *, synced: bool) -> bool:
+        """`should_stop` as every process sees it; with several processes it is compared at sync
+        points only (log steps, validations), so a stop takes effect there or at the epoch end."""
+        if jax.process_count() == 1:
+            return self.should_stop
+        if synced:
+            self.should_stop = self._agree(self.should_stop)
+            return self.should_stop
+        return False
+
     # --------------------------------------------------------------------------------- fit
 
     def fit(
@@ -260,7 +286,7 @@ class Trainer:
         first = next(epoch_iter, None)
         if first is None:
             raise ValueError("train_data is empty: its first epoch yielded no batch.")
-        self.strategy.check_batch_size(batch_size_of(first), what="the train batch size")
+        self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
         self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed)
         self._module_for_compiled = module
         epoch_iter = itertools.chain([first], epoch_iter)
@@ -289,7 +315,8 @@ class Trainer:
                 self.state, outputs = self._compiled.train_step(self.state, batch)  # async dispatch
                 self.global_step += 1
                 self._batches_done = batch_idx + 1
-                if self.global_step % self.log_every_n_steps == 0:
+                synced = self.global_step % self.log_every_n_steps == 0
+                if synced:
                     self._log_train_window()  # sync point: one transfer every log_every_n_steps
                 if wants_batch_end:
                     self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
@@ -297,7 +324,8 @@ class Trainer:
                     raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
                 if val_every and (batch_idx + 1) % val_every == 0 and (batch_idx + 1) != self.num_training_batches:
                     self._validate_during_fit(module, val_loader)
-                if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+                    synced = True
+                if self._stop_agreed(synced=synced) or (self.max_steps is not None and self.global_step >= self.max_steps):
                     break
             if batch_idx < 0 and self.global_step == 0:
                 raise ValueError("train_data is empty: an epoch yielded no batch.")
@@ -306,6 +334,7 @@ class Trainer:
             if self.check_val_every_n_epoch and (self.current_epoch + 1) % self.check_val_every_n_epoch == 0:
                 self._validate_during_fit(module, val_loader)
             self._hooks.call("on_train_epoch_end", self, module)
+            self.should_stop = self._agree(self.should_stop)
             self.current_epoch += 1
             epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
 
@@ -393,7 +422,8 @@ class Trainer:
     def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
                 ckpt_path: str | os.PathLike | None = None) -> Any:
         """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
-        input order, every example exactly once (the padding of a last partial batch removed)."""
+        input order, every example exactly once (the padding of a last partial batch removed).
+        With several processes, every process returns all of them (gathered from the others)."""
         _check_module(module)
         loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
@@ -408,14 +438,14 @@ class Trainer:
                 pieces.append((out, size))
                 if wants_batch_end:
                     self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
-            host = jax.device_get([out for out, _ in pieces])  # sync point: one transfer at the end
+            # sync point: one transfer at the end (from every process with several)
+            host = gather_rows([out for out, _ in pieces], [size for _, size in pieces])
             self._hooks.call("on_predict_end", self, module)
         finally:
             self._hooks.call("teardown", self, module, "predict")
         if not host:
             return None
-        trimmed = [jax.tree.map(lambda x, n=n: np.asarray(x)[:n], out) for out, (_, n) in zip(host, pieces)]
-        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trimmed)
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None):
         """Sharded `(params, model_state, rng)` for eval (from `ckpt_path` when given);
@@ -454,10 +484,15 @@ class Trainer:
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True
                       ) -> Iterator[tuple[Batch, Any]]:
         """Batches padded to one shape (the first batch's size, rounded up to a multiple of the
-        device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`."""
+        device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`.
+
+        With several processes each pads its own slice, to the loader's `local_batch_size` when
+        it has one: a process's slice of the last batch may be smaller or empty, and all must
+        agree on the shape (the global padded batch is then the single-process one)."""
         limit = _apply_limit(self.limits[stage], _maybe_len(loader))
-        shards = self.strategy.num_batch_shards
-        full = None
+        shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
+        local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
+        full = None if local is None else math.ceil(local / shards) * shards
         for batch_idx, batch in enumerate(loader):
             if limit is not None and batch_idx >= limit:
                 break

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from fitjax import _resume, checkpoint
+from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback
 
 __all__ = ["ModelCheckpoint"]
@@ -175,9 +176,12 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------------------ where
 
     def resolve_dirpath(self, trainer) -> Path:
+        """The folder, decided on process 0 (a logger's version folder is only predicted on the
+        others) and shared with every process, which all write the checkpoint with Orbax."""
         if self.dirpath is None:
             log_dir = trainer.log_dir
-            self.dirpath = Path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
+            local = Path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
+            self.dirpath = Path(broadcast_str(str(local)))
         return self.dirpath
 
     def search_dirs(self, trainer) -> list[Path]:
@@ -214,13 +218,17 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------------------ hooks
 
     def on_fit_start(self, trainer, module) -> None:
+        self.resolve_dirpath(trainer)  # here, where every process is: it may be a collective
         self._last_time = time.monotonic()
         self._deferred = False
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         due = self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0
         if self.train_time_interval is not None:
-            due = due or time.monotonic() - self._last_time >= self.train_time_interval.total_seconds()
+            # Clocks differ between hosts: the processes agree (a small collective per step, paid
+            # only when train_time_interval is set and several processes run).
+            late = time.monotonic() - self._last_time >= self.train_time_interval.total_seconds()
+            due = due or trainer._agree(late)
         if not due:
             return
         if batch_idx + 1 == trainer.num_training_batches:

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -43,7 +44,8 @@ class RichProgressBar(Callback):
 
     Shows the epoch, step counters, it/s, elapsed time and ETA, the latest `train/loss` and every
     value logged with `self.log(..., prog_bar=True)`. Validation gets its own bar; each finished
-    epoch leaves one line with its mean train metrics and validation results.
+    epoch leaves one line with its mean train metrics and validation results. With several
+    processes only process 0 writes.
 
     Args:
         refresh_rate: redraw every this many steps. When the stream is not a terminal, a plain
@@ -78,7 +80,9 @@ class RichProgressBar(Callback):
     @property
     def console(self) -> Console:
         if self._console is None:
-            self._console = Console(file=self._file or sys.stdout, force_terminal=self._force_terminal)
+            # Only process 0 of a multi-host run draws; the others keep counting, silently.
+            self._console = Console(file=self._file or sys.stdout, force_terminal=self._force_terminal,
+                                    quiet=jax.process_index() != 0)
             if not self._console.is_terminal:
                 self._console.width = max(self._console.width, 160)  # logs have no width: never wrap
         return self._console

@@ -9,15 +9,30 @@ from __future__ import annotations
 from typing import Callable
 
 from fitjax.strategies._base import Strategy
+from fitjax.strategies._describe import LeafSharding, bytes_per_device, describe_sharding
+from fitjax.strategies._distributed import initialize_distributed
 from fitjax.strategies.dp import DataParallel
+from fitjax.strategies.fsdp import FSDP
 from fitjax.strategies.single import SingleDevice
 
-__all__ = ["DataParallel", "SingleDevice", "Strategy", "register", "resolve"]
+__all__ = [
+    "DataParallel",
+    "FSDP",
+    "LeafSharding",
+    "SingleDevice",
+    "Strategy",
+    "bytes_per_device",
+    "describe_sharding",
+    "initialize_distributed",
+    "register",
+    "resolve",
+]
 
 _REGISTRY: dict[str, Callable[[], Strategy]] = {
     "single": SingleDevice,
     "dp": DataParallel,
     "ddp": DataParallel,  # Lightning's name for the same thing
+    "fsdp": FSDP,
 }
 
 

@@ -8,7 +8,7 @@ jitted step serves every strategy: only its `in_shardings`/`out_shardings` diffe
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -37,8 +37,12 @@ class Strategy(abc.ABC):
     def _build_mesh(self, devices: Sequence[jax.Device]) -> Mesh:
         """A mesh over `devices` whose axes include `data_axes`."""
 
-    def state_shardings(self, abstract_state: PyTree) -> PyTree:
-        """Shardings for every leaf of the train state (default: replicated on the mesh)."""
+    def state_shardings(self, abstract_state: PyTree, annotations: Mapping | None = None) -> PyTree:
+        """Shardings for every leaf of the train state (default: replicated on the mesh).
+
+        `annotations` are the model's Flax sharding annotations, `{("params", ...path): names}`;
+        strategies that shard parameters honour them, the replicated ones ignore them.
+        """
         replicated = self.replicated
         return jax.tree.map(lambda _: replicated, abstract_state)
 

@@ -1,0 +1,106 @@
+"""`FSDP`: parameters, optimizer state and model state sharded over an `fsdp` mesh axis.
+
+Each device keeps `1/fsdp` of every large array; XLA all-gathers a parameter where the step uses
+it and reduce-scatters its gradient, so memory for the state shrinks with the device count while
+the numbers stay those of one device with the same global batch. A `data` axis on top gives a
+hybrid mesh: `data` replicas of a model sharded `fsdp` ways.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from fitjax._typing import PyTree
+from fitjax.strategies import _rules
+from fitjax.strategies._base import Strategy
+
+__all__ = ["FSDP"]
+
+
+def _check_axis(name: str, value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"FSDP({name}=...) must be a positive int or None (chosen from the devices), got {value!r}")
+
+
+class FSDP(Strategy):
+    """Fully sharded data parallelism on a `("data", "fsdp")` mesh; the batch is split over both.
+
+    Args:
+        data: replicas of the sharded model (the outer mesh axis); None: the devices left over
+            by `fsdp`, or 1.
+        fsdp: devices each array is sharded over; None: all devices left over by `data`.
+        min_size_to_shard: arrays with fewer elements stay replicated (their all-gather costs
+            more than the memory saved); scalars and vectors always do.
+        rules: logical axis names of Flax annotations (`nn.with_logical_partitioning`) -> a mesh
+            axis, a tuple of them, or None (replicate). Mesh axis names ("data", "fsdp") can be
+            used in annotations directly.
+
+    Annotated parameters (`nn.with_partitioning`, `nn.with_logical_partitioning`, NNX
+    `sharding` metadata) follow their annotation, as do the optimizer-state arrays mirroring
+    them; every other array follows the rule: its largest dimension divisible by `fsdp`.
+
+    Initialisation is sharded: a Linen model's variables are created by one jitted init whose
+    outputs carry these shardings, so the whole state never exists on one device. An NNX model
+    built eagerly already holds its arrays where it was built; they are copied into the sharded
+    layout once (build it under `nnx.use_eager_sharding(False)` for annotations to need no mesh,
+    or inside `jax.set_mesh(...)` to create it sharded).
+
+    Example:
+        >>> import fitjax as fj
+        >>> trainer = fj.Trainer(strategy="fsdp")                    # all devices on `fsdp`
+        >>> hybrid = fj.strategies.FSDP(data=2, fsdp=4)               # 2 replicas × 4 shards
+        >>> named = fj.strategies.FSDP(rules={"embed": "fsdp", "mlp": None})
+    """
+
+    data_axes = ("data", "fsdp")
+
+    def __init__(self, data: int | None = None, fsdp: int | None = None, *,
+                 min_size_to_shard: int = 2**14, rules: Mapping[str, Any] | None = None):
+        super().__init__()
+        self.data = _check_axis("data", data)
+        self.fsdp = _check_axis("fsdp", fsdp)
+        if isinstance(min_size_to_shard, bool) or not isinstance(min_size_to_shard, int) or min_size_to_shard < 0:
+            raise ValueError(
+                f"FSDP(min_size_to_shard=...) must be a non-negative int (elements), got {min_size_to_shard!r}"
+            )
+        self.min_size_to_shard = min_size_to_shard
+        if rules is not None and not isinstance(rules, Mapping):
+            raise TypeError(
+                f"FSDP(rules=...) maps logical axis names to mesh axes, e.g. {{'embed': 'fsdp'}}; got {rules!r}"
+            )
+        self.rules = dict(rules or {})
+
+    def _build_mesh(self, devices: Sequence[jax.Device]) -> Mesh:
+        n = len(devices)
+        data, fsdp = self.data, self.fsdp
+        if data is None and fsdp is None:
+            data, fsdp = 1, n
+        elif data is None or fsdp is None:
+            given, name = (data, "data") if fsdp is None else (fsdp, "fsdp")
+            if n % given:
+                raise ValueError(
+                    f"FSDP({name}={given}) does not divide the {n} devices; use a divisor of {n} "
+                    f"or select {given * max(1, n // given)} devices with Trainer(devices=...)."
+                )
+            data, fsdp = (given, n // given) if name == "data" else (n // given, given)
+        if data * fsdp != n:
+            raise ValueError(
+                f"FSDP(data={data}, fsdp={fsdp}) needs data × fsdp = {data * fsdp} devices, but "
+                f"{n} are selected. Choose sizes whose product is {n}, leave one of them None, or "
+                f"select {data * fsdp} devices with Trainer(devices={data * fsdp})."
+            )
+        return Mesh(np.asarray(devices).reshape(data, fsdp), ("data", "fsdp"))
+
+    def state_shardings(self, abstract_state: PyTree, annotations: _rules.Annotations | None = None
+                        ) -> PyTree:
+        specs = _rules.fsdp_specs(
+            abstract_state, self.mesh, axis="fsdp", min_size=self.min_size_to_shard,
+            rules=self.rules, annotations=annotations or {},
+        )
+        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), specs,
+                            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))

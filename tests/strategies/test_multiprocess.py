@@ -1,0 +1,87 @@
+"""A real 2-process run through jax.distributed on localhost (4 CPU devices each, gloo collectives)
+against the same run in one process on 8 devices."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import LossHistory, Regressor, assert_trees_close, quiet_trainer
+from multiprocess_data import STRATEGIES, fit_and_predict
+
+import fitjax as fj
+
+HERE = Path(__file__).resolve().parent
+WORKTREE = HERE.parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """Starts both processes, waits for them (killing both on a hang), returns their results."""
+    out = tmp_path_factory.mktemp("two_processes")
+    port = _free_port()
+    procs = []
+    for i in range(2):
+        env = {**os.environ, "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_PROCESS_ID": str(i),
+               "PYTHONPATH": os.pathsep.join([str(WORKTREE), str(HERE)])}
+        env.pop("XLA_FLAGS", None)  # the worker sets its own 4 devices
+        log = open(out / f"stdout_{i}.txt", "w")
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "multiprocess_worker.py"), str(out)],
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, cwd=out))
+    try:
+        for p in procs:
+            p.wait(timeout=240)
+    finally:
+        for p in procs:  # SIGKILL: jax.distributed catches SIGTERM to sync a preemption
+            if p.poll() is None:
+                p.kill()
+    for i, p in enumerate(procs):
+        assert p.returncode == 0, (out / f"stdout_{i}.txt").read_text()[-4000:]
+    results = [pickle.loads((out / f"process_{i}.pkl").read_bytes()) for i in range(2)]
+    return out, [p.pid for p in procs], results, [(out / f"stdout_{i}.txt").read_text() for i in range(2)]
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_two_processes_match_one_process_on_8_devices(two_processes, name):
+    _, _, results, _ = two_processes
+    history = LossHistory()
+    trainer = quiet_trainer(max_epochs=2, strategy=STRATEGIES[name](), callbacks=[history], log_every_n_steps=2)
+    module = Regressor()
+    predictions, val = fit_and_predict(trainer, module)
+    for got in results:  # every process saw the same global numbers
+        run = got[name]
+        np.testing.assert_allclose(run["losses"], history.losses, rtol=1e-5, atol=1e-6)
+        assert_trees_close(run["params"], module.variables[0], rtol=1e-5, atol=1e-6)
+        for key in ("val/loss", "val/mae", "train/loss_epoch"):
+            assert run["val"][key] == pytest.approx(val[key], rel=1e-5)
+        # every example once, in input order, on each process (77 = 4×16 + 13 split 8 + 5)
+        assert run["predictions"].shape == (77, 1)
+        np.testing.assert_allclose(run["predictions"], predictions, rtol=1e-5, atol=1e-6)
+    expected_spec = "P(None, 'fsdp')" if name == "fsdp" else "P()"
+    assert results[0][name]["kernel_spec"] == expected_spec
+
+
+def test_only_process_zero_writes_logs_and_progress(two_processes):
+    out, pids, results, stdouts = two_processes
+    for name in STRATEGIES:
+        events = list((out / "logs" / name / "version_0").glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].name.split(".")[-2] == str(pids[0]), events
+    assert "Epoch 1 done" in stdouts[0]
+    assert "Epoch" not in stdouts[1]
+
+
+def test_a_flag_raised_on_one_process_is_agreed_by_all(two_processes):
+    _, _, results, _ = two_processes
+    assert [r["agree"] for r in results] == [[True, False], [True, False]]
