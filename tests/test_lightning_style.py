@@ -53,7 +53,7 @@ def _fit(module, **kwargs):
     return trainer, history.losses
 
 
-@pytest.mark.parametrize("strategy", ["single", "dp"])
+@pytest.mark.parametrize("strategy", ["single", "dp", "fsdp"])
 def test_lightning_style_matches_loss_metrics_style_step_for_step(strategy):
     lightning, lightning_losses = _fit(LightningRegressor(), strategy=strategy)
     plain, plain_losses = _fit(Regressor(), strategy=strategy)
