@@ -2,6 +2,7 @@
 
     python benchmarks/overhead.py                  # all three workloads
     python benchmarks/overhead.py --only tiny_mlp --epochs 6
+    python benchmarks/overhead.py --steps-per-execution 8   # adds fitjax with k steps per dispatch
 
 The hand-written loop is the one the Flax docs teach: a `flax.training.train_state.TrainState`,
 `@jax.jit` on the step, numpy batches sliced from a shuffled array each step. fitjax runs with its
@@ -132,11 +133,11 @@ class SteadyStateTimer(fj.Callback):
         self.steps_per_s = (trainer.global_step - self.start_step) / (time.perf_counter() - self.start)
 
 
-def with_fitjax(model, data, batch_size, epochs, root, **trainer_kwargs):
+def with_fitjax(model, data, batch_size, epochs, root, *, module_cls=Classifier, **trainer_kwargs):
     timer = SteadyStateTimer()
     trainer = fj.Trainer(max_epochs=epochs, callbacks=[timer], default_root_dir=root, strategy="single",
                          **trainer_kwargs)
-    trainer.fit(Classifier(model), fj.DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True))
+    trainer.fit(module_cls(model), fj.DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True))
     return timer.steps_per_s
 
 
@@ -145,20 +146,28 @@ def main(argv=None):
     parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
     parser.add_argument("--epochs", type=int, default=4, help="including one warm-up epoch")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps-per-execution", type=int, default=1,
+                        help="also time fitjax with Trainer(steps_per_execution=K) when K > 1")
     args = parser.parse_args(argv)
+    spe = args.steps_per_execution
 
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s))")
-    print(f"{'workload':<11} {'hand-written':>13} {'fitjax':>10} {'ratio':>7}")
+    extra = f" {'spe=' + str(spe):>10} {'ratio':>7}" if spe > 1 else ""
+    print(f"{'workload':<11} {'hand-written':>13} {'fitjax':>10} {'ratio':>7}{extra}")
     with tempfile.TemporaryDirectory() as root:
         for name in args.only or list(WORKLOADS):
             factory, shape, batch_size, steps = WORKLOADS[name]
             data = make_data(shape, batch_size * steps)
-            hand, fit = [], []
+            hand, fit, fit_spe = [], [], []
             for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
                 hand.append(hand_written(factory(), data, batch_size, args.epochs))
                 fit.append(with_fitjax(factory(), data, batch_size, args.epochs, root))
+                if spe > 1:
+                    fit_spe.append(with_fitjax(factory(), data, batch_size, args.epochs, root,
+                                               steps_per_execution=spe))
             h, f = max(hand), max(fit)
-            print(f"{name:<11} {h:>10.1f}/s {f:>8.1f}/s {f / h:>6.2f}x", flush=True)
+            extra = f" {max(fit_spe):>8.1f}/s {max(fit_spe) / h:>6.2f}x" if spe > 1 else ""
+            print(f"{name:<11} {h:>10.1f}/s {f:>8.1f}/s {f / h:>6.2f}x{extra}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, checkpoint, data, loggers, strategies
+from fitjax import callbacks, checkpoint, data, loggers, precision, strategies
 from fitjax.callbacks import (
     Callback,
     EarlyStopping,
@@ -16,6 +16,7 @@ from fitjax.callbacks import (
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
+from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.trainer import Trainer
 
@@ -31,6 +32,7 @@ __all__ = [
     "LitModule",
     "Logger",
     "ModelCheckpoint",
+    "Precision",
     "RichModelSummary",
     "RichProgressBar",
     "TensorBoardLogger",
@@ -40,5 +42,6 @@ __all__ = [
     "checkpoint",
     "data",
     "loggers",
+    "precision",
     "strategies",
 ]

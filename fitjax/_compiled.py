@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from fitjax import _lightning
+from fitjax import _lightning, _techniques
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax._typing import Batch, PyTree
@@ -34,6 +34,10 @@ class Compiled:
     log_specs: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> `_logged.LogSpec`
     test_step: Callable[..., Any] | None = None  # a Lightning-style module's `test_step`
     test_metric_names: tuple[str, ...] = ()
+    #: with `steps_per_execution > 1`: one optimizer step per call, for an epoch's leftovers
+    train_tail_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
+    #: host step inputs -> device (`strategy.shard_batch` for plain batches; see `_techniques.Chunk`)
+    shard_inputs: Callable[[Any, bool], Any] | None = None
 
     def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """The eval step and its value names for "val" or "test"."""
@@ -57,7 +61,8 @@ def _abstract(batch: Batch) -> Batch:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
 
 
-def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit"
+def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit",
+          techniques: _techniques.Techniques = _techniques.Techniques()
           ) -> tuple[TrainState | tuple[PyTree, PyTree, jax.Array], Compiled]:
     """Initialises (or reuses) the module's variables and compiles the step functions.
 
@@ -81,8 +86,11 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
             test_names = step_lib.check_step_outputs(module, binding, abstract_batch, given)
     metric_names = names.train
     tx = check_optimizer(module.configure_optimizer(), owner) if train else optax.identity()
+    tx = techniques.wrap_optimizer(tx) if train else tx
+    train_names = techniques.train_metric_names(metric_names) if train else metric_names
 
-    init_fn = step_lib.make_init_fn(module, binding, tx, metric_names, trace=trace)
+    init_fn = step_lib.make_init_fn(module, binding, tx, train_names, trace=trace)
+    init_fn = techniques.wrap_init(init_fn, tx)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, binding.annotations)
     replicated = strategy.replicated
@@ -96,21 +104,27 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
-    train_step = reset_metrics = None
-    if train:
+    train_step = reset_metrics = tail_step = None
+    shard_inputs = lambda inputs, full: strategy.shard_batch(inputs)  # noqa: E731
+    if train and techniques.is_plain:
         train_step = strategy.jit(
             _lightning.train_step(module, binding, tx),
             in_shardings=(shardings, batch_sharding),
             out_shardings=(shardings, replicated),
             donate_argnums=(0,),
         )
+    elif train:
+        _lightning.check_techniques(module)
+        train_step, tail_step, shard_inputs = _techniques.jit_train_steps(
+            module, binding, tx, techniques, train_names, strategy, shardings)
+    if train:
         reset_metrics = strategy.jit(
-            lambda s: s.replace(metrics=acc_lib.zeros(metric_names)),
+            lambda s: s.replace(metrics=acc_lib.zeros(train_names)),
             in_shardings=(shardings,), out_shardings=shardings, donate_argnums=(0,),
         )
     def jit_eval(stage_name: str):
         return strategy.jit(
-            _lightning.eval_step(module, binding, stage_name),
+            techniques.wrap_eval(_lightning.eval_step(module, binding, stage_name), batch_arg=4),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
@@ -119,13 +133,15 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
 
     eval_step = jit_eval("val")
     predict_step = strategy.jit(
-        step_lib.make_predict_step(module, binding, fn=_lightning.predict_fn(module)),
+        techniques.wrap_eval(step_lib.make_predict_step(module, binding, fn=_lightning.predict_fn(module)),
+                             batch_arg=3),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step,
                         eval_metric_names=names.eval, log_specs=log_specs,
+                        train_tail_step=tail_step, shard_inputs=shard_inputs,
                         test_step=jit_eval("test") if test_names else None,
                         test_metric_names=test_names.eval if test_names else ())
     return (state if train else (state.params, state.model_state, state.rng)), compiled

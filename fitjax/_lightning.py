@@ -32,6 +32,7 @@ from fitjax import step as step_lib
 __all__ = [
     "check",
     "check_log_options",
+    "check_techniques",
     "eval_step",
     "explain_jit_rules",
     "is_lightning",
@@ -264,6 +265,18 @@ def check(module: Any) -> None:
             f"{type(module).__name__} defines both `loss` and `training_step`. fitjax trains either "
             "`loss(self, model, batch)` (+ `metrics`) or Lightning's `training_step(self, batch, "
             "batch_idx)` (+ `self.log`); keep one of them (rename a helper `loss` to `compute_loss`)."
+        )
+
+
+def check_techniques(module: Any) -> None:
+    """Manual optimization has its own step; the Trainer's step techniques do not wrap it yet."""
+    if is_lightning(module) and not getattr(module, "automatic_optimization", True):
+        raise ValueError(
+            f"{type(module).__name__} sets `automatic_optimization = False`, which fitjax trains "
+            "with its own per-group step; Trainer(precision=..., accumulate_grad_batches=..., "
+            "gradient_clip_val=..., steps_per_execution=...) do not apply to it. Leave them at "
+            "their defaults and compose clipping or accumulation into each group's optax "
+            "transformation (`optax.chain(optax.clip_by_global_norm(1.0), optax.adam(...))`)."
         )
 
 

@@ -22,6 +22,8 @@ class TrainState:
         rng: the run's base key; per-step keys are `fold_in(rng, step)`, so a resumed run continues
             the same random stream.
         metrics: train-metric accumulators since the last log (see `fitjax.metrics`).
+        loss_scale: the dynamic loss scale with `precision="16-mixed"` (a `fitjax.precision.LossScale`),
+            else None.
     """
 
     step: jax.Array
@@ -30,3 +32,4 @@ class TrainState:
     opt_state: PyTree
     rng: jax.Array
     metrics: dict[str, jax.Array]
+    loss_scale: PyTree = None

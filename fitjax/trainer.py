@@ -6,6 +6,7 @@ Sync points (where the host waits for the device) are marked; there is none per 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import math
 import os
@@ -14,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _logged, _resume, checkpoint
+from fitjax import _compiled, _determinism, _logged, _resume, _techniques, checkpoint
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics, PyTree
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
@@ -105,6 +106,25 @@ class Trainer:
         enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
             `<logger.log_dir>/checkpoints`) unless `callbacks` has one.
         seed: the run's base random key (parameter init and every rng stream).
+        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
+            (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
+        accumulate_grad_batches: micro-batches per optimizer step (their gradients summed, each
+            loss divided by k, inside one jitted step). `global_step`, `max_steps`, schedules and
+            `log_every_n_steps` count optimizer steps; `limit_train_batches` and
+            `val_check_interval` count batches. Like Lightning, an epoch whose batch count is not
+            a multiple of k ends with a step over the m < k batches left (still divided by k).
+            Per-batch hooks fire once per optimizer step (Lightning: per micro-batch).
+        gradient_clip_val / gradient_clip_algorithm: clip the (accumulated, unscaled) gradients by
+            global norm ("norm") or elementwise ("value") before the optimizer.
+        log_grad_norm: log `train/grad_norm`, the global gradient norm before clipping.
+        steps_per_execution: run this many optimizer steps per dispatch (a `lax.scan` over stacked
+            batches): the same numbers, less Python and dispatch overhead for small models. Per-batch
+            hooks fire once per k steps with the last step's outputs and the stacked batch; logging
+            and validation happen at the first k-step boundary at or after their interval. An epoch's
+            leftover steps (fewer than k) run one at a time (a second, smaller compilation).
+        detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
+            naming the step and the quantity (a host sync per step: for debugging).
+        deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
 
     Example:
         >>> import fitjax as fj
@@ -135,6 +155,14 @@ class Trainer:
         enable_model_summary: bool = True,
         enable_checkpointing: bool = True,
         seed: int = 0,
+        precision: Any = "32-true",
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        log_grad_norm: bool = False,
+        steps_per_execution: int = 1,
+        detect_anomaly: bool = False,
+        deterministic: bool = False,
     ):
         self.max_steps = _positive_int_or_none("max_steps", max_steps)
         self.max_epochs = _positive_int_or_none("max_epochs", max_epochs)
@@ -167,6 +195,13 @@ class Trainer:
         if not isinstance(seed, int):
             raise ValueError(f"Trainer(seed=...) must be an int, got {seed!r}")
         self.seed = seed
+        self.techniques = _techniques.Techniques.create(
+            precision=precision, accumulate_grad_batches=accumulate_grad_batches,
+            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
+            steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
+            log_grad_norm=log_grad_norm,
+        )
+        self.deterministic = _determinism.enforce(deterministic)
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
         self.devices = _select_devices(devices)
@@ -287,7 +322,8 @@ class Trainer:
         if first is None:
             raise ValueError("train_data is empty: its first epoch yielded no batch.")
         self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
-        self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed)
+        self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed,
+                                                     techniques=self.techniques)
         self._module_for_compiled = module
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, counters, data position, callback and logger states
@@ -308,21 +344,28 @@ class Trainer:
                 self._epoch_acc = {}
             self._batches_done = offset
             self._hooks.call("on_train_epoch_start", self, module)
-            batch_idx = -1
-            for batch_idx, batch in enumerate(self._prefetch(epoch_iter), start=offset):
+            batch_idx = offset - 1
+            steps_left = None if self.max_steps is None else self.max_steps - self.global_step
+            # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
+            for chunk in self._prefetch(self.techniques.chunks(epoch_iter, steps_left=steps_left)):
+                seen, batch_idx, batch = batch_idx + 1, batch_idx + chunk.num_batches, chunk.inputs
                 if wants_batch_start:
                     self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
-                self.state, outputs = self._compiled.train_step(self.state, batch)  # async dispatch
-                self.global_step += 1
+                step_fn = self._compiled.train_step if chunk.full else self._compiled.train_tail_step
+                self.state, outputs = step_fn(self.state, batch)  # async dispatch
+                self.global_step += chunk.num_steps
                 self._batches_done = batch_idx + 1
-                synced = self.global_step % self.log_every_n_steps == 0
+                if self.techniques.detect_anomaly:  # sync point: every step, a debugging mode
+                    outputs = _techniques.check_anomaly(outputs, global_step=self.global_step,
+                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
+                synced = _crossed(self.global_step - chunk.num_steps, self.global_step, self.log_every_n_steps)
                 if synced:
                     self._log_train_window()  # sync point: one transfer every log_every_n_steps
                 if wants_batch_end:
                     self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
                 if self.received_sigterm:
                     raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
-                if val_every and (batch_idx + 1) % val_every == 0 and (batch_idx + 1) != self.num_training_batches:
+                if val_every and _crossed(seen, batch_idx + 1, val_every) and (batch_idx + 1) != self.num_training_batches:
                     self._validate_during_fit(module, val_loader)
                     synced = True
                 if self._stop_agreed(synced=synced) or (self.max_steps is not None and self.global_step >= self.max_steps):
@@ -360,10 +403,11 @@ class Trainer:
 
     def _log_train_window(self) -> None:
         """Fetches the train accumulators (one transfer) and logs their means; resets them."""
-        host = jax.device_get(self.state.metrics)  # sync point
+        host, extra = jax.device_get((self.state.metrics, _techniques.host_values(self.state)))  # sync point
         self.state = self._compiled.reset_metrics(self.state)
         if not any(w > 0 for _, w in host.values()):
             return
+        self._log({name: float(value) for name, value in extra.items()})
         specs = self._compiled.log_specs
         self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
         window = _logged.compute(_logged.keep(host, specs, "on_step"), specs, stage="train", epoch=False)
@@ -457,7 +501,8 @@ class Trainer:
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
         variables, self._compiled = _compiled.build(
-            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval"
+            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
+            techniques=self.techniques,
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
@@ -514,20 +559,21 @@ class Trainer:
         limit = _apply_limit(self.limits["train"], _maybe_len(loader))
         return self._positions.batches(loader, limit, start=start, state=state)
 
-    def _prefetch(self, batches: Iterable[Batch]) -> Iterable[Batch]:
-        """Shards each batch onto the devices `_PREFETCH` steps before the step that uses it.
+    def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterable[_techniques.Chunk]:
+        """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.
 
         With one process batches stay on the host: the jitted step's `in_shardings` transfer them
         in its C++ dispatch path, which is cheaper than any Python-side prefetch.
         """
         if jax.process_count() == 1:
-            return batches
-        return self._prefetch_global(batches)
+            return chunks
+        return self._prefetch_global(chunks)
 
-    def _prefetch_global(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+    def _prefetch_global(self, chunks: Iterable[_techniques.Chunk]) -> Iterator[_techniques.Chunk]:
         queue: collections.deque = collections.deque()
-        for batch in batches:
-            queue.append(self.strategy.shard_batch(batch))
+        shard = self._compiled.shard_inputs
+        for chunk in chunks:
+            queue.append(dataclasses.replace(chunk, inputs=shard(chunk.inputs, chunk.full)))
             if len(queue) > _PREFETCH - 1:
                 yield queue.popleft()
         while queue:
@@ -592,6 +638,11 @@ def _with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callba
     if enabled and not checkpoints:
         checkpoints = [ModelCheckpoint()]
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of `every` lies in (before, after] (a chunk may advance by several)."""
+    return after // every > before // every
 
 
 def _maybe_len(loader) -> int | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -110,3 +111,37 @@ def count_compiles():
             yield counts
     finally:
         log.removeHandler(handler)
+
+
+def poisoned_data(n=256, d=8, *, loss_poison_at=None, grad_poison_at=None, batch_size=16, seed=0):
+    """`regression_data` plus per-row flags that make one batch's loss infinite (`loss_poison`)
+    or its gradients NaN with a finite loss (`grad_poison`), for tests of non-finite handling."""
+    data = regression_data(n=n, d=d, seed=seed)
+    data["loss_poison"] = np.ones((n,), np.float32)
+    data["grad_poison"] = np.zeros((n,), np.float32)
+    if loss_poison_at is not None:
+        data["loss_poison"][loss_poison_at * batch_size:(loss_poison_at + 1) * batch_size] = np.inf
+    if grad_poison_at is not None:
+        data["grad_poison"][grad_poison_at * batch_size:(grad_poison_at + 1) * batch_size] = 1.0
+    return data
+
+
+class Poisoned(fj.LitModule):
+    """MSE regression without BatchNorm, poisoned on the batches `poisoned_data` marks."""
+
+    def __init__(self, lr: float = 0.05, optimizer: str = "sgd"):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = MLP(batchnorm=False)
+
+    def loss(self, model, batch):
+        pred = model(batch["x"], train=self.training)
+        mse = ((pred - batch["y"]) ** 2).mean() * batch["loss_poison"].mean()
+        # value 0 either way; with grad_poison = 1 its gradient is inf - inf = NaN (sqrt'(0) = inf)
+        slack = 1.0 - batch["grad_poison"].mean()
+        return mse + jnp.sqrt(jnp.sum(pred - pred) + slack) - jnp.sqrt(slack)
+
+    def configure_optimizer(self):
+        if self.hparams.optimizer == "adam":
+            return optax.adam(self.hparams.lr)
+        return optax.sgd(self.hparams.lr)

@@ -313,3 +313,15 @@ def test_lightning_only_log_options_are_accepted_and_unknown_ones_named():
 
     with pytest.raises(TypeError, match=r"Odd.log\('x', \.\.\.\) got unknown options \['colour'\]"):
         quiet_trainer(max_steps=1).fit(Odd(), fj.DataLoader(regression_data(n=32), batch_size=32))
+
+
+def test_manual_optimization_with_step_techniques_is_an_error_saying_what_to_do():
+    with pytest.raises(ValueError, match=r"automatic_optimization = False.*optax\.clip_by_global_norm"):
+        quiet_trainer(max_steps=1, gradient_clip_val=1.0).fit(Manual(), fj.DataLoader(regression_data(n=32), batch_size=32))
+
+
+def test_lightning_style_trains_with_gradient_clipping_and_accumulation():
+    module, history = LightningRegressor(), LossHistory()
+    quiet_trainer(max_epochs=3, gradient_clip_val=1.0, accumulate_grad_batches=2, callbacks=[history]).fit(
+        module, fj.DataLoader(regression_data(), batch_size=32))
+    assert history.losses[-1] < 0.5 * history.losses[0]
