@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from fitjax import _techniques
+from fitjax import _lightning, _techniques
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax._typing import Batch, PyTree
@@ -32,10 +32,18 @@ class Compiled:
     predict_step: Callable[..., Any]
     eval_metric_names: tuple[str, ...] = ()
     log_specs: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> `_logged.LogSpec`
+    test_step: Callable[..., Any] | None = None  # a Lightning-style module's `test_step`
+    test_metric_names: tuple[str, ...] = ()
     #: with `steps_per_execution > 1`: one optimizer step per call, for an epoch's leftovers
     train_tail_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
     #: host step inputs -> device (`strategy.shard_batch` for plain batches; see `_techniques.Chunk`)
     shard_inputs: Callable[[Any, bool], Any] | None = None
+
+    def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        """The eval step and its value names for "val" or "test"."""
+        if stage == "test" and self.test_step is not None:
+            return self.test_step, self.test_metric_names
+        return self.eval_step, self.eval_metric_names
 
 
 def check_optimizer(tx: Any, owner: str) -> optax.GradientTransformation:
@@ -64,13 +72,18 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     """
     owner = type(module).__name__
     train = stage == "fit"
+    _lightning.check(module)
     binding = module._get_binding()
     given = module.variables or binding.initial_variables()
     abstract_batch = _abstract(batch)
     if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
-        names, trace = step_lib.StepNames(("loss",), ("loss",), {}), module.predict_step
+        names, trace = step_lib.StepNames(("loss",), ("loss",), {}), _lightning.predict_fn(module)
     else:
         names, trace = step_lib.check_step_outputs(module, binding, abstract_batch, given), None
+    test_names = None
+    if stage != "predict" and _lightning.is_lightning(module):  # test_step logs names of its own
+        with _lightning.stage("test"):
+            test_names = step_lib.check_step_outputs(module, binding, abstract_batch, given)
     metric_names = names.train
     tx = check_optimizer(module.configure_optimizer(), owner) if train else optax.identity()
     tx = techniques.wrap_optimizer(tx) if train else tx
@@ -95,12 +108,13 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     shard_inputs = lambda inputs, full: strategy.shard_batch(inputs)  # noqa: E731
     if train and techniques.is_plain:
         train_step = strategy.jit(
-            step_lib.make_train_step(module, binding, tx),
+            _lightning.train_step(module, binding, tx),
             in_shardings=(shardings, batch_sharding),
             out_shardings=(shardings, replicated),
             donate_argnums=(0,),
         )
     elif train:
+        _lightning.check_techniques(module)
         train_step, tail_step, shard_inputs = _techniques.jit_train_steps(
             module, binding, tx, techniques, train_names, strategy, shardings)
     if train:
@@ -108,19 +122,26 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
             lambda s: s.replace(metrics=acc_lib.zeros(train_names)),
             in_shardings=(shardings,), out_shardings=shardings, donate_argnums=(0,),
         )
-    eval_step = strategy.jit(
-        techniques.wrap_eval(step_lib.make_eval_step(module, binding), batch_arg=4),
-        in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
-                      batch_sharding, batch_sharding),
-        out_shardings=replicated,
-        donate_argnums=(3,),
-    )
+    def jit_eval(stage_name: str):
+        return strategy.jit(
+            techniques.wrap_eval(_lightning.eval_step(module, binding, stage_name), batch_arg=4),
+            in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
+                          batch_sharding, batch_sharding),
+            out_shardings=replicated,
+            donate_argnums=(3,),
+        )
+
+    eval_step = jit_eval("val")
     predict_step = strategy.jit(
-        techniques.wrap_eval(step_lib.make_predict_step(module, binding), batch_arg=3),
+        techniques.wrap_eval(step_lib.make_predict_step(module, binding, fn=_lightning.predict_fn(module)),
+                             batch_arg=3),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
+    log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step,
-                        eval_metric_names=names.eval, log_specs=names.log_specs,
-                        train_tail_step=tail_step, shard_inputs=shard_inputs)
+                        eval_metric_names=names.eval, log_specs=log_specs,
+                        train_tail_step=tail_step, shard_inputs=shard_inputs,
+                        test_step=jit_eval("test") if test_names else None,
+                        test_metric_names=test_names.eval if test_names else ())
     return (state if train else (state.params, state.model_state, state.rng)), compiled

@@ -17,7 +17,9 @@ import contextvars
 import dataclasses
 from typing import Any, Iterator
 
-__all__ = ["LogSpec", "Logged", "collecting", "record"]
+from fitjax import metrics as acc_lib
+
+__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "keep", "record"]
 
 REDUCE_FX = ("mean",)
 
@@ -30,6 +32,7 @@ class LogSpec:
     on_step: bool | None = None  # None: the stage's default (train: window and epoch; eval: epoch)
     on_epoch: bool | None = None
     reduce_fx: str = "mean"
+    lightning: bool = False  # logged from a Lightning-style hook: Lightning's keys (see `compute`)
 
 
 class Logged:
@@ -88,10 +91,29 @@ def keep(values: dict[str, Any], specs: dict[str, LogSpec], option: str) -> dict
     return {k: v for k, v in values.items() if getattr(specs.get(k), option, None) is not False}
 
 
+def compute(acc: dict[str, Any], specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> dict[str, float]:
+    """The means of a host accumulator under their logged keys.
+
+    fitjax's keys are `<stage>/<name>`, with `_epoch` on train epoch means. Names logged from a
+    Lightning-style hook keep Lightning's keys: the bare name, or `<name>_step` (train window)
+    and `<name>_epoch` (epoch and evaluation means) when logged both on_step and on_epoch.
+    """
+    out = {}
+    for name, value in acc_lib.compute(acc).items():
+        spec = specs.get(name)
+        if spec is not None and spec.lightning:
+            key = name + (("_epoch" if epoch else "_step") if spec.on_step and spec.on_epoch else "")
+        else:
+            key = f"{stage}/{name}" + ("_epoch" if epoch and stage == "train" else "")
+        out[key] = value
+    return out
+
+
 def for_progress_bar(values: dict[str, float], specs: dict[str, LogSpec]) -> dict[str, float]:
     """The losses and the values logged with `prog_bar=True`: what a progress bar shows."""
     def marked(key: str) -> bool:
         name = key.split("/", 1)[-1]
-        return name == "loss" or getattr(specs.get(name), "prog_bar", False)
+        spec = specs.get(name) or specs.get(name.rsplit("_", 1)[0])  # Lightning's `<name>_step`
+        return name == "loss" or getattr(spec, "prog_bar", False)
 
     return {k: v for k, v in values.items() if marked(k)}

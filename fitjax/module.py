@@ -11,7 +11,7 @@ import flax.linen as nn
 import optax
 from flax import nnx
 
-from fitjax import _logged, checkpoint
+from fitjax import _lightning, _logged, _optimizers, checkpoint
 from fitjax._binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
@@ -45,6 +45,11 @@ class LitModule:
     #: NNX models carry their own `nnx.Rngs`, checkpointed with the model state.
     rng_streams: tuple[str, ...] = ("dropout",)
 
+    #: Lightning's switch for several optimizers (a GAN). With False, `training_step` returns
+    #: `{param group: loss}` and each top-level group of the params is updated by the gradient
+    #: of its own loss, in the same jitted step (see docs/porting.md).
+    automatic_optimization: bool = True
+
     def __init__(self) -> None:
         self.training: bool = False
         self._hparams = AttributeDict()
@@ -54,7 +59,13 @@ class LitModule:
     # ----------------------------------------------------------------- user hooks (override these)
 
     def loss(self, model: Any, batch: Batch) -> Any:
-        """Returns a scalar loss, or `(loss, outputs)` where `outputs` is handed to `metrics`."""
+        """Returns a scalar loss, or `(loss, outputs)` where `outputs` is handed to `metrics`.
+
+        A module that defines Lightning's `training_step` (and `validation_step`, `test_step`)
+        instead gets this default, which runs those hooks with `self.model` bound.
+        """
+        if _lightning.is_lightning(self):
+            return _lightning.loss(self, model, batch)
         raise NotImplementedError(
             f"{type(self).__name__} must define `loss(self, model, batch)` returning a scalar loss "
             "or `(loss, outputs)`."
@@ -65,14 +76,35 @@ class LitModule:
         return {}
 
     def configure_optimizer(self) -> optax.GradientTransformation:
-        """Returns the optax transformation that updates `model`'s parameters."""
+        """Returns the optax transformation that updates `model`'s parameters.
+
+        Lightning's `configure_optimizers` is used instead when defined: it may return an optax
+        transformation, `{"optimizer": tx, "lr_scheduler": optax_schedule}`, or
+        `{param group: tx}` for several parameter groups.
+        """
+        if callable(getattr(type(self), "configure_optimizers", None)):
+            return _optimizers.from_configure_optimizers(type(self).__name__, self.configure_optimizers())
         raise NotImplementedError(
             f"{type(self).__name__} must define `configure_optimizer(self)` returning an optax "
             "transformation, e.g. `return optax.adamw(1e-3)`."
         )
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's `forward`: `self(x)` calls it; by default `self.model(*args, **kwargs)`.
+
+        Meant for Lightning-style hooks, where `self.model` is the bound model while they are
+        traced; outside a step a Linen model is unbound and cannot be called.
+        """
+        return self.model(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
     def predict_step(self, model: Any, batch: Batch) -> Any:
         """What `Trainer.predict` returns per batch; by default `model(inputs)`.
+
+        Lightning's `predict_step(self, batch, batch_idx)` is accepted too: fitjax tells the two
+        apart by the first parameter's name (`model`: fitjax's form).
 
         `inputs` is the batch itself when it is an array, or its first element when it is a
         tuple or list (`(x, y)` pairs). Override it for dict batches or richer outputs.
@@ -90,8 +122,13 @@ class LitModule:
     # ------------------------------------------------------------- extra values (inside loss/metrics)
 
     def log(self, name: str, value: Any, prog_bar: bool = False, *, on_step: bool | None = None,
-            on_epoch: bool | None = None, reduce_fx: str = "mean") -> None:
+            on_epoch: bool | None = None, reduce_fx: str = "mean", **lightning_options: Any) -> None:
         """Logs a scalar computed inside `loss` or `metrics`, as `train/<name>` and `val/<name>`.
+
+        Inside Lightning-style hooks (`training_step`, `validation_step`, `test_step`) the keys
+        and defaults are Lightning's: the bare `name` (or `<name>_step` and `<name>_epoch` when
+        both `on_step` and `on_epoch`); `on_step=True, on_epoch=False` in `training_step`,
+        `on_step=False, on_epoch=True` in evaluation.
 
         The value is an extra output of the jitted step, averaged over examples on device like
         the metrics `metrics` returns: logging it costs no host transfer.
@@ -105,6 +142,9 @@ class LitModule:
                 Evaluation always logs one mean per run, `val/<name>` / `test/<name>`, where
                 (as for `metrics`) each example is traced on its own and the values averaged.
             reduce_fx: how values are combined; "mean" (weighted by examples).
+            **lightning_options: Lightning's `logger`, `sync_dist`, `batch_size`, `rank_zero_only`
+                ... are accepted and ignored: values are always reduced over every device and
+                weighted by the examples of the batch.
 
         Example:
             >>> def loss(self, model, batch):
@@ -112,14 +152,17 @@ class LitModule:
             ...     self.log("pred_std", pred.std(), prog_bar=True)
             ...     return ((pred - batch["y"]) ** 2).mean()
         """
+        _lightning.check_log_options(type(self).__name__, name, lightning_options)
         spec = _logged.LogSpec(prog_bar=prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx)
+        spec = _lightning.resolve_spec(spec)  # Lightning's defaults inside training_step & co.
         _logged.record(type(self).__name__, name, value, spec)
 
     def log_dict(self, values: Metrics, prog_bar: bool = False, *, on_step: bool | None = None,
-                 on_epoch: bool | None = None, reduce_fx: str = "mean") -> None:
+                 on_epoch: bool | None = None, reduce_fx: str = "mean", **lightning_options: Any) -> None:
         """`log` for each `name: value` of a dict, with the same options."""
         for name, value in dict(values).items():
-            self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx)
+            self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
+                     **lightning_options)
 
     # lifecycle hooks, called before the callbacks' hooks of the same name
     def on_fit_start(self) -> None: ...

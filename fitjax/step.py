@@ -51,7 +51,8 @@ def _metrics(module, batch, outputs, loss, logged, *, train: bool) -> dict[str, 
     """The step's values: the loss, `module.metrics` and everything `module.log` recorded."""
     with module._mode(train), _logged.collecting() as more:
         values = dict(module.metrics(batch, outputs) or {})
-    return {"loss": loss, **values, **logged, **more.values}
+    losses = {} if loss is None else {"loss": loss}  # None: a Lightning eval hook returned nothing
+    return {**losses, **values, **logged, **more.values}
 
 
 def _leading_dim(batch: Batch) -> int:
@@ -97,7 +98,9 @@ def make_train_step(module, binding: ModelBinding, tx: optax.GradientTransformat
             return loss, (outputs, new_state, logged)
 
         (loss, (outputs, model_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
+        updates, opt_state = optax.with_extra_args_support(tx).update(
+            grads, state.opt_state, state.params, value=loss)
         params = optax.apply_updates(state.params, updates)
         values = _metrics(module, batch, outputs, loss, logged, train=True)
         new_state = state.replace(
@@ -133,13 +136,15 @@ def make_eval_step(module, binding: ModelBinding):
     return eval_step
 
 
-def make_predict_step(module, binding: ModelBinding):
-    """`predict_step(params, model_state, rng, batch) -> outputs` in eval mode."""
+def make_predict_step(module, binding: ModelBinding, *, fn: Callable | None = None):
+    """`predict_step(params, model_state, rng, batch) -> outputs` in eval mode, calling
+    `fn(model, batch)` (default `module.predict_step`)."""
+    fn = fn or module.predict_step
 
     def predict_step(params, model_state, rng, batch: Batch):
         rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
         with module._mode(False), _logged.collecting():  # what `log` records here is dropped
-            out, _ = binding.apply(module.predict_step, params, model_state, rng, batch, train=False)
+            out, _ = binding.apply(fn, params, model_state, rng, batch, train=False)
         return out
 
     return predict_step
@@ -172,20 +177,22 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
             out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
             loss, outputs = _split_loss(out)
             values = module.metrics(batch, outputs)
-        specs.update(logged.specs)
+        for name, spec in logged.specs.items():  # a name logged in both modes keeps its train spec
+            specs.setdefault(name, spec)
         return loss, values, logged.values
 
     def names(train: bool) -> tuple[str, ...]:
         loss, values, logged = jax.eval_shape(functools.partial(probe, train=train),
                                               jax.random.key(0), batch, given)
-        values = _check_values(owner, loss, values)
+        no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
+        values = _check_values(owner, jnp.zeros(()) if no_loss else loss, values)
         for name, value in logged.items():
             if name in values:
                 raise ValueError(
                     f"{owner}.log({name!r}, ...) logs a name `metrics` also returns; rename one of them."
                 )
             _check_scalar(f"{owner}.log({name!r}, value)", value)
-        return ("loss", *values, *logged)
+        return (*(() if no_loss else ("loss",)), *values, *logged)
 
     train_names = names(True)
     eval_names = names(False)

@@ -373,7 +373,7 @@ class Trainer:
             if batch_idx < 0 and self.global_step == 0:
                 raise ValueError("train_data is empty: an epoch yielded no batch.")
             self._log_train_window()
-            self._log(acc_lib.compute(self._epoch_acc, prefix="train/", suffix="_epoch"))
+            self._log(_logged.compute(self._epoch_acc, self._compiled.log_specs, stage="train", epoch=True))
             if self.check_val_every_n_epoch and (self.current_epoch + 1) % self.check_val_every_n_epoch == 0:
                 self._validate_during_fit(module, val_loader)
             self._hooks.call("on_train_epoch_end", self, module)
@@ -410,7 +410,7 @@ class Trainer:
         self._log({name: float(value) for name, value in extra.items()})
         specs = self._compiled.log_specs
         self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
-        window = acc_lib.compute(_logged.keep(host, specs, "on_step"), prefix="train/")
+        window = _logged.compute(_logged.keep(host, specs, "on_step"), specs, stage="train", epoch=False)
         self.progress_bar_metrics.update(_logged.for_progress_bar(window, specs))
         self._log(window)
 
@@ -513,17 +513,18 @@ class Trainer:
 
     def _evaluate(self, module, loader, params, model_state, rng, *, stage: str) -> HostMetrics:
         """Loss and metrics over the whole of `loader`, each example counted once."""
-        acc = jax.device_put(acc_lib.zeros(self._compiled.eval_metric_names), self.strategy.replicated)
+        eval_step, names = self._compiled.evaluator(stage)
+        acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         if stage == "val":
             self.num_val_batches = _apply_limit(self.limits["val"], _maybe_len(loader))
         for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True)):
-            acc = self._compiled.eval_step(params, model_state, rng, acc, batch, mask)
+            acc = eval_step(params, model_state, rng, acc, batch, mask)
             if wants_batch_end:
                 self._hooks.call(hook, self, module, None, batch, batch_idx)
         host = jax.device_get(acc)  # sync point: once per evaluation
-        return acc_lib.compute(host, prefix=f"{stage}/")
+        return _logged.compute(host, self._compiled.log_specs, stage=stage, epoch=True)
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True
                       ) -> Iterator[tuple[Batch, Any]]:
