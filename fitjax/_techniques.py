@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fitjax import _logged
+from fitjax import _lightning, _logged
 from fitjax import metrics as acc_lib
 from fitjax import precision as precision_lib
 from fitjax import step as step_lib
@@ -211,6 +211,10 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, tech: Tec
         return grads, means, model_state, acc, weights.sum()
 
     def one_step(state: TrainState, inputs):
+        with _lightning._batch_index(state.step):  # a Lightning `training_step` sees the step
+            return _one_step(state, inputs)
+
+    def _one_step(state: TrainState, inputs):
         rng = jax.random.fold_in(state.rng, state.step)
         ls = state.loss_scale
         scale = ls.scale if ls is not None else None
@@ -233,7 +237,9 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, tech: Tec
         if tech.log_grad_norm:
             values = {**values, "grad_norm": optax.tree.norm(grads)}
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
+        updates, opt_state = optax.with_extra_args_support(tx).update(
+            grads, state.opt_state, state.params, value=values["loss"])
         params = optax.apply_updates(state.params, updates)
         if ls is not None:  # skip a non-finite step: keep params and optimizer state
             keep_new = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
