@@ -23,7 +23,6 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 
 import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx

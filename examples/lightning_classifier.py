@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 
 import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 import optax
 from sklearn.datasets import load_digits

@@ -16,8 +16,9 @@ import jax
 import numpy as np
 
 from fitjax import _compiled, _determinism, _logged, _resume, _techniques, checkpoint
+from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
-from fitjax._typing import Batch, HostMetrics, PyTree
+from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.loggers import Logger, resolve_loggers
@@ -31,51 +32,12 @@ __all__ = ["Trainer"]
 _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
 
 
-def _positive_int_or_none(name: str, value: Any) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        return value
-    raise ValueError(f"Trainer({name}=...) must be a positive int or None, got {value!r}")
 
 
-def _check_limit(name: str, value: Any) -> int | float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-        isinstance(value, float) and value > 1.0
-    ):
-        raise ValueError(
-            f"Trainer({name}=...) takes an int number of batches or a float fraction in [0, 1], "
-            f"got {value!r}"
-        )
-    return value
 
 
-def _apply_limit(limit: int | float | None, total: int | None) -> int | None:
-    if limit is None:
-        return total
-    if isinstance(limit, float):
-        if total is None:
-            raise ValueError("a fractional limit_*_batches needs data with a known length (len())")
-        return int(total * limit) if limit < 1.0 else total
-    return limit if total is None else min(limit, total)
 
 
-def _select_devices(devices: Any) -> list[jax.Device]:
-    available = jax.devices()
-    if devices in ("auto", -1, None):
-        return available
-    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
-        if devices > len(available):
-            raise ValueError(
-                f"Trainer(devices={devices}) asks for more devices than the {len(available)} "
-                f"available ({available[0].platform}); use devices='auto' or at most {len(available)}."
-            )
-        return available[:devices]
-    if isinstance(devices, Sequence) and devices and all(isinstance(d, jax.Device) for d in devices):
-        return list(devices)
-    raise ValueError(
-        f"Trainer(devices=...) takes 'auto', a positive int or a list of jax devices, got {devices!r}"
-    )
 
 
 class Trainer:
@@ -164,26 +126,18 @@ class Trainer:
         detect_anomaly: bool = False,
         deterministic: bool = False,
     ):
-        self.max_steps = _positive_int_or_none("max_steps", max_steps)
-        self.max_epochs = _positive_int_or_none("max_epochs", max_epochs)
+        self.max_steps = checks.positive_int_or_none("max_steps", max_steps)
+        self.max_epochs = checks.positive_int_or_none("max_epochs", max_epochs)
         if self.max_epochs is None and self.max_steps is None:
             self.max_epochs = 1000  # Lightning's default
-        self.log_every_n_steps = _positive_int_or_none("log_every_n_steps", log_every_n_steps)
-        self.check_val_every_n_epoch = _positive_int_or_none("check_val_every_n_epoch", check_val_every_n_epoch)
-        if val_check_interval is not None and (
-            isinstance(val_check_interval, bool) or not isinstance(val_check_interval, (int, float))
-            or val_check_interval <= 0 or (isinstance(val_check_interval, float) and val_check_interval > 1)
-        ):
-            raise ValueError(
-                "Trainer(val_check_interval=...) takes an int number of train batches or a float "
-                f"fraction of an epoch in (0, 1], got {val_check_interval!r}"
-            )
-        self.val_check_interval = val_check_interval
+        self.log_every_n_steps = checks.positive_int_or_none("log_every_n_steps", log_every_n_steps)
+        self.check_val_every_n_epoch = checks.positive_int_or_none("check_val_every_n_epoch", check_val_every_n_epoch)
+        self.val_check_interval = checks.val_check_interval(val_check_interval)
         self.limits = {
-            "train": _check_limit("limit_train_batches", limit_train_batches),
-            "val": _check_limit("limit_val_batches", limit_val_batches),
-            "test": _check_limit("limit_test_batches", limit_test_batches),
-            "predict": _check_limit("limit_predict_batches", limit_predict_batches),
+            "train": checks.check_limit("limit_train_batches", limit_train_batches),
+            "val": checks.check_limit("limit_val_batches", limit_val_batches),
+            "test": checks.check_limit("limit_test_batches", limit_test_batches),
+            "predict": checks.check_limit("limit_predict_batches", limit_predict_batches),
         }
         if not isinstance(fast_dev_run, (bool, int)) or fast_dev_run < 0:
             raise ValueError(f"Trainer(fast_dev_run=...) takes a bool or a positive int, got {fast_dev_run!r}")
@@ -204,7 +158,7 @@ class Trainer:
         self.deterministic = _determinism.enforce(deterministic)
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
-        self.devices = _select_devices(devices)
+        self.devices = checks.select_devices(devices)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
         self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
@@ -212,7 +166,7 @@ class Trainer:
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
-        callbacks = _with_checkpointing(callbacks, enable_checkpointing)
+        callbacks = checks.with_checkpointing(callbacks, enable_checkpointing)
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
@@ -297,7 +251,7 @@ class Trainer:
         resumes exactly where that checkpoint stopped. SIGTERM saves a checkpoint after the
         running step and returns (`trainer.received_sigterm` is then True).
         """
-        _check_module(module)
+        checks.check_module(module)
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
@@ -331,7 +285,7 @@ class Trainer:
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
 
-        self.num_training_batches = _apply_limit(self.limits["train"], _maybe_len(train_loader))
+        self.num_training_batches = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
         val_every = self._val_every(self.num_training_batches)
         self._hooks.call("on_fit_start", self, module)
         self._hooks.call("on_train_start", self, module)
@@ -443,7 +397,7 @@ class Trainer:
         return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="test")
 
     def _run_eval_stage(self, module, data, datamodule, ckpt_path, *, stage: str) -> list[HostMetrics]:
-        _check_module(module)
+        checks.check_module(module)
         name = {"val": "validate", "test": "test"}[stage]
         loader = self._stage_loader(data, datamodule, stage=stage, method=name)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
@@ -468,7 +422,7 @@ class Trainer:
         """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
         input order, every example exactly once (the padding of a last partial batch removed).
         With several processes, every process returns all of them (gathered from the others)."""
-        _check_module(module)
+        checks.check_module(module)
         loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         self._hooks.call("setup", self, module, "predict")
@@ -518,7 +472,7 @@ class Trainer:
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         if stage == "val":
-            self.num_val_batches = _apply_limit(self.limits["val"], _maybe_len(loader))
+            self.num_val_batches = checks.apply_limit(self.limits["val"], _maybe_len(loader))
         for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True)):
             acc = eval_step(params, model_state, rng, acc, batch, mask)
             if wants_batch_end:
@@ -534,7 +488,7 @@ class Trainer:
         With several processes each pads its own slice, to the loader's `local_batch_size` when
         it has one: a process's slice of the last batch may be smaller or empty, and all must
         agree on the shape (the global padded batch is then the single-process one)."""
-        limit = _apply_limit(self.limits[stage], _maybe_len(loader))
+        limit = checks.apply_limit(self.limits[stage], _maybe_len(loader))
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards
@@ -556,7 +510,7 @@ class Trainer:
         """Epoch `epoch`'s train batches from batch `start` (the loader's saved `state` there)."""
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        limit = _apply_limit(self.limits["train"], _maybe_len(loader))
+        limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
         return self._positions.batches(loader, limit, start=start, state=state)
 
     def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterable[_techniques.Chunk]:
@@ -626,18 +580,6 @@ class Trainer:
         return as_loader(data, name="data")
 
 
-def _with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callback]:
-    """Adds the default `ModelCheckpoint` when enabled, and puts checkpoint callbacks last so
-    that the states they save include every other callback's update of the same hook."""
-    checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
-    if checkpoints and not enabled:
-        raise ValueError(
-            "Trainer(enable_checkpointing=False) was given a ModelCheckpoint in callbacks=; drop "
-            "one of the two."
-        )
-    if enabled and not checkpoints:
-        checkpoints = [ModelCheckpoint()]
-    return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
 
 
 def _crossed(before: int, after: int, every: int) -> bool:
@@ -651,14 +593,3 @@ def _maybe_len(loader) -> int | None:
     except TypeError:
         return None
 
-
-def _check_module(module: Any) -> None:
-    if not isinstance(module, LitModule):
-        raise TypeError(
-            f"expected a fitjax.LitModule, got {type(module).__name__}: {module!r}. Subclass "
-            "`fj.LitModule` and define `loss` and `configure_optimizer`."
-        )
-    if "training" not in vars(module):
-        raise RuntimeError(
-            f"{type(module).__name__}.__init__ did not call `super().__init__()`; add it as the first line."
-        )

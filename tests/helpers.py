@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 import fitjax as fj
 

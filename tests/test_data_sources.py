@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import grain
 import numpy as np
-import pytest
 import torch
 from helpers import Regressor, assert_trees_close, quiet_trainer, regression_data
 

@@ -6,7 +6,7 @@ import flax.linen as nn
 import numpy as np
 import optax
 import pytest
-from helpers import Regressor, count_compiles, quiet_trainer, regression_data
+from helpers import count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
 

@@ -4,7 +4,6 @@ import importlib
 
 import pytest
 
-import fitjax
 
 PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.data", "fitjax.loggers", "fitjax.strategies"]
 

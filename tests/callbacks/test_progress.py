@@ -7,7 +7,6 @@ import re
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 from helpers import Regressor, quiet_trainer, regression_data
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

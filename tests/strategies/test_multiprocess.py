@@ -15,7 +15,6 @@ import pytest
 from helpers import LossHistory, Regressor, assert_trees_close, quiet_trainer
 from multiprocess_data import STRATEGIES, fit_and_predict
 
-import fitjax as fj
 
 HERE = Path(__file__).resolve().parent
 WORKTREE = HERE.parents[1]

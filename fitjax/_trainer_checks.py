@@ -1,0 +1,98 @@
+"""The Trainer's argument checks: each names the argument, shows what it got and what is allowed.
+
+Kept apart from `trainer.py` so that the loop reads top to bottom without them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+from fitjax.callbacks import Callback, ModelCheckpoint
+from fitjax.module import LitModule
+
+
+def positive_int_or_none(name: str, value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"Trainer({name}=...) must be a positive int or None, got {value!r}")
+
+
+def check_limit(name: str, value: Any) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+        isinstance(value, float) and value > 1.0
+    ):
+        raise ValueError(
+            f"Trainer({name}=...) takes an int number of batches or a float fraction in [0, 1], "
+            f"got {value!r}"
+        )
+    return value
+
+
+def apply_limit(limit: int | float | None, total: int | None) -> int | None:
+    if limit is None:
+        return total
+    if isinstance(limit, float):
+        if total is None:
+            raise ValueError("a fractional limit_*_batches needs data with a known length (len())")
+        return int(total * limit) if limit < 1.0 else total
+    return limit if total is None else min(limit, total)
+
+
+def select_devices(devices: Any) -> list[jax.Device]:
+    available = jax.devices()
+    if devices in ("auto", -1, None):
+        return available
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        if devices > len(available):
+            raise ValueError(
+                f"Trainer(devices={devices}) asks for more devices than the {len(available)} "
+                f"available ({available[0].platform}); use devices='auto' or at most {len(available)}."
+            )
+        return available[:devices]
+    if isinstance(devices, Sequence) and devices and all(isinstance(d, jax.Device) for d in devices):
+        return list(devices)
+    raise ValueError(
+        f"Trainer(devices=...) takes 'auto', a positive int or a list of jax devices, got {devices!r}"
+    )
+
+
+def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callback]:
+    """Adds the default `ModelCheckpoint` when enabled, and puts checkpoint callbacks last so
+    that the states they save include every other callback's update of the same hook."""
+    checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+    if checkpoints and not enabled:
+        raise ValueError(
+            "Trainer(enable_checkpointing=False) was given a ModelCheckpoint in callbacks=; drop "
+            "one of the two."
+        )
+    if enabled and not checkpoints:
+        checkpoints = [ModelCheckpoint()]
+    return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
+
+
+def check_module(module: Any) -> None:
+    if not isinstance(module, LitModule):
+        raise TypeError(
+            f"expected a fitjax.LitModule, got {type(module).__name__}: {module!r}. Subclass "
+            "`fj.LitModule` and define `loss` and `configure_optimizer`."
+        )
+    if "training" not in vars(module):
+        raise RuntimeError(
+            f"{type(module).__name__}.__init__ did not call `super().__init__()`; add it as the first line."
+        )
+
+
+def val_check_interval(value: Any) -> int | float | None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float))
+        or value <= 0 or (isinstance(value, float) and value > 1)
+    ):
+        raise ValueError(
+            "Trainer(val_check_interval=...) takes an int number of train batches or a float "
+            f"fraction of an epoch in (0, 1], got {value!r}"
+        )
+    return value
