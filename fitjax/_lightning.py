@@ -26,7 +26,6 @@ import jax.numpy as jnp
 import optax
 
 from fitjax import _logged
-from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 
 __all__ = [
@@ -328,16 +327,8 @@ def _manual_train_step(module: Any, binding: Any, tx: optax.GradientTransformati
         for group in losses:
             seed = {g: jnp.ones_like(v) if g == group else jnp.zeros_like(v) for g, v in losses.items()}
             grads[group] = pullback(seed)[0][group]
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
         values = step_lib._metrics(module, batch, None, total, logged, train=True)
-        new_state = state.replace(
-            step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
-            model_state=model_state,
-            opt_state=opt_state,
-            metrics=acc_lib.add(state.metrics, values, jax.tree.leaves(batch)[0].shape[0]),
-        )
-        return new_state, values
+        return step_lib.apply_update(state, tx, grads, model_state, values, batch), values
 
     return train_step
 

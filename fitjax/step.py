@@ -22,6 +22,7 @@ from fitjax.state import TrainState
 
 __all__ = [
     "StepNames",
+    "apply_update",
     "check_step_outputs",
     "make_eval_step",
     "make_init_fn",
@@ -98,21 +99,25 @@ def make_train_step(module, binding: ModelBinding, tx: optax.GradientTransformat
             return loss, (outputs, new_state, logged)
 
         (loss, (outputs, model_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
-        updates, opt_state = optax.with_extra_args_support(tx).update(
-            grads, state.opt_state, state.params, value=loss)
-        params = optax.apply_updates(state.params, updates)
         values = _metrics(module, batch, outputs, loss, logged, train=True)
-        new_state = state.replace(
-            step=state.step + 1,
-            params=params,
-            model_state=model_state,
-            opt_state=opt_state,
-            metrics=acc_lib.add(state.metrics, values, _leading_dim(batch)),
-        )
-        return new_state, values
+        return apply_update(state, tx, grads, model_state, values, batch), values
 
     return train_step
+
+
+def apply_update(state: TrainState, tx: optax.GradientTransformation, grads: PyTree,
+                 model_state: PyTree, values: dict[str, jax.Array], batch: Batch) -> TrainState:
+    """The state after one optimizer update with `grads`, its step's `values` accumulated."""
+    # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
+    updates, opt_state = optax.with_extra_args_support(tx).update(
+        grads, state.opt_state, state.params, value=values["loss"])
+    return state.replace(
+        step=state.step + 1,
+        params=optax.apply_updates(state.params, updates),
+        model_state=model_state,
+        opt_state=opt_state,
+        metrics=acc_lib.add(state.metrics, values, _leading_dim(batch)),
+    )
 
 
 def make_eval_step(module, binding: ModelBinding):

@@ -293,6 +293,8 @@ class Trainer:
         wants_batch_end = self._hooks.wants("on_train_batch_end")
 
         while not self._done_training():
+            if epoch_iter is None:
+                epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
             offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
             if not offset:
                 self._epoch_acc = {}
@@ -324,8 +326,6 @@ class Trainer:
                     synced = True
                 if self._stop_agreed(synced=synced) or (self.max_steps is not None and self.global_step >= self.max_steps):
                     break
-            if batch_idx < 0 and self.global_step == 0:
-                raise ValueError("train_data is empty: an epoch yielded no batch.")
             self._log_train_window()
             self._log(_logged.compute(self._epoch_acc, self._compiled.log_specs, stage="train", epoch=True))
             if self.check_val_every_n_epoch and (self.current_epoch + 1) % self.check_val_every_n_epoch == 0:
@@ -333,7 +333,7 @@ class Trainer:
             self._hooks.call("on_train_epoch_end", self, module)
             self.should_stop = self._agree(self.should_stop)
             self.current_epoch += 1
-            epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
+            epoch_iter = None  # the next epoch's is made when (and if) it starts
 
         self._sync_module(module)
         self._hooks.call("on_train_end", self, module)
