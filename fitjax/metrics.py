@@ -44,10 +44,6 @@ def merge_host(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> dict
     return {k: np.asarray(a.get(k, 0.0), np.float64) + np.asarray(b.get(k, 0.0), np.float64) for k in {*a, *b}}
 
 
-def compute(acc: Mapping[str, np.ndarray], *, prefix: str = "", suffix: str = "") -> HostMetrics:
+def compute(acc: Mapping[str, np.ndarray]) -> HostMetrics:
     """Weighted means of a host accumulator; names with no weight yet are left out."""
-    out = {}
-    for name, (total, weight) in acc.items():
-        if weight > 0:
-            out[f"{prefix}{name}{suffix}"] = float(total / weight)
-    return out
+    return {name: float(total / weight) for name, (total, weight) in acc.items() if weight > 0}
