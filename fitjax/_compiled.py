@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from fitjax import _lightning, _techniques
+from fitjax import _lightning, _resident, _techniques
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax._typing import Batch, PyTree
@@ -38,6 +38,8 @@ class Compiled:
     train_tail_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
     #: host step inputs -> device (`strategy.shard_batch` for plain batches; see `_techniques.Chunk`)
     shard_inputs: Callable[[Any, bool], Any] | None = None
+    #: the plain step on `(block, base)`, a block of batches kept on the devices (`_resident`)
+    resident_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
 
     def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """The eval step and its value names for "val" or "test"."""
@@ -104,12 +106,19 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
-    train_step = reset_metrics = tail_step = None
+    train_step = reset_metrics = tail_step = resident_step = None
     shard_inputs = lambda inputs, full: strategy.shard_batch(inputs)  # noqa: E731
     if train and techniques.is_plain:
+        plain = _lightning.train_step(module, binding, tx)
         train_step = strategy.jit(
-            _lightning.train_step(module, binding, tx),
+            plain,
             in_shardings=(shardings, batch_sharding),
+            out_shardings=(shardings, replicated),
+            donate_argnums=(0,),
+        )
+        resident_step = strategy.jit(  # compiled only if used: see `_resident`
+            _resident.picking(plain),
+            in_shardings=(shardings, (_resident.block_sharding(strategy), replicated)),
             out_shardings=(shardings, replicated),
             donate_argnums=(0,),
         )
@@ -118,10 +127,11 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         train_step, tail_step, shard_inputs = _techniques.jit_train_steps(
             module, binding, tx, techniques, train_names, strategy, shardings)
     if train:
-        reset_metrics = strategy.jit(
-            lambda s: s.replace(metrics=acc_lib.zeros(train_names)),
-            in_shardings=(shardings,), out_shardings=shardings, donate_argnums=(0,),
-        )
+        # Fresh zeros from a call with no arguments: a jitted `state -> state` would pass every
+        # leaf of the state through XLA, which on CPU costs ~3 µs a leaf.
+        zero_metrics = strategy.jit(lambda: acc_lib.zeros(train_names), in_shardings=(),
+                                    out_shardings=shardings.metrics)
+        reset_metrics = lambda s: s.replace(metrics=zero_metrics())  # noqa: E731
     def jit_eval(stage_name: str):
         return strategy.jit(
             techniques.wrap_eval(_lightning.eval_step(module, binding, stage_name), batch_arg=4),
@@ -141,7 +151,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     compiled = Compiled(shardings, metric_names, train_step, reset_metrics, eval_step, predict_step,
                         eval_metric_names=names.eval, log_specs=log_specs,
-                        train_tail_step=tail_step, shard_inputs=shard_inputs,
+                        train_tail_step=tail_step, shard_inputs=shard_inputs, resident_step=resident_step,
                         test_step=jit_eval("test") if test_names else None,
                         test_metric_names=test_names.eval if test_names else ())
     return (state if train else (state.params, state.model_state, state.rng)), compiled

@@ -37,6 +37,11 @@ class BatchPositions:
 
     def __init__(self) -> None:
         self._states: dict[int, Any] = {}
+        self._state_fn = None  # batches drawn -> loader state, when the position is computed
+
+    def computed(self, state_fn) -> None:
+        """Positions of this epoch come from `state_fn(batches_drawn)` (nothing kept per batch)."""
+        self._states, self._state_fn = {}, state_fn
 
     def batches(self, loader: Any, limit: int | None, *, start: int = 0, state: Any = None
                 ) -> Iterator[Any]:
@@ -45,7 +50,7 @@ class BatchPositions:
         `state` is the loader's saved position at `start` (loaded before iterating); a loader
         without states is iterated from its beginning and its first `start` batches dropped.
         """
-        self._states = {start: state}
+        self._states, self._state_fn = {start: state}, None
         skip = 0
         if start and state is not None:
             loader.load_state_dict(state)
@@ -63,6 +68,8 @@ class BatchPositions:
             yield batch
 
     def state_after(self, batches_done: int) -> Any:
+        if self._state_fn is not None:
+            return self._state_fn(batches_done)
         return self._states.get(batches_done)
 
 

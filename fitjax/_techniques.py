@@ -317,12 +317,17 @@ class Chunk:
     `inputs` is the batch itself (plain), `(batches [k, ...], mask [k])` with accumulation, with
     an extra leading `[steps]` dimension when several steps run per dispatch (`full`). A chunk
     that is not `full` is run by the single-step function (leftovers of an epoch or `max_steps`).
+    An `on_device` chunk's inputs are `(block, base)`, a block of batches already on the devices
+    (see `fitjax._resident`).
     """
 
     inputs: Any
     num_batches: int
     num_steps: int
     full: bool
+    #: the batch's row numbers when `inputs` is a block on the devices (`fitjax._resident`)
+    rows: Any = None
+    on_device: bool = False
 
 
 def _shape_of(batch: Batch):

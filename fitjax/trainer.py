@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _determinism, _logged, _resume, _techniques, checkpoint
+from fitjax import _compiled, _determinism, _logged, _resident, _resume, _techniques, checkpoint
 from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
@@ -189,6 +189,7 @@ class Trainer:
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._batches_done = 0  # train batches stepped in the current epoch
         self._batch_offset = 0  # where a resumed epoch starts
+        self._feed: _resident.Feed | None = None  # the train data kept on the devices, if it is
 
     # ------------------------------------------------------------------------------ properties
 
@@ -266,6 +267,7 @@ class Trainer:
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
+            self._feed = None  # the train data's copy on the devices
             self._hooks.call("teardown", self, module, "fit")
         self._finalize_loggers("success")
 
@@ -279,6 +281,8 @@ class Trainer:
         self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed,
                                                      techniques=self.techniques)
         self._module_for_compiled = module
+        self._feed = _resident.feed_for(train_loader, self.strategy,
+                                        plain_step=self._compiled.resident_step is not None)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, counters, data position, callback and logger states
             epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
@@ -291,10 +295,9 @@ class Trainer:
         self._hooks.call("on_train_start", self, module)
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
+        hook_batch = self._hook_batch_maker()
 
         while not self._done_training():
-            if epoch_iter is None:
-                epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
             offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
             if not offset:
                 self._epoch_acc = {}
@@ -303,12 +306,16 @@ class Trainer:
             batch_idx = offset - 1
             steps_left = None if self.max_steps is None else self.max_steps - self.global_step
             # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
-            for chunk in self._prefetch(self.techniques.chunks(epoch_iter, steps_left=steps_left)):
-                seen, batch_idx, batch = batch_idx + 1, batch_idx + chunk.num_batches, chunk.inputs
+            for chunk in self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left):
+                seen, batch_idx = batch_idx + 1, batch_idx + chunk.num_batches
+                batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
                 if wants_batch_start:
                     self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
-                step_fn = self._compiled.train_step if chunk.full else self._compiled.train_tail_step
-                self.state, outputs = step_fn(self.state, batch)  # async dispatch
+                if chunk.on_device:
+                    step_fn = self._compiled.resident_step
+                else:
+                    step_fn = self._compiled.train_step if chunk.full else self._compiled.train_tail_step
+                self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
                 self.global_step += chunk.num_steps
                 self._batches_done = batch_idx + 1
                 if self.techniques.detect_anomaly:  # sync point: every step, a debugging mode
@@ -505,6 +512,35 @@ class Trainer:
             yield padded, (mask if with_mask else size)
 
     # ---------------------------------------------------------------------------- internals
+
+    def _train_chunks(self, loader, epoch_iter: Iterator[Batch] | None, *, start: int,
+                      steps_left: int | None) -> Iterable[_techniques.Chunk]:
+        """The current epoch's chunks from batch `start`: picked from blocks on the devices when
+        the data is kept there (`_resident`), else grouped from `epoch_iter` (the host batches;
+        None: this epoch's, made here)."""
+        if self._feed is None:
+            if epoch_iter is None:
+                epoch_iter = self._epoch_batches(loader, self.current_epoch)
+            return self._prefetch(self.techniques.chunks(epoch_iter, steps_left=steps_left))
+        loader.set_epoch(self.current_epoch)
+        stop = checks.apply_limit(self.limits["train"], len(loader))
+        if steps_left is not None:
+            stop = min(stop, start + steps_left)
+        self._positions.computed(self._feed.loader_state)
+        return self._feed.chunks(start=start, stop=stop, current_step=lambda: self.state.step)
+
+    def _hook_batch_maker(self):
+        """`chunk -> the batch the per-batch hooks get`: host arrays, as the loader yields them;
+        None for a chunk on the devices when every hook that runs ignores the batch."""
+        needs = (self._hooks.needs_batch("on_train_batch_start")
+                 or self._hooks.needs_batch("on_train_batch_end"))
+
+        def hook_batch(chunk: _techniques.Chunk) -> Any:
+            if not chunk.on_device:
+                return chunk.inputs
+            return self._feed.host_batch(chunk.rows) if needs else None
+
+        return hook_batch
 
     def _epoch_batches(self, loader, epoch: int, *, start: int = 0, state: Any = None) -> Iterator[Batch]:
         """Epoch `epoch`'s train batches from batch `start` (the loader's saved `state` there)."""

@@ -82,6 +82,13 @@ class Callback:
         return type(self).__qualname__
 
 
+def ignores_batch(hook):
+    """Marks a per-batch hook that never reads its `batch`: with the data kept on the devices the
+    trainer then skips gathering a host copy of each batch for it."""
+    hook.ignores_batch = True
+    return hook
+
+
 class CallbackList:
     """Calls a hook on the module first (if it has it) and then on each callback that overrides it."""
 
@@ -95,6 +102,11 @@ class CallbackList:
     def wants(self, hook: str) -> bool:
         """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
         return bool(self._overriding[hook])
+
+    def needs_batch(self, hook: str) -> bool:
+        """True when a callback overriding the per-batch `hook` may read its `batch` argument
+        (all but those marked with `ignores_batch`, fitjax's own)."""
+        return any(not getattr(getattr(type(cb), hook), "ignores_batch", False) for cb in self._overriding[hook])
 
     def call(self, hook: str, trainer, module, *args: Any) -> None:
         if hook in MODULE_HOOKS:

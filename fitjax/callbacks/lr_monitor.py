@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import optax
 
-from fitjax.callbacks._base import Callback
+from fitjax.callbacks._base import Callback, ignores_batch
 
 __all__ = ["LearningRateMonitor"]
 
@@ -111,6 +111,7 @@ class LearningRateMonitor(Callback):
                 f"lr_schedule={schedule!r}."
             )
 
+    @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "step" and trainer.global_step % trainer.log_every_n_steps == 0:
             self._log(trainer)

@@ -21,7 +21,7 @@ from etils import epath
 
 from fitjax import _resume, checkpoint
 from fitjax.strategies._distributed import broadcast_str
-from fitjax.callbacks._base import Callback
+from fitjax.callbacks._base import Callback, ignores_batch
 
 __all__ = ["ModelCheckpoint"]
 
@@ -222,6 +222,7 @@ class ModelCheckpoint(Callback):
         self._last_time = time.monotonic()
         self._deferred = False
 
+    @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         due = self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0
         if self.train_time_interval is not None:

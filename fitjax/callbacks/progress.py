@@ -16,7 +16,7 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fitjax.callbacks._base import Callback
+from fitjax.callbacks._base import Callback, ignores_batch
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
 
@@ -131,6 +131,7 @@ class RichProgressBar(Callback):
                 f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", metrics=""
             )
 
+    @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         done = batch_idx + 1
         if self._progress is not None:

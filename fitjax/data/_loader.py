@@ -169,11 +169,13 @@ class DataLoader:
         start, self._start = self._start, 0
         self._batches_seen = start
         index, count = self._processes()
+        return self._batches(self._order(), start, index, count)
+
+    def _order(self) -> np.ndarray:
+        """The row order of the selected epoch: a permutation when shuffling."""
         if self.shuffle:
-            order = np.random.default_rng([self.seed, self._epoch]).permutation(self._num_examples)
-        else:
-            order = np.arange(self._num_examples)
-        return self._batches(order, start, index, count)
+            return np.random.default_rng([self.seed, self._epoch]).permutation(self._num_examples)
+        return np.arange(self._num_examples)
 
     def _batches(self, order: np.ndarray, start: int, index: int, count: int) -> Iterator[Any]:
         local = self.batch_size // count
