@@ -1,0 +1,94 @@
+"""An in-memory `fj.DataLoader` kept on the devices: the same batches and numbers as host batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import Regressor, assert_trees_close, count_compiles, quiet_trainer, regression_data
+
+import fitjax as fj
+
+
+class HostOnly:
+    """The same batches as a `fj.DataLoader`, through the generic host path (not a DataLoader)."""
+
+    def __init__(self, loader: fj.DataLoader):
+        self.loader = loader
+
+    def set_epoch(self, epoch):
+        self.loader.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+class SeenBatches(fj.Callback):
+    def __init__(self):
+        self.xs = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.xs.append(np.asarray(batch["x"]))
+
+
+def _fit(data, *, strategy="single", **trainer_kwargs):
+    seen = SeenBatches()
+    trainer = quiet_trainer(strategy=strategy, callbacks=[seen], **trainer_kwargs)
+    module = Regressor()
+    with count_compiles() as compiles:
+        trainer.fit(module, data)
+    return module.variables, seen.xs, compiles, trainer
+
+
+@pytest.mark.parametrize("n, strategy", [(256, "single"), (100, "single"), (256, "dp")])
+def test_same_batches_and_parameters_as_host_batches(n, strategy):
+    """100 rows in batches of 32: three full batches from the device blocks and a short last one
+    from the host. dp splits each block's batches over 8 devices."""
+    data = regression_data(n=n)
+
+    def loader():
+        return fj.DataLoader(data, batch_size=32, shuffle=True, seed=3)
+
+    on_device, xs_device, compiles, _ = _fit(loader(), strategy=strategy, max_epochs=3)
+    on_host, xs_host, _, _ = _fit(HostOnly(loader()), strategy=strategy, max_epochs=3)
+    assert compiles["gather"] == 1  # the blocks were gathered on device
+    assert compiles["train_step"] == (1 if n % 32 == 0 else 2)  # + the short last batch's shape
+    assert len(xs_device) == len(xs_host) == 3 * len(loader())
+    for a, b in zip(xs_device, xs_host):  # hooks see each host batch, in the loader's order
+        np.testing.assert_array_equal(a, b)
+    assert_trees_close(on_device, on_host, rtol=0, atol=0)
+
+
+def test_several_blocks_per_epoch(monkeypatch):
+    from fitjax import _resident
+
+    data = regression_data(n=320)
+    monkeypatch.setattr(_resident, "BLOCK_BYTES", 3 * 32 * 9 * 4)  # 3 batches a block: 4 blocks, padded
+    on_device, _, _, trainer = _fit(fj.DataLoader(data, batch_size=32, shuffle=True), max_epochs=2,
+                                    limit_train_batches=7)
+    on_host, _, _, _ = _fit(HostOnly(fj.DataLoader(data, batch_size=32, shuffle=True)), max_epochs=2,
+                            limit_train_batches=7)
+    assert trainer.global_step == 14
+    assert_trees_close(on_device, on_host, rtol=0, atol=0)
+
+
+def test_a_loader_subclass_that_changes_batches_keeps_its_batches():
+    class Augmented(fj.DataLoader):
+        def __iter__(self):
+            for batch in super().__iter__():
+                yield {**batch, "x": batch["x"] + 1.0}
+
+    data = regression_data(n=64)
+    _, xs, compiles, _ = _fit(Augmented(data, batch_size=32), max_epochs=1)
+    np.testing.assert_array_equal(np.concatenate(xs), data["x"] + 1.0)
+    assert compiles["gather"] == 0  # host batches: the subclass's own
+
+
+def test_data_too_large_for_the_devices_stays_on_the_host(monkeypatch):
+    from fitjax import _resident
+
+    monkeypatch.setattr(_resident, "MAX_BYTES", 1000)
+    _, xs, compiles, _ = _fit(fj.DataLoader(regression_data(n=64), batch_size=32), max_epochs=1)
+    assert compiles["gather"] == 0 and len(xs) == 2
