@@ -40,6 +40,11 @@ class DataLoader:
     the same for the same seed and epoch, whatever ran before. `set_epoch(e)` selects the epoch
     (the trainer calls it before each epoch); until then every `iter()` replays epoch 0.
 
+    When `Trainer.fit` trains on a `DataLoader` in one process and a copy of its data on every
+    device takes at most 1 GiB in all, the data is kept on the devices: the same batches, in the
+    same order, are gathered there in blocks and picked by the step, with no per-step host
+    gather or transfer (a subclass that overrides `__iter__` keeps its own batches on the host).
+
     With several processes, `batch_size` is the global batch size and process `p` of `P` yields
     rows `[p * batch_size // P, (p + 1) * batch_size // P)` of each global batch, so the global
     batch is the one a single process would see. When the last global batch is partial (and
