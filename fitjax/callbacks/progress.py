@@ -94,9 +94,12 @@ class RichProgressBar(Callback):
         return self.console.is_terminal
 
     def _print(self, line: str) -> None:
-        (self._progress.console if self._progress is not None else self.console).print(
-            line, highlight=False, soft_wrap=True, markup=False
-        )
+        if self._progress is not None:
+            self._progress.console.print(line, highlight=False, soft_wrap=True, markup=False)
+        elif not self.console.quiet:  # a plain write: rich's print costs ~0.3 ms a line
+            stream = self._file or sys.stdout
+            stream.write(line + "\n")
+            stream.flush()
 
     def _start_progress(self) -> None:
         if self._progress is None and self.is_terminal:

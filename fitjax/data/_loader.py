@@ -43,7 +43,9 @@ class DataLoader:
     When `Trainer.fit` trains on a `DataLoader` in one process and a copy of its data on every
     device takes at most 1 GiB in all, the data is kept on the devices: the same batches, in the
     same order, are gathered there in blocks and picked by the step, with no per-step host
-    gather or transfer (a subclass that overrides `__iter__` keeps its own batches on the host).
+    gather or transfer. The copy is taken when `fit` starts, so changes made to the arrays in
+    place during training are not seen; a subclass that overrides `__iter__` (to augment, say)
+    keeps its own batches, on the host.
 
     With several processes, `batch_size` is the global batch size and process `p` of `P` yields
     rows `[p * batch_size // P, (p + 1) * batch_size // P)` of each global batch, so the global
