@@ -70,7 +70,7 @@ def feed_for(loader: Any, strategy, *, plain_step: bool) -> "Feed | None":
         return None
     if loader.num_examples < loader.batch_size:  # no full batch: nothing to keep on device
         return None
-    nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(loader._data))
+    nbytes = sum(leaf.nbytes for leaf in loader._leaves)
     if nbytes * strategy.mesh.size > MAX_BYTES:
         return None
     return Feed(loader, strategy)
@@ -81,13 +81,10 @@ class Feed:
 
     def __init__(self, loader: DataLoader, strategy) -> None:
         self.loader = loader
-        leaves, self._treedef = jax.tree_util.tree_flatten(loader._data)
-        self._host = leaves
-        self._data = jax.device_put(leaves, strategy.replicated)
-        batch = loader.batch_size
-        row_bytes = sum(leaf.nbytes // max(len(leaf), 1) for leaf in leaves)
+        self._data = jax.device_put(loader._leaves, strategy.replicated)
+        batch, treedef = loader.batch_size, loader._treedef
+        row_bytes = sum(leaf.nbytes // max(len(leaf), 1) for leaf in loader._leaves)
         self.block_batches = max(1, BLOCK_BYTES // max(row_bytes * batch, 1))
-        treedef = self._treedef
 
         def gather(data, rows):
             k = rows.shape[0] // batch
@@ -95,14 +92,12 @@ class Feed:
 
         self._gather = jax.jit(gather, out_shardings=block_sharding(strategy))
         # a fresh buffer holding the state's step (never the step array itself: that is donated)
-        self._epoch = loader._epoch
         self._base = jax.jit(lambda step: step + jnp.zeros_like(step), out_shardings=strategy.replicated)
 
     def chunks(self, *, start: int, stop: int, current_step: Callable[[], jax.Array]) -> Iterator[Chunk]:
         """Batches `start..stop-1` of the loader's selected epoch: the full ones picked from device
         blocks (`Chunk.on_device`), a short last one as a host batch. `current_step()` is the
         state's step counter when a block's first batch is about to run."""
-        self._epoch = self.loader._epoch
         epoch_order = self.loader._order()
         size = self.loader.batch_size
         full_stop = min(stop, len(epoch_order) // size)
@@ -120,12 +115,4 @@ class Feed:
                     yield Chunk((block, base), 1, 1, full=True, rows=rows[j * size:(j + 1) * size], on_device=True)
         if stop > full_stop and full_stop * size < len(epoch_order):  # the short last batch
             rows = epoch_order[full_stop * size:]
-            yield Chunk(self.host_batch(rows), 1, 1, full=True)
-
-    def loader_state(self, batches_seen: int) -> dict[str, int]:
-        """The loader's `state_dict()` once `batches_seen` batches of the current epoch are drawn."""
-        return {"epoch": self._epoch, "batches_seen": batches_seen}
-
-    def host_batch(self, rows: np.ndarray) -> Any:
-        """The batch of `rows` gathered on the host, as the loader would yield it."""
-        return self._treedef.unflatten([np.take(leaf, rows, axis=0) for leaf in self._host])
+            yield Chunk(self.loader._rows(rows), 1, 1, full=True)

@@ -526,7 +526,7 @@ class Trainer:
         stop = checks.apply_limit(self.limits["train"], len(loader))
         if steps_left is not None:
             stop = min(stop, start + steps_left)
-        self._positions.computed(self._feed.loader_state)
+        self._positions.computed(loader._state_at)
         return self._feed.chunks(start=start, stop=stop, current_step=lambda: self.state.step)
 
     def _hook_batch_maker(self):
@@ -538,7 +538,7 @@ class Trainer:
         def hook_batch(chunk: _techniques.Chunk) -> Any:
             if not chunk.on_device:
                 return chunk.inputs
-            return self._feed.host_batch(chunk.rows) if needs else None
+            return self._feed.loader._rows(chunk.rows) if needs else None
 
         return hook_batch
 

@@ -89,6 +89,9 @@ class DataLoader:
         self.drop_last = bool(drop_last)
         self._data = _host_arrays(data)
         self._num_examples = _leading_dim(self._data, what="data")
+        # Flattened once: a tree_map per batch costs as much as the gather itself for small
+        # batches, and a batch is gathered once per training step.
+        self._leaves, self._treedef = jax.tree_util.tree_flatten(self._data)
         if self._num_examples == 0:
             raise ValueError(
                 "`DataLoader(data=...)` is empty (0 examples): there is nothing to batch. "
@@ -151,7 +154,11 @@ class DataLoader:
         `batches_seen` counts the batches of the current epoch yielded so far, a batch being
         counted as soon as it is handed out.
         """
-        return {"epoch": self._epoch, "batches_seen": self._batches_seen}
+        return self._state_at(self._batches_seen)
+
+    def _state_at(self, batches_seen: int) -> dict[str, int]:
+        """`state_dict()` once `batches_seen` batches of the selected epoch are handed out."""
+        return {"epoch": self._epoch, "batches_seen": batches_seen}
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Restores a position from `state_dict()`; the next `iter()` continues from it."""
@@ -186,15 +193,15 @@ class DataLoader:
 
     def _batches(self, order: np.ndarray, start: int, index: int, count: int) -> Iterator[Any]:
         local = self.batch_size // count
-        # Flattened once per pass: a tree_map per batch costs as much as the gather itself for
-        # small batches, and this loop runs once per training step.
-        leaves, treedef = jax.tree_util.tree_flatten(self._data)
         for k in range(start, len(self)):
             rows = order[k * self.batch_size : (k + 1) * self.batch_size]
-            rows = rows[index * local : (index + 1) * local]
-            batch = treedef.unflatten([np.take(leaf, rows, axis=0) for leaf in leaves])
+            batch = self._rows(rows[index * local : (index + 1) * local])
             self._batches_seen = k + 1
             yield batch
+
+    def _rows(self, rows: np.ndarray) -> Any:
+        """The batch of `rows` (row numbers into the data): one fancy index per leaf."""
+        return self._treedef.unflatten([np.take(leaf, rows, axis=0) for leaf in self._leaves])
 
     def _processes(self) -> tuple[int, int]:
         index = jax.process_index() if self._process_index is None else self._process_index
