@@ -1,7 +1,8 @@
 """Builds the train state and the jitted functions for one (module, strategy) pair.
 
 Everything here returns values; nothing mutates the trainer. `Compiled.train_step` is the single
-jitted step of DESIGN.md: compiled once per batch shape, state donated, shardings from the strategy.
+jitted step of DESIGN.md: compiled once per batch shape, state donated (see `_donation` for the one
+exception), shardings from the strategy.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from fitjax import _lightning, _resident, _techniques
+from fitjax import _donation, _lightning, _resident, _techniques
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax._typing import Batch, PyTree
@@ -110,18 +111,18 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     shard_inputs = lambda inputs, full: strategy.shard_batch(inputs)  # noqa: E731
     if train and techniques.is_plain:
         plain = _lightning.train_step(module, binding, tx)
-        train_step = strategy.jit(
-            plain,
-            in_shardings=(shardings, batch_sharding),
-            out_shardings=(shardings, replicated),
-            donate_argnums=(0,),
-        )
-        resident_step = strategy.jit(  # compiled only if used: see `_resident`
-            _resident.picking(plain),
-            in_shardings=(shardings, (_resident.block_sharding(strategy), replicated)),
-            out_shardings=(shardings, replicated),
-            donate_argnums=(0,),
-        )
+        platform = strategy.mesh.devices.flat[0].platform
+
+        def jit_step(fn, inputs_sharding):
+            """`fn` jitted with the state donated, unless `_donation` finds that costs here."""
+            def jit(donate_argnums):
+                return strategy.jit(fn, in_shardings=(shardings, inputs_sharding),
+                                    out_shardings=(shardings, replicated), donate_argnums=donate_argnums)
+            return _donation.donating(jit((0,)), lambda: jit(()), platform=platform)
+
+        train_step = jit_step(plain, batch_sharding)
+        # compiled only if used: see `_resident`
+        resident_step = jit_step(_resident.picking(plain), (_resident.block_sharding(strategy), replicated))
     elif train:
         _lightning.check_techniques(module)
         train_step, tail_step, shard_inputs = _techniques.jit_train_steps(
