@@ -14,6 +14,8 @@ the trainer instead
 
 The batches and their order are the loader's own (same rows, same shuffle per epoch) and the
 step computes the same numbers; a short last batch (`drop_last=False`) takes the host path.
+On CPU this is done only for small steps (`CPU_STEP_FLOPS`): a larger step hides the host's
+per-batch work behind its own compute, and there the step that picks from a block ran slower.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = ["Feed", "block_sharding", "feed_for", "picking"]
 
 MAX_BYTES = 1 << 30  # the data's bytes times the devices that each hold a copy
 BLOCK_BYTES = 16 << 20  # one block of batches, gathered on device
+CPU_STEP_FLOPS = 1 << 25  # ~1 ms on 2 CPU cores: larger steps take their batches from the host
 
 
 def picking(step_fn: Callable) -> Callable:
@@ -62,13 +65,28 @@ def _is_plain_loader(loader: Any) -> bool:
     )
 
 
-def feed_for(loader: Any, strategy, *, plain_step: bool) -> "Feed | None":
+def _step_is_small(params: Any, batch_size: int) -> bool:
+    """Whether a CPU step is small enough for the host's per-step gather and copy to matter.
+
+    Estimated as a dense net's `6 * parameters * batch` FLOPs (a lower bound for conv nets). Above
+    `CPU_STEP_FLOPS` the host prepares the next batch while the device computes, so the host path
+    costs nothing, while picking from a block measured 6-14% slower for the MNIST-sized MLP and
+    the small CNN of `benchmarks/overhead.py` on XLA:CPU (the same program plus one slice).
+    """
+    parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
+    return 6 * parameters * batch_size <= CPU_STEP_FLOPS
+
+
+def feed_for(loader: Any, strategy, *, plain_step: bool, params: Any) -> "Feed | None":
     """A `Feed` for `loader`, or None when its batches must come from the host: several processes,
-    a step with accumulation or several steps per call, another kind of loader, or data larger
-    than `MAX_BYTES` across the devices."""
+    a step with accumulation or several steps per call, another kind of loader, data larger than
+    `MAX_BYTES` across the devices, or (on CPU) a step too large for the host's work to matter."""
     if not plain_step or jax.process_count() != 1 or not _is_plain_loader(loader):
         return None
     if loader.num_examples < loader.batch_size:  # no full batch: nothing to keep on device
+        return None
+    on_cpu = strategy.mesh.devices.flat[0].platform == "cpu"
+    if on_cpu and not _step_is_small(params, loader.batch_size):
         return None
     nbytes = sum(leaf.nbytes for leaf in loader._leaves)
     if nbytes * strategy.mesh.size > MAX_BYTES:

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _determinism, _logged, _resident, _resume, _techniques, checkpoint
+from fitjax import _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
 from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
@@ -55,8 +55,10 @@ class Trainer:
         callbacks: extra `Callback`s (a progress bar is added when `enable_progress_bar`).
         logger: True (TensorBoard), False, a `Logger` or a list of them.
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
-        log_every_n_steps: fetch, log and display train metrics every this many steps (the only
-            regular host sync of the loop).
+        log_every_n_steps: log and display the train metrics' means every this many steps. The
+            loop does not wait for them: they are fetched while the next steps run and reach
+            the loggers (at the log step's number), `callback_metrics` and the progress bar a
+            step or two later, by the next log step or the epoch's end at the latest.
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
             (float); default once per epoch.
         check_val_every_n_epoch: validate after every n-th epoch.
@@ -190,6 +192,8 @@ class Trainer:
         self._batches_done = 0  # train batches stepped in the current epoch
         self._batch_offset = 0  # where a resumed epoch starts
         self._feed: _resident.Feed | None = None  # the train data kept on the devices, if it is
+        self._window: _window.Window | None = None  # the last log step's values, on their way
+        self._last_window: tuple[int, int, int] | None = None  # (epoch, batches, step) last logged
 
     # ------------------------------------------------------------------------------ properties
 
@@ -268,11 +272,13 @@ class Trainer:
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
+            self._window = None  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
+        self._last_window = None
         epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
         first = next(epoch_iter, None)
         if first is None:
@@ -281,7 +287,7 @@ class Trainer:
         self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed,
                                                      techniques=self.techniques)
         self._module_for_compiled = module
-        self._feed = _resident.feed_for(train_loader, self.strategy,
+        self._feed = _resident.feed_for(train_loader, self.strategy, params=self.state.params,
                                         plain_step=self._compiled.resident_step is not None)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, counters, data position, callback and logger states
@@ -318,12 +324,14 @@ class Trainer:
                 self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
                 self.global_step += chunk.num_steps
                 self._batches_done = batch_idx + 1
+                if self._window is not None and self._window.ready():
+                    self._finish_train_window()  # the last log step's values have arrived
                 if self.techniques.detect_anomaly:  # sync point: every step, a debugging mode
                     outputs = _techniques.check_anomaly(outputs, global_step=self.global_step,
                                                         epoch=self.current_epoch, num_steps=chunk.num_steps)
                 synced = _crossed(self.global_step - chunk.num_steps, self.global_step, self.log_every_n_steps)
                 if synced:
-                    self._log_train_window()  # sync point: one transfer every log_every_n_steps
+                    self._start_train_window()  # no wait: read at a later step (`_window`)
                 if wants_batch_end:
                     self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
                 if self.received_sigterm:
@@ -363,21 +371,38 @@ class Trainer:
         return self.val_check_interval
 
     def _log_train_window(self) -> None:
-        """Fetches the train accumulators (one transfer) and logs their means; resets them."""
-        host, extra = jax.device_get((self.state.metrics, _techniques.host_values(self.state)))  # sync point
-        self.state = self._compiled.reset_metrics(self.state)
+        """Logs every train value accumulated so far (sync point): the window on its way and the
+        steps since."""
+        self._start_train_window()
+        self._finish_train_window()
+
+    def _start_train_window(self) -> None:
+        """Starts fetching the accumulators (reset on device) for `_finish_train_window`."""
+        self._finish_train_window()
+        self.state, self._window = _window.start(self.state, self._compiled.reset_metrics, step=self.global_step,
+                                                 epoch=self.current_epoch, batches_done=self._batches_done)
+
+    def _finish_train_window(self) -> None:
+        """Logs the means of the window on its way, if any, at the step it ended (waits for it)."""
+        window, self._window = self._window, None
+        if window is None:
+            return
+        host, extra = window.read()
         if not any(w > 0 for _, w in host.values()):
             return
-        self._log({name: float(value) for name, value in extra.items()})
+        at = {"step": window.step, "epoch": window.epoch}
+        self._log({name: float(value) for name, value in extra.items()}, **at)
         specs = self._compiled.log_specs
         self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
-        window = _logged.compute(_logged.keep(host, specs, "on_step"), specs, stage="train", epoch=False)
-        self.progress_bar_metrics.update(_logged.for_progress_bar(window, specs))
-        self._log(window)
+        values = _logged.compute(_logged.keep(host, specs, "on_step"), specs, stage="train", epoch=False)
+        self.progress_bar_metrics.update(_logged.for_progress_bar(values, specs))
+        self._log(values, **at)
+        self._last_window = (window.epoch, window.batches_done, window.step)
 
     def _validate_during_fit(self, module: LitModule, val_loader) -> None:
         if val_loader is None:
             return
+        self._finish_train_window()  # callbacks of validation see every train value up to now
         self._hooks.call("on_validation_start", self, module)
         self._hooks.call("on_validation_epoch_start", self, module)
         results = self._evaluate(
@@ -569,14 +594,15 @@ class Trainer:
         while queue:
             yield queue.popleft()
 
-    def _log(self, values: HostMetrics) -> None:
+    def _log(self, values: HostMetrics, *, step: int | None = None, epoch: int | None = None) -> None:
+        """Records `values` as the latest and writes them to the loggers at `step` (default: now)."""
         if not values:
             return
         self.callback_metrics.update(values)
         self.logged_metrics.update(values)
-        row = {**values, "epoch": float(self.current_epoch)}
+        row = {**values, "epoch": float(self.current_epoch if epoch is None else epoch)}
         for logger in self.loggers:
-            logger.log_metrics(row, step=self.global_step)
+            logger.log_metrics(row, step=self.global_step if step is None else step)
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""

@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import optax
 import pytest
-from helpers import Regressor, quiet_trainer, regression_data
+from helpers import LossHistory, Regressor, quiet_trainer, regression_data
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
 
@@ -103,3 +103,31 @@ def test_a_value_logged_only_in_eval_mode_reaches_validation_only():
     assert "val/sq_pred" in trainer.callback_metrics and "train/sq_pred" not in trainer.callback_metrics
     preds = trainer.predict(module, fj.DataLoader({"x": data["x"]}, batch_size=64))
     assert trainer.callback_metrics["val/sq_pred"] == pytest.approx(float(np.mean(preds ** 2)), rel=1e-5)
+
+
+class TrainLossSeen(fj.Callback):
+    """`trainer.callback_metrics["train/loss"]` as each step's hooks see it."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.seen.append((trainer.global_step, trainer.callback_metrics.get("train/loss")))
+
+
+def test_a_log_step_logs_its_window_mean_at_its_step_without_waiting_for_it(tmp_path):
+    """The trainer does not wait for a log step's values: they reach `callback_metrics` at a
+    later step, by the next log step at the latest, and the loggers at the log step's number."""
+    history, seen = LossHistory(), TrainLossSeen()
+    trainer = quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4, callbacks=[seen, history],
+                            logger=fj.CSVLogger(tmp_path, name="csv"))
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=384), batch_size=32))  # 12 steps
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]}
+    assert sorted(rows) == [4, 8, 12]
+    for step, value in rows.items():  # equal batches: the window mean is the mean of its losses
+        assert value == pytest.approx(np.mean(history.losses[step - 4:step]), rel=1e-5)
+    arrived = next(step for step, value in seen.seen if value is not None)
+    assert 5 <= arrived <= 8
+    assert dict(seen.seen)[8] == pytest.approx(rows[4])  # step 8's hooks see the window of step 4
+    assert trainer.callback_metrics["train/loss"] == pytest.approx(rows[12])  # all logged by the end

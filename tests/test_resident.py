@@ -92,3 +92,17 @@ def test_data_too_large_for_the_devices_stays_on_the_host(monkeypatch):
     monkeypatch.setattr(_resident, "MAX_BYTES", 1000)
     _, xs, compiles, _ = _fit(fj.DataLoader(regression_data(n=64), batch_size=32), max_epochs=1)
     assert compiles["gather"] == 0 and len(xs) == 2
+
+
+def test_a_large_step_on_cpu_takes_host_batches(monkeypatch):
+    """On CPU a step over `CPU_STEP_FLOPS` (6 * parameters * batch) hides the host's per-batch work."""
+    from fitjax import _resident
+
+    data = regression_data(n=64)
+    parameters = 8 * 32 + 32 + 2 * 32 + 32 + 1  # Regressor: Dense(8->32), BatchNorm(32), Dense(32->1)
+    monkeypatch.setattr(_resident, "CPU_STEP_FLOPS", 6 * parameters * 32)  # the limit: kept on device
+    _, _, compiles, _ = _fit(fj.DataLoader(data, batch_size=32), max_epochs=1)
+    assert compiles["gather"] == 1
+    monkeypatch.setattr(_resident, "CPU_STEP_FLOPS", 6 * parameters * 32 - 1)
+    _, xs, compiles, _ = _fit(fj.DataLoader(data, batch_size=32), max_epochs=1)
+    assert compiles["gather"] == 0 and len(xs) == 2

@@ -35,7 +35,8 @@ class Callback:
     Per-batch hooks receive `outputs`: the step's metrics as device arrays (a dict). Reading one
     (`float(outputs["loss"])`) waits for that step to finish — a host sync per batch that stalls
     the pipeline of queued steps; read them every N batches, or use the values the trainer
-    fetches at log time in `trainer.callback_metrics`.
+    fetches without waiting in `trainer.callback_metrics` (a log step's values arrive there a
+    step or two after it; the epoch's values are all there by `on_train_epoch_end`).
 
     Example:
         >>> import fitjax as fj

@@ -278,6 +278,7 @@ class ModelCheckpoint(Callback):
         return self._manager
 
     def _save(self, trainer, module, *, epoch_end_done: bool, always: bool = False) -> None:
+        trainer._finish_train_window()  # the last log step's values: for the score, name and logs
         score = trainer.callback_metrics.get(self.monitor) if self.monitor else None
         if score is not None and not math.isfinite(score):
             score = None

@@ -3,7 +3,8 @@
 It never blocks the device: it shows host counters and the metric values the trainer already
 fetched at its last log step (`trainer.progress_bar_metrics`: the losses and the values logged
 with `prog_bar=True`). When its stream is not a terminal (CI logs, `nohup`, SLURM files) it prints
-one plain line per log step instead of redrawing with escape codes.
+one plain line per log step instead of redrawing with escape codes, when that step's values reach
+the host (a step or two later: the trainer does not wait for them).
 """
 
 from __future__ import annotations
@@ -147,14 +148,28 @@ class RichProgressBar(Callback):
                 self._progress.update(self._train_task, completed=done, speed=self._speed(trainer),
                                       metrics=_format(_bar_values(trainer)))
             return
-        every = self.refresh_rate if self.refresh_rate > 1 else trainer.log_every_n_steps
-        if trainer.global_step % every == 0:
-            total = trainer.num_training_batches
-            of = f"/{total}" if total is not None else ""
-            self._print(f"epoch {trainer.current_epoch} step {done}{of} (global {trainer.global_step})  "
-                        f"{self._speed(trainer)}  {_format(_bar_values(trainer))}")
+        if self.refresh_rate > 1:
+            if trainer.global_step % self.refresh_rate == 0:
+                self._print_line(trainer, trainer.current_epoch, done, trainer.global_step)
+        else:
+            self._print_window(trainer)
 
     _last_update = 0.0
+    _printed_window = None
+
+    def _print_window(self, trainer) -> None:
+        """A line for the last log window, once its values have reached the host (a step or two
+        after its log step: the trainer does not wait for them)."""
+        window = trainer._last_window
+        if window is not None and window != self._printed_window:
+            self._printed_window = window
+            self._print_line(trainer, *window)
+
+    def _print_line(self, trainer, epoch: int, done: int, step: int) -> None:
+        total = trainer.num_training_batches
+        of = f"/{total}" if total is not None else ""
+        self._print(f"epoch {epoch} step {done}{of} (global {step})  "
+                    f"{self._speed(trainer)}  {_format(_bar_values(trainer))}")
 
     def _speed(self, trainer) -> str:
         elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
@@ -162,6 +177,8 @@ class RichProgressBar(Callback):
 
     def on_train_epoch_end(self, trainer, module) -> None:
         elapsed = time.perf_counter() - self._epoch_start
+        if self._progress is None and self.refresh_rate == 1:
+            self._print_window(trainer)  # the epoch's last window, logged at its end
         self._print(f"Epoch {trainer.current_epoch} done in {elapsed:.1f}s (global step "
                     f"{trainer.global_step})  {_format(_epoch_values(trainer))}")
 
