@@ -111,14 +111,13 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     shard_inputs = lambda inputs, full: strategy.shard_batch(inputs)  # noqa: E731
     if train and techniques.is_plain:
         plain = _lightning.train_step(module, binding, tx)
-        platform = strategy.mesh.devices.flat[0].platform
 
         def jit_step(fn, inputs_sharding):
             """`fn` jitted with the state donated, unless `_donation` finds that costs here."""
             def jit(donate_argnums):
                 return strategy.jit(fn, in_shardings=(shardings, inputs_sharding),
                                     out_shardings=(shardings, replicated), donate_argnums=donate_argnums)
-            return _donation.donating(jit((0,)), lambda: jit(()), platform=platform)
+            return _donation.donating(jit((0,)), lambda: jit(()), platform=strategy.platform)
 
         train_step = jit_step(plain, batch_sharding)
         # compiled only if used: see `_resident`

@@ -37,12 +37,13 @@ def donates(*, platform: str, temp_bytes: int, state_bytes: int, largest_leaf_by
 
 def donating(donated: Callable, undonated: Callable[[], Callable], *, platform: str) -> Callable:
     """`step(state, inputs)`: `donated` (a jitted step that donates the state), or the step
-    `undonated()` builds when `donates` says no for the program compiled at the first call."""
+    `undonated()` builds when `donates` says no for the program compiled at the first call.
+    Off CPU that is always `donated`, returned as it is."""
+    if platform != "cpu":
+        return donated
     chosen: Callable | None = None
 
     def choose(state: Any, inputs: Any) -> Callable:
-        if platform != "cpu":
-            return donated
         compiled = donated.lower(state, inputs).compile()  # reused by `donated`'s own calls
         memory = compiled.memory_analysis()
         leaves = [leaf.nbytes for leaf in jax.tree.leaves(state)]

@@ -85,8 +85,7 @@ def feed_for(loader: Any, strategy, *, plain_step: bool, params: Any) -> "Feed |
         return None
     if loader.num_examples < loader.batch_size:  # no full batch: nothing to keep on device
         return None
-    on_cpu = strategy.mesh.devices.flat[0].platform == "cpu"
-    if on_cpu and not _step_is_small(params, loader.batch_size):
+    if strategy.platform == "cpu" and not _step_is_small(params, loader.batch_size):
         return None
     nbytes = sum(leaf.nbytes for leaf in loader._leaves)
     if nbytes * strategy.mesh.size > MAX_BYTES:

@@ -59,6 +59,11 @@ class Strategy(abc.ABC):
         return self._mesh
 
     @property
+    def platform(self) -> str:
+        """The mesh's device platform: "cpu", "gpu" or "tpu"."""
+        return self.mesh.devices.flat[0].platform
+
+    @property
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, P())
 
