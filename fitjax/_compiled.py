@@ -1,8 +1,8 @@
 """Builds the train state and the jitted functions for one (module, strategy) pair.
 
 Everything here returns values; nothing mutates the trainer. `Compiled.train_step` is the single
-jitted step of DESIGN.md: compiled once per batch shape, state donated (see `_donation` for the one
-exception), shardings from the strategy.
+jitted step of DESIGN.md: compiled once per batch shape, state donated, shardings from the strategy
+(on CPU, a step with a large scratch is compiled a second time, as `_cpu_scratch` plans).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import optax
 
-from fitjax import _donation, _lightning, _resident, _techniques
+from fitjax import _cpu_scratch, _lightning, _resident, _techniques
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax._typing import Batch, PyTree
@@ -113,11 +113,12 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         plain = _lightning.train_step(module, binding, tx)
 
         def jit_step(fn, inputs_sharding):
-            """`fn` jitted with the state donated, unless `_donation` finds that costs here."""
-            def jit(donate_argnums):
+            """`fn` jitted with the state donated; on CPU, compiled as `_cpu_scratch` plans."""
+            def jit(donate=True, compiler_options=None):
                 return strategy.jit(fn, in_shardings=(shardings, inputs_sharding),
-                                    out_shardings=(shardings, replicated), donate_argnums=donate_argnums)
-            return _donation.donating(jit((0,)), lambda: jit(()), platform=strategy.platform)
+                                    out_shardings=(shardings, replicated),
+                                    donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
+            return _cpu_scratch.step(jit, platform=strategy.platform)
 
         train_step = jit_step(plain, batch_sharding)
         # compiled only if used: see `_resident`

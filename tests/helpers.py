@@ -93,12 +93,13 @@ def quiet_trainer(**kwargs) -> fj.Trainer:
 
 @contextlib.contextmanager
 def count_compiles():
-    """Counts XLA compilations per jitted function name inside the block (a Counter)."""
+    """Counts XLA compilations per jitted function name inside the block (a Counter): each
+    program XLA compiles, whether or not JAX traced and lowered the function anew for it."""
     counts: collections.Counter = collections.Counter()
 
     class _Handler(logging.Handler):
         def emit(self, record):
-            match = re.match(r"Compiling jit\((.+?)\)", record.getMessage())
+            match = re.match(r"Finished XLA compilation of jit\((.+?)\)", record.getMessage())
             if match:
                 counts[match.group(1)] += 1
 

@@ -100,10 +100,11 @@ class Strategy(abc.ABC):
         return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
 
     def jit(self, fn: Callable, *, in_shardings: Any, out_shardings: Any,
-            donate_argnums: tuple[int, ...] = ()) -> Callable:
+            donate_argnums: tuple[int, ...] = (), compiler_options: dict[str, Any] | None = None
+            ) -> Callable:
         """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation."""
         return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
-                       donate_argnums=donate_argnums)
+                       donate_argnums=donate_argnums, compiler_options=compiler_options)
 
     def __repr__(self) -> str:
         shape = dict(self._mesh.shape) if self._mesh is not None else "not set up"

@@ -1,0 +1,128 @@
+"""On CPU, a step with a large scratch is compiled with it split into heaps malloc reuses, or,
+where a buffer is too large for that, without donation when its scratch dwarfs its state."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import optax
+import pytest
+from helpers import assert_trees_close, count_compiles, quiet_trainer, regression_data
+
+import fitjax as fj
+from fitjax import _cpu_scratch
+from fitjax._cpu_scratch import Plan
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("platform, temp, buffer, state, leaf, expected", [
+    ("cpu", 1 * MiB, 1 * MiB, 3 * MiB, 1 * MiB, Plan()),  # MNIST-sized MLP: small scratch
+    ("cpu", 135 * MiB, 12 * MiB, 10 * MiB, 3 * MiB, Plan(heap_bytes=16 * MiB)),  # the small CNN
+    ("cpu", 135 * MiB, 24 * MiB, 10 * MiB, 3 * MiB, Plan(heap_bytes=24 * MiB)),  # a heap per buffer
+    # a buffer too large for any heap under glibc's mmap threshold: donation decides
+    ("cpu", 135 * MiB, 32 * MiB, 10 * MiB, 3 * MiB, Plan(donate=False)),  # scratch faulted per step
+    ("cpu", 135 * MiB, 32 * MiB, 40 * MiB, 3 * MiB, Plan()),  # not donating: +30% memory
+    ("cpu", 135 * MiB, 32 * MiB, 30 * MiB, 32 * MiB, Plan()),  # an undonated output that large is faulted too
+    ("gpu", 135 * MiB, 32 * MiB, 10 * MiB, 3 * MiB, Plan()),  # only XLA:CPU mallocs its scratch per call
+])
+def test_plan(platform, temp, buffer, state, leaf, expected):
+    assert _cpu_scratch.plan(platform=platform, temp_bytes=temp, largest_buffer_bytes=buffer,
+                             state_bytes=state, largest_leaf_bytes=leaf) == expected
+
+
+def test_plan_compiler_options():
+    assert Plan().compiler_options is None
+    assert Plan(heap_bytes=16 * MiB).compiler_options == {"xla_multiheap_size_constraint_per_heap": 16 * MiB}
+
+
+def test_largest_buffer_bytes_reads_hlo_shapes():
+    hlo = """
+    ENTRY %main (p0: f32[128,28,28,32], p1: bf16[4096,2048]) -> (f32[], pred[10]) {
+      %c = c64[3,3]{1,0} constant(...)
+      %f = f8e4m3fn[64]{0} parameter(2)
+      %t = (s32[802816,4]{1,0}, u8[7]{0}) tuple(...)
+    }"""
+    assert _cpu_scratch.largest_buffer_bytes(hlo) == 4096 * 2048 * 2  # the bf16 parameter
+    assert _cpu_scratch.largest_buffer_bytes(hlo.replace("bf16[4096,2048]", "u8[2]")) == 128 * 28 * 28 * 32 * 4
+    assert _cpu_scratch.largest_buffer_bytes("%t = (s32[802816,4]{1,0}, pred[]) tuple()") == 802816 * 16
+    assert _cpu_scratch.largest_buffer_bytes("%p = pred[1000]{0} compare()") == 1000
+    assert _cpu_scratch.largest_buffer_bytes("%s = f32[] constant(0)") == 4
+
+
+class Wide(nn.Module):
+    """2048 hidden units: over batches of 4096, 32 MiB activations and ~100 MiB of scratch per
+    step; over batches of 2048, 16 MiB activations and ~50 MiB of scratch. 70 KiB of state."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(nn.relu(nn.Dense(2048)(x)))
+
+
+class WideRegressor(fj.LitModule):
+    def __init__(self, width_model: nn.Module):
+        super().__init__()
+        self.model = width_model
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizer(self):
+        return optax.adam(1e-3)
+
+
+class DonationSeen(fj.Callback):
+    """Whether the state a step was given was donated (its buffers deleted) by that step."""
+
+    def __init__(self):
+        self.donated = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self._before = jax.tree.leaves(trainer.state.params)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.donated.append(all(leaf.is_deleted() for leaf in self._before))
+
+
+def _fit(model: nn.Module, data, batch_size: int, **kwargs):
+    seen = DonationSeen()
+    module = WideRegressor(model)
+    trainer = quiet_trainer(max_epochs=2, callbacks=[seen], seed=0, strategy="single", **kwargs)
+    with count_compiles() as compiles:
+        trainer.fit(module, fj.DataLoader(data, batch_size=batch_size))
+    return module, seen.donated, compiles
+
+
+def test_large_scratch_in_small_buffers_is_split_into_heaps_and_donated(monkeypatch):
+    data = regression_data(n=8192, d=8)
+    module, donated, compiles = _fit(Wide(), data, 2048)
+    assert donated == [True] * 8
+    assert compiles["train_step"] == 2  # the program as jitted, measured once, and the one that runs
+    # the same numbers as the step compiled with one scratch buffer
+    monkeypatch.setattr(_cpu_scratch, "plan", lambda **sizes: Plan())
+    reference, donated, compiles = _fit(Wide(), data, 2048)
+    assert donated == [True] * 8 and compiles["train_step"] == 1
+    assert_trees_close(module.variables, reference.variables, rtol=0, atol=0)
+
+
+def test_large_scratch_in_large_buffers_small_state_is_not_donated_on_cpu(monkeypatch):
+    data = regression_data(n=8192, d=8)
+    module, donated, compiles = _fit(Wide(), data, 4096)
+    assert donated == [False] * 4
+    assert compiles["train_step"] == 2  # the donated program, measured once, and the one that runs
+    # the same numbers as when the step donates: both compile the same computation
+    monkeypatch.setattr(_cpu_scratch, "plan", lambda **sizes: Plan())
+    reference, donated, _ = _fit(Wide(), data, 4096)
+    assert donated == [True] * 4
+    assert_trees_close(module.variables, reference.variables)
+
+
+def test_small_step_is_donated():
+    class Narrow(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(1)(nn.relu(nn.Dense(32)(x)))
+
+    _, donated, compiles = _fit(Narrow(), regression_data(n=256, d=8), 64)
+    assert donated == [True] * 8
+    assert compiles["train_step"] == 1
