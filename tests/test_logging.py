@@ -106,18 +106,22 @@ def test_a_value_logged_only_in_eval_mode_reaches_validation_only():
 
 
 class TrainLossSeen(fj.Callback):
-    """`trainer.callback_metrics["train/loss"]` as each step's hooks see it."""
+    """`progress_bar_metrics["train/loss"]` as each step's hooks see it, and
+    `callback_metrics["train/loss"]` at step 8 only."""
 
     def __init__(self):
-        self.seen = []
+        self.seen, self.read_at_8 = [], None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.seen.append((trainer.global_step, trainer.callback_metrics.get("train/loss")))
+        self.seen.append((trainer.global_step, trainer.progress_bar_metrics.get("train/loss")))
+        if trainer.global_step == 8:
+            self.read_at_8 = trainer.callback_metrics.get("train/loss")
 
 
 def test_a_log_step_logs_its_window_mean_at_its_step_without_waiting_for_it(tmp_path):
-    """The trainer does not wait for a log step's values: they reach `callback_metrics` at a
-    later step, by the next log step at the latest, and the loggers at the log step's number."""
+    """The trainer does not wait for a log step's values: they reach the progress bar at a
+    later step, by the next log step at the latest, and the loggers at the log step's number.
+    Reading `callback_metrics` completes the window on its way: a hook sees its own step's."""
     history, seen = LossHistory(), TrainLossSeen()
     trainer = quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4, callbacks=[seen, history],
                             logger=fj.CSVLogger(tmp_path, name="csv"))
@@ -129,5 +133,5 @@ def test_a_log_step_logs_its_window_mean_at_its_step_without_waiting_for_it(tmp_
         assert value == pytest.approx(np.mean(history.losses[step - 4:step]), rel=1e-5)
     arrived = next(step for step, value in seen.seen if value is not None)
     assert 5 <= arrived <= 8
-    assert dict(seen.seen)[8] == pytest.approx(rows[4])  # step 8's hooks see the window of step 4
+    assert seen.read_at_8 == pytest.approx(rows[8])  # read at step 8: step 8's window, waited for
     assert trainer.callback_metrics["train/loss"] == pytest.approx(rows[12])  # all logged by the end

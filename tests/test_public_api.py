@@ -19,6 +19,6 @@ def test_all_is_sorted_and_importable(name):
 def test_docstring_examples_run():
     import doctest
 
-    for name in ["fitjax.module", "fitjax.trainer", "fitjax.strategies.dp"]:
+    for name in ["fitjax.module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.strategies.dp"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

@@ -113,7 +113,7 @@ class LearningRateMonitor(Callback):
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.logging_interval == "step" and trainer.global_step % trainer.log_every_n_steps == 0:
+        if self.logging_interval == "step" and trainer.progress.crossed(trainer.log_every_n_steps):
             self._log(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:

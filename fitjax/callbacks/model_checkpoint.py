@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 import orbax.checkpoint as ocp
 from etils import epath
 
-from fitjax import _resume, checkpoint
+from fitjax import checkpoint
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
@@ -224,12 +224,12 @@ class ModelCheckpoint(Callback):
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        due = self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0
+        due = trainer.progress.crossed(self.every_n_train_steps)  # several steps per call included
         if self.train_time_interval is not None:
             # Clocks differ between hosts: the processes agree (a small collective per step, paid
             # only when train_time_interval is set and several processes run).
             late = time.monotonic() - self._last_time >= self.train_time_interval.total_seconds()
-            due = due or trainer._agree(late)
+            due = due or trainer.agree(late)
         if not due:
             return
         if batch_idx + 1 == trainer.num_training_batches:
@@ -240,7 +240,7 @@ class ModelCheckpoint(Callback):
     def on_validation_end(self, trainer, module) -> None:
         # A validation inside the epoch (val_check_interval) gives the monitor a new value.
         if (self.monitor is not None and trainer.val_check_interval is not None and self.every_n_epochs
-                and trainer._batches_done != trainer.num_training_batches):
+                and trainer.progress.batches_done != trainer.num_training_batches):
             self._save(trainer, module, epoch_end_done=False)
 
     def on_train_epoch_end(self, trainer, module) -> None:
@@ -250,7 +250,7 @@ class ModelCheckpoint(Callback):
             self._save(trainer, module, epoch_end_done=True)
 
     def on_exception(self, trainer, module, exception: BaseException) -> None:
-        if (isinstance(exception, _resume.Preempted) or self.save_on_exception) and trainer.state is not None:
+        if (trainer.received_sigterm or self.save_on_exception) and trainer.state is not None:
             self._save(trainer, module, epoch_end_done=False, always=True)
 
     def teardown(self, trainer, module, stage: str) -> None:
@@ -278,7 +278,6 @@ class ModelCheckpoint(Callback):
         return self._manager
 
     def _save(self, trainer, module, *, epoch_end_done: bool, always: bool = False) -> None:
-        trainer._finish_train_window()  # the last log step's values: for the score, name and logs
         score = trainer.callback_metrics.get(self.monitor) if self.monitor else None
         if score is not None and not math.isfinite(score):
             score = None
@@ -293,7 +292,7 @@ class ModelCheckpoint(Callback):
         self._names.names[step] = self._format_name(trainer)
         for logger in trainer.loggers:
             logger.save()
-        meta = _resume.fit_meta(trainer, module, epoch_end_done=epoch_end_done)
+        meta = trainer.checkpoint_meta(module)
         manager.save(
             step,
             args=checkpoint.save_args(trainer.state, meta),

@@ -15,8 +15,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
-from fitjax import _trainer_checks as checks
+from fitjax import _compiled, _determinism, _logged, _resident, _techniques, _window, checkpoint
+from fitjax.loop import _checks as checks
+from fitjax.loop import _resume
+from fitjax.loop.progress import Position, Progress, ProgressView
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
@@ -174,26 +176,22 @@ class Trainer:
         self.callbacks: list[Callback] = callbacks
         self._hooks = CallbackList(callbacks)
 
-        # Loop position and what the last fetch saw. Read these from callbacks; do not set them.
-        self.global_step = 0
-        self.current_epoch = 0
+        # The loop's position: one object, read by callbacks through `trainer.progress`.
+        self._progress = Progress()
         self.should_stop = False
         self.state: TrainState | None = None
-        self.callback_metrics: HostMetrics = {}
+        self._callback_metrics: HostMetrics = {}
         self.logged_metrics: HostMetrics = {}
         self.progress_bar_metrics: HostMetrics = {}
-        self.num_training_batches: int | None = None
         self.num_val_batches: int | None = None
         self._compiled: _compiled.Compiled | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
-        self._batches_done = 0  # train batches stepped in the current epoch
-        self._batch_offset = 0  # where a resumed epoch starts
+        self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _resident.Feed | None = None  # the train data kept on the devices, if it is
         self._window: _window.Window | None = None  # the last log step's values, on their way
-        self._last_window: tuple[int, int, int] | None = None  # (epoch, batches, step) last logged
 
     # ------------------------------------------------------------------------------ properties
 
@@ -217,16 +215,59 @@ class Trainer:
 
     @property
     def is_global_zero(self) -> bool:
+        """True on process 0 (the one that logs and draws progress)."""
         return jax.process_index() == 0
 
-    def _agree(self, flag: bool) -> bool:
+    @property
+    def progress(self) -> ProgressView:
+        """The loop's position, read-only: epoch, global step, batches done, what was last
+        logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
+        `fitjax.loop.progress`)."""
+        return ProgressView(self._progress)
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (Lightning's `trainer.global_step`)."""
+        return self._progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
+        return self._progress.epoch
+
+    @property
+    def num_training_batches(self) -> int | None:
+        """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
+        return self._progress.batches_in_epoch
+
+    @property
+    def callback_metrics(self) -> HostMetrics:
+        """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
+        `ModelCheckpoint` read them.
+
+        Reading it completes the train log window on its way to the host, if any: the values
+        are those of every log step so far. That read waits for the device only on the first
+        read after a log step, and only when the copy has not arrived yet; the loop itself and
+        the progress bar never read it per step.
+        """
+        self._finish_train_window()
+        return self._callback_metrics
+
+    def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
-        Stop decisions taken from host-local facts (time, signals) must pass through this, at a
+        Decisions taken from host-local facts (time, signals) must pass through this, at a
         place every process reaches, or one process leaves the loop while the others wait for
         it in a collective.
         """
         return agree(flag)
+
+    def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
+        """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
+        loop's progress, the data position, callback and logger states, hyperparameters.
+        Checkpoint callbacks call it when they save; the position is recorded as last saved."""
+        self._progress.last_saved = self._progress.position
+        return _resume.fit_meta(self, module)
 
     def _stop_agreed(self, *, synced: bool) -> bool:
         """`should_stop` as every process sees it; with several processes it is compared at sync
@@ -234,7 +275,7 @@ class Trainer:
         if jax.process_count() == 1:
             return self.should_stop
         if synced:
-            self.should_stop = self._agree(self.should_stop)
+            self.should_stop = self.agree(self.should_stop)
             return self.should_stop
         return False
 
@@ -278,7 +319,6 @@ class Trainer:
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
-        self._last_window = None
         epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
         first = next(epoch_iter, None)
         if first is None:
@@ -295,7 +335,7 @@ class Trainer:
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
 
-        self.num_training_batches = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
+        self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
         val_every = self._val_every(self.num_training_batches)
         self._hooks.call("on_fit_start", self, module)
         self._hooks.call("on_train_start", self, module)
@@ -304,16 +344,16 @@ class Trainer:
         hook_batch = self._hook_batch_maker()
 
         while not self._done_training():
-            offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
+            offset, self._resume_at = self._resume_at, 0  # > 0 for an epoch resumed mid-way
             if not offset:
                 self._epoch_acc = {}
-            self._batches_done = offset
+            self._progress.start_epoch(offset)
             self._hooks.call("on_train_epoch_start", self, module)
             batch_idx = offset - 1
             steps_left = None if self.max_steps is None else self.max_steps - self.global_step
             # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
             for chunk in self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left):
-                seen, batch_idx = batch_idx + 1, batch_idx + chunk.num_batches
+                batch_idx += chunk.num_batches
                 batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
                 if wants_batch_start:
                     self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
@@ -322,21 +362,20 @@ class Trainer:
                 else:
                     step_fn = self._compiled.train_step if chunk.full else self._compiled.train_tail_step
                 self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
-                self.global_step += chunk.num_steps
-                self._batches_done = batch_idx + 1
+                self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
                 if self._window is not None and self._window.ready():
                     self._finish_train_window()  # the last log step's values have arrived
                 if self.techniques.detect_anomaly:  # sync point: every step, a debugging mode
                     outputs = _techniques.check_anomaly(outputs, global_step=self.global_step,
                                                         epoch=self.current_epoch, num_steps=chunk.num_steps)
-                synced = _crossed(self.global_step - chunk.num_steps, self.global_step, self.log_every_n_steps)
+                synced = self.progress.crossed(self.log_every_n_steps)
                 if synced:
                     self._start_train_window()  # no wait: read at a later step (`_window`)
                 if wants_batch_end:
                     self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
                 if self.received_sigterm:
                     raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
-                if val_every and _crossed(seen, batch_idx + 1, val_every) and (batch_idx + 1) != self.num_training_batches:
+                if val_every and self.progress.crossed_batches(val_every) and (batch_idx + 1) != self.num_training_batches:
                     self._validate_during_fit(module, val_loader)
                     synced = True
                 if self._stop_agreed(synced=synced) or (self.max_steps is not None and self.global_step >= self.max_steps):
@@ -345,9 +384,10 @@ class Trainer:
             self._log(_logged.compute(self._epoch_acc, self._compiled.log_specs, stage="train", epoch=True))
             if self.check_val_every_n_epoch and (self.current_epoch + 1) % self.check_val_every_n_epoch == 0:
                 self._validate_during_fit(module, val_loader)
+            self._progress.epoch_end_done = True
             self._hooks.call("on_train_epoch_end", self, module)
-            self.should_stop = self._agree(self.should_stop)
-            self.current_epoch += 1
+            self.should_stop = self.agree(self.should_stop)
+            self._progress.end_epoch()
             epoch_iter = None  # the next epoch's is made when (and if) it starts
 
         self._sync_module(module)
@@ -380,7 +420,7 @@ class Trainer:
         """Starts fetching the accumulators (reset on device) for `_finish_train_window`."""
         self._finish_train_window()
         self.state, self._window = _window.start(self.state, self._compiled.reset_metrics, step=self.global_step,
-                                                 epoch=self.current_epoch, batches_done=self._batches_done)
+                                                 epoch=self.current_epoch, batches_done=self._progress.batches_done)
 
     def _finish_train_window(self) -> None:
         """Logs the means of the window on its way, if any, at the step it ended (waits for it)."""
@@ -397,7 +437,7 @@ class Trainer:
         values = _logged.compute(_logged.keep(host, specs, "on_step"), specs, stage="train", epoch=False)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, specs))
         self._log(values, **at)
-        self._last_window = (window.epoch, window.batches_done, window.step)
+        self._progress.last_logged = Position(window.epoch, window.batches_done, window.step)
 
     def _validate_during_fit(self, module: LitModule, val_loader) -> None:
         if val_loader is None:
@@ -410,6 +450,7 @@ class Trainer:
         )
         self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
         self._log(results)
+        self._progress.last_validated = self._progress.position
         self._hooks.call("on_validation_epoch_end", self, module)
         self._hooks.call("on_validation_end", self, module)
 
@@ -598,7 +639,7 @@ class Trainer:
         """Records `values` as the latest and writes them to the loggers at `step` (default: now)."""
         if not values:
             return
-        self.callback_metrics.update(values)
+        self._callback_metrics.update(values)
         self.logged_metrics.update(values)
         row = {**values, "epoch": float(self.current_epoch if epoch is None else epoch)}
         for logger in self.loggers:
@@ -642,11 +683,6 @@ class Trainer:
         return as_loader(data, name="data")
 
 
-
-
-def _crossed(before: int, after: int, every: int) -> bool:
-    """Whether a multiple of `every` lies in (before, after] (a chunk may advance by several)."""
-    return after // every > before // every
 
 
 def _maybe_len(loader) -> int | None:
