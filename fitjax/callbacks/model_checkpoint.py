@@ -296,6 +296,7 @@ class ModelCheckpoint(Callback):
         for logger in trainer.loggers:
             logger.save()
         meta = _resume.fit_meta(trainer, module, epoch_end_done=epoch_end_done)
+        meta["options"] = {"precision": trainer.precision}  # quoted by restore errors
         manager.save(
             step,
             args=checkpoint.save_args(trainer.state, meta),
