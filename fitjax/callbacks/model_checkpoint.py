@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import orbax.checkpoint as ocp
 from etils import epath
 
 from fitjax import checkpoint
+from fitjax._lazy import LazyModule
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
+
+ocp = LazyModule("orbax.checkpoint")  # imported at the first save, not by `import fitjax`
 
 __all__ = ["ModelCheckpoint"]
 
@@ -292,7 +294,7 @@ class ModelCheckpoint(Callback):
         self._names.names[step] = self._format_name(trainer)
         for logger in trainer.loggers:
             logger.save()
-        meta = trainer.checkpoint_meta(module)
+        meta = trainer.checkpoint_meta(module)  # holds the options quoted by restore errors
         manager.save(
             step,
             args=checkpoint.save_args(trainer.state, meta),
@@ -308,6 +310,8 @@ class ModelCheckpoint(Callback):
             self.best_model_path, self.best_model_score = best
         elif self.monitor is None:
             self.best_model_path = path
+        for logger in trainer.loggers:
+            logger.after_save_checkpoint(self)
         if self.verbose:
             print(f"ModelCheckpoint: saving {path}")
 

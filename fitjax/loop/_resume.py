@@ -104,6 +104,7 @@ def fit_meta(trainer, module) -> dict[str, Any]:
         "hparams": hparams,
         "hparams_not_saved": not_saved,
         "module": f"{type(module).__module__}.{type(module).__qualname__}",
+        "options": {"precision": trainer.precision},  # quoted by restore errors
     }
 
 
@@ -111,7 +112,7 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     """Restores `trainer.state`, the progress, callbacks and loggers from `path`; returns the
     batches of the epoch the checkpoint stopped in, from the first one not yet stepped."""
     meta = checkpoint.read_meta(path)
-    trainer.state = checkpoint.restore_state(path, trainer.state)
+    trainer.state = checkpoint.restore_state(path, trainer.state, options={"precision": trainer.precision})
     progress = trainer._progress
     progress.load_state_dict(meta.get("progress", {}))
     progress.global_step = int(meta["global_step"])
