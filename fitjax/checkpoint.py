@@ -31,11 +31,13 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 
+from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
 from fitjax.state import TrainState
+
+ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
 __all__ = ["is_checkpoint", "latest_checkpoint", "load_module", "read_meta", "restore_state",
            "restore_variables", "save_args"]

@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import orbax.checkpoint as ocp
 from etils import epath
 
 from fitjax import _resume, checkpoint
+from fitjax._lazy import LazyModule
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
+
+ocp = LazyModule("orbax.checkpoint")  # imported at the first save, not by `import fitjax`
 
 __all__ = ["ModelCheckpoint"]
 
