@@ -12,8 +12,6 @@ and names it.
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 import types
 import warnings
 from pathlib import Path
@@ -129,8 +127,8 @@ class SaveConfigCallback(Callback):
             )
         if jax.process_index() == 0:
             log_dir.mkdir(parents=True, exist_ok=True)
-            self.parser.save(self.config, path, skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
-            hparams = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+            self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
+            hparams = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
             for logger in trainer.loggers:
                 logger.log_hyperparams(hparams)
         self.already_saved = True
@@ -316,8 +314,9 @@ class LightningCLI:
         if not self.auto_configure_optimizers:
             return
         parser = self._parser(self.subcommand)
-        optimizer = self._get(self.config_init, parser.optimizer_keys[0]) if parser.optimizer_keys else None
-        schedule = self._get(self.config_init, parser.lr_scheduler_keys[0]) if parser.lr_scheduler_keys else None
+        # the parsed specs, not jsonargparse's instances: the schedule goes into the optimizer
+        optimizer = self._get(self.config, parser.optimizer_keys[0]) if parser.optimizer_keys else None
+        schedule = self._get(self.config, parser.lr_scheduler_keys[0]) if parser.lr_scheduler_keys else None
         if optimizer is None:
             if schedule is not None:
                 parser.error("lr_scheduler is set but optimizer is not: the schedule drives the "
@@ -329,7 +328,7 @@ class LightningCLI:
         if own:
             warnings.warn(f"`{cls.__name__}.configure_optimizer` is replaced by the config's `optimizer:` section.",
                           stacklevel=2)
-        tx = build_optimizer(optimizer, schedule)
+        tx = build_optimizer(optimizer.as_dict(), schedule.as_dict() if schedule is not None else None)
         self.model.configure_optimizer = types.MethodType(lambda module: tx, self.model)
 
     # --------------------------------------------------------------------------------- run
@@ -347,18 +346,3 @@ class LightningCLI:
         after = getattr(self, f"after_{subcommand}", None)
         if callable(after):
             after()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """The `fitjax` console command: `fitjax fit|validate|test|predict ...` or `fitjax launch ...`."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "launch":
-        from fitjax.cli._launch import launch
-
-        sys.exit(launch(argv[1:]))
-    # Like `python -m`, the working directory is importable: `--model.class_path mypkg.MyModule`.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    description = ("fitjax command line tool. Name the module with --model.class_path (and the data with "
-                   "--data.class_path). `fitjax launch --help`: start several processes on this machine.")
-    LightningCLI(args=argv, parser_kwargs={"prog": "fitjax", "description": description})
