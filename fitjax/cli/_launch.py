@@ -65,7 +65,8 @@ def launch(argv: list[str] | None = None) -> int:
     if opts.script != "-m" and not os.path.exists(opts.script):
         parser.error(f"script {opts.script!r} not found (working directory {os.getcwd()!r})")
     port = opts.port or _free_port()
-    command = [sys.executable, "-u", opts.script, *opts.args]
+    # through fitjax.cli._run: a failing script ends its process at once (see there)
+    command = [sys.executable, "-u", "-m", "fitjax.cli._run", opts.script, *opts.args]
     return _Group(command, opts.nproc, port, opts.devices_per_process).run()
 
 

@@ -57,4 +57,11 @@ class PlainRegressor(fj.LitModule):
         return model(batch["x"])
 
 
-__all__ = ["PlainRegressor", "Regressor", "RegressorData"]
+# The launched runs of tests/cli/test_launch.py (launch_fit.py), and the same in one process.
+LAUNCH_COMMON = ["--trainer.max_epochs=2", "--trainer.log_every_n_steps=2", "--trainer.enable_model_summary=false",
+                 "--trainer.enable_checkpointing=false"]
+LAUNCH_RUNS = {
+    "dp": ["--trainer.strategy=dp"],
+    "fsdp": ["--trainer.strategy=FSDP", "--trainer.strategy.data=2", "--trainer.strategy.fsdp=4",
+             "--trainer.strategy.min_size_to_shard=0"],
+}
