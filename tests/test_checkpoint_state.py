@@ -33,9 +33,6 @@ def _compile_once(tmp_path_factory):
     """The fits here compile the same few programs; XLA's persistent cache compiles them once."""
     with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
         yield
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
 
 
 def test_16_mixed_resumes_from_last_with_its_loss_scale_bitwise(tmp_path):
