@@ -314,6 +314,8 @@ class ModelCheckpoint(Callback):
             self.best_model_path, self.best_model_score = best
         elif self.monitor is None:
             self.best_model_path = path
+        for logger in trainer.loggers:
+            logger.after_save_checkpoint(self)
         if self.verbose:
             print(f"ModelCheckpoint: saving {path}")
 
