@@ -163,7 +163,7 @@ class Trainer:
         self.devices = checks.select_devices(devices)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
-        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
@@ -205,6 +205,11 @@ class Trainer:
     @property
     def log_dir(self) -> str | None:
         return self.logger.log_dir if self.logger is not None else None
+
+    @property
+    def precision(self) -> str:
+        """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+        return self.techniques.precision.name
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
