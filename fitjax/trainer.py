@@ -168,7 +168,7 @@ class Trainer:
         self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
-        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
