@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
+from fitjax import _accelerator, _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
 from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
@@ -46,6 +46,10 @@ class Trainer:
     Args (Lightning's names and meanings):
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
         max_steps: stop after this many optimizer steps.
+        accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
+            "tpu"; a missing backend is an error naming those present. Fit starts with one line
+            saying the platform, devices used of available, processes, strategy, mesh and precision
+            (the "fitjax" logger at INFO).
         strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
         devices: "auto" (all, on every process), a count, or a list of `jax.Device`.
         num_nodes: processes (hosts) to run on: `jax.distributed` is started once with the
@@ -101,6 +105,7 @@ class Trainer:
         *,
         max_epochs: int | None = None,
         max_steps: int | None = None,
+        accelerator: str = "auto",
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int | None = None,
@@ -160,7 +165,7 @@ class Trainer:
         self.deterministic = _determinism.enforce(deterministic)
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
-        self.devices = checks.select_devices(devices)
+        self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
         self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
@@ -262,6 +267,8 @@ class Trainer:
         running step and returns (`trainer.received_sigterm` is then True).
         """
         checks.check_module(module)
+        if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
