@@ -34,9 +34,13 @@ _POLL_S = 0.05  # how often the processes are checked: bounds the delay before a
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
+_VALUED = ("--nproc", "--devices-per-process", "--port")  # launcher options that take a value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fitjax launch",
+        usage="fitjax launch --nproc N [--devices-per-process K] [--port P] (script.py | -m module) [args ...]",
         description="Start N processes of a script on this machine as one jax.distributed job "
                     "(coordinator on 127.0.0.1). Each process's output lines are prefixed with its rank.",
     )
@@ -45,9 +49,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="give each process K virtual CPU devices (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")
     parser.add_argument("--port", type=int, default=None,
                         help="the coordinator's port on 127.0.0.1 (default: a free one)")
-    parser.add_argument("script", help="the Python script to run (or -m to run a module)")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(launcher options, the script or `-m module` and its arguments): the first word that is not
+    a launcher option starts the command, so the script's own options are left alone."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+        i += 2 if argv[i] in _VALUED else 1
+    return argv[:i], argv[i:]
 
 
 def launch(argv: list[str] | None = None) -> int:
@@ -57,16 +68,19 @@ def launch(argv: list[str] | None = None) -> int:
         >>> # shell: fitjax launch --nproc 2 --devices-per-process 4 train.py fit --config c.yaml
     """
     parser = _parser()
-    opts = parser.parse_args(argv)
+    options, command = _split(list(sys.argv[1:] if argv is None else argv))
+    opts = parser.parse_args(options)
     if opts.nproc < 1:
         parser.error(f"--nproc must be a positive int, got {opts.nproc!r}")
     if opts.devices_per_process is not None and opts.devices_per_process < 1:
         parser.error(f"--devices-per-process must be a positive int, got {opts.devices_per_process!r}")
-    if opts.script != "-m" and not os.path.exists(opts.script):
-        parser.error(f"script {opts.script!r} not found (working directory {os.getcwd()!r})")
+    if not command or command == ["-m"]:
+        parser.error("give the script to run (`train.py ...`) or a module (`-m mypkg.train ...`)")
+    if command[0] != "-m" and not os.path.exists(command[0]):
+        parser.error(f"script {command[0]!r} not found (working directory {os.getcwd()!r})")
     port = opts.port or _free_port()
     # through fitjax.cli._run: a failing script ends its process at once (see there)
-    command = [sys.executable, "-u", "-m", "fitjax.cli._run", opts.script, *opts.args]
+    command = [sys.executable, "-u", "-m", "fitjax.cli._run", *command]
     return _Group(command, opts.nproc, port, opts.devices_per_process).run()
 
 

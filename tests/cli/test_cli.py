@@ -186,6 +186,7 @@ def test_help_documents_trainer_model_and_data_arguments(capsys):
                    "--optimizer", "--lr_scheduler", "--print_config"):
         assert option in out
     assert "rows per batch" in out  # RegressorData's docstring
+    assert "stop after this many epochs" in out and "by global norm" in out  # Trainer's
     # every Trainer argument is an option, whatever Trainer.__init__ grows
     import inspect
 
