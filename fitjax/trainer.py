@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
+from fitjax import _accelerator, _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
 from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
@@ -47,6 +47,10 @@ class Trainer:
     Args (Lightning's names and meanings):
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
         max_steps: stop after this many optimizer steps.
+        accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
+            "tpu"; a missing backend is an error naming those present. Fit starts with one line
+            saying the platform, devices used of available, processes, strategy, mesh and precision
+            (the "fitjax" logger at INFO).
         strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
         devices: "auto" (all, on every process), a count, or a list of `jax.Device`.
         num_nodes: processes (hosts) to run on: `jax.distributed` is started once with the
@@ -102,6 +106,7 @@ class Trainer:
         *,
         max_epochs: int | None = None,
         max_steps: int | None = None,
+        accelerator: str = "auto",
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int | None = None,
@@ -161,10 +166,10 @@ class Trainer:
         self.deterministic = _determinism.enforce(deterministic)
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
-        self.devices = checks.select_devices(devices)
+        self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
-        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
@@ -206,6 +211,11 @@ class Trainer:
     @property
     def log_dir(self) -> str | None:
         return self.logger.log_dir if self.logger is not None else None
+
+    @property
+    def precision(self) -> str:
+        """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+        return self.techniques.precision.name
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -258,6 +268,8 @@ class Trainer:
         running step and returns (`trainer.received_sigterm` is then True).
         """
         checks.check_module(module)
+        if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.techniques.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
