@@ -44,7 +44,9 @@ _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes th
 class Trainer:
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
-    Args (Lightning's names and meanings):
+    The arguments have Lightning's names and meanings.
+
+    Args:
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
         max_steps: stop after this many optimizer steps.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
@@ -67,8 +69,10 @@ class Trainer:
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
             (float); default once per epoch.
         check_val_every_n_epoch: validate after every n-th epoch.
-        limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches:
-            an int number of batches or a float fraction per epoch.
+        limit_train_batches: train batches per epoch: an int number or a float fraction.
+        limit_val_batches: validation batches per run: an int number or a float fraction.
+        limit_test_batches: test batches: an int number or a float fraction.
+        limit_predict_batches: predict batches: an int number or a float fraction.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
@@ -83,8 +87,9 @@ class Trainer:
             `val_check_interval` count batches. Like Lightning, an epoch whose batch count is not
             a multiple of k ends with a step over the m < k batches left (still divided by k).
             Per-batch hooks fire once per optimizer step (Lightning: per micro-batch).
-        gradient_clip_val / gradient_clip_algorithm: clip the (accumulated, unscaled) gradients by
-            global norm ("norm") or elementwise ("value") before the optimizer.
+        gradient_clip_val: clip the (accumulated, unscaled) gradients at this value before the
+            optimizer.
+        gradient_clip_algorithm: by global norm ("norm") or elementwise ("value").
         log_grad_norm: log `train/grad_norm`, the global gradient norm before clipping.
         steps_per_execution: run this many optimizer steps per dispatch (a `lax.scan` over stacked
             batches): the same numbers, less Python and dispatch overhead for small models. Per-batch
