@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import fitjax as fj  # noqa: E402
-from fitjax import _compiled, step as step_lib  # noqa: E402
+from fitjax import step as step_lib  # noqa: E402
 from fitjax.strategies import bytes_per_device  # noqa: E402
 
 WIDTH, DEPTH, BATCH = 1024, 4, 64  # 4 × 1024² params ≈ 16 MiB in float32, ×3 with Adam
@@ -55,11 +55,11 @@ def measure(strategy: str, devices: int) -> tuple[int, dict]:
     batch = {"x": rng.normal(size=(BATCH, WIDTH)).astype(np.float32),
              "y": rng.normal(size=(BATCH, 1)).astype(np.float32)}
     trainer = fj.Trainer(strategy=strategy, devices=devices, logger=False, enable_progress_bar=False)
-    state, compiled = _compiled.build(Module(), trainer.strategy, batch, seed=0)
+    state, compiled = step_lib.build(Module(), trainer.strategy, batch, seed=0)
     held = bytes_per_device((state.params, state.opt_state))
     # Sharded init: compiled with the strategy's out_shardings, it never holds the whole state.
     module = Module()
-    init = step_lib.make_init_fn(module, module._get_binding(), optax.adam(1e-3), ("loss",))
+    init = step_lib.forward.make_init_fn(module, module._get_binding(), optax.adam(1e-3), ("loss",))
     init_stats = jax.jit(init, out_shardings=compiled.state_shardings).lower(
         jax.random.key(0), trainer.strategy.shard_batch(batch), None).compile().memory_analysis()
     stats = compiled.train_step.lower(state, trainer.strategy.shard_batch(batch)).compile().memory_analysis()
