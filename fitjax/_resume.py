@@ -106,7 +106,7 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     """Restores `trainer.state`, counters, callbacks and loggers from `path`; returns the batches
     of the epoch the checkpoint stopped in, from the first one not yet stepped."""
     meta = checkpoint.read_meta(path)
-    trainer.state = checkpoint.restore_state(path, trainer.state)
+    trainer.state = checkpoint.restore_state(path, trainer.state, options={"precision": trainer.precision})
     trainer.global_step = int(meta["global_step"])
     trainer.current_epoch = int(meta["epoch"])
     trainer._batch_offset = start = int(meta["batches_done"])

@@ -5,8 +5,10 @@ name only once complete; a save killed half-way leaves a `*.orbax-checkpoint-tmp
 fitjax ignores):
 
     checkpoints/epoch=3-step=32/
-        state/     the TrainState as a plain dict: step, params, model_state, opt_state,
-                   rng (the raw uint32 key data), metrics (train accumulators since the last log)
+        state/     the TrainState as a plain dict of its fields that are not None: step, params,
+                   model_state, opt_state, rng (as its raw uint32 key data), metrics (train
+                   accumulators since the last log), loss_scale (with precision="16-mixed"), and
+                   any field added to TrainState later, without code here
         meta/      JSON: the loop position (global step, epoch, batches done in it), the train
                    loader's state, callback and logger states, host-side epoch sums, hparams
         metrics/   JSON: the monitored value, when `ModelCheckpoint(monitor=...)` ranks saves
@@ -24,6 +26,7 @@ Most users never call this module: `ModelCheckpoint` saves, `Trainer.fit(ckpt_pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -31,11 +34,13 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 
+from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
 from fitjax.state import TrainState
+
+ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
 __all__ = ["is_checkpoint", "latest_checkpoint", "load_module", "read_meta", "restore_state",
            "restore_variables", "save_args"]
@@ -48,22 +53,33 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 # ----------------------------------------------------------------------------------- writing
 
 def save_args(state: TrainState, meta: dict[str, Any]) -> ocp.args.Composite:
-    """The Orbax arguments that save `state` and the JSON `meta` as one checkpoint."""
-    tree, impl = _to_saveable(state)
+    """The Orbax arguments that save `state` and the JSON `meta` as one checkpoint.
+
+    Every `TrainState` field that is not None is saved under its own name, whatever it holds, so
+    a field added to the state is checkpointed without code here. `meta` may carry `"options"`
+    (e.g. `{"precision": "16-mixed"}`): restore errors quote them.
+    """
+    tree, impls = _to_saveable(state)
     return ocp.args.Composite(**{
         STATE_ITEM: ocp.args.StandardSave(tree),
-        META_ITEM: ocp.args.JsonSave({**meta, "rng_impl": impl}),
+        META_ITEM: ocp.args.JsonSave({**meta, "key_impls": impls}),
     })
 
 
-def _to_saveable(state: TrainState) -> tuple[dict[str, Any], str | None]:
-    """A plain dict of arrays; a typed PRNG key becomes its uint32 data (Orbax stores arrays)."""
-    rng, impl = state.rng, None
-    if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-        impl, rng = str(jax.random.key_impl(rng)), jax.random.key_data(rng)
-    tree = {"step": state.step, "params": state.params, "model_state": state.model_state,
-            "opt_state": state.opt_state, "rng": rng, "metrics": state.metrics}
-    return tree, impl
+def _to_saveable(state: TrainState) -> tuple[dict[str, Any], dict[str, str]]:
+    """The state's non-None fields as a dict; typed PRNG keys become their uint32 data (Orbax
+    stores plain arrays), their implementations returned by path to wrap them back on restore."""
+    impls: dict[str, str] = {}
+
+    def plain(key_path, leaf):
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            impls[_path_str(key_path)] = str(jax.random.key_impl(leaf))
+            return jax.random.key_data(leaf)
+        return leaf
+
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    tree = {name: value for name, value in fields.items() if value is not None}
+    return jax.tree_util.tree_map_with_path(plain, tree), impls
 
 
 # ----------------------------------------------------------------------------------- finding
@@ -118,24 +134,34 @@ def check_path(path: str | os.PathLike, *, where: str) -> Path:
 
 # --------------------------------------------------------------------------------- restoring
 
-def restore_state(path: str | os.PathLike, like: TrainState) -> TrainState:
+def restore_state(path: str | os.PathLike, like: TrainState, *,
+                  options: dict[str, Any] | None = None) -> TrainState:
     """The saved train state, laid out like `like` (its shapes, dtypes and shardings).
 
     The target shardings come from `like`, so a state saved under one strategy restores under
-    another (8-device data parallel to one device and back). Raises `ValueError` naming the first
-    path whose shape differs, or that one side lacks, when the model changed since the save.
+    another (8-device data parallel to one device and back). Every field of `like` that is not
+    None is restored; a field the checkpoint has and `like` lacks, or the reverse, or a leaf
+    whose shape differs, raises a `ValueError` naming the field and what changed: the module
+    (`params`, `model_state`), the optimizer (`opt_state`), or the option that creates the
+    field (`loss_scale`: `precision`). `options` are this run's (e.g. `{"precision": "32-true"}`),
+    quoted in those errors next to the ones saved in the checkpoint.
     """
     path = Path(path)
-    target, impl = _to_saveable(like)
+    meta = read_meta(path)
+    target, impls = _to_saveable(like)
     target = jax.tree.map(_abstract, target)
-    _check_tree(_saved_tree(path), target, path)
+    _check_tree(_saved_tree(path), target, path, saved_options=meta.get("options", {}),
+                options=options or {})
     tree = ocp.StandardCheckpointer().restore(path / STATE_ITEM, target)
-    rng = tree["rng"]
-    saved_impl = read_meta(path).get("rng_impl")
-    if impl is not None:
-        rng = jax.random.wrap_key_data(rng, impl=saved_impl or impl)
-    return TrainState(step=tree["step"], params=tree["params"], model_state=tree["model_state"],
-                      opt_state=tree["opt_state"], rng=rng, metrics=tree["metrics"])
+    saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})
+
+    def typed(key_path, leaf):
+        name = _path_str(key_path)
+        return leaf if name not in impls else jax.random.wrap_key_data(
+            leaf, impl=saved_impls.get(name, impls[name]))
+
+    tree = jax.tree_util.tree_map_with_path(typed, tree)
+    return dataclasses.replace(like, **{f.name: tree.get(f.name) for f in dataclasses.fields(like)})
 
 
 def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | None = None
@@ -155,7 +181,7 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
         )
     else:
         target = jax.tree.map(_abstract, {"params": like[0], "model_state": like[1]})
-        _check_tree({k: saved[k] for k in target}, target, path)
+        _check_tree({k: saved[k] for k in target}, target, path, saved_options={}, options={})
     tree = ocp.PyTreeCheckpointer().restore(
         path / STATE_ITEM,
         args=ocp.args.PyTreeRestore(
@@ -193,30 +219,83 @@ def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
 
 
-def _check_tree(saved: PyTree, target: PyTree, path: Path) -> None:
-    """Raises a `ValueError` naming the first leaf that differs in presence or shape."""
+_MODULE_FIX = ("The module changed since the save: build it as it was (same layers and sizes), or "
+               "start a new run without ckpt_path.")
+_LOAD_WEIGHTS = ("or start a new run without ckpt_path (`MyModule.load_from_checkpoint(path)` loads "
+                 "the weights alone).")
+# What each TrainState field is, for errors; a field missing here is named as `TrainState.<name>`.
+_FIELDS = {
+    "params": ("parameters", _MODULE_FIX),
+    "model_state": ("model state", _MODULE_FIX),
+    "opt_state": ("optimizer state", "The optimizer differs from the one it was saved with (a "
+                  "different optax transform, chain or schedule in configure_optimizer): resume "
+                  f"with that optimizer, {_LOAD_WEIGHTS}"),
+    "metrics": ("train-metric accumulators", "The module's `metrics` returns other names than at the "
+                f"save: resume with the same metrics, {_LOAD_WEIGHTS}"),
+}
+# Fields that exist only with one Trainer option: field -> (what it is, the option, its value).
+_OPTION_FIELDS = {"loss_scale": ("loss scale", "precision", "16-mixed")}
 
+
+def _check_tree(saved: PyTree, target: PyTree, path: Path, *, saved_options: dict[str, Any],
+                options: dict[str, Any]) -> None:
+    """Raises a `ValueError` naming the first field, then the first leaf in it, that differs in
+    presence or shape between the checkpoint and this run's state."""
+    where = f"checkpoint {str(path)!r}"
+    order = ["params", "model_state", "opt_state"]
+    fields = order + sorted(name for name in {*saved, *target} if name not in order)
+    for field in fields:
+        if field in saved and field in target:
+            _check_field(field, saved[field], target[field], where)
+        elif field in saved or field in target:
+            raise ValueError(_presence_error(field, where, in_checkpoint=field in saved,
+                                             saved_options=saved_options, options=options))
+
+
+def _presence_error(field: str, where: str, *, in_checkpoint: bool, saved_options: dict[str, Any],
+                    options: dict[str, Any]) -> str:
+    if field in _OPTION_FIELDS:
+        what, option, value = _OPTION_FIELDS[field]
+        saved = (f"{option}={saved_options[option]!r}" if option in saved_options
+                 else f"{option}={value!r}" if in_checkpoint else f"a {option} other than {value!r}")
+        ours = (f"{option}={options[option]!r}" if option in options
+                else f"{option}={value!r}" if not in_checkpoint else f"a {option} other than {value!r}")
+        back = f"{option}={saved_options[option]!r}" if option in saved_options else saved
+        if in_checkpoint:
+            return (f"{where} has a {what} (TrainState.{field}): it was saved with {saved}, and this "
+                    f"run, with {ours}, has none. Resume with {back}, {_LOAD_WEIGHTS}")
+        return (f"this checkpoint has no {what}: it was saved with {saved}, and this run uses {ours}, "
+                f"which needs one ({where}, TrainState.{field}). Resume with {back}, {_LOAD_WEIGHTS}")
+    what, fix = _FIELDS.get(field, (f"TrainState.{field}", f"Resume with the options it was saved "
+                                    f"with, {_LOAD_WEIGHTS}"))
+    side = "has" if in_checkpoint else "has no"
+    other = "this run has none" if in_checkpoint else "this run has one"
+    return f"{where} {side} {what} ('{field}') and {other}. {fix}"
+
+
+def _check_field(field: str, saved: PyTree, target: PyTree, where: str) -> None:
     def flat(tree):
         leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
-        return {_path_str(p): v for p, v in leaves if v is not None}
+        return {"/".join(filter(None, (field, _path_str(p)))): v for p, v in leaves if v is not None}
 
-    first = ("params", "model_state")  # report the weights before the optimizer's copies of them
-    rank = lambda name: (first.index(name.split("/")[0]) if name.split("/")[0] in first else 2, name)
-    have, want = flat(saved), dict(sorted(flat(target).items(), key=lambda kv: rank(kv[0])))
-    fix = ("The module changed since the save: build it as it was (same layers and sizes), or "
-           "start a new run without ckpt_path.")
+    what, fix = _FIELDS.get(field, (f"TrainState.{field}", "Resume with the options it was saved "
+                                    f"with, {_LOAD_WEIGHTS}"))
+    if field in _OPTION_FIELDS:
+        what = _OPTION_FIELDS[field][0]
+    owner = "the module" if field in ("params", "model_state") else f"this run's {what}"
+    mine = "module" if owner == "the module" else "this run's"
+    have, want = flat(saved), dict(sorted(flat(target).items()))
     for name, leaf in want.items():
         if name not in have:
-            raise ValueError(f"checkpoint {str(path)!r} does not match the module: it has no "
-                             f"'{name}' (the module's is {tuple(leaf.shape)}). {fix}")
+            raise ValueError(f"{where} does not match {owner}: it has no '{name}' ({owner}'s is "
+                             f"{tuple(leaf.shape)}). {fix}")
         if tuple(have[name].shape) != tuple(leaf.shape):
-            raise ValueError(f"checkpoint {str(path)!r} does not match the module at '{name}': "
-                             f"saved shape {tuple(have[name].shape)}, module shape "
-                             f"{tuple(leaf.shape)}. {fix}")
-    extra = sorted((name for name in have if name not in want), key=rank)
+            raise ValueError(f"{where} does not match {owner} at '{name}': saved shape "
+                             f"{tuple(have[name].shape)}, {mine} shape {tuple(leaf.shape)}. {fix}")
+    extra = sorted(name for name in have if name not in want)
     if extra:
-        raise ValueError(f"checkpoint {str(path)!r} does not match the module: it has "
-                         f"'{extra[0]}', which the module lacks. {fix}")
+        raise ValueError(f"{where} does not match {owner}: it has '{extra[0]}', which {owner} "
+                         f"lacks. {fix}")
 
 
 def _path_str(key_path: tuple) -> str:

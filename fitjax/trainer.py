@@ -209,6 +209,11 @@ class Trainer:
         return self.logger.log_dir if self.logger is not None else None
 
     @property
+    def precision(self) -> str:
+        """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+        return self.techniques.precision.name
+
+    @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
         return [cb for cb in self.callbacks if isinstance(cb, ModelCheckpoint)]
 

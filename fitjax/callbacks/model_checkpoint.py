@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import orbax.checkpoint as ocp
 from etils import epath
 
 from fitjax import _resume, checkpoint
+from fitjax._lazy import LazyModule
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
+
+ocp = LazyModule("orbax.checkpoint")  # imported at the first save, not by `import fitjax`
 
 __all__ = ["ModelCheckpoint"]
 
@@ -294,6 +296,7 @@ class ModelCheckpoint(Callback):
         for logger in trainer.loggers:
             logger.save()
         meta = _resume.fit_meta(trainer, module, epoch_end_done=epoch_end_done)
+        meta["options"] = {"precision": trainer.precision}  # quoted by restore errors
         manager.save(
             step,
             args=checkpoint.save_args(trainer.state, meta),

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from fitjax._lazy import import_without
 from fitjax.loggers._base import check_status
 from fitjax.loggers._hparams import Scalar, check_params, flatten, write_yaml
 from fitjax.loggers._versioned import VersionedLogger
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
     from tensorboardX import SummaryWriter
     from tensorboardX.proto.summary_pb2 import Summary
 
-# tensorboardX is imported inside the methods: importing it imports torch when torch is installed
-# (seconds), a cost `import fitjax` should not pay when nobody logs to TensorBoard.
+# tensorboardX is imported at the first write, not by `import fitjax`, and without torch: it imports
+# torch (~3 s) only to annotate argument types, and fitjax hands it protobufs, never tensors.
 
 # The tags and plugin name TensorBoard's hparams plugin reads (tensorboard/plugins/hparams/metadata.py).
 _PLUGIN = "hparams"
@@ -123,7 +124,7 @@ class TensorBoardLogger(VersionedLogger):
 
     def _get_writer(self) -> SummaryWriter:
         if self._writer is None:
-            from tensorboardX import SummaryWriter
+            SummaryWriter = import_without("tensorboardX", blocked="torch").SummaryWriter
 
             # purge_step hides the points an interrupted earlier attempt logged past the checkpoint.
             self._writer = SummaryWriter(

@@ -1,0 +1,91 @@
+"""Time to first output: how long `examples/digits.py` leaves a new user looking at nothing.
+
+    python benchmarks/first_output.py              # 3 runs of `examples/digits.py --epochs 3`
+    python benchmarks/first_output.py --runs 5 -- --strategy dp
+    python benchmarks/first_output.py --before /tmp/old-checkout   # alternate runs of two checkouts
+
+Runs the example in a pseudo-terminal (as a user's shell does, so the live bar is drawn) and reads
+its output as it arrives. Reports, per run, seconds from process start to:
+  - the first printed character,
+  - the first training step completed (the bar's counter leaves 0/N),
+  - the process exit.
+Medians over the runs are printed last. The first run after a boot or a new install also pays for
+cold file caches; later runs show the steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import re
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+_ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+_STEP_DONE = re.compile(rb"\b([1-9]\d*)/\d+\b")  # the bar's "completed/total" column past 0
+
+
+def one_run(root: Path, extra: list[str]) -> dict[str, float]:
+    leader, follower = pty.openpty()
+    with tempfile.TemporaryDirectory() as root:
+        cmd = [sys.executable, str(root / "examples" / "digits.py"), "--epochs", "3", "--root-dir", root, *extra]
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=root,
+                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(root)})
+        os.close(follower)
+        times: dict[str, float] = {}
+        seen = b""
+        while True:
+            ready, _, _ = select.select([leader], [], [], 0.05)
+            if ready:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                if not chunk:
+                    break
+                now = time.perf_counter() - start
+                text = _ANSI.sub(b"", chunk)
+                if text.strip() and "first output" not in times:
+                    times["first output"] = now
+                seen = (seen + text)[-4096:]
+                if "first step" not in times and b"Epoch 0" in seen and _STEP_DONE.search(seen.split(b"Epoch 0")[-1]):
+                    times["first step"] = now
+            elif proc.poll() is not None:
+                break
+        proc.wait()
+        times["exit"] = time.perf_counter() - start
+        os.close(leader)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--before", type=Path, help="another checkout, run alternately with this one")
+    parser.add_argument("extra", nargs="*", help="arguments passed on to examples/digits.py (after --)")
+    args = parser.parse_args()
+    roots = {"this": _ROOT, **({"before": args.before.resolve()} if args.before else {})}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in roots}
+    for i in range(args.runs):
+        for name, root in roots.items():  # alternated, so a change in the machine's load hits both
+            times = one_run(root, args.extra)
+            runs[name].append(times)
+            print(f"{name} run {i}: " + "  ".join(f"{k} {v:.2f}s" for k, v in times.items()), flush=True)
+    for name, results in runs.items():
+        print(f"{name} median: " + "  ".join(
+            f"{k} {statistics.median(r.get(k, float('nan')) for r in results):.2f}s"
+            for k in ["first output", "first step", "exit"]))
+
+
+if __name__ == "__main__":
+    main()
