@@ -211,7 +211,7 @@ class Trainer:
     @property
     def precision(self) -> str:
         """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
-        return self.techniques.precision.name
+        return self.step_options.precision.name
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:

@@ -102,9 +102,9 @@ SAME_MATH = {
 
 def data():
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, 4)).astype(np.float32)
-    # small targets: every gradient's global norm stays under 1 (clip 1.0 does not bite)
-    y = (0.1 * np.tanh(x @ rng.normal(size=(4, 1)))).astype(np.float32)
+    # small inputs and targets: every gradient's global norm stays under 1 (clip 1.0 does not bite)
+    x = (0.2 * rng.normal(size=(N, 4))).astype(np.float32)
+    y = (0.1 * np.tanh(5 * x @ rng.normal(size=(4, 1)))).astype(np.float32)
     return {"x": x, "y": y}
 
 
@@ -140,6 +140,7 @@ def _fit(row, strategy, where, *, root=None, batch_size=BATCH, ckpt_path=None, *
     callbacks = [history]
     if root is not None:
         callbacks.append(fj.ModelCheckpoint(dirpath=root, save_last=True))
+        kwargs["enable_checkpointing"] = True
     trainer = quiet_trainer(strategy=STRATEGIES[strategy](), callbacks=callbacks, **ROWS[row], **kwargs)
     module = Manual() if row == "manual" else Plain()
     with count_compiles() as compiles:
@@ -150,6 +151,27 @@ def _fit(row, strategy, where, *, root=None, batch_size=BATCH, ckpt_path=None, *
 @functools.cache
 def _uninterrupted(row, strategy, where, batch_size=BATCH):
     return _fit(row, strategy, where, batch_size=batch_size, max_epochs=EPOCHS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """JAX's persistent compilation cache for this module: the interrupted and the resumed run
+    of a cell ask XLA for the programs the uninterrupted run compiled, and get them from disk
+    (~1 s of compilation each on 2 cores otherwise). Compilations are still counted: JAX logs
+    each compile request, cached or not."""
+    from jax._src import compilation_cache
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    yield
+    for name, value in before.items():
+        jax.config.update(name, value)
+    compilation_cache.reset_cache()
 
 
 CELLS = [(row, strategy, where) for row in ROWS for strategy in STRATEGIES for where in ("host", "device")]
@@ -180,8 +202,9 @@ def test_cell(row, strategy, where, tmp_path):
         np.testing.assert_allclose(losses, ref_losses, rtol=max(rtol, 0), atol=atol)
     if strategy != "single":  # sharded: the same numbers up to the order of cross-device sums
         single, single_losses, _, _ = _uninterrupted(row, "single", where)
-        assert_trees_close(params, single, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(losses, single_losses, rtol=1e-5, atol=1e-6)
+        rtol, atol = max(SAME_MATH.get(row, (0, 0)), (1e-5, 1e-6))  # low precision rounds the sums
+        assert_trees_close(params, single, rtol=rtol, atol=atol)
+        np.testing.assert_allclose(losses, single_losses, rtol=rtol, atol=atol)
     if where == "device":  # the same batches picked on the device: the same program's numbers
         host, host_losses, _, _ = _uninterrupted(row, strategy, "host")
         assert_trees_close(params, host, rtol=0, atol=0)
