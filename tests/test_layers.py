@@ -108,7 +108,7 @@ def test_the_step_layer_imports_nothing_from_data_checkpoint_loop_or_callbacks()
 
 @pytest.mark.parametrize("module, target", [
     ("fitjax.step.train", "fitjax.trainer"),
-    ("fitjax.step.build", "fitjax.data"),
+    ("fitjax.step.jitted", "fitjax.data"),
     ("fitjax.state", "fitjax.step"),
     ("fitjax.checkpoint", "fitjax.callbacks.model_checkpoint"),
 ])

@@ -32,7 +32,7 @@ import numpy as np
 
 from fitjax.data._loader import DataLoader
 from fitjax.step import StepInputs, StepOptions, group_batches
-from fitjax.step.build import block_sharding
+from fitjax.step.jitted import block_sharding
 
 __all__ = ["Feed", "feed_for"]
 
