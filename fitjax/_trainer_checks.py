@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import jax
 
+from fitjax._accelerator import accelerator_devices, check_devices_match
 from fitjax.callbacks import Callback, ModelCheckpoint
 from fitjax.module import LitModule
 
@@ -42,8 +43,8 @@ def apply_limit(limit: int | float | None, total: int | None) -> int | None:
     return limit if total is None else min(limit, total)
 
 
-def select_devices(devices: Any) -> list[jax.Device]:
-    available = jax.devices()
+def select_devices(devices: Any, accelerator: str = "auto") -> list[jax.Device]:
+    available = accelerator_devices(accelerator)
     if devices in ("auto", -1, None):
         return available
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
@@ -54,6 +55,7 @@ def select_devices(devices: Any) -> list[jax.Device]:
             )
         return available[:devices]
     if isinstance(devices, Sequence) and devices and all(isinstance(d, jax.Device) for d in devices):
+        check_devices_match(accelerator, devices)
         return list(devices)
     raise ValueError(
         f"Trainer(devices=...) takes 'auto', a positive int or a list of jax devices, got {devices!r}"

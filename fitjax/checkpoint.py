@@ -15,8 +15,9 @@ fitjax ignores):
 
 Reading the weights needs `orbax.checkpoint` alone, no fitjax:
 
+    import os
     import orbax.checkpoint as ocp
-    state = ocp.StandardCheckpointer().restore("checkpoints/epoch=3-step=32/state")
+    state = ocp.StandardCheckpointer().restore(os.path.abspath("checkpoints/epoch=3-step=32/state"))
     params = state["params"]            # the nested dict the flax model takes as {"params": ...}
     batch_stats = state["model_state"].get("batch_stats")   # Linen BatchNorm statistics, if any
 
@@ -42,8 +43,8 @@ from fitjax.state import TrainState
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
-__all__ = ["is_checkpoint", "latest_checkpoint", "load_module", "read_meta", "restore_state",
-           "restore_variables", "save_args"]
+__all__ = ["is_checkpoint", "latest_checkpoint", "load_module", "local_path", "read_meta",
+           "restore_state", "restore_variables", "save_args"]
 
 STATE_ITEM = "state"
 META_ITEM = "meta"
@@ -84,9 +85,15 @@ def _to_saveable(state: TrainState) -> tuple[dict[str, Any], dict[str, str]]:
 
 # ----------------------------------------------------------------------------------- finding
 
+def local_path(path: str | os.PathLike) -> Path:
+    """`path` with `~` expanded, made absolute against the working directory (Orbax takes
+    absolute paths only)."""
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
 def is_checkpoint(path: str | os.PathLike) -> bool:
     """True for a complete (finalised) fitjax checkpoint directory."""
-    path = Path(path)
+    path = local_path(path)
     return _TMP_MARK not in path.name and (path / STATE_ITEM).is_dir() and (path / META_ITEM).is_dir()
 
 
@@ -94,7 +101,7 @@ def latest_checkpoint(directories: list[str | os.PathLike]) -> Path | None:
     """The complete checkpoint with the highest global step among those in `directories`."""
     best: tuple[int, float, Path] | None = None
     for directory in directories:
-        directory = Path(directory)
+        directory = local_path(directory)
         if not directory.is_dir():
             continue
         for path in directory.iterdir():
@@ -106,7 +113,7 @@ def latest_checkpoint(directories: list[str | os.PathLike]) -> Path | None:
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON item of a checkpoint: loop position, component states, hparams."""
-    file = Path(path) / META_ITEM / "metadata"
+    file = local_path(path) / META_ITEM / "metadata"
     if not file.is_file():
         raise FileNotFoundError(
             f"{str(path)!r} is not a fitjax checkpoint (no {META_ITEM}/metadata inside). Pass the "
@@ -119,7 +126,7 @@ def check_path(path: str | os.PathLike, *, where: str) -> Path:
     """`path` as a checkpoint folder, or an error saying what was found instead."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{where} takes 'last', 'best' or a checkpoint path; got {path!r}.")
-    path = Path(path)
+    given, path = path, local_path(path)
     if is_checkpoint(path):
         return path
     if path.is_dir():  # a folder of checkpoints: its newest complete one
@@ -127,7 +134,7 @@ def check_path(path: str | os.PathLike, *, where: str) -> Path:
         if found is not None:
             return found
     raise FileNotFoundError(
-        f"{where} got {str(path)!r}, which is not a complete fitjax checkpoint nor a folder holding "
+        f"{where} got {os.fspath(given)!r} ({str(path)!r}), which is not a complete fitjax checkpoint nor a folder holding "
         "one. Pass a checkpoint folder (it contains 'state/' and 'meta/'), or 'last' / 'best'."
     )
 
@@ -146,7 +153,7 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     field (`loss_scale`: `precision`). `options` are this run's (e.g. `{"precision": "32-true"}`),
     quoted in those errors next to the ones saved in the checkpoint.
     """
-    path = Path(path)
+    path = local_path(path)
     meta = read_meta(path)
     target, impls = _to_saveable(like)
     target = jax.tree.map(_abstract, target)
@@ -171,7 +178,7 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
     With `like`, laid out like it (shapes checked, shardings kept); without, restored as saved
     onto the first local device.
     """
-    path = Path(path)
+    path = local_path(path)
     saved = _saved_tree(path)
     if like is None:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

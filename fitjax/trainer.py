@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _determinism, _log_fetch, _logged, _resume, checkpoint
+from fitjax import _accelerator, _determinism, _log_fetch, _logged, _resume, checkpoint
 from fitjax import step as step_lib
 from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
@@ -23,6 +23,7 @@ from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.data import _device_blocks
+from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
 from fitjax.state import TrainState
@@ -45,9 +46,15 @@ _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes th
 class Trainer:
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
-    Args (Lightning's names and meanings):
+    The arguments have Lightning's names and meanings.
+
+    Args:
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
         max_steps: stop after this many optimizer steps.
+        accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
+            "tpu"; a missing backend is an error naming those present. Fit starts with one line
+            saying the platform, devices used of available, processes, strategy, mesh and precision
+            (the "fitjax" logger at INFO).
         strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
         devices: "auto" (all, on every process), a count, or a list of `jax.Device`.
         num_nodes: processes (hosts) to run on: `jax.distributed` is started once with the
@@ -64,8 +71,10 @@ class Trainer:
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
             (float); default once per epoch.
         check_val_every_n_epoch: validate after every n-th epoch.
-        limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches:
-            an int number of batches or a float fraction per epoch.
+        limit_train_batches: train batches per epoch: an int number or a float fraction.
+        limit_val_batches: validation batches per run: an int number or a float fraction.
+        limit_test_batches: test batches: an int number or a float fraction.
+        limit_predict_batches: predict batches: an int number or a float fraction.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
@@ -80,8 +89,9 @@ class Trainer:
             `val_check_interval` count batches. Like Lightning, an epoch whose batch count is not
             a multiple of k ends with a step over the m < k batches left (still divided by k).
             Per-batch hooks fire once per optimizer step (Lightning: per micro-batch).
-        gradient_clip_val / gradient_clip_algorithm: clip the (accumulated, unscaled) gradients by
-            global norm ("norm") or elementwise ("value") before the optimizer.
+        gradient_clip_val: clip the (accumulated, unscaled) gradients at this value before the
+            optimizer.
+        gradient_clip_algorithm: by global norm ("norm") or elementwise ("value").
         log_grad_norm: log `train/grad_norm`, the global gradient norm before clipping.
         steps_per_execution: run this many optimizer steps per dispatch (a `lax.scan` over stacked
             batches): the same numbers, less Python and dispatch overhead for small models. Per-batch
@@ -103,6 +113,7 @@ class Trainer:
         *,
         max_epochs: int | None = None,
         max_steps: int | None = None,
+        accelerator: str = "auto",
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int | None = None,
@@ -162,10 +173,10 @@ class Trainer:
         self.deterministic = _determinism.enforce(deterministic)
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
-        self.devices = checks.select_devices(devices)
+        self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
-        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
@@ -264,7 +275,10 @@ class Trainer:
         running step and returns (`trainer.received_sigterm` is then True).
         """
         checks.check_module(module)
+        if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
+        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
         try:
@@ -531,7 +545,7 @@ class Trainer:
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards
-        for batch_idx, batch in enumerate(loader):
+        for batch_idx, batch in enumerate(checked_batches(loader, stage=stage)):
             if limit is not None and batch_idx >= limit:
                 break
             size = batch_size_of(batch)
@@ -578,7 +592,7 @@ class Trainer:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
-        return self._positions.batches(loader, limit, start=start, state=state)
+        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, shards=self.strategy.num_batch_shards // jax.process_count())
 
     def _prefetch(self, chunks: Iterable[step_lib.StepInputs]) -> Iterable[step_lib.StepInputs]:
         """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.

@@ -92,6 +92,22 @@ def quiet_trainer(**kwargs) -> fj.Trainer:
 
 
 @contextlib.contextmanager
+def persistent_compile_cache(folder):
+    """Inside the block XLA's persistent cache (in `folder`) compiles each program once, for
+    test modules whose fits build the same programs again and again."""
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {name: getattr(jax.config, name) for name in names}
+    for name, value in zip(names, (str(folder), 0, 0)):
+        jax.config.update(name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+
+
+@contextlib.contextmanager
 def count_compiles():
     """Counts XLA compilations per jitted function name inside the block (a Counter): each
     program XLA compiles, whether or not JAX traced and lowered the function anew for it."""

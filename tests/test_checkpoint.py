@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
+from helpers import persistent_compile_cache, LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -33,15 +33,9 @@ def _trainer(ckpt_dir, history, *, strategy="single", **kwargs):
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_once(tmp_path_factory):
-    """Every trainer here compiles the same programs; XLA's persistent cache compiles them once."""
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    for name, value in zip(names, (str(tmp_path_factory.mktemp("xla_cache")), 0, 0)):
-        jax.config.update(name, value)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
+    """The fits here compile the same few programs; XLA's persistent cache compiles them once."""
+    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import LossHistory, Poisoned, assert_trees_close, poisoned_data, quiet_trainer
+from helpers import persistent_compile_cache, LossHistory, Poisoned, assert_trees_close, poisoned_data, quiet_trainer
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -31,14 +31,8 @@ def _fit(folder, *, max_steps, ckpt_path=None, precision=SCALED, optimizer="sgd"
 @pytest.fixture(scope="module", autouse=True)
 def _compile_once(tmp_path_factory):
     """The fits here compile the same few programs; XLA's persistent cache compiles them once."""
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    for name, value in zip(names, (str(tmp_path_factory.mktemp("xla_cache")), 0, 0)):
-        jax.config.update(name, value)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
+    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
 
 
 def test_16_mixed_resumes_from_last_with_its_loss_scale_bitwise(tmp_path):

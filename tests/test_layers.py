@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # placed on top (they may import anything, and nothing placed below may import them).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
-                "fitjax._logged", "fitjax._determinism", "fitjax._lazy"]),
+                "fitjax._logged", "fitjax._determinism", "fitjax._lazy",
+                "fitjax._accelerator"]),
     ("step", ["fitjax.step"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),

@@ -149,7 +149,9 @@ class ModelCheckpoint(Callback):
                             f"{train_time_interval!r}; e.g. datetime.timedelta(minutes=30).")
         if filename is not None and (not isinstance(filename, str) or not filename):
             raise ValueError(f"ModelCheckpoint(filename=...) must be a non-empty str template, got {filename!r}")
-        self.dirpath = Path(dirpath) if dirpath is not None else None
+        # `~` expanded and made absolute now, as Lightning does: saves, best/last paths and
+        # resume lookups do not depend on a later working directory.
+        self.dirpath = checkpoint.local_path(dirpath) if dirpath is not None else None
         self.filename = filename or "{epoch}-{step}"
         self.monitor = monitor
         self.mode = mode
@@ -182,7 +184,7 @@ class ModelCheckpoint(Callback):
         others) and shared with every process, which all write the checkpoint with Orbax."""
         if self.dirpath is None:
             log_dir = trainer.log_dir
-            local = Path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
+            local = checkpoint.local_path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
             self.dirpath = Path(broadcast_str(str(local)))
         return self.dirpath
 
@@ -192,9 +194,9 @@ class ModelCheckpoint(Callback):
             return [self.dirpath]
         logger = trainer.logger
         if logger is not None and logger.log_dir is not None:
-            runs = Path(logger.log_dir).parent
+            runs = checkpoint.local_path(logger.log_dir).parent
             return sorted(runs.glob("*/checkpoints")) if runs.is_dir() else []
-        return [Path(trainer.default_root_dir) / "checkpoints"]
+        return [checkpoint.local_path(trainer.default_root_dir) / "checkpoints"]
 
     def find(self, which: str, trainer) -> Path | None:
         """The newest complete checkpoint ("last"), or the best scored one ("best")."""
@@ -275,7 +277,7 @@ class ModelCheckpoint(Callback):
                 enable_async_checkpointing=True,
                 create=True,
             )
-            self._manager = ocp.CheckpointManager(epath.Path(directory.absolute()), options=options)
+            self._manager = ocp.CheckpointManager(epath.Path(directory), options=options)
             self._scores.update(self._read_scores(directory))
         return self._manager
 
@@ -312,6 +314,8 @@ class ModelCheckpoint(Callback):
             self.best_model_path, self.best_model_score = best
         elif self.monitor is None:
             self.best_model_path = path
+        for logger in trainer.loggers:
+            logger.after_save_checkpoint(self)
         if self.verbose:
             print(f"ModelCheckpoint: saving {path}")
 

@@ -1,8 +1,14 @@
-"""Loggers: where the trainer sends metrics and hyperparameters (TensorBoard, CSV, your own)."""
+"""Loggers: where the trainer sends metrics and hyperparameters (TensorBoard, CSV, MLflow, W&B, your own).
+
+`MLFlowLogger` and `WandbLogger` import their packages only when they first write; install them
+with `pip install 'fitjax[mlflow]'` / `pip install 'fitjax[wandb]'`.
+"""
 
 from fitjax.loggers._base import Logger
 from fitjax.loggers._csv import CSVLogger
+from fitjax.loggers._mlflow import MLFlowLogger
 from fitjax.loggers._resolve import resolve_loggers
 from fitjax.loggers._tensorboard import TensorBoardLogger
+from fitjax.loggers._wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "TensorBoardLogger", "resolve_loggers"]
+__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger", "resolve_loggers"]

@@ -62,6 +62,14 @@ class Logger(abc.ABC):
     def save(self) -> None:
         """Flushes what is buffered to storage."""
 
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called by `ModelCheckpoint` after each save it starts (Lightning's hook).
+
+        The checkpoint is written in the background: its folder under
+        `checkpoint_callback.dirpath` appears once complete. Loggers that upload checkpoints
+        (`log_model`) use it; the others ignore it.
+        """
+
     def finalize(self, status: str) -> None:
         """Flushes and closes; `status` is one of "success", "failed" or "interrupted".
 

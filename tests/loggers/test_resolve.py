@@ -11,7 +11,8 @@ from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger, resolve_loggers
 
 def test_public_names():
     assert fitjax.loggers.__all__ == sorted(fitjax.loggers.__all__)
-    assert fitjax.loggers.__all__ == ["CSVLogger", "Logger", "TensorBoardLogger", "resolve_loggers"]
+    assert fitjax.loggers.__all__ == ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger",
+                                      "resolve_loggers"]
 
 
 def test_accepted_forms(tmp_path):
