@@ -50,6 +50,9 @@ def test_two_launched_processes_of_4_devices_match_one_process_of_8(tmp_path):
     assert "[rank 0] process 0 of 2, 4 devices" in out and "[rank 1] process 1 of 2, 4 devices" in out
     assert "[rank 0] Epoch 1 done" in out and "[rank 1] Epoch" not in out  # process 0 draws progress
     launched = pickle.loads((tmp_path / "params.pkl").read_bytes())
+    for name in LAUNCH_RUNS:  # one run, one log dir: its config written once, by process 0
+        assert [p.name for p in (tmp_path / name / "fitjax_logs").iterdir()] == ["version_0"]
+        assert (tmp_path / name / "fitjax_logs" / "version_0" / "config.yaml").exists()
     for name, args in LAUNCH_RUNS.items():
         assert launched[name]["processes"] == 2 and launched[name]["devices"] == 8
         single = LightningCLI(Regressor, RegressorData, save_config_callback=None, args=[
