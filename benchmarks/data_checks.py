@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import overhead  # noqa: E402
 
 import fitjax as fj  # noqa: E402
-import fitjax.trainer as trainer_lib  # noqa: E402
+import fitjax.loop.trainer as trainer_lib  # noqa: E402
 from fitjax.data import _checks  # noqa: E402
 
 

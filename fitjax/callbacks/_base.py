@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitjax._logged import Logged, collecting
+
 __all__ = ["Callback", "CallbackList"]
 
 HOOKS = (
     "setup", "teardown",
     "on_fit_start", "on_fit_end",
+    "on_sanity_check_start", "on_sanity_check_end",
     "on_train_start", "on_train_end",
     "on_train_epoch_start", "on_train_epoch_end",
     "on_train_batch_start", "on_train_batch_end",
@@ -61,6 +64,8 @@ class Callback:
     def teardown(self, trainer, module, stage: str) -> None: ...
     def on_fit_start(self, trainer, module) -> None: ...
     def on_fit_end(self, trainer, module) -> None: ...
+    def on_sanity_check_start(self, trainer, module) -> None: ...
+    def on_sanity_check_end(self, trainer, module) -> None: ...
     def on_train_start(self, trainer, module) -> None: ...
     def on_train_end(self, trainer, module) -> None: ...
     def on_train_epoch_start(self, trainer, module) -> None: ...
@@ -121,11 +126,16 @@ class CallbackList:
         (all but those marked with `ignores_batch`, fitjax's own)."""
         return any(not getattr(getattr(type(cb), hook), "ignores_batch", False) for cb in self._overriding[hook])
 
-    def call(self, hook: str, trainer, module, *args: Any) -> None:
+    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
+        """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it
+        has no such hook), for the trainer to log."""
+        logged = None
         if hook in MODULE_HOOKS:
-            getattr(module, hook)()
+            with collecting(host=True) as logged:
+                getattr(module, hook)()
         for cb in self._overriding[hook]:
             getattr(cb, hook)(trainer, module, *args)
+        return logged if logged is not None and logged.values else None
 
 
 # The no-argument hooks a LitModule may override; called before the callbacks' hooks.

@@ -133,5 +133,6 @@ class LearningRateMonitor(Callback):
         values = self.current(trainer)
         for key, value in values.items():
             self.history.setdefault(key, []).append((trainer.global_step, value))
-        for logger in trainer.loggers:
-            logger.log_metrics(values, step=trainer.global_step)
+        trainer.callback_metrics.update(values)  # as Lightning: monitorable by other callbacks
+        for logger in trainer.loggers:  # the row of the step's train values (Lightning: step - 1)
+            logger.log_metrics(values, step=max(trainer.global_step - 1, 0))

@@ -244,6 +244,7 @@ class ModelCheckpoint(Callback):
     def on_validation_end(self, trainer, module) -> None:
         # A validation inside the epoch (val_check_interval) gives the monitor a new value.
         if (self.monitor is not None and trainer.val_check_interval is not None and self.every_n_epochs
+                and not trainer.sanity_checking
                 and trainer.progress.batches_done != trainer.num_training_batches):
             self._save(trainer, module, epoch_end_done=False)
 
