@@ -56,9 +56,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="64-step epochs, 1 repeat: checks the script runs")
     args = parser.parse_args(argv)
 
     _, shape, batch_size, steps = overhead.WORKLOADS["tiny_mlp"]
+    if args.smoke:
+        steps, args.repeats, args.epochs = 64, 1, 2
     arrays = overhead.make_data(shape, batch_size * steps)
     host = [{k: v[i * batch_size:(i + 1) * batch_size] for k, v in arrays.items()} for i in range(steps)]
     feeds = {"host batches": host,
