@@ -21,6 +21,7 @@ from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
+from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
 from fitjax.state import TrainState
@@ -275,6 +276,7 @@ class Trainer:
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
+        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.techniques.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
         try:
@@ -541,7 +543,7 @@ class Trainer:
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards
-        for batch_idx, batch in enumerate(loader):
+        for batch_idx, batch in enumerate(checked_batches(loader, stage=stage)):
             if limit is not None and batch_idx >= limit:
                 break
             size = batch_size_of(batch)
@@ -589,7 +591,7 @@ class Trainer:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
-        return self._positions.batches(loader, limit, start=start, state=state)
+        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, shards=self.strategy.num_batch_shards // jax.process_count())
 
     def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterable[_techniques.Chunk]:
         """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.

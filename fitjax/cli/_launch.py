@@ -79,8 +79,9 @@ def launch(argv: list[str] | None = None) -> int:
     if command[0] != "-m" and not os.path.exists(command[0]):
         parser.error(f"script {command[0]!r} not found (working directory {os.getcwd()!r})")
     port = opts.port or _free_port()
-    # through fitjax.cli._run: a failing script ends its process at once (see there)
-    command = [sys.executable, "-u", "-m", "fitjax.cli._run", *command]
+    # Through _run.py, by path: a failing script ends its process at once (see there), and no
+    # package is imported before the script (JAX reads its JAX_* variables when first imported).
+    command = [sys.executable, "-u", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_run.py"), *command]
     return _Group(command, opts.nproc, port, opts.devices_per_process).run()
 
 
@@ -153,8 +154,8 @@ class _Group:
             if failed:
                 rank, code = failed[0]
                 running = [r for r, c in enumerate(codes) if c is None]
-                if running:
-                    self._say(f"rank {rank} exited with status {_describe(code)}; stopping ranks {running}")
+                stopping = f"; stopping ranks {running}" if running else ""
+                self._say(f"rank {rank} exited with status {_describe(code)}{stopping}")
                 self._kill_all()
                 return _status(code)
             if all(code == 0 for code in codes):
