@@ -3,6 +3,7 @@
     python benchmarks/gpt.py                       # CPU: 8 virtual devices, a model sized for 2 cores
     python benchmarks/gpt.py --only fsdp --repeats 3
     python benchmarks/gpt.py --gpu                 # one large GPU: GPT-2 small's shape (single only)
+    python benchmarks/gpt.py --smoke               # seconds: checks it runs (numbers mean nothing)
 
 Both sides train the same model (examples/gpt.py's `GPT`) on the same byte data with the same
 recipe: bf16 mixed precision (float32 master weights, the parameters cast to bfloat16 in the
@@ -185,7 +186,11 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--gpu", action="store_true", help="GPT-2 small's shape on one GPU (single mesh)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.only, args.warmup, args.steps, args.repeats = ["single"], 1, 1, 1
     shape = SHAPES["gpu" if args.gpu else "cpu"]
     names = args.only or (["single"] if args.gpu else list(MESHES))
     train, _ = gpt.splits(shape["context"])
