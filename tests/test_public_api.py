@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 
-PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.data", "fitjax.loggers", "fitjax.strategies"]
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.strategies"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

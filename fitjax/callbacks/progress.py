@@ -272,6 +272,8 @@ class RichProgressBar(Callback):
         if self._progress is not None and self._eval_task is not None:
             self._progress.remove_task(self._eval_task)
             self._eval_task = None
+            if self._train_task is not None:  # the validation's prog_bar values, shown at once
+                self._progress.update(self._train_task, metrics=_format(_bar_values(trainer)))
             self._progress.refresh()
         if self._stage == "fit":  # fit shows validation in the epoch line instead
             self._val_values = values

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import jax
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, class_from_function
 
 from fitjax.callbacks import Callback
 from fitjax.cli._optax import OptaxOptimizer, build_optimizer
@@ -59,12 +59,15 @@ class LightningArgumentParser(ArgumentParser):
         """Adds `cls.__init__`'s arguments under `nested_key`; returns the keys added.
 
         Args:
-            cls: `Trainer` (or a subclass), a `LitModule`, `DataModule` or `Callback` class.
+            cls: `Trainer` (or a subclass), a `LitModule`, `DataModule` or `Callback` class, or a
+                function annotated to return one (its arguments become the options).
             nested_key: the group's name (`trainer`, `model`, `data`, ...).
             subclass_mode: accept any subclass, chosen with `--<key>=ClassName` or `class_path`.
             required: whether the group must be given (subclass mode).
         """
         allowed = (Trainer, LitModule, DataModule, Callback)
+        if callable(cls) and not isinstance(cls, type):  # a function annotated to return one of them
+            cls = class_from_function(cls)
         if not (isinstance(cls, type) and issubclass(cls, allowed)):
             raise TypeError(
                 f"add_lightning_class_args(cls={cls!r}): cls must be a subclass of Trainer, LitModule, "

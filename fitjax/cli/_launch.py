@@ -79,8 +79,9 @@ def launch(argv: list[str] | None = None) -> int:
     if command[0] != "-m" and not os.path.exists(command[0]):
         parser.error(f"script {command[0]!r} not found (working directory {os.getcwd()!r})")
     port = opts.port or _free_port()
-    # through fitjax.cli._run: a failing script ends its process at once (see there)
-    command = [sys.executable, "-u", "-m", "fitjax.cli._run", *command]
+    # Through _run.py, by path: a failing script ends its process at once (see there), and no
+    # package is imported before the script (JAX reads its JAX_* variables when first imported).
+    command = [sys.executable, "-u", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_run.py"), *command]
     return _Group(command, opts.nproc, port, opts.devices_per_process).run()
 
 

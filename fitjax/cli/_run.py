@@ -1,4 +1,7 @@
-"""`python -m fitjax.cli._run script.py args...`: how `fitjax launch` runs each process's script.
+"""`python .../fitjax/cli/_run.py script.py args...`: how `fitjax launch` runs each process's script.
+
+Run by path, so that nothing is imported before the script (not even fitjax: JAX reads its `JAX_*`
+environment variables when it is first imported, and a script may set them at its top).
 
 The script runs as `__main__` (as `python script.py` would run it), with one difference: when it
 fails (an exception, or `sys.exit` with a non-zero status) the process prints the traceback and
@@ -36,9 +39,10 @@ def _print_traceback(exc: BaseException) -> None:
 def main() -> None:
     args = sys.argv[1:]
     if not args:
-        sys.exit("usage: python -m fitjax.cli._run script.py [args...] | -m module [args...]")
+        sys.exit("usage: python _run.py script.py [args...] | -m module [args...]")
     if args[0] == "-m":
         sys.argv = args[1:]
+        sys.path[0] = os.getcwd()  # as `python -m module` sets it
         run = lambda: runpy.run_module(args[1], run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         sys.argv = args

@@ -65,3 +65,12 @@ LAUNCH_RUNS = {
     "fsdp": ["--trainer.strategy=FSDP", "--trainer.strategy.data=2", "--trainer.strategy.fsdp=4",
              "--trainer.strategy.min_size_to_shard=0"],
 }
+
+
+def small_regressor(lr: float = 0.1) -> Regressor:
+    """A function building the module: `LightningCLI` accepts it in place of a class.
+
+    Args:
+        lr: the learning rate.
+    """
+    return Regressor(lr=lr, batchnorm=False)

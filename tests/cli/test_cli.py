@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 import yaml
-from cli_parts import PlainRegressor, Regressor, RegressorData
+from cli_parts import PlainRegressor, Regressor, RegressorData, small_regressor
 
 import fitjax as fj
 from fitjax.cli import LightningCLI
@@ -52,6 +52,13 @@ def test_overrides_beat_later_configs_beat_earlier_configs_beat_defaults(tmp_pat
     # order on the command line decides: a file given after an override wins over it
     cli = run_cli("--model.lr=0.3", "--config", second, run=False)
     assert cli.model.hparams.lr == 0.2
+
+
+def test_args_as_a_dict_and_a_function_as_the_model_class():
+    cli = LightningCLI(small_regressor, RegressorData, run=False,
+                       args={"trainer": {"max_steps": 2}, "model": {"lr": 0.5}, "data": {"batch_size": 8}})
+    assert isinstance(cli.model, Regressor) and cli.model.hparams == {"lr": 0.5, "batchnorm": False}
+    assert cli.trainer.max_steps == 2 and cli.datamodule.batch_size == 8
 
 
 def _session_start_hparams(run_dir: Path) -> dict:
