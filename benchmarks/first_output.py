@@ -1,6 +1,7 @@
 """Time to first output: how long `examples/digits.py` leaves a new user looking at nothing.
 
     python benchmarks/first_output.py              # 3 runs of `examples/digits.py --epochs 3`
+    python benchmarks/first_output.py --smoke      # 1 run: checks it runs
     python benchmarks/first_output.py --runs 5 -- --strategy dp
     python benchmarks/first_output.py --before /tmp/old-checkout   # alternate runs of two checkouts
 
@@ -32,10 +33,11 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 _STEP_DONE = re.compile(rb"\b([1-9]\d*)/\d+\b")  # the bar's "completed/total" column past 0
 
 
-def one_run(root: Path, extra: list[str]) -> dict[str, float]:
+def one_run(root: Path, extra: list[str], epochs: int = 3) -> dict[str, float]:
     leader, follower = pty.openpty()
-    with tempfile.TemporaryDirectory() as root:
-        cmd = [sys.executable, str(root / "examples" / "digits.py"), "--epochs", "3", "--root-dir", root, *extra]
+    with tempfile.TemporaryDirectory() as logs:
+        cmd = [sys.executable, str(root / "examples" / "digits.py"), "--epochs", str(epochs), "--root-dir", logs,
+               *extra]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=root,
                                 env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(root)})
@@ -72,13 +74,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", type=Path, help="another checkout, run alternately with this one")
+    parser.add_argument("--smoke", action="store_true", help="1 run: checks the script runs")
     parser.add_argument("extra", nargs="*", help="arguments passed on to examples/digits.py (after --)")
     args = parser.parse_args()
+    epochs = 3  # the example's schedule warms up for 2 epochs
+    if args.smoke:
+        args.runs = 1
     roots = {"this": _ROOT, **({"before": args.before.resolve()} if args.before else {})}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in roots}
     for i in range(args.runs):
         for name, root in roots.items():  # alternated, so a change in the machine's load hits both
-            times = one_run(root, args.extra)
+            times = one_run(root, args.extra, epochs)
             runs[name].append(times)
             print(f"{name} run {i}: " + "  ".join(f"{k} {v:.2f}s" for k, v in times.items()), flush=True)
     for name, results in runs.items():

@@ -4,7 +4,7 @@ host batch as it is drawn, with errors that name the batch, the leaf and the num
 The loop calls `check_fit_data` once per fit and wraps its batch iterators in `checked_batches`.
 The per-batch check reads only shapes and dtypes of the host arrays (no device work, no copy):
 about a microsecond per leaf, against the hundreds a step's dispatch takes (see
-`benchmarks/data_checks.py`). Batches picked on the devices (`fitjax._resident`) are never
+`benchmarks/data_checks.py`). Batches picked on the devices (`fitjax.data._device_blocks`) are never
 drawn on the host and cost nothing; their data was checked when it was put there.
 """
 
@@ -139,14 +139,17 @@ def _check_sizes(loader: Any, length: int, *, shards: int, processes: int,
     if all(piece == pieces[0] and piece % local_shards == 0 for piece in pieces):
         return
     split = f" (per process: {pieces})" if len(pieces) > 1 else ""
-    fits = last - last % (local_shards * len(pieces))
+    if len(pieces) > 1:  # the first processes fill their share first: only a full batch splits evenly
+        fix = f"a multiple of the batch size ({examples - last} or {examples - last + batch_size} examples)"
+    else:
+        fits = last - last % local_shards
+        fix = (f"a number of examples that leaves a multiple of {local_shards} in the last batch "
+               f"(e.g. {examples - last + fits if fits else examples - last} examples)")
     raise ValueError(
         f"The last batch of each epoch of `{name}` has {last} examples ({examples} examples = "
         f"{examples // batch_size} batches of {batch_size} + {last}){split}, which do not divide "
         f"over {where}: the step would fail at the end of the first epoch. Drop it "
-        f"(`drop_last=True` in the DataLoader), or use a number of examples that leaves a "
-        f"multiple of {local_shards * len(pieces)} in the last batch (e.g. "
-        f"{examples - last + fits if fits else examples - last} examples)."
+        f"(`drop_last=True` in the DataLoader), or use {fix}."
     )
 
 

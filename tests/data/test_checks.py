@@ -12,7 +12,7 @@ import torch
 from helpers import Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
-from fitjax.data._checks import check_batch
+from fitjax.data._checks import check_batch, check_fit_data
 
 
 def _batches(*sizes, d=8):
@@ -119,3 +119,15 @@ def test_data_without_length_warns_only_when_nothing_bounds_the_run():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         quiet_trainer(max_steps=2, strategy="single").fit(Regressor(), iter(_batches(16, 16)))
+
+
+def test_fit_start_sizes_with_several_processes_name_each_process_share():
+    """Process p takes rows [16p, 16p + 16) of each global batch of 32: a last batch of 8 rows
+    gives process 0 eight and process 1 none, which no global array can be built from."""
+    loader = fj.DataLoader(regression_data(n=104), batch_size=32, process_index=0, process_count=2)
+    with pytest.raises(ValueError, match=r"has 8 examples \(104 examples = 3 batches of 32 \+ 8\) \(per process: "
+                                         r"\[8, 0\]\), which do not divide over the 2 devices of each of the 2 "
+                                         r"processes.*drop_last=True.*\(96 or 128 examples\)"):
+        check_fit_data(loader, shards=4, processes=2)
+    check_fit_data(fj.DataLoader(regression_data(n=104), batch_size=32, drop_last=True, process_index=0,
+                                 process_count=2), shards=4, processes=2)
