@@ -80,7 +80,7 @@ class ExponentialMovingAverage(StatePiece):
         def one(avg, p):
             p = p.astype(avg.dtype)
             new = jnp.where(first, p, self.decay * avg + (1.0 - self.decay) * p)
-            return jnp.where(due, new, avg)
+            return new if self.every_n_steps == 1 else jnp.where(due, new, avg)  # static: no select
 
         return jax.tree.map(one, extra, params)
 
