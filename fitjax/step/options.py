@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from fitjax import precision as precision_lib
+from fitjax.step import pieces as pieces_lib
 from fitjax.state import TrainState
 
 __all__ = ["StepOptions"]
@@ -39,6 +40,7 @@ class StepOptions:
     steps_per_execution: int = 1
     detect_anomaly: bool = False
     log_grad_norm: bool = False
+    pieces: tuple[pieces_lib.StatePiece, ...] = ()  # from the callbacks' `step_pieces()`
 
     @classmethod
     def create(cls, *, precision="32-true", accumulate_grad_batches=1, gradient_clip_val=None,
@@ -93,6 +95,8 @@ class StepOptions:
     def wrap_init(self, init_fn: Callable[..., TrainState], tx: optax.GradientTransformation) -> Callable:
         """Parameters in their storage dtype (and the optimizer state built on them); the loss scale."""
         policy = self.precision
+        if self.pieces:
+            init_fn = self._with_pieces(init_fn)
         if policy.is_default:
             return init_fn
 
@@ -101,6 +105,13 @@ class StepOptions:
             params = policy.cast_params(state.params)
             opt_state = tx.init(params) if policy.param_dtype != jnp.float32 else state.opt_state
             return state.replace(params=params, opt_state=opt_state, loss_scale=policy.initial_loss_scale())
+
+        return init
+
+    def _with_pieces(self, init_fn: Callable[..., TrainState]) -> Callable[..., TrainState]:
+        def init(rng, batch, given):
+            state = init_fn(rng, batch, given)
+            return state.replace(extras=pieces_lib.init_extras(self.pieces, state.params))
 
         return init
 

@@ -36,7 +36,7 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
-from fitjax.step import context
+from fitjax.step import context, pieces
 from fitjax.step.forward import leading_dim, split_loss, step_values
 from fitjax.step.options import StepOptions, global_norm
 
@@ -176,8 +176,9 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             grads_bad = ~finite if state.loss_scale is None else jnp.asarray(False)  # scaling handles it
             values = {**values, ANOMALY_KEY: jnp.stack(
                 [~jnp.isfinite(values["loss"]), grads_bad, ~_all_finite(params)])}
+        extras = pieces.update_extras(options.pieces, state.extras, params, state.step)  # EMA, ...
         new_state = state.replace(step=state.step + 1, params=params, model_state=model_state,
-                                  opt_state=opt_state, metrics=acc, loss_scale=ls)
+                                  opt_state=opt_state, metrics=acc, loss_scale=ls, extras=extras)
         return new_state, values
 
     if single or options.steps_per_execution == 1:
