@@ -20,6 +20,7 @@ A state that is not fully addressable from this process (several processes) is h
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import threading
 import time
@@ -46,7 +47,9 @@ class CheckpointWriter:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None  # started at the first save, lives on
+        self._pending: threading.Event | None = None  # set when the save in flight is done
         self._failure: tuple[str, BaseException, Callable[[], None] | None] | None = None
         self._lock = threading.Lock()
         self._primary = jax.process_index() == 0
@@ -89,17 +92,16 @@ class CheckpointWriter:
         """
         self.wait()
         path = self.directory / name
-        if not os.access(self.directory, os.W_OK):  # a folder made read-only mid-run: say so now
+        if not (self.directory.is_dir() and os.access(self.directory, os.W_OK)):  # a folder made read-only mid-run: say so now
             raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
                              "writable (any more).")
         meta = {**meta, "saved_at": time.time()}
-        args = checkpoint.save_args(state, meta)
-        leaves = jax.tree.leaves(state)
-        if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(state)):
             # The step donates the state's buffers: the thread must own a host copy.
-            args = checkpoint.save_args(jax.device_get(state), meta)
+            args = checkpoint.save_args(state, meta, to_host=True)
             write = lambda: ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
         else:
+            args = checkpoint.save_args(state, meta)
             saver = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
             saver.save(path, args=args)  # returns once this process's shards are on the host
 
@@ -108,13 +110,23 @@ class CheckpointWriter:
                 saver.close()
 
         doomed = [self.directory / old for old in delete if old != name]
-        self._thread = threading.Thread(target=self._run, args=(path, write, doomed, on_failure),
-                                        name="fitjax-checkpoint", daemon=True)
-        self._thread.start()
+        self._pending = threading.Event()
+        if self._worker is None:  # one thread for the run: starting one per save costs ~10 ms
+            self._worker = threading.Thread(target=self._work, name="fitjax-checkpoint", daemon=True)
+            self._worker.start()
+        self._jobs.put((path, write, doomed, on_failure, self._pending))
         return path
 
-    def _run(self, path: Path, write: Callable[[], Any], doomed: list[Path],
-             on_failure: Callable[[], None] | None) -> None:
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            path, write, doomed, on_failure, done = job
+            try:
+                self._write(path, write, doomed, on_failure)
+            finally:
+                done.set()
+
+    def _write(self, path: Path, write: Callable[[], Any], doomed: list[Path],
+               on_failure: Callable[[], None] | None) -> None:
         try:
             write()
         except BaseException as error:  # noqa: BLE001 - reported on the loop's thread
@@ -137,11 +149,20 @@ class CheckpointWriter:
         raise SaveFailed(f"ModelCheckpoint could not save {path!r}: {type(error).__name__}: "
                          f"{_first_line(error)}") from error
 
+    def close(self) -> None:
+        """Waits for the save in flight and ends the writer's thread (failures stay pending)."""
+        if self._pending is not None:
+            self._pending.wait()
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join()
+            self._worker = None
+
     def wait(self) -> None:
         """Blocks until the save in flight is written, then raises its failure, if any."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
         self.raise_failure()
 
 

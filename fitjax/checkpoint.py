@@ -56,14 +56,18 @@ TMP_MARK = ".orbax-checkpoint-tmp"
 
 # ----------------------------------------------------------------------------------- writing
 
-def save_args(state: TrainState, meta: dict[str, Any]) -> ocp.args.Composite:
+def save_args(state: TrainState, meta: dict[str, Any], *, to_host: bool = False) -> ocp.args.Composite:
     """The Orbax arguments that save `state` and the JSON `meta` as one checkpoint.
 
     Every `TrainState` field that is not None is saved under its own name, whatever it holds, so
     a field added to the state is checkpointed without code here. `meta` may carry `"options"`
-    (e.g. `{"precision": "16-mixed"}`): restore errors quote them.
+    (e.g. `{"precision": "16-mixed"}`): restore errors quote them. `to_host`: the arrays are
+    copied to host memory now (one `device_get`), for a save written after the state's buffers
+    are donated to the next step.
     """
     tree, impls = _to_saveable(state)
+    if to_host:
+        tree = jax.device_get(tree)
     return ocp.args.Composite(**{
         STATE_ITEM: ocp.args.StandardSave(tree),
         META_ITEM: ocp.args.JsonSave({**meta, "key_impls": impls}),

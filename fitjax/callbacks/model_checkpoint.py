@@ -258,6 +258,7 @@ class ModelCheckpoint(Callback):
     def teardown(self, trainer, module, stage: str) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
+            writer.close()
             try:
                 writer.wait()
             except Exception:

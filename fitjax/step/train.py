@@ -38,7 +38,7 @@ from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
 from fitjax.step import context, pieces
 from fitjax.step.forward import leading_dim, split_loss, step_values
-from fitjax.step.options import StepOptions
+from fitjax.step.options import StepOptions, global_norm
 
 __all__ = ["ANOMALY_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
 
@@ -162,7 +162,7 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
         finite = _all_finite(grads) if (ls is not None or options.detect_anomaly) else None
 
         if options.log_grad_norm:
-            values = {**values, "grad_norm": optax.tree.norm(grads)}
+            values = {**values, "grad_norm": global_norm(grads)}
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
         # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
         updates, opt_state = optax.with_extra_args_support(tx).update(
