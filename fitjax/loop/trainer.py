@@ -197,6 +197,9 @@ class Trainer:
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
         self._hooks = CallbackList(callbacks)
+        # pieces the callbacks add around the step (an EMA): one more entry of the state each
+        self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
+            [piece for cb in callbacks for piece in cb.step_pieces()]))
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -536,7 +539,7 @@ class Trainer:
         self._call("on_validation_start", module)
         self._call("on_validation_epoch_start", module)
         results, aliases = self._evaluate(
-            module, val_loader, self.state.params, self.state.model_state, self.state.rng, stage="val"
+            module, val_loader, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
         )
         self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
         self._log(results, aliases=aliases)
@@ -555,7 +558,7 @@ class Trainer:
             self._call("on_sanity_check_start", module)
             self._call("on_validation_start", module, log=False)
             self._call("on_validation_epoch_start", module, log=False)
-            self._evaluate(module, val_loader, self.state.params, self.state.model_state, self.state.rng,
+            self._evaluate(module, val_loader, self._eval_params(), self.state.model_state, self.state.rng,
                            stage="val", limit=limit)
             self._call("on_validation_epoch_end", module, log=False)
             self._call("on_validation_end", module, log=False)
@@ -632,7 +635,7 @@ class Trainer:
         initialises an unfitted Linen model."""
         if (ckpt_path is None and self._compiled is not None and self._module_for_compiled is module
                 and self.state is not None):
-            return self.state.params, self.state.model_state, self.state.rng
+            return self._eval_params(), self.state.model_state, self.state.rng
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
@@ -778,7 +781,12 @@ class Trainer:
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
-        module._set_variables(self.state.params, self.state.model_state)
+        module._set_variables(step_lib.pieces.module_params(self.state, self.step_options.pieces),
+                              self.state.model_state)
+
+    def _eval_params(self):
+        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
+        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
 
     def _finalize_loggers(self, status: str) -> None:
         for logger in self.loggers:
