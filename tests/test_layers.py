@@ -21,7 +21,7 @@ LAYERS = [
                 "fitjax._accelerator"]),
     ("step", ["fitjax.step"]),
     ("data", ["fitjax.data"]),
-    ("checkpoint", ["fitjax.checkpoint"]),
+    ("checkpoint", ["fitjax.checkpoint", "fitjax._checkpoint_writer"]),
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers"]),

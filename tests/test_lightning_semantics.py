@@ -207,3 +207,67 @@ def test_rows_and_callback_metrics_of_a_lightning_style_module(tmp_path):
     assert metrics["a"] == metrics["a_epoch"] and metrics["v"] == metrics["v_epoch"]
     assert "a" not in trainer.logged_metrics and metrics["lr"] == pytest.approx(0.01)
     assert isinstance(trainer.log_dir, str) and trainer.log_dir.endswith("version_0")
+
+
+class Scheduled(Regressor):
+    """Reads `self.trainer.estimated_stepping_batches` in `configure_optimizer`, as Lightning
+    projects size their schedules."""
+
+    def configure_optimizer(self):
+        self.total_steps = self.trainer.estimated_stepping_batches
+        return optax.sgd(optax.linear_schedule(0.05, 0.0, self.total_steps))
+
+
+@pytest.mark.parametrize("accumulate, expected", [(1, 20), (3, 8)])
+def test_estimated_stepping_batches(accumulate, expected):
+    """trainer/properties/test_estimated_stepping_batches.py::test_num_stepping_batches_basic and
+    ::test_num_stepping_batches_accumulate_gradients: 10 batches (limit_train_batches=10 of 20) x 2
+    epochs = 20 steps, ceil(10 / 3) x 2 = 8 with accumulate_grad_batches=3; the fit takes them all."""
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=10, accumulate_grad_batches=accumulate,
+                            strategy="single")
+    module = Scheduled(batchnorm=False)
+    trainer.fit(module, fj.DataLoader(regression_data(n=40), batch_size=2))
+    assert module.total_steps == trainer.estimated_stepping_batches == trainer.global_step == expected
+
+
+def test_estimated_stepping_batches_without_data():
+    """::test_num_stepping_batches_with_max_steps (7) and ::test_num_stepping_batches_infinite_training
+    (inf); before fit knows the data, the epoch-bound estimate is an error saying when it is known."""
+    assert fj.Trainer(max_steps=7, max_epochs=-1, logger=False).estimated_stepping_batches == 7
+    assert fj.Trainer(max_epochs=-1, logger=False).estimated_stepping_batches == float("inf")
+    with pytest.raises(RuntimeError, match="known once Trainer.fit has its train data"):
+        fj.Trainer(max_epochs=2, logger=False).estimated_stepping_batches
+
+
+def test_save_checkpoint_then_resume_exactly(tmp_path):
+    """checkpointing/test_trainer_checkpoint.py::test_finetuning_with_ckpt_path style:
+    `trainer.save_checkpoint(path)` after fit, then `fit(ckpt_path=path)` continues at step 8 of
+    16 with the same numbers as one uninterrupted run."""
+    data = fj.DataLoader(regression_data(n=32), batch_size=4)  # 8 batches
+    first = quiet_trainer(max_epochs=1, strategy="single")
+    first.fit(Regressor(batchnorm=False), data)
+    first.save_checkpoint(tmp_path / "manual")
+    meta = fj.checkpoint.read_meta(tmp_path / "manual")
+    assert (meta["global_step"], meta["epoch"], meta["progress"]["last_saved"]) == (8, 1, [1, 0, 8])
+    with pytest.raises(FileExistsError, match="manual' exists"):
+        first.save_checkpoint(tmp_path / "manual")
+
+    resumed = quiet_trainer(max_epochs=2, strategy="single")
+    resumed.fit(Regressor(batchnorm=False), data, ckpt_path=tmp_path / "manual")
+    whole = quiet_trainer(max_epochs=2, strategy="single")
+    whole.fit(Regressor(batchnorm=False), data)
+    assert (resumed.global_step, resumed.current_epoch) == (16, 2)
+    np.testing.assert_allclose(np.asarray(resumed.state.params["Dense_0"]["kernel"]),
+                               np.asarray(whole.state.params["Dense_0"]["kernel"]), rtol=1e-6)
+
+
+def test_the_sanity_check_finds_a_broken_validation_before_training():
+    """trainer/test_trainer.py::test_sanity_check... (num_sanity_val_steps=2 by default): a
+    validation batch the module cannot take fails before the first train step, not after an
+    epoch."""
+    steps = Recorder()
+    trainer = quiet_trainer(max_epochs=1, strategy="single", callbacks=[steps])
+    bad_val = fj.DataLoader({"x": np.zeros((8, 3), np.float32), "y": np.zeros((8, 1), np.float32)}, batch_size=4)
+    with pytest.raises(Exception):
+        trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=32), batch_size=4), bad_val)
+    assert trainer.global_step == 0 and steps.sanity == 1 and "on_train_start" not in steps.hooks

@@ -10,12 +10,14 @@ import dataclasses
 import itertools
 import math
 import os
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
 from fitjax import _accelerator, _determinism, _log_fetch, _logged, checkpoint
+from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
@@ -51,8 +53,11 @@ class Trainer:
     The arguments have Lightning's names and meanings.
 
     Args:
-        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
-        max_steps: stop after this many optimizer steps.
+        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
+            -1: no limit; 0: fit trains nothing).
+        max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
+        min_epochs / min_steps: a stop request (`trainer.should_stop`, `EarlyStopping`) waits
+            until this many epochs / optimizer steps are done.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
@@ -68,16 +73,21 @@ class Trainer:
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
         log_every_n_steps: log and display the train metrics' means every this many steps. The
             loop does not wait for them: they are fetched while the next steps run and reach
-            the loggers (at the log step's number), `callback_metrics` and the progress bar a
-            step or two later, by the next log step or the epoch's end at the latest.
+            the loggers (as Lightning, at row `global_step - 1`: the first row of n is at n-1) and
+            the progress bar a step or two later; reading `callback_metrics` waits for them.
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
-            (float); default once per epoch.
-        check_val_every_n_epoch: validate after every n-th epoch.
+            (float, rounded down to batches: an epoch may end without one); default once per
+            epoch, at its end. Lightning's rules and errors (see docs/porting.md).
+        check_val_every_n_epoch: validate in every n-th epoch; None: an int `val_check_interval`
+            counts batches over the whole run.
         limit_train_batches: train batches per epoch: an int number or a float fraction.
         limit_val_batches: validation batches per run: an int number or a float fraction.
         limit_test_batches: test batches: an int number or a float fraction.
         limit_predict_batches: predict batches: an int number or a float fraction.
-        fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
+        num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
+            validation that fails does so before the first epoch; nothing is logged.
+        fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
+            or sanity check — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
         enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
@@ -215,6 +225,7 @@ class Trainer:
         self.received_sigterm = False
         self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
         self._fitting = False
+        self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
         self._window_rows = True  # the window on its way writes log rows (not at an epoch's end)
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
@@ -289,6 +300,54 @@ class Trainer:
         """
         self._finish_train_window()
         return self._callback_metrics
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps this fit takes at most (Lightning's): `max_steps` when set, else
+        ceil(train batches per epoch / `accumulate_grad_batches`) x `max_epochs`, capped by
+        `max_steps`; `math.inf` when neither bounds the run. The batch count is known once fit
+        has its train data: from `on_fit_start` on (and in `configure_optimizer`, which fit
+        calls after that), and after fit.
+        """
+        limited_steps = math.inf if self.max_steps is None else self.max_steps
+        if self.max_epochs is None:
+            return limited_steps
+        batches = self.num_training_batches
+        if batches is None:
+            if self._train_size_known:  # data without a length: only max_steps bounds an epoch
+                return limited_steps
+            raise RuntimeError(
+                "trainer.estimated_stepping_batches is known once Trainer.fit has its train data: "
+                "read it from on_fit_start, configure_optimizer or later."
+            )
+        per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
+        return min(per_epoch * self.max_epochs, limited_steps)
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+        """Saves the train state and the loop's progress as the checkpoint folder `filepath`,
+        now (waits until it is written). Every process calls it, as in Lightning.
+
+        `Trainer.fit(ckpt_path=filepath)` resumes from it exactly, `LitModule.load_from_checkpoint`
+        reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
+        `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
+        """
+        if weights_only:
+            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
+                             "checkpoint holds the whole train state; load weights only with "
+                             "`LitModule.load_from_checkpoint(path)`.")
+        if self.state is None or self._module_for_compiled is None:
+            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
+                               "call it during or after Trainer.fit.")
+        path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
+        if path.exists():
+            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+        writer = CheckpointWriter(path.parent)
+        writer.prepare()
+        try:
+            writer.save(path.name, self.state, self.checkpoint_meta(self._module_for_compiled))
+            writer.wait()  # written (and its failure raised) before returning
+        finally:
+            writer.close()
 
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
@@ -370,6 +429,8 @@ class Trainer:
             raise ValueError("train_data is empty: its first epoch yielded no batch.")
         self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
         self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
+        self._train_size_known = True
+        module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                     options=self.step_options)
         self._module_for_compiled = module
