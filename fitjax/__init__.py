@@ -4,7 +4,7 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, checkpoint, data, loggers, precision, strategies
+from fitjax import callbacks, checkpoint, data, loggers, precision, profilers, strategies
 from fitjax.callbacks import (
     Callback,
     EarlyStopping,
@@ -43,5 +43,6 @@ __all__ = [
     "data",
     "loggers",
     "precision",
+    "profilers",
     "strategies",
 ]
