@@ -20,6 +20,6 @@ def test_docstring_examples_run():
     import doctest
 
     for name in ["fitjax.module", "fitjax.trainer", "fitjax.strategies.dp", "fitjax.profilers",
-                 "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile"]:
+                 "fitjax.profilers._base", "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

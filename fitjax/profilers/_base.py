@@ -31,10 +31,28 @@ class Profiler:
     Args:
         dirpath: Folder of the report file; default the trainer's log dir (or `default_root_dir`).
         filename: Report file name without extension; the file is `<stage>-<filename>.txt`.
+
+    Example:
+        >>> import time
+        >>> class Slowest(Profiler):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.worst, self._t = {}, {}
+        ...     def start(self, action_name):
+        ...         self._t[action_name] = time.perf_counter()
+        ...     def stop(self, action_name):
+        ...         spent = time.perf_counter() - self._t.pop(action_name)
+        ...         self.worst[action_name] = max(spent, self.worst.get(action_name, 0.0))
+        >>> profiler = Slowest()
+        >>> with profiler.profile("[loop] validation"):
+        ...     pass
+        >>> list(profiler.worst)
+        ['[loop] validation']
     """
 
     def __init__(self, dirpath: str | os.PathLike[str] | None = None, filename: str | None = None) -> None:
-        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self._dirpath_arg = Path(dirpath) if dirpath is not None else None
+        self.dirpath = self._dirpath_arg
         self.filename = filename
         self._stage: str | None = None
 
@@ -64,8 +82,7 @@ class Profiler:
     def setup(self, stage: str, log_dir: str | os.PathLike[str] | None = None) -> None:
         """Called when `stage` ("fit", "validate", ...) starts; `log_dir` is the run's folder."""
         self._stage = stage
-        if self.dirpath is None and log_dir is not None:
-            self.dirpath = Path(log_dir)
+        self.dirpath = self._dirpath_arg or (Path(log_dir) if log_dir is not None else None)
 
     def describe(self) -> None:
         """Prints the report and writes it to `<dirpath>/<stage>-<filename>.txt` (process 0)."""
