@@ -3,6 +3,7 @@
     python examples/digits.py                   # one device, ~98% validation accuracy in about a minute
     python examples/digits.py --strategy dp     # the same, data-parallel over every local device
     python examples/digits.py --model nnx       # the same network written with flax.nnx
+    fitjax fit --config examples/configs/digits.yaml   # the same through the CLI (from the repo root)
 
 TensorBoard events land in `<root-dir>/fitjax_logs/version_N/` (`tensorboard --logdir runs`).
 """
@@ -10,6 +11,7 @@ TensorBoard events land in `<root-dir>/fitjax_logs/version_N/` (`tensorboard --l
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 if __name__ == "__main__":  # a word before the imports: JAX, Flax and scikit-learn take seconds to load
     print("digits: loading JAX and the data; the first epoch starts once the train step is compiled", flush=True)
@@ -54,7 +56,15 @@ class NNXCNN(nnx.Module):
 
 
 class DigitsClassifier(fj.LitModule):
-    def __init__(self, lr: float = 3e-3, model: str = "linen", total_steps: int = 1000):
+    """A small CNN classifying 8x8 digits, trained with AdamW on a warmup-cosine schedule.
+
+    Args:
+        lr: the schedule's peak learning rate.
+        model: the network, written with flax.linen or flax.nnx (the same layers).
+        total_steps: optimizer steps the cosine decays over (epochs * batches per epoch).
+    """
+
+    def __init__(self, lr: float = 3e-3, model: Literal["linen", "nnx"] = "linen", total_steps: int = 1000):
         super().__init__()
         self.save_hyperparameters()
         self.model = LinenCNN() if model == "linen" else NNXCNN(nnx.Rngs(0))
@@ -71,8 +81,9 @@ class DigitsClassifier(fj.LitModule):
         return model(batch["image"], train=False).argmax(-1)
 
     def configure_optimizer(self):
-        schedule = optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 50, self.hparams.total_steps)
-        return optax.adamw(schedule, weight_decay=1e-4)
+        # kept on the module: LearningRateMonitor reads the rate applied at each step from it
+        self.lr_schedule = optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 50, self.hparams.total_steps)
+        return optax.adamw(self.lr_schedule, weight_decay=1e-4)
 
 
 def digits_splits(seed: int = 0) -> tuple[dict, dict]:
@@ -85,6 +96,34 @@ def digits_splits(seed: int = 0) -> tuple[dict, dict]:
     train, val = order[:cut], order[cut:]
     return ({"image": images[train], "label": labels[train]},
             {"image": images[val], "label": labels[val]})
+
+
+class DigitsData(fj.DataModule):
+    """The digits split 80/20 into train and validation (validation is also test and predict data).
+
+    Args:
+        batch_size: train batch size (the last partial train batch is dropped).
+        seed: the split's and the shuffle's seed.
+    """
+
+    def __init__(self, batch_size: int = 64, seed: int = 0):
+        self.batch_size = batch_size
+        self.seed = seed
+
+    def setup(self, stage: str) -> None:
+        self.train, self.val = digits_splits(self.seed)
+
+    def train_dataloader(self):
+        return fj.DataLoader(self.train, batch_size=self.batch_size, shuffle=True, drop_last=True, seed=self.seed)
+
+    def val_dataloader(self):
+        return fj.DataLoader(self.val, batch_size=128)
+
+    def test_dataloader(self):
+        return self.val_dataloader()
+
+    def predict_dataloader(self):
+        return fj.DataLoader(self.val, batch_size=128)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

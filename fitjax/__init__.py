@@ -4,7 +4,7 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, checkpoint, data, loggers, precision, profilers, strategies
+from fitjax import callbacks, checkpoint, cli, data, loggers, precision, profilers, strategies
 from fitjax.callbacks import (
     Callback,
     EarlyStopping,
@@ -29,6 +29,7 @@ __all__ = [
     "DataModule",
     "EarlyStopping",
     "LearningRateMonitor",
+    "LightningCLI",
     "LitModule",
     "Logger",
     "ModelCheckpoint",
@@ -40,9 +41,17 @@ __all__ = [
     "Trainer",
     "callbacks",
     "checkpoint",
+    "cli",
     "data",
     "loggers",
     "precision",
     "profilers",
     "strategies",
 ]
+
+
+def __getattr__(name: str):
+    # `fj.LightningCLI` imports jsonargparse on first use only: `import fitjax` stays without it.
+    if name == "LightningCLI":
+        return cli.LightningCLI
+    raise AttributeError(f"module 'fitjax' has no attribute {name!r}")

@@ -21,6 +21,7 @@ from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
+from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
 from fitjax.profilers import Profiler, resolve_profiler
@@ -45,7 +46,9 @@ _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes th
 class Trainer:
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
-    Args (Lightning's names and meanings):
+    The arguments have Lightning's names and meanings.
+
+    Args:
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
         max_steps: stop after this many optimizer steps.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
@@ -68,8 +71,10 @@ class Trainer:
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
             (float); default once per epoch.
         check_val_every_n_epoch: validate after every n-th epoch.
-        limit_train_batches / limit_val_batches / limit_test_batches / limit_predict_batches:
-            an int number of batches or a float fraction per epoch.
+        limit_train_batches: train batches per epoch: an int number or a float fraction.
+        limit_val_batches: validation batches per run: an int number or a float fraction.
+        limit_test_batches: test batches: an int number or a float fraction.
+        limit_predict_batches: predict batches: an int number or a float fraction.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
@@ -84,8 +89,9 @@ class Trainer:
             `val_check_interval` count batches. Like Lightning, an epoch whose batch count is not
             a multiple of k ends with a step over the m < k batches left (still divided by k).
             Per-batch hooks fire once per optimizer step (Lightning: per micro-batch).
-        gradient_clip_val / gradient_clip_algorithm: clip the (accumulated, unscaled) gradients by
-            global norm ("norm") or elementwise ("value") before the optimizer.
+        gradient_clip_val: clip the (accumulated, unscaled) gradients at this value before the
+            optimizer.
+        gradient_clip_algorithm: by global norm ("norm") or elementwise ("value").
         log_grad_norm: log `train/grad_norm`, the global gradient norm before clipping.
         steps_per_execution: run this many optimizer steps per dispatch (a `lax.scan` over stacked
             batches): the same numbers, less Python and dispatch overhead for small models. Per-batch
@@ -279,6 +285,7 @@ class Trainer:
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
+        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.techniques.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
@@ -560,7 +567,7 @@ class Trainer:
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards
-        for batch_idx, batch in enumerate(loader):
+        for batch_idx, batch in enumerate(checked_batches(loader, stage=stage)):
             if limit is not None and batch_idx >= limit:
                 break
             size = batch_size_of(batch)
@@ -608,7 +615,7 @@ class Trainer:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
-        return self._positions.batches(loader, limit, start=start, state=state)
+        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, shards=self.strategy.num_batch_shards // jax.process_count())
 
     def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterable[_techniques.Chunk]:
         """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.

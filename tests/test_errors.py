@@ -86,7 +86,7 @@ def test_empty_dataset():
 
 
 def test_batch_that_does_not_divide_over_devices_names_both_numbers():
-    with pytest.raises(ValueError, match=r"train batch size is 12, which does not divide over the 8 devices"):
+    with pytest.raises(ValueError, match=r"batch size of 12, which does not divide over the 8 devices"):
         quiet_trainer(max_steps=1, strategy="dp", devices=8).fit(_Base(), _loader(n=48, batch_size=12))
 
 

@@ -5,7 +5,8 @@ import importlib
 import pytest
 
 
-PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.data", "fitjax.loggers", "fitjax.profilers", "fitjax.strategies"]
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.profilers",
+            "fitjax.strategies"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

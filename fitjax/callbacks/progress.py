@@ -5,6 +5,11 @@ fetched at its last log step (`trainer.progress_bar_metrics`: the losses and the
 with `prog_bar=True`). When its stream is not a terminal (CI logs, `nohup`, SLURM files) it prints
 one plain line per log step instead of redrawing with escape codes, when that step's values reach
 the host (a step or two later: the trainer does not wait for them).
+
+Every write happens on the training thread: the live bar is redrawn when the loop reports
+progress (at most every 0.1 s), never from rich's refresh thread, so a line printed above the
+bar cannot race a redraw that moves the cursor over it. The cost is that the elapsed time stands
+still while one call blocks (a compilation, which the bar then names).
 """
 
 from __future__ import annotations
@@ -33,21 +38,41 @@ def _bar_values(trainer) -> dict[str, float]:
     return {k.removeprefix("train/"): v for k, v in trainer.progress_bar_metrics.items()}
 
 
-def _epoch_values(trainer) -> dict[str, float]:
-    """The epoch means of training (`loss`, ...) and the latest validation values."""
+def _epoch_values(trainer, val_values: dict[str, float], eval_keys: set[str]) -> dict[str, float]:
+    """The epoch means of training (`loss`, ...) and what the last validation logged.
+
+    Train epoch means are `train/<name>_epoch` (shown as `<name>`), or `<name>_epoch` for a value
+    a Lightning-style `training_step` logged on step and on epoch (shown as Lightning names it).
+    """
     metrics = trainer.callback_metrics
     train = {k[len("train/"):-len("_epoch")]: v for k, v in metrics.items()
              if k.startswith("train/") and k.endswith("_epoch")}
+    train.update({k: v for k, v in metrics.items()
+                  if "/" not in k and k.endswith("_epoch") and k not in eval_keys})
     ordered = {"loss": train.pop("loss")} if "loss" in train else {}
-    return {**ordered, **train, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
+    return {**ordered, **train, **val_values}
+
+
+def _logged_since(trainer, before: dict[str, float] | None) -> dict[str, float]:
+    """The values of `trainer.callback_metrics` written since `before` was copied from it.
+
+    A value written again is a new object even when its number is the same (validating the same
+    weights twice), so identity tells which keys a stage logged, whatever their names.
+    """
+    before = before or {}
+    return {k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v}
 
 
 class RichProgressBar(Callback):
     """A progress bar for training and validation, with a summary line per finished epoch.
 
     Shows the epoch, step counters, it/s, elapsed time and ETA, the latest `train/loss` and every
-    value logged with `self.log(..., prog_bar=True)`. Validation gets its own bar; each finished
-    epoch leaves one line with its mean train metrics and validation results. With several
+    value logged with `self.log(..., prog_bar=True)`. Until the first train (validation, test)
+    step returns it says "compiling train step" (validation, test): the first call of each step
+    compiles it, which takes seconds. Validation gets its own bar; each finished epoch leaves
+    one line with its mean train metrics and what the last validation logged (every value,
+    whatever its name: `val/loss` or a Lightning-style `val_acc`). `validate` and `test` end
+    with a line of every value they logged, as Lightning's results table does. With several
     processes only process 0 writes.
 
     Args:
@@ -56,6 +81,9 @@ class RichProgressBar(Callback):
             `refresh_rate` steps if it is larger than 1.
         file: where to write (default stdout); a non-terminal stream gets plain lines.
         force_terminal: treat `file` as a terminal (True) or not (False); None detects it.
+        console_kwargs: more arguments for the `rich.console.Console` it writes with (Lightning's
+            name), e.g. `{"width": 120}` or `{"record": True}` to read back what was drawn with
+            `bar.console.export_text()`.
 
     Example:
         >>> import io, fitjax as fj
@@ -64,29 +92,39 @@ class RichProgressBar(Callback):
     """
 
     def __init__(self, refresh_rate: int = 1, *, file: TextIO | None = None,
-                 force_terminal: bool | None = None):
+                 force_terminal: bool | None = None, console_kwargs: dict[str, Any] | None = None):
         if not isinstance(refresh_rate, int) or isinstance(refresh_rate, bool) or refresh_rate < 1:
             raise ValueError(f"RichProgressBar(refresh_rate=...) must be a positive int, got {refresh_rate!r}")
         self.refresh_rate = refresh_rate
         self._file = file
         self._force_terminal = force_terminal
+        self._console_kwargs = dict(console_kwargs or {})
         self._console: Console | None = None
         self._progress: Progress | None = None
         self._train_task = None
         self._eval_task = None
         self._epoch_start = 0.0
         self._epoch_first_step = 0
+        self._last_update = 0.0
+        self._printed_window = None
         self._stage = "fit"
+        self._compiling: str | None = None  # the step whose first call is running, if any
+        self._compiled: set[str] = set()  # steps whose first call returned in this run
+        self._before: dict[str, float] | None = None  # callback_metrics when a stage started
+        self._val_values: dict[str, float] = {}  # what the last validation logged
+        self._eval_keys: set[str] = set()  # every key an evaluation logged in this run
 
     # ------------------------------------------------------------------------------ helpers
 
     @property
     def console(self) -> Console:
+        """The `rich.console.Console` the bar writes with (made at first use)."""
         if self._console is None:
             # Only process 0 of a multi-host run draws; the others keep counting, silently.
-            self._console = Console(file=self._file or sys.stdout, force_terminal=self._force_terminal,
-                                    quiet=jax.process_index() != 0)
-            if not self._console.is_terminal:
+            kwargs = {"file": self._file or sys.stdout, "force_terminal": self._force_terminal,
+                      "quiet": jax.process_index() != 0, **self._console_kwargs}
+            self._console = Console(**kwargs)
+            if not self._console.is_terminal and "width" not in self._console_kwargs:
                 self._console.width = max(self._console.width, 160)  # logs have no width: never wrap
         return self._console
 
@@ -95,10 +133,12 @@ class RichProgressBar(Callback):
         return self.console.is_terminal
 
     def _print(self, line: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(line, highlight=False, soft_wrap=True, markup=False)
+        if self._progress is not None or self.console.record:
+            # Above the live bar, drawn by this thread (no refresh thread runs: see the module
+            # doc). A terminal gets the line wrapped at words, a log file gets it whole.
+            self.console.print(line, highlight=False, soft_wrap=not self.is_terminal, markup=False)
         elif not self.console.quiet:  # a plain write: rich's print costs ~0.3 ms a line
-            stream = self._file or sys.stdout
+            stream = self.console.file
             stream.write(line + "\n")
             stream.flush()
 
@@ -108,7 +148,7 @@ class RichProgressBar(Callback):
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[speed]}"),
                 TextColumn("{task.fields[metrics]}"),
-                console=self.console, transient=False,
+                console=self.console, transient=False, auto_refresh=False,
             )
             self._progress.start()
 
@@ -118,44 +158,64 @@ class RichProgressBar(Callback):
             self._progress = None
             self._train_task = self._eval_task = None
 
+    def _compile_note(self, step: str) -> str:
+        """"compiling <step> step" the first time `step` runs in this run (and remembers it)."""
+        if step in self._compiled:
+            return ""
+        self._compiling = step
+        return f"compiling {step} step"
+
+    def _compiled_now(self) -> bool:
+        """Called when a step returns: True the first time after `_compile_note` (a redraw is due)."""
+        if self._compiling is None:
+            return False
+        self._compiled.add(self._compiling)
+        self._compiling = None
+        return True
+
     # ------------------------------------------------------------------------------ training
 
     def setup(self, trainer, module, stage: str) -> None:
         self._stage = stage
+        self._compiled = set()  # each run builds (and compiles) its steps anew
+        self._compiling = None
+        self._val_values = {}
 
     def on_train_epoch_start(self, trainer, module) -> None:
         self._start_progress()
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
+        note = self._compile_note("train")
         if self._progress is not None:
             if self._train_task is not None:
                 self._progress.remove_task(self._train_task)
             of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
             self._train_task = self._progress.add_task(
-                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", metrics=""
+                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", metrics=note
             )
+            self._progress.refresh()  # drawn now: the first step may block for seconds compiling
+        elif note:
+            self._print(note)
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         done = batch_idx + 1
+        compiled = self._compiled_now()
         if self._progress is not None:
-            # rich redraws at 10 Hz by itself: feeding it more often than that only costs the
-            # training loop time (~30 µs an update), so updates are also limited by the clock.
+            # Feeding rich more often than ~10 Hz only costs the training loop time (~30 µs an
+            # update), so updates are limited by the clock.
             now = time.perf_counter()
             last = done == trainer.num_training_batches
-            if last or (done % self.refresh_rate == 0 and now - self._last_update >= _MIN_UPDATE_S):
+            if compiled or last or (done % self.refresh_rate == 0 and now - self._last_update >= _MIN_UPDATE_S):
                 self._last_update = now
                 self._progress.update(self._train_task, completed=done, speed=self._speed(trainer),
-                                      metrics=_format(_bar_values(trainer)))
+                                      metrics=_format(_bar_values(trainer)), refresh=True)
             return
         if self.refresh_rate > 1:
             if trainer.global_step % self.refresh_rate == 0:
                 self._print_line(trainer, trainer.current_epoch, done, trainer.global_step)
         else:
             self._print_window(trainer)
-
-    _last_update = 0.0
-    _printed_window = None
 
     def _print_window(self, trainer) -> None:
         """A line for the last log window, once its values have reached the host (a step or two
@@ -179,40 +239,65 @@ class RichProgressBar(Callback):
         elapsed = time.perf_counter() - self._epoch_start
         if self._progress is None and self.refresh_rate == 1:
             self._print_window(trainer)  # the epoch's last window, logged at its end
+        values = _epoch_values(trainer, self._val_values, self._eval_keys)
         self._print(f"Epoch {trainer.current_epoch} done in {elapsed:.1f}s (global step "
-                    f"{trainer.global_step})  {_format(_epoch_values(trainer))}")
+                    f"{trainer.global_step})  {_format(values)}")
 
     # ---------------------------------------------------------------------------- evaluation
 
-    def _eval_batch(self, trainer, batch_idx: int, name: str) -> None:
+    def _eval_start(self, trainer, name: str, step: str) -> None:
+        self._before = dict(trainer.callback_metrics)
+        note = self._compile_note(step)
         if not self.is_terminal:
             return
         self._start_progress()
-        if self._eval_task is None:  # created here: the batch count is known once the stage runs
-            total = trainer.num_val_batches if name == "Validation" else None
-            self._eval_task = self._progress.add_task(name, total=total, speed="", metrics="")
-        self._progress.update(self._eval_task, completed=batch_idx + 1)
+        total = trainer.num_val_batches if name == "Validation" else None
+        self._eval_task = self._progress.add_task(name, total=total, speed="", metrics=note)
+        self._progress.refresh()  # drawn before the first batch, which may compile for seconds
 
-    def _eval_end(self, trainer, prefix: str) -> None:
+    def _eval_batch(self, trainer, batch_idx: int, name: str) -> None:
+        compiled = self._compiled_now()
+        if self._progress is None or self._eval_task is None:
+            return
+        now = time.perf_counter()
+        if compiled or now - self._last_update >= _MIN_UPDATE_S:
+            self._last_update = now
+            total = trainer.num_val_batches if name == "Validation" else None  # known once it runs
+            self._progress.update(self._eval_task, completed=batch_idx + 1, total=total, metrics="",
+                                  refresh=True)
+
+    def _eval_end(self, trainer, name: str) -> None:
+        values = _logged_since(trainer, self._before)
+        self._eval_keys.update(values)
         if self._progress is not None and self._eval_task is not None:
             self._progress.remove_task(self._eval_task)
             self._eval_task = None
-        if self._stage != "fit":  # fit shows validation in the epoch line instead
-            results = {k: v for k, v in trainer.callback_metrics.items() if k.startswith(prefix)}
-            self._print(f"{'Validation' if prefix == 'val/' else 'Test'} results  {_format(results)}")
+            if self._train_task is not None:  # the validation's prog_bar values, shown at once
+                self._progress.update(self._train_task, metrics=_format(_bar_values(trainer)))
+            self._progress.refresh()
+        if self._stage == "fit":  # fit shows validation in the epoch line instead
+            self._val_values = values
+        else:
+            self._print(f"{name} results  {_format(values)}")
             self._stop_progress()
+
+    def on_validation_start(self, trainer, module) -> None:
+        self._eval_start(trainer, "Validation", "validation")
 
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch(trainer, batch_idx, "Validation")
 
     def on_validation_end(self, trainer, module) -> None:
-        self._eval_end(trainer, "val/")
+        self._eval_end(trainer, "Validation")
+
+    def on_test_start(self, trainer, module) -> None:
+        self._eval_start(trainer, "Test", "test")
 
     def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch(trainer, batch_idx, "Test")
 
     def on_test_end(self, trainer, module) -> None:
-        self._eval_end(trainer, "test/")
+        self._eval_end(trainer, "Test")
 
     # ------------------------------------------------------------------------------ endings
 

@@ -15,8 +15,11 @@ from typing import Any, TextIO
 
 import jax
 from jax.sharding import NamedSharding
-from rich.console import Console
+from flax import nnx
+from flax.nnx import variablelib
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from fitjax._typing import PyTree
 from fitjax.callbacks._base import Callback
@@ -102,8 +105,47 @@ def _group(rows: list[SummaryRow], depth: int) -> list[SummaryRow]:
     return out
 
 
-def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = None) -> ModelSummary:
+def _nnx_kinds(model: Any) -> dict[tuple[str, ...], str] | None:
+    """`{path: kind}` of an NNX model's variables, or None for another model.
+
+    The kind is the Linen collection name NNX registers for the variable's type ("batch_stats"
+    for `BatchStat`), else the type's name ("RngCount"): the state reaches the trainer as plain
+    dicts whose first key is the submodule, not the kind."""
+    if not isinstance(model, nnx.Module):
+        return None
+    kinds = {}
+    for path, variable in nnx.to_flat_state(nnx.state(model)):
+        kind = getattr(variable, "type", type(variable))
+        try:
+            name = variablelib.variable_name_from_type(kind)
+        except ValueError:  # not registered (rng counters and keys, user types)
+            name = kind.__name__
+        kinds[tuple(str(p) for p in path)] = name
+    return kinds
+
+
+def _state_rows(model_state: PyTree, kinds: dict[tuple[str, ...], str] | None) -> list[SummaryRow]:
+    """Rows of the model state: `{collection: tree}` (Linen), or module paths whose kinds are
+    looked up in `kinds` (NNX)."""
+    if kinds is None:
+        return [row for name, tree in (model_state or {}).items() for row in _rows(tree, str(name))]
+    rows = _rows(model_state or {}, "state")
+    return [dataclasses.replace(row, collection=kinds.get((*row.module.split("/"), row.name), "state"))
+            if row.module else dataclasses.replace(row, collection=kinds.get((row.name,), "state"))
+            for row in rows]
+
+
+def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = None,
+              model: Any = None) -> ModelSummary:
     """Rows and totals for a model's `params` and `model_state` (nested dicts of arrays).
+
+    Args:
+        params: the trainable arrays.
+        model_state: the other arrays: `{collection: tree}` for Linen (`batch_stats`, ...);
+            for an NNX model (pass `model`), a tree by submodule, as the trainer keeps it.
+        max_depth: sum the rows of each module at this depth of the path (None: every array).
+        model: the `flax.nnx.Module` the state belongs to, so that each state row shows its
+            submodule and its kind (`batch_stats`, `RngCount`, ...); ignored for Linen.
 
     Example:
         >>> import jax.numpy as jnp
@@ -112,7 +154,7 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = No
         (16, 64)
     """
     trainable = _rows(params, "params")
-    other = [row for name, tree in (model_state or {}).items() for row in _rows(tree, str(name))]
+    other = _state_rows(model_state, _nnx_kinds(model))
     rows = trainable + other
     if max_depth is not None:
         rows = _group(rows, max_depth)
@@ -142,8 +184,18 @@ def _bytes(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
-def render(summary: ModelSummary, *, title: str = "Model summary") -> Table:
-    """A rich table of `summary`, totals in the caption."""
+def totals(summary: ModelSummary) -> str:
+    """The one-line totals printed under the table."""
+    return (
+        f"Trainable params: {_human(summary.trainable_count)} ({_bytes(summary.trainable_bytes)})  "
+        f"Other state: {_human(summary.other_count)} ({_bytes(summary.other_bytes)})  "
+        f"Total: {_human(summary.total_count)} ({_bytes(summary.total_bytes)})"
+    )
+
+
+def render(summary: ModelSummary, *, title: str = "Model summary") -> Group:
+    """A rich table of `summary` and its totals line (a line of its own: a caption would wrap
+    at the table's width, which is often narrower than the line)."""
     table = Table(title=title, title_justify="left", show_edge=False)
     for header, justify in (("Module", "left"), ("Array", "left"), ("Kind", "left"), ("Shape", "left"),
                             ("Dtype", "left"), ("Count", "right"), ("Bytes", "right")):
@@ -158,45 +210,46 @@ def render(summary: ModelSummary, *, title: str = "Model summary") -> Table:
         if summary.sharded:
             cells += [row.sharding or "", _bytes(row.device_bytes)]
         table.add_row(*cells)
-    table.caption = (
-        f"Trainable params: {_human(summary.trainable_count)} ({_bytes(summary.trainable_bytes)})  "
-        f"Other state: {_human(summary.other_count)} ({_bytes(summary.other_bytes)})  "
-        f"Total: {_human(summary.total_count)} ({_bytes(summary.total_bytes)})"
-    )
-    table.caption_justify = "left"
-    return table
+    return Group(table, Text(totals(summary), no_wrap=True, overflow="ignore"))
 
 
 class RichModelSummary(Callback):
     """Prints a table of the model's arrays when `fit` starts (on by default: `enable_model_summary`).
 
     One row per array of the parameters and the model state (BatchNorm statistics, NNX rng
-    counters): module path, shape, dtype, element count and bytes, with totals; on a mesh of
-    several devices also each array's partition spec and the bytes one device holds.
+    counters): module path, kind (`params`, `batch_stats`, ...), shape, dtype, element count and
+    bytes, then a line of totals; on a mesh of several devices also each array's partition spec
+    and the bytes one device holds.
 
     Args:
         max_depth: sum the rows of each module at this depth of the path (None: every array).
         file: where to print (default stdout).
+        console_kwargs: more arguments for the `rich.console.Console` it prints with, e.g.
+            `{"width": 120}` or `{"record": True}` (read back with `summary.console.export_text()`).
 
     Example:
         >>> import fitjax as fj
         >>> trainer = fj.Trainer(callbacks=[fj.RichModelSummary(max_depth=1)])
     """
 
-    def __init__(self, max_depth: int | None = None, *, file: TextIO | None = None):
+    def __init__(self, max_depth: int | None = None, *, file: TextIO | None = None,
+                 console_kwargs: dict[str, Any] | None = None):
         if max_depth is not None and (not isinstance(max_depth, int) or isinstance(max_depth, bool)
                                       or max_depth < 1):
             raise ValueError(f"RichModelSummary(max_depth=...) must be None or an int >= 1, got {max_depth!r}")
         self.max_depth = max_depth
         self._file = file
+        self._console_kwargs = dict(console_kwargs or {})
+        self.console: Console | None = None  # the console of the last print
         self.summary: ModelSummary | None = None
 
     def on_fit_start(self, trainer, module) -> None:
         if not trainer.is_global_zero:
             return
         state = trainer.state
-        self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth)
-        console = Console(file=self._file or sys.stdout)
-        if not console.is_terminal:
-            console.width = max(console.width, 160)  # logs have no width: don't squash the table
-        console.print(render(self.summary, title=f"{type(module).__name__} summary"), highlight=False)
+        self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth,
+                                 model=getattr(module, "model", None))
+        self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})
+        if not self.console.is_terminal and "width" not in self._console_kwargs:
+            self.console.width = max(self.console.width, 160)  # logs have no width: don't squash the table
+        self.console.print(render(self.summary, title=f"{type(module).__name__} summary"), highlight=False)

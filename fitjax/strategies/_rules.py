@@ -5,6 +5,10 @@ size divides; replicate scalars, vectors and arrays under a size threshold, whos
 would cost more than the memory it saves. A Flax annotation (`nn.with_partitioning`, logical
 names, NNX `sharding` metadata) overrides the rule for its parameter, and for the optimizer-state
 leaves that mirror that parameter (Adam's `mu`/`nu` share its path and shape).
+
+Tensor parallelism is the same mechanism on a second axis: a rule maps a logical name to the
+`tensor` mesh axis (`{"heads": "tensor", "mlp": "tensor"}`), and the annotated dimension is split
+over it. The rule for unannotated arrays only ever uses the `fsdp` axis.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def annotated_spec(names: tuple, shape: tuple[int, ...], mesh: Mesh, rules: Mapp
             f"{where} has shape {shape} but its sharding annotation {tuple(names)} names "
             f"{len(names)} dimensions; give one name (or None) per dimension."
         )
-    entries = []
+    entries, used = [], {}
     for dim, name in zip(shape, names):
         axes = _mesh_axes(name, mesh, rules, where)
         for axis in axes:
@@ -79,6 +83,16 @@ def annotated_spec(names: tuple, shape: tuple[int, ...], mesh: Mesh, rules: Mapp
                     f"FSDP(rules=...) maps {where}'s axis {name!r} to {axis!r}, which is not a mesh "
                     f"axis; use one of {tuple(mesh.axis_names)} or None."
                 )
+            if axis in used and mesh.shape[axis] > 1:
+                raise ValueError(
+                    f"{where}'s annotation {tuple(names)} puts mesh axis {axis!r} on two dimensions "
+                    f"({used[axis]!r} and {name!r}); an array is split over an axis once. Map one "
+                    "of these names to None or to another axis in FSDP(rules=...)."
+                )
+        # an axis of size 1 splits nothing: a second use of it (say `tensor` on a mesh without
+        # tensor parallelism) is dropped instead of making an invalid PartitionSpec
+        axes = tuple(a for a in axes if a not in used)
+        used.update({a: name for a in axes})
         split = int(np.prod([mesh.shape[a] for a in axes]))
         if dim % split:
             raise ValueError(

@@ -3,7 +3,9 @@
 Each device keeps `1/fsdp` of every large array; XLA all-gathers a parameter where the step uses
 it and reduce-scatters its gradient, so memory for the state shrinks with the device count while
 the numbers stay those of one device with the same global batch. A `data` axis on top gives a
-hybrid mesh: `data` replicas of a model sharded `fsdp` ways.
+hybrid mesh: `data` replicas of a model sharded `fsdp` ways. A `tensor` axis (Megatron-style tensor
+parallelism) splits the dimensions whose logical names the rules map to it, such as attention heads
+and the MLP's hidden units; the batch is not split over it, so its devices share each batch.
 """
 
 from __future__ import annotations
@@ -28,17 +30,25 @@ def _check_axis(name: str, value: Any) -> int | None:
 
 
 class FSDP(Strategy):
-    """Fully sharded data parallelism on a `("data", "fsdp")` mesh; the batch is split over both.
+    """Fully sharded data parallelism on a `("data", "fsdp", "tensor")` mesh.
+
+    The batch is split over `data` and `fsdp`; `tensor` (1 unless asked for) splits the array
+    dimensions that `rules` map to it, and its devices see the same rows of each batch.
 
     Args:
         data: replicas of the sharded model (the outer mesh axis); None: the devices left over
             by `fsdp`, or 1.
-        fsdp: devices each array is sharded over; None: all devices left over by `data`.
+        fsdp: devices each array is sharded over; None: all devices left over by `data` and
+            `tensor`.
+        tensor: devices the dimensions mapped to the `tensor` axis are split over (attention
+            heads, the MLP's hidden units: Megatron-style tensor parallelism); it must divide
+            the device count. Only annotated parameters use it: map their logical names to
+            "tensor" in `rules`.
         min_size_to_shard: arrays with fewer elements stay replicated (their all-gather costs
             more than the memory saved); scalars and vectors always do.
         rules: logical axis names of Flax annotations (`nn.with_logical_partitioning`) -> a mesh
-            axis, a tuple of them, or None (replicate). Mesh axis names ("data", "fsdp") can be
-            used in annotations directly.
+            axis, a tuple of them, or None (replicate). Mesh axis names ("data", "fsdp",
+            "tensor") can be used in annotations directly.
 
     Annotated parameters (`nn.with_partitioning`, `nn.with_logical_partitioning`, NNX
     `sharding` metadata) follow their annotation, as do the optimizer-state arrays mirroring
@@ -55,15 +65,20 @@ class FSDP(Strategy):
         >>> trainer = fj.Trainer(strategy="fsdp")                    # all devices on `fsdp`
         >>> hybrid = fj.strategies.FSDP(data=2, fsdp=4)               # 2 replicas × 4 shards
         >>> named = fj.strategies.FSDP(rules={"embed": "fsdp", "mlp": None})
+        >>> megatron = fj.strategies.FSDP(tensor=2, rules={"embed": "fsdp", "heads": "tensor",
+        ...                                                "mlp": "tensor", "kv": None})
     """
 
     data_axes = ("data", "fsdp")
 
-    def __init__(self, data: int | None = None, fsdp: int | None = None, *,
+    def __init__(self, data: int | None = None, fsdp: int | None = None, *, tensor: int = 1,
                  min_size_to_shard: int = 2**14, rules: Mapping[str, Any] | None = None):
         super().__init__()
         self.data = _check_axis("data", data)
         self.fsdp = _check_axis("fsdp", fsdp)
+        if isinstance(tensor, bool) or not isinstance(tensor, int) or tensor < 1:
+            raise ValueError(f"FSDP(tensor=...) must be a positive int (devices per tensor group), got {tensor!r}")
+        self.tensor = tensor
         if isinstance(min_size_to_shard, bool) or not isinstance(min_size_to_shard, int) or min_size_to_shard < 0:
             raise ValueError(
                 f"FSDP(min_size_to_shard=...) must be a non-negative int (elements), got {min_size_to_shard!r}"
@@ -76,25 +91,37 @@ class FSDP(Strategy):
         self.rules = dict(rules or {})
 
     def _build_mesh(self, devices: Sequence[jax.Device]) -> Mesh:
-        n = len(devices)
+        n, tensor = len(devices), self.tensor
+        if n % tensor:
+            raise ValueError(
+                f"FSDP(tensor={tensor}) does not divide the {n} selected devices; use a divisor of "
+                f"{n} or select a multiple of {tensor} devices with Trainer(devices=...)."
+            )
+        rest = n // tensor  # devices per tensor position: data × fsdp
         data, fsdp = self.data, self.fsdp
         if data is None and fsdp is None:
-            data, fsdp = 1, n
+            data, fsdp = 1, rest
         elif data is None or fsdp is None:
             given, name = (data, "data") if fsdp is None else (fsdp, "fsdp")
-            if n % given:
+            if rest % given:
+                left = f"the {n} devices" if tensor == 1 else f"the {rest} devices left by tensor={tensor}"
                 raise ValueError(
-                    f"FSDP({name}={given}) does not divide the {n} devices; use a divisor of {n} "
-                    f"or select {given * max(1, n // given)} devices with Trainer(devices=...)."
+                    f"FSDP({name}={given}) does not divide {left}; use a divisor of {rest} "
+                    f"or select {given * max(1, rest // given) * tensor} devices with Trainer(devices=...)."
                 )
-            data, fsdp = (given, n // given) if name == "data" else (n // given, given)
-        if data * fsdp != n:
+            data, fsdp = (given, rest // given) if name == "data" else (rest // given, given)
+        if data * fsdp * tensor != n:
+            sizes, names = f"data={data}, fsdp={fsdp}", "data × fsdp"
+            if tensor != 1:
+                sizes, names = f"{sizes}, tensor={tensor}", f"{names} × tensor"
+            need = data * fsdp * tensor
             raise ValueError(
-                f"FSDP(data={data}, fsdp={fsdp}) needs data × fsdp = {data * fsdp} devices, but "
-                f"{n} are selected. Choose sizes whose product is {n}, leave one of them None, or "
-                f"select {data * fsdp} devices with Trainer(devices={data * fsdp})."
+                f"FSDP({sizes}) needs {names} = {need} devices, but {n} are selected. Choose sizes "
+                f"whose product is {n}, leave data or fsdp None, or select {need} devices with "
+                f"Trainer(devices={need})."
             )
-        return Mesh(np.asarray(devices).reshape(data, fsdp), ("data", "fsdp"))
+        # tensor innermost: its groups are neighbouring devices (the same host, the fastest links)
+        return Mesh(np.asarray(devices).reshape(data, fsdp, tensor), ("data", "fsdp", "tensor"))
 
     def state_shardings(self, abstract_state: PyTree, annotations: _rules.Annotations | None = None
                         ) -> PyTree:

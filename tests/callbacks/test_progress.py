@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 
 import jax
+import helpers
 import numpy as np
+import optax
+import rich.live
 from flax import nnx
 from helpers import Regressor, quiet_trainer, regression_data
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -108,3 +112,144 @@ def test_enable_flags_add_or_remove_the_default_callbacks():
     trainer = fj.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, callbacks=[fj.RichModelSummary(max_depth=1)])
     assert trainer.callbacks == []
+
+
+# ------------------------------------------------ what a user sees in a 120-column terminal
+
+class LitStyle(fj.LitModule):
+    """A Lightning-shaped module: Lightning's key names, no `val/` or `test/` prefix."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = helpers.MLP()
+
+    def training_step(self, batch, batch_idx):
+        pred = self.model(batch["x"], train=self.training)
+        self.log("train_mae", abs(pred - batch["y"]).mean(), on_step=True, on_epoch=True)
+        return ((pred - batch["y"]) ** 2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pred = self.model(batch["x"], train=False)
+        self.log("val_mae", abs(pred - batch["y"]).mean())
+        self.log("val_mse", ((pred - batch["y"]) ** 2).mean(), prog_bar=True)
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_mae", abs(self.model(batch["x"], train=False) - batch["y"]).mean())
+
+    def configure_optimizers(self):
+        return optax.sgd(0.05)
+
+
+def _recorded_bar(*, terminal: bool) -> fj.RichProgressBar:
+    return fj.RichProgressBar(force_terminal=terminal, console_kwargs={
+        "record": True, "width": 120, "height": 40, "file": io.StringIO()})
+
+
+_CONTROL = re.compile(r"(\x1b\[[0-9;?]*[A-Za-z]|\r|\n)")
+
+
+def _screen(raw: str, width: int = 120) -> list[str]:
+    """The lines a 120-column terminal shows after `raw` (scrollback included): the cursor moves
+    and line erasures rich's live display uses are applied, colours dropped."""
+    lines, row, col = [""], 0, 0
+    for token in _CONTROL.split(raw):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+        elif token.startswith("\x1b["):
+            if token.endswith("A"):  # cursor up
+                row -= int(token[2:-1] or 1)
+            elif token.endswith("K"):  # erase the line
+                lines[row] = ""
+            else:
+                assert token.endswith(("m", "h", "l")), f"unexpected control {token!r}"
+        else:
+            for char in token:
+                if col == width:  # the terminal wraps a line longer than its width
+                    row, col = row + 1, 0
+                while len(lines) <= row:
+                    lines.append("")
+                lines[row] = lines[row][:col].ljust(col) + char + lines[row][col + 1:]
+                col += 1
+        while len(lines) <= row:
+            lines.append("")
+    return [line.rstrip() for line in lines]
+
+
+class Screen(fj.Callback):
+    """After the bar's own hooks, looks at the terminal at the moments a user waits: before the
+    first train step (it compiles), after it, and around the first validation."""
+
+    def __init__(self, bar):
+        self.bar, self.seen = bar, {}
+
+    def _look(self, moment):
+        self.seen.setdefault(moment, _screen(self.bar.console.file.getvalue()))
+        threads = [t for t in threading.enumerate() if isinstance(t, rich.live._RefreshThread)]
+        assert not threads, "a thread redraws the bar while the loop prints"
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self._look("before the first train step")
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._look("after the first train step")
+
+    def on_validation_start(self, trainer, module):
+        self._look("before the first validation step")
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._look("after the first validation step")
+
+
+def test_a_terminal_says_what_compiles_and_keeps_every_epoch_line():
+    bar = _recorded_bar(terminal=True)
+    screen = Screen(bar)
+    trainer = quiet_trainer(max_epochs=3, strategy="dp", callbacks=[bar, screen], enable_progress_bar=True)
+    val = fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
+    trainer.fit(Marked(), fj.DataLoader(regression_data(n=128), batch_size=32), val)  # 4 steps/epoch
+    seen = screen.seen
+    assert re.match(r"Epoch 0/2 .* 0/4 .* compiling train step$", seen["before the first train step"][-1])
+    assert re.match(r"Epoch 0/2 .* 1/4 .* it/s", seen["after the first train step"][-1])
+    assert re.match(r"Validation .* compiling validation step$", seen["before the first validation step"][-1])
+    assert re.match(r"Validation .* 1/2 ", seen["after the first validation step"][-1])
+    assert not any("compiling" in line for line in seen["after the first validation step"])
+    shown = _screen(bar.console.file.getvalue())
+    done = [line for line in shown if line.startswith("Epoch ") and " done " in line]
+    assert [re.match(r"Epoch (\d) done in \S+ \(global step (\d+)\)  loss \S+  mae \S+  pred_mean \S+  "
+                     r"val/loss \S+  val/mae \S+", line).groups() for line in done] == [
+        ("0", "4"), ("1", "8"), ("2", "12")]
+    assert max(len(line) for line in shown) <= 120
+    assert re.match(r"Epoch 2/2 .* 4/4 ", [line for line in shown if line][-1])  # the last bar stays
+
+
+def test_lightning_style_values_reach_the_epoch_lines_and_the_results():
+    bar = _recorded_bar(terminal=False)
+    trainer = quiet_trainer(max_epochs=2, strategy="single", callbacks=[bar], enable_progress_bar=True)
+    val = fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
+    module = LitStyle()
+    trainer.fit(module, fj.DataLoader(regression_data(n=64), batch_size=32), val)
+    trainer.validate(module, val)
+    trainer.test(module, val)
+    text = bar.console.export_text()
+    epochs = re.findall(r"^Epoch \d done .*$", text, re.M)
+    assert len(epochs) == 2
+    for line in epochs:  # the train epoch means, then every value the validation logged
+        assert re.search(r"\)  loss \S+  train_mae_epoch \S+  val_mae \S+  val_mse \S+$", line), line
+    (validated,) = re.findall(r"^Validation results  .*$", text, re.M)
+    assert re.fullmatch(r"Validation results  val_mae \S+  val_mse \S+", validated)
+    (tested,) = re.findall(r"^Test results  .*$", text, re.M)
+    assert re.fullmatch(r"Test results  test_mae \S+", tested)
+    assert text.count("compiling train step") == 1
+
+
+def test_summary_fits_120_columns_and_names_nnx_state_kinds():
+    summary = fj.RichModelSummary(console_kwargs={"record": True, "width": 120, "file": io.StringIO()})
+    quiet_trainer(max_steps=1, strategy="fsdp", callbacks=[summary], enable_model_summary=True).fit(
+        NNXRegressor(), fj.DataLoader(regression_data(n=32), batch_size=16))
+    lines = summary.console.export_text().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 120
+    assert re.fullmatch(r"Trainable params: 193 \(772 B\)  Other state: 32 \(128 B\)  Total: 225 \(900 B\)",
+                        lines[-1])
+    rows = {tuple(cell.strip() for cell in line.split("│")[:3]) for line in lines if "│" in line}
+    assert {("bn", "mean", "batch_stats"), ("bn", "var", "batch_stats"), ("hidden", "kernel", "params")} <= rows

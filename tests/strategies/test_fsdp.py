@@ -137,7 +137,7 @@ def test_nnx_sharding_metadata_is_honoured():
 
 def test_string_name_uses_every_selected_device():
     trainer = quiet_trainer(strategy="fsdp", devices=4)
-    assert dict(trainer.strategy.mesh.shape) == {"data": 1, "fsdp": 4}
+    assert dict(trainer.strategy.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 1}
 
 
 @pytest.mark.parametrize("kwargs, devices, message", [

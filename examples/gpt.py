@@ -1,0 +1,403 @@
+"""Train a GPT-style byte-level language model on the Python documentation that ships with CPython.
+
+    python examples/gpt.py --preset tiny                      # CI-sized: ~1 min on 2 CPU cores
+    python examples/gpt.py --preset small                     # the README's run: ~10 min on 2 CPU cores
+    python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
+    python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
+    python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
+
+The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
+code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by
+position: the first 90% trains, the last 10% validates. The model is a decoder-only transformer
+(pre-norm, causal self-attention, GELU MLP, learned positions, tied input/output embeddings) whose
+parameters carry logical axis names (`nn.with_logical_partitioning`); `GPT_RULES` maps them to the
+mesh axes of `fj.strategies.FSDP`, so the same code runs on one device, data-parallel, FSDP, or
+FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
+warmup-cosine, gradient clipping at 1.0, gradient accumulation, periodic checkpoints, exact resume.
+
+Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the validation loss),
+`perf/tokens_per_sec`, `perf/flops_per_sec` (achieved model FLOP/s: 6 × matmul parameters + the
+attention's 12 × layers × context × width per token, PaLM's count) and `perf/mfu` when
+`--peak-tflops` names the device's peak (peak is device-specific: a CPU has no standard one, so on a
+CPU only the achieved FLOP/s is reported). Every `--sample-every` steps a few generated lines are
+printed: temperature sampling by plain re-runs of the model over the last `context` tokens (one
+forward pass per new byte, no KV cache: simple, and cheap next to training at these sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import fitjax as fj
+
+# Logical axis names on the parameters -> mesh axes of fj.strategies.FSDP. "embed" (the residual
+# width) is sharded over `fsdp` (ZeRO-3 style); attention heads and the MLP's hidden units over
+# `tensor` (Megatron: the first matmul of each pair is split by columns, the second by rows, so
+# each pair needs one all-reduce); the byte vocabulary and per-head width stay whole.
+GPT_RULES = {"vocab": None, "embed": "fsdp", "heads": "tensor", "kv": None, "mlp": "tensor", "length": None}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CI: a few seconds of compilation, under a minute of training on 2 busy cores
+    "tiny": dict(layers=2, width=64, heads=4, context=64, batch_size=16, accumulate=2, max_steps=100,
+                 lr=3e-3, warmup=10, log_every=10, ckpt_every=50, sample_every=0, precision="bf16-mixed"),
+    # the README's CPU run: sized to finish in ~10 minutes on this project's 2 shared cores
+    "small": dict(layers=4, width=256, heads=8, context=128, batch_size=16, accumulate=2, max_steps=300,
+                  lr=2e-3, warmup=30, log_every=20, ckpt_every=100, sample_every=100, precision="bf16-mixed"),
+    # GPT-2 small's shape, for one large GPU (80+ GB); not run on this project's machines
+    "gpu": dict(layers=12, width=768, heads=12, context=1024, batch_size=32, accumulate=4, max_steps=2000,
+                lr=6e-4, warmup=100, log_every=20, ckpt_every=500, sample_every=500, precision="bf16-mixed"),
+}
+VOCAB = 256  # bytes
+
+
+# ----------------------------------------------------------------------------------------- model
+
+def _param(init, *names):
+    return nn.with_logical_partitioning(init, names)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    heads: int
+    mlp_ratio: int = 4
+    residual_std: float = 0.02
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        width = x.shape[-1]
+        head_dim = width // self.heads
+        init = nn.initializers.normal(0.02)
+        out_init = nn.initializers.normal(self.residual_std)  # GPT-2: residual writes scaled by depth
+
+        h = nn.LayerNorm(use_bias=False)(x)
+        qkv = [nn.DenseGeneral((self.heads, head_dim), use_bias=False, name=name,
+                               kernel_init=_param(init, "embed", "heads", "kv"))(h) for name in "qkv"]
+        # [batch, length, heads, head_dim]; softmax in float32 even when the inputs are bfloat16
+        attn = jax.nn.dot_product_attention(*qkv, is_causal=True)
+        x = x + nn.DenseGeneral(width, axis=(-2, -1), use_bias=False, name="proj",
+                                kernel_init=_param(out_init, "heads", "kv", "embed"))(attn)
+
+        h = nn.LayerNorm(use_bias=False)(x)
+        h = nn.Dense(self.mlp_ratio * width, use_bias=False, name="up", kernel_init=_param(init, "embed", "mlp"))(h)
+        h = nn.Dense(width, use_bias=False, name="down", kernel_init=_param(out_init, "mlp", "embed"))(nn.gelu(h))
+        return x + h
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, 256]."""
+
+    layers: int
+    width: int
+    heads: int
+    context: int
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        embed = nn.Embed(VOCAB, self.width, name="embed",
+                         embedding_init=_param(nn.initializers.normal(0.02), "vocab", "embed"))
+        positions = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
+                               (self.context, self.width))
+        x = embed(tokens) + positions[: tokens.shape[1]].astype(embed.embedding.dtype)
+        for i in range(self.layers):
+            x = Block(self.heads, residual_std=0.02 / (2 * self.layers) ** 0.5, name=f"block_{i}")(x)
+        return embed.attend(nn.LayerNorm(use_bias=False)(x))  # tied: the output head is embed's table
+
+
+def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, **_: Any) -> int:
+    """Training FLOPs per token (forward + backward = 3 × forward; PaLM's appendix B count).
+
+    6 × the parameters used in matmuls (attention q, k, v, out; the MLP; the tied output head) plus
+    12 × layers × context × width for the attention scores and their weighted sum (the causal
+    mask's skipped half counted, as PaLM does).
+    """
+    matmul_params = layers * (4 * width * width + 2 * mlp_ratio * width * width) + VOCAB * width
+    return 6 * matmul_params + 12 * layers * context * width
+
+
+# ---------------------------------------------------------------------------------------- module
+
+class GPTModule(fj.LitModule):
+    """Next-byte prediction: `batch["tokens"]` [batch, context + 1] int32."""
+
+    def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, context: int = 64,
+                 lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1):
+        super().__init__()
+        self.save_hyperparameters()
+        if width % heads:
+            raise ValueError(f"GPTModule(width={width!r}, heads={heads!r}): heads must divide width")
+        self.model = GPT(layers=layers, width=width, heads=heads, context=context)
+        # read by fj.LearningRateMonitor (optax keeps the schedule inside the optimizer)
+        self.lr_schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1),
+                                                              end_value=lr / 10)
+
+    def loss(self, model, batch):
+        tokens = batch["tokens"]
+        logits = model(tokens[:, :-1]).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    def configure_optimizer(self):
+        decay = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731 (no decay on norms)
+        return optax.adamw(self.lr_schedule, b1=0.9, b2=0.95, weight_decay=self.hparams.weight_decay, mask=decay)
+
+
+# ------------------------------------------------------------------------------------------ data
+
+def corpus() -> np.ndarray:
+    """The Python documentation topics bundled with CPython, as uint8 bytes (sorted by topic)."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[name] for name in sorted(topics))
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def windows(data: np.ndarray, length: int, stride: int) -> np.ndarray:
+    """Every `stride`-th slice of `length` bytes, as int32 rows [n, length]."""
+    starts = np.arange(0, len(data) - length + 1, stride)
+    return data[starts[:, None] + np.arange(length)].astype(np.int32)
+
+
+def splits(context: int, val_fraction: float = 0.1) -> tuple[dict, dict]:
+    """(train, val) dicts of `tokens` [n, context + 1]: train windows overlap by half a context."""
+    data = corpus()
+    cut = int(len(data) * (1 - val_fraction))
+    train = windows(data[:cut], context + 1, max(1, context // 2))
+    val = windows(data[cut:], context + 1, context)
+    return {"tokens": train}, {"tokens": val}
+
+
+def encode(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+
+def decode(tokens: Sequence[int]) -> str:
+    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+# ------------------------------------------------------------------------------------ generation
+
+@functools.partial(jax.jit, static_argnames=("model", "steps", "temperature"))
+def _generate(model: GPT, params, prompt: jax.Array, rng: jax.Array, *, steps: int, temperature: float):
+    batch, start = prompt.shape
+    size = max(model.context, start + steps)
+    buffer = jnp.zeros((batch, size), jnp.int32).at[:, :start].set(prompt)
+
+    def fill(t, state):  # writes position t from the (at most) `context` bytes before it
+        buffer, rng = state
+        first = jnp.clip(t - model.context, 0, size - model.context)
+        window = jax.lax.dynamic_slice_in_dim(buffer, first, model.context, axis=1)
+        logits = model.apply({"params": params}, window)[:, t - 1 - first].astype(jnp.float32)
+        rng, key = jax.random.split(rng)
+        if temperature > 0:
+            token = jax.random.categorical(key, logits / temperature)
+        else:
+            token = logits.argmax(-1)
+        return jax.lax.dynamic_update_slice_in_dim(buffer, token[:, None].astype(jnp.int32), t, axis=1), rng
+
+    buffer, _ = jax.lax.fori_loop(start, start + steps, fill, (buffer, rng))
+    return buffer[:, : start + steps]
+
+
+def generate_tokens(model: GPT, params, prompts: Sequence[str], length: int, *, temperature: float = 0.8,
+                    seed: int = 0) -> jax.Array:
+    """The prompts' bytes followed by `length` generated ones: int32 [len(prompts), prompt + length].
+
+    Prompts must have one byte length; `temperature=0` is greedy. Each new byte is one forward
+    pass over the `context` bytes before it (a plain re-run, no KV cache).
+    """
+    encoded = [encode(p) for p in prompts]
+    if len({len(e) for e in encoded}) != 1 or not len(encoded[0]):
+        raise ValueError(f"generate(prompts=...) needs non-empty prompts of one byte length, got {list(prompts)!r}")
+    return _generate(model, params, jnp.asarray(np.stack(encoded)), jax.random.key(seed), steps=length,
+                     temperature=float(temperature))
+
+
+def generate(model: GPT, params, prompts: Sequence[str], length: int, *, temperature: float = 0.8,
+             seed: int = 0) -> list[str]:
+    """`length` generated bytes after each prompt, decoded as UTF-8 (invalid bytes replaced)."""
+    tokens = np.asarray(generate_tokens(model, params, prompts, length, temperature=temperature, seed=seed))
+    return [decode(row[-length:]) for row in tokens]
+
+
+# ------------------------------------------------------------------------------------- callbacks
+
+class Throughput(fj.Callback):
+    """Logs `perf/tokens_per_sec`, `perf/flops_per_sec` and (with a peak) `perf/mfu` every `every` steps.
+
+    Waits for the step at each window's end (one host sync per window, not per step) so the time
+    is the steps' own; a window with validation in it is not measured. The first window (with the
+    compilation) is skipped.
+    """
+
+    def __init__(self, *, tokens_per_step: int, flops_per_token: int, every: int, peak_flops: float | None = None):
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.every, self.peak_flops = every, peak_flops
+        self.history: list[tuple[int, dict[str, float]]] = []
+        self._mark: tuple[int, float] | None = None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every:
+            return
+        jax.block_until_ready(outputs)  # sync point: once per window
+        now, step = time.perf_counter(), trainer.global_step
+        if self._mark is not None and step > self._mark[0]:
+            tokens_per_sec = (step - self._mark[0]) * self.tokens_per_step / (now - self._mark[1])
+            values = {"perf/tokens_per_sec": tokens_per_sec,
+                      "perf/flops_per_sec": tokens_per_sec * self.flops_per_token}
+            if self.peak_flops:
+                values["perf/mfu"] = values["perf/flops_per_sec"] / self.peak_flops
+            self.history.append((step, values))
+            for logger in trainer.loggers:
+                logger.log_metrics(values, step=step)
+        self._mark = (step, now)
+
+    def on_validation_start(self, trainer, module) -> None:
+        self._mark = None
+
+
+class Perplexity(fj.Callback):
+    """Logs `val/ppl` = exp(`val/loss`) after each validation."""
+
+    def on_validation_epoch_end(self, trainer, module) -> None:
+        if "val/loss" in trainer.callback_metrics:
+            ppl = float(np.exp(trainer.callback_metrics["val/loss"]))
+            for logger in trainer.loggers:
+                logger.log_metrics({"val/ppl": ppl}, step=trainer.global_step)
+
+
+class Samples(fj.Callback):
+    """Prints generated continuations of a few prompts every `every` steps and at the end.
+
+    `every=0`: only at the end; `length=0`: never.
+    """
+
+    PROMPTS = ("The ", "def ", "If the ")
+
+    def __init__(self, *, every: int, length: int = 120, temperature: float = 0.8):
+        self.every, self.length, self.temperature = every, length, temperature
+        self.history: list[tuple[int, list[str]]] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if self.every and self.length and trainer.global_step % self.every == 0:
+            self._sample(trainer, module)
+
+    def on_train_end(self, trainer, module) -> None:
+        if self.length and (not self.history or self.history[-1][0] != trainer.global_step):
+            self._sample(trainer, module)
+
+    def _sample(self, trainer, module) -> None:
+        # prompts padded to one length with leading spaces: the batch generates in one call
+        width = max(map(len, self.PROMPTS))
+        prompts = [p.rjust(width) for p in self.PROMPTS]
+        texts = generate(module.model, trainer.state.params, prompts, self.length,
+                         temperature=self.temperature, seed=trainer.global_step)
+        self.history.append((trainer.global_step, [p.strip() + t for p, t in zip(prompts, texts)]))
+        print(f"\n--- samples at step {trainer.global_step} (temperature {self.temperature}) ---")
+        for line in self.history[-1][1]:
+            print(repr(line)[1:-1][:160])
+
+
+# ------------------------------------------------------------------------------------------ main
+
+def strategy_for(name: str, *, tensor: int = 1, data: int | None = None) -> str | fj.strategies.Strategy:
+    """`"fsdp"` becomes `FSDP(data, tensor, rules=GPT_RULES)`; other names pass through."""
+    if name == "fsdp":
+        return fj.strategies.FSDP(data=data, tensor=tensor, rules=GPT_RULES)
+    if tensor != 1:
+        raise ValueError(f"--tensor {tensor} needs --strategy fsdp (got --strategy {name!r})")
+    return name
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--strategy", default="fsdp", help="fsdp (default) | dp | single | auto")
+    parser.add_argument("--tensor", type=int, default=1, help="tensor-parallel devices (with fsdp)")
+    parser.add_argument("--data", type=int, default=None, help="data-parallel replicas of the fsdp mesh")
+    parser.add_argument("--devices", default="auto", help="device count or 'auto'")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak, for MFU")
+    parser.add_argument("--root-dir", default="runs/gpt")
+    parser.add_argument("--keep-checkpoints", type=int, default=1, help="periodic checkpoints kept (-1: all)")
+    parser.add_argument("--resume", nargs="?", const="last", default=None, metavar="CKPT",
+                        help="continue exactly from a checkpoint: the last one (no value), or a path")
+    parser.add_argument("--no-progress-bar", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sample-length", type=int, default=120, help="bytes per printed sample (0: none)")
+    # every preset value can be overridden: --layers 6 --width 384 --max-steps 1000 ...
+    for key, value in PRESETS["tiny"].items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=None)
+    args = parser.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+@dataclasses.dataclass
+class Run:
+    """What `main` returns: the trainer and module after fit, the final metrics, the callbacks."""
+
+    trainer: fj.Trainer
+    module: GPTModule
+    metrics: dict[str, float]
+    throughput: Throughput
+    samples: Samples
+
+
+def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] = ()) -> Run:
+    args = parse_args(argv)
+    train, val = splits(args.context)
+    global_batch = args.batch_size  # per micro-batch; an optimizer step sees `accumulate` of them
+    train_loader = fj.DataLoader(train, batch_size=global_batch, shuffle=True, seed=args.seed, drop_last=True)
+    val_loader = fj.DataLoader(val, batch_size=global_batch)
+    module = GPTModule(layers=args.layers, width=args.width, heads=args.heads, context=args.context,
+                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps)
+    shape = dict(layers=args.layers, width=args.width, context=args.context)
+    throughput = Throughput(tokens_per_step=global_batch * args.accumulate * args.context,
+                            flops_per_token=flops_per_token(**shape), every=args.log_every,
+                            peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
+    samples = Samples(every=args.sample_every, length=args.sample_length)
+    checkpoints = fj.ModelCheckpoint(every_n_train_steps=args.ckpt_every, save_last=True,
+                                     save_top_k=args.keep_checkpoints)
+    trainer = fj.Trainer(
+        max_steps=args.max_steps,
+        strategy=strategy_for(args.strategy, tensor=args.tensor, data=args.data),
+        devices=args.devices if args.devices == "auto" else int(args.devices),
+        precision=args.precision,
+        accumulate_grad_batches=args.accumulate,
+        gradient_clip_val=1.0,
+        log_every_n_steps=args.log_every,
+        val_check_interval=args.ckpt_every * args.accumulate,  # batches: validate at each checkpoint
+        check_val_every_n_epoch=None,
+        limit_val_batches=20,
+        default_root_dir=args.root_dir,
+        enable_progress_bar=not args.no_progress_bar,
+        seed=args.seed,
+        callbacks=[checkpoints, throughput, samples, Perplexity(), fj.LearningRateMonitor(), *callbacks],
+    )
+    trainer.fit(module, train_loader, val_loader, ckpt_path=args.resume)
+    (metrics,) = trainer.validate(module, val_loader)
+    metrics = {**metrics, "val/ppl": float(np.exp(metrics["val/loss"]))}
+    speed = [v["perf/tokens_per_sec"] for _, v in throughput.history]
+    if speed:
+        metrics["perf/tokens_per_sec"] = float(np.median(speed))
+        metrics["perf/flops_per_sec"] = metrics["perf/tokens_per_sec"] * throughput.flops_per_token
+    print(f"validation loss {metrics['val/loss']:.4f}  perplexity {metrics['val/ppl']:.3f}  "
+          + (f"{metrics['perf/tokens_per_sec']:.0f} tokens/s  "
+             f"{metrics['perf/flops_per_sec'] / 1e9:.2f} GFLOP/s achieved  " if speed else "")
+          + f"(logs: {trainer.log_dir})")
+    return Run(trainer, module, metrics, throughput, samples)
+
+
+if __name__ == "__main__":
+    main()

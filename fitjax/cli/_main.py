@@ -1,0 +1,30 @@
+"""The `fitjax` console command: `fitjax fit|validate|test|predict ...` or `fitjax launch ...`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["main"]
+
+_DESCRIPTION = ("fitjax command line tool. Name the module with --model.class_path (and the data with "
+                "--data.class_path). `fitjax launch --help`: start several processes on this machine.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs the `fitjax` console command with `argv` (default `sys.argv[1:]`); exits with its status.
+
+    `fitjax launch ...` starts processes (`fitjax.cli.launch`, no jsonargparse needed); anything
+    else is `LightningCLI()` with every class named by `class_path`.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "launch":
+        from fitjax.cli._launch import launch
+
+        sys.exit(launch(argv[1:]))
+    # Like `python -m`, the working directory is importable: `--model.class_path mypkg.MyModule`.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    from fitjax.cli._cli import LightningCLI
+
+    LightningCLI(args=argv, parser_kwargs={"prog": "fitjax", "description": _DESCRIPTION})

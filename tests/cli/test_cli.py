@@ -1,0 +1,202 @@
+"""`LightningCLI` in-process: configs and overrides, every subcommand, objects from config, bad input."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+import yaml
+from cli_parts import PlainRegressor, Regressor, RegressorData, small_regressor
+
+import fitjax as fj
+from fitjax.cli import LightningCLI
+
+QUIET = {"enable_progress_bar": False, "enable_model_summary": False}
+
+
+def run_cli(*args, model_class=Regressor, datamodule_class=RegressorData, **kwargs) -> LightningCLI:
+    kwargs.setdefault("trainer_defaults", QUIET)
+    return LightningCLI(model_class, datamodule_class, args=[str(a) for a in args], **kwargs)
+
+
+def exits_with(capsys, *args, **kwargs) -> tuple[int, str, str]:
+    """The exit status, stdout and stderr of a run that exits."""
+    with pytest.raises(SystemExit) as exited:
+        run_cli(*args, **kwargs)
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def host_params(cli: LightningCLI):
+    return jax.device_get(cli.model.variables[0])
+
+
+def assert_bitwise_equal(a, b):
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_overrides_beat_later_configs_beat_earlier_configs_beat_defaults(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(yaml.safe_dump({"trainer": {"max_steps": 3, "seed": 5}, "model": {"lr": 0.1}}))
+    second.write_text(yaml.safe_dump({"model": {"lr": 0.2}}))
+    cli = run_cli("--config", first, "--config", second, "--trainer.seed=7", run=False)
+    assert cli.model.hparams.lr == 0.2  # the later file
+    assert cli.trainer.max_steps == 3  # the first file, untouched by the second
+    assert cli.trainer.seed == 7  # the command line after both
+    assert cli.datamodule.batch_size == 32  # RegressorData's default
+    assert cli.trainer.log_every_n_steps == 50  # Trainer's default
+    # order on the command line decides: a file given after an override wins over it
+    cli = run_cli("--model.lr=0.3", "--config", second, run=False)
+    assert cli.model.hparams.lr == 0.2
+
+
+def test_args_as_a_dict_and_a_function_as_the_model_class():
+    cli = LightningCLI(small_regressor, RegressorData, run=False,
+                       args={"trainer": {"max_steps": 2}, "model": {"lr": 0.5}, "data": {"batch_size": 8}})
+    assert isinstance(cli.model, Regressor) and cli.model.hparams == {"lr": 0.5, "batchnorm": False}
+    assert cli.trainer.max_steps == 2 and cli.datamodule.batch_size == 8
+
+
+def _session_start_hparams(run_dir: Path) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    accumulator = EventAccumulator(str(run_dir))
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_START_INFO_TAG]
+    start = metadata.parse_session_start_info_plugin_data(content)
+    return {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+
+
+def test_print_config_and_saved_config_reproduce_the_run_bitwise(tmp_path, capsys):
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({
+        "trainer": {"max_steps": 6, "deterministic": True, "log_every_n_steps": 2,
+                    "default_root_dir": str(tmp_path / "runs"), "enable_checkpointing": False,
+                    "strategy": {"class_path": "fitjax.strategies.FSDP", "init_args": {"min_size_to_shard": 0}}},
+        "model": {"lr": 0.02},
+    }))
+    args = ["fit", "--config", base, "--data.batch_size=16"]
+    code, out, _ = exits_with(capsys, *args, "--print_config")
+    assert code == 0
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(out)
+
+    first = run_cli(*args)
+    saved = Path(first.trainer.log_dir) / "config.yaml"
+    again = run_cli("fit", "--config", saved)
+    from_print = run_cli("fit", "--config", printed)
+
+    def resolved(cli):
+        config = cli.config.fit.clone()
+        del config["config"]
+        return config.as_dict()
+
+    assert isinstance(first.trainer.strategy, fj.strategies.FSDP)
+    assert first.trainer.global_step == 6
+    for other in (again, from_print):
+        assert resolved(other) == resolved(first)
+        assert_bitwise_equal(host_params(other), host_params(first))
+    assert len({cli.trainer.log_dir for cli in (first, again, from_print)}) == 3  # a new version each
+    # logged as hyperparameters: the HPARAMS tab shows the config's keys
+    hparams = _session_start_hparams(Path(first.trainer.log_dir))
+    assert hparams["trainer/max_steps"] == 6 and hparams["model/lr"] == pytest.approx(0.02)
+    assert hparams["trainer/strategy/class_path"] == "fitjax.strategies.FSDP"
+
+
+def test_every_subcommand_runs_and_reads_ckpt_path(tmp_path):
+    common = ["--trainer.default_root_dir", tmp_path]  # each run logs to a new version folder
+    fit = run_cli("fit", "--trainer.max_epochs=2", *common)
+    ckpt = fit.trainer.checkpoint_callback.last_model_path
+    assert fit.trainer.global_step == 8 and ckpt
+    (val,) = run_cli("validate", "--ckpt_path", ckpt, *common).result
+    assert val["val/loss"] == pytest.approx(float(fit.trainer.callback_metrics["val/loss"]), rel=1e-5)
+    (test,) = run_cli("test", "--ckpt_path", ckpt, *common).result
+    assert set(test) >= {"test/loss", "test/mae"} and np.isfinite(test["test/loss"])
+    predictions = run_cli("predict", "--ckpt_path", ckpt, *common).result
+    expected = fit.trainer.predict(fit.model, datamodule=fit.datamodule)
+    assert predictions.shape == (77, 1)
+    np.testing.assert_allclose(predictions, expected, rtol=1e-6)
+
+
+def test_subclasses_callbacks_logger_optimizer_and_schedule_from_config(tmp_path):
+    steps = 8
+    cli = run_cli(
+        "fit", "--model=PlainRegressor", "--model.width=8", "--data=RegressorData", "--data.batch_size=16",
+        f"--trainer.max_steps={steps}", "--trainer.log_every_n_steps=1",
+        "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val/loss", "--trainer.callbacks.patience=5",
+        "--trainer.callbacks+=LearningRateMonitor",
+        "--trainer.logger=CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
+        "--optimizer=optax.adamw", "--optimizer.learning_rate=1.0", "--optimizer.weight_decay=0.0",
+        "--lr_scheduler=linear_schedule", "--lr_scheduler.init_value=0.0",
+        "--lr_scheduler.end_value=0.004", f"--lr_scheduler.transition_steps={steps}",
+        model_class=None, datamodule_class=None,
+    )
+    assert isinstance(cli.model, PlainRegressor) and cli.model.hparams.width == 8
+    early = [cb for cb in cli.trainer.callbacks if isinstance(cb, fj.EarlyStopping)]
+    assert len(early) == 1 and early[0].monitor == "val/loss" and early[0].patience == 5
+    assert any(isinstance(cb, fj.LearningRateMonitor) for cb in cli.trainer.callbacks)
+    assert isinstance(cli.trainer.logger, fj.CSVLogger)
+    log_dir = Path(cli.trainer.log_dir)
+    saved = yaml.safe_load((log_dir / "config.yaml").read_text())
+    assert saved["optimizer"]["class_path"] == "optax.adamw"
+    assert saved["lr_scheduler"]["class_path"] == "fitjax.cli.schedules.linear_schedule"
+    # the rate applied at each step is the schedule's (read by LearningRateMonitor from the state)
+    with open(log_dir / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("lr")]
+    schedule = optax.linear_schedule(0.0, 0.004, steps)
+    assert len(rows) == steps
+    for row in rows:
+        assert float(row["lr"]) == pytest.approx(float(schedule(int(row["step"]) - 1)), abs=1e-9)
+    assert cli.trainer.global_step == steps
+
+
+def test_a_module_with_its_own_optimizer_is_warned_when_the_config_replaces_it():
+    with pytest.warns(UserWarning, match="Regressor.configure_optimizer` is replaced"):
+        cli = run_cli("--optimizer=optax.sgd", "--optimizer.learning_rate=0.5", run=False)
+    assert isinstance(cli.model.configure_optimizer(), optax.GradientTransformation)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["fit", "--trainer.max_epoch=3"], ["--trainer.max_epoch=3"]),
+    (["fit", "--trainer.max_epochs=abc"], ["trainer.max_epochs", "abc", "int"]),
+    (["fit", "--model.lr=fast"], ["model.lr", "fast", "float"]),
+    (["fit", "--trainer.callbacks+=NoSuchCallback"], ["trainer.callbacks", "NoSuchCallback"]),
+    (["fit", "--optimizer=optax.sgd", "--optimizer.momentm=0.9"], ["momentm", "optax.sgd"]),
+    (["fit", "--lr_scheduler=linear_schedule", "--lr_scheduler.init_value=0", "--lr_scheduler.end_value=1",
+      "--lr_scheduler.transition_steps=2"], ["lr_scheduler is set but optimizer is not"]),
+    (["fitt"], ["fitt", "fit", "validate", "test", "predict"]),
+])
+def test_bad_keys_and_types_exit_2_naming_them(capsys, args, expected):
+    code, _, err = exits_with(capsys, *args)
+    assert code == 2
+    for text in expected:
+        assert text in err
+    assert "Traceback" not in err
+
+
+def test_a_bad_key_in_a_config_file_exits_2_naming_it(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"max_epoch": 3}}))
+    code, _, err = exits_with(capsys, "fit", "--config", config)
+    assert code == 2 and "max_epoch" in err and "Traceback" not in err
+
+
+def test_help_documents_trainer_model_and_data_arguments(capsys):
+    code, out, _ = exits_with(capsys, "fit", "--help")
+    assert code == 0
+    for option in ("--trainer.max_epochs", "--trainer.precision", "--model.lr", "--data.batch_size", "--ckpt_path",
+                   "--optimizer", "--lr_scheduler", "--print_config"):
+        assert option in out
+    assert "rows per batch" in out  # RegressorData's docstring
+    assert "stop after this many epochs" in out and "by global norm" in out  # Trainer's
+    # every Trainer argument is an option, whatever Trainer.__init__ grows
+    import inspect
+
+    for name in inspect.signature(fj.Trainer.__init__).parameters:
+        if name != "self":
+            assert f"--trainer.{name}" in out

@@ -1,0 +1,95 @@
+"""`fitjax launch`: real processes on 127.0.0.1 through the console command (`python -m fitjax.cli`)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_parts import LAUNCH_COMMON, LAUNCH_RUNS, Regressor, RegressorData
+from helpers import assert_trees_close
+
+from fitjax.cli import LightningCLI, launch
+
+HERE = Path(__file__).resolve().parent
+WORKTREE = HERE.parents[1]
+
+
+def start_launch(*args, cwd) -> subprocess.Popen:
+    # XLA_FLAGS keeps conftest's 8 devices: --devices-per-process must replace that count
+    env = {**os.environ, "PYTHONPATH": str(WORKTREE)}
+    return subprocess.Popen([sys.executable, "-m", "fitjax.cli", "launch", *map(str, args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"fitjax launch still running after {timeout} s:\n{out[-4000:]}")
+    return out
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_two_launched_processes_of_4_devices_match_one_process_of_8(tmp_path):
+    proc = start_launch("--nproc", 2, "--devices-per-process", 4, HERE / "launch_fit.py", tmp_path, cwd=tmp_path)
+    out = finish(proc, timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    assert "[rank 0] process 0 of 2, 4 devices" in out and "[rank 1] process 1 of 2, 4 devices" in out
+    assert "[rank 0] Epoch 1 done" in out and "[rank 1] Epoch" not in out  # process 0 draws progress
+    launched = pickle.loads((tmp_path / "params.pkl").read_bytes())
+    for name, args in LAUNCH_RUNS.items():
+        assert launched[name]["processes"] == 2 and launched[name]["devices"] == 8
+        single = LightningCLI(Regressor, RegressorData, save_config_callback=None, args=[
+            "fit", *args, *LAUNCH_COMMON, "--trainer.logger=false", "--trainer.enable_progress_bar=false"])
+        assert len(single.trainer.devices) == 8
+        assert_trees_close(launched[name]["params"], single.model.variables[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_failing_process_stops_the_others_within_10_s(tmp_path):
+    proc = start_launch("--nproc", 2, "--devices-per-process", 1, HERE / "launch_fail.py", tmp_path, cwd=tmp_path)
+    out = finish(proc, timeout=120)
+    ended = time.time()
+    assert proc.returncode == 1, out[-4000:]
+    assert "[rank 1] RuntimeError: rank 1 fails on purpose" in out
+    assert "rank 1 exited with status 1; stopping ranks [0]" in out
+    assert ended - float((tmp_path / "raised_at").read_text()) < 10.0
+    for rank in range(2):  # rank 0 was waiting for rank 1 in a collective: killed, not left behind
+        assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_sigterm_and_sigint_reach_every_process(tmp_path, signum, status):
+    proc = start_launch("--nproc", 2, HERE / "launch_signal.py", tmp_path, cwd=tmp_path)
+    deadline = time.time() + 60
+    while not all((tmp_path / f"ready_{rank}").exists() for rank in range(2)):
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    out = finish(proc, timeout=30)
+    assert proc.returncode == status, out[-4000:]
+    if signum == signal.SIGTERM:  # handled by each process, which exits cleanly
+        assert [(tmp_path / f"sigterm_{rank}").read_text() for rank in range(2)] == ["2", "2"]
+    else:
+        assert "[rank 0] KeyboardInterrupt" in out or "[rank 1] KeyboardInterrupt" in out
+    for rank in range(2):
+        assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
+
+
+def test_launch_rejects_bad_arguments_naming_them(tmp_path, capsys):
+    for args, message in [(["--nproc", "0", "script.py"], "--nproc must be a positive int, got 0"),
+                          (["--nproc", "2", str(tmp_path / "missing.py")], "missing.py' not found")]:
+        with pytest.raises(SystemExit) as exited:
+            launch(args)
+        assert exited.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""examples/gpt.py end to end: it learns, fsdp and fsdp × tensor give one device's numbers, a resumed
+run is bitwise the uninterrupted one, and generation writes what was asked.
+
+Every run combines the options at once: AdamW with warmup-cosine, clipping at 1.0, gradient
+accumulation over 2 micro-batches, periodic checkpoints with validation, bf16 for the learning run.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from helpers import LossHistory, assert_trees_close  # first: it puts examples/ on the path
+
+import gpt  # noqa: E402,I001
+from jax.sharding import PartitionSpec as P
+
+import fitjax as fj
+
+# 6 optimizer steps of 2 micro-batches of a 1-layer model, float32 so that strategies agree to
+# float rounding; every checkpoint kept (steps 3 and 6) for the resume test; no samples printed
+SHORT = ["--preset", "tiny", "--layers", "1", "--width", "32", "--heads", "2", "--context", "32", "--batch-size", "8",
+         "--precision", "32-true", "--max-steps", "6", "--warmup", "2", "--log-every", "1", "--ckpt-every", "3",
+         "--keep-checkpoints", "-1", "--sample-length", "0", "--no-progress-bar"]
+
+
+def _host_leaves(tree) -> list[np.ndarray]:
+    keys_as_data = lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x  # noqa: E731
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(jax.tree.map(keys_as_data, tree)))]
+
+
+def _run(tmp_path, name, *args, callbacks=()):
+    history = LossHistory()
+    run = gpt.main([*SHORT, "--root-dir", str(tmp_path / name), *args], callbacks=[history, *callbacks])
+    return run, history.losses
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("gpt"), "single", "--strategy", "single", "--devices", "1")
+
+
+@pytest.fixture(scope="module")
+def fsdp_tensor(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpt")
+    return root, _run(root, "fsdp_tensor", "--strategy", "fsdp", "--tensor", "2")
+
+
+def test_tiny_preset_learns_with_fsdp_bf16_accumulation_and_clipping(tmp_path):
+    # uniform bytes: ln 256 = 5.55 nats; the corpus' unigram entropy: 3.26 nats
+    run = gpt.main(["--preset", "tiny", "--devices", "2", "--no-progress-bar", "--root-dir", str(tmp_path)])
+    assert run.trainer.global_step == 100
+    assert run.metrics["val/loss"] < 2.8
+    assert run.metrics["val/ppl"] == pytest.approx(np.exp(run.metrics["val/loss"]))
+    assert run.metrics["perf/tokens_per_sec"] > 0 and run.metrics["perf/flops_per_sec"] > 0
+    assert [step for step, _ in run.samples.history] == [100]
+    assert len(run.samples.history[0][1]) == len(gpt.Samples.PROMPTS)
+    assert sorted(p.name for p in (tmp_path / "fitjax_logs" / "version_0" / "checkpoints").iterdir()
+                  if p.name.startswith("epoch")) != []
+
+
+@pytest.mark.parametrize("args", [("--strategy", "fsdp"), None], ids=["fsdp8", "fsdp4xtensor2"])
+def test_fsdp_and_fsdp_x_tensor_match_one_device(single, fsdp_tensor, tmp_path, args):
+    (ref, ref_losses) = single
+    run, losses = _run(tmp_path, "fsdp", *args) if args else fsdp_tensor[1]
+    assert len(losses) == len(ref_losses) == 6
+    # float32; the sums over devices are ordered differently: agreement to ~1e-6 relative
+    np.testing.assert_allclose(losses, ref_losses, rtol=2e-5)
+    assert_trees_close(run.trainer.state.params, ref.trainer.state.params, rtol=2e-4, atol=2e-5)
+    assert run.metrics["val/loss"] == pytest.approx(ref.metrics["val/loss"], rel=2e-5)
+
+    mesh = run.trainer.strategy.mesh
+    tensor = 1 if args else 2
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 8 // tensor, "tensor": tensor}
+    block = run.trainer.state.params["block_0"]
+    assert block["q"]["kernel"].sharding.spec == P("fsdp", "tensor", None)  # [embed, heads, kv]
+    assert block["up"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, mlp]
+    assert block["down"]["kernel"].sharding.spec == P("tensor", "fsdp")  # [mlp, embed]
+    shard = block["up"]["kernel"].addressable_shards[0].data.shape
+    assert shard == (32 // (8 // tensor), 128 // tensor)  # [width, 4 * width] split fsdp × tensor ways
+    moments = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(run.trainer.state.opt_state)[0]
+               if jax.tree_util.keystr(path).endswith("['block_0']['up']['kernel']")]
+    assert len(moments) == 2 and all(m.sharding.spec == P("fsdp", "tensor") for m in moments)  # Adam's mu, nu
+
+
+def test_resumed_fsdp_x_tensor_run_is_bitwise_the_uninterrupted_one(fsdp_tensor):
+    root, (full, full_losses) = fsdp_tensor
+    checkpoints = root / "fsdp_tensor" / "fitjax_logs" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch=0-step=3", "epoch=0-step=6"]
+    # a new trainer, module and data loader, restored from the files written at step 3
+    resumed, losses = _run(root, "resumed", "--strategy", "fsdp", "--tensor", "2",
+                           "--resume", str(checkpoints / "epoch=0-step=3"))
+    assert resumed.trainer.global_step == 6
+    assert losses == full_losses[3:]  # bitwise, step by step
+    for a, b in zip(_host_leaves(resumed.trainer.state), _host_leaves(full.trainer.state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.metrics["val/loss"] == full.metrics["val/loss"]
+
+
+def test_generation_writes_the_asked_length_from_a_sliding_context(single):
+    run, _ = single
+    model, params = run.module.model, run.trainer.state.params
+    context = model.context  # 32: generating 80 bytes after 5 slides the window
+    prompts = ["The a", "def f"]
+    tokens = np.asarray(gpt.generate_tokens(model, params, prompts, 80, temperature=0.0))
+    assert tokens.shape == (2, 5 + 80)
+    np.testing.assert_array_equal(tokens[:, :5], np.stack([gpt.encode(p) for p in prompts]))
+    # greedy: each byte is the model's argmax given (at most) the `context` bytes before it
+    for t in (5, 40, context, 5 + 79):
+        window = tokens[:, max(0, t - context): t]
+        logits = model.apply({"params": params}, window)
+        np.testing.assert_array_equal(tokens[:, t], np.asarray(logits[:, -1].argmax(-1)))
+    texts = gpt.generate(model, params, prompts, 30, temperature=0.8, seed=1)
+    assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)
+    with pytest.raises(ValueError, match=r"prompts of one byte length"):
+        gpt.generate(model, params, ["a", "bc"], 5)
