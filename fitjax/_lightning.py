@@ -22,36 +22,35 @@ import inspect
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
-import optax
 
 from fitjax import _logged
-from fitjax import step as step_lib
+from fitjax.step import context
 
 __all__ = [
     "check",
     "check_log_options",
-    "check_techniques",
-    "eval_step",
     "explain_jit_rules",
     "is_lightning",
+    "is_manual",
     "loss",
     "predict_fn",
     "resolve_spec",
-    "stage",
-    "train_step",
 ]
 
 _HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
 
 _HOOK: contextvars.ContextVar[str | None] = contextvars.ContextVar("fitjax_hook", default=None)
-_STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("fitjax_eval_stage", default="val")
-_BATCH_IDX: contextvars.ContextVar[Any] = contextvars.ContextVar("fitjax_batch_idx", default=None)
 
 
 def is_lightning(module: Any) -> bool:
     """Whether `module` is written in Lightning's shape (it defines `training_step`)."""
     return callable(getattr(type(module), "training_step", None))
+
+
+def is_manual(module: Any) -> bool:
+    """Whether `module` optimizes manually: a Lightning-style module with
+    `automatic_optimization = False` (its `training_step` returns `{param group: loss}`)."""
+    return is_lightning(module) and not getattr(module, "automatic_optimization", True)
 
 
 def _defines(module: Any, name: str) -> bool:
@@ -65,22 +64,6 @@ def _setting(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
         yield
     finally:
         var.reset(token)
-
-
-def stage(name: str) -> contextlib.AbstractContextManager[None]:
-    """Which evaluation hook a traced eval step calls: "val" (`validation_step`) or "test"."""
-    return _setting(_STAGE, name)
-
-
-def _batch_index(value: Any) -> contextlib.AbstractContextManager[None]:
-    return _setting(_BATCH_IDX, value)
-
-
-def _current_batch_index() -> jax.Array:
-    value = _BATCH_IDX.get()
-    # Created inside the trace, so it is a tracer too: Python control flow on it fails the same
-    # way in every hook instead of silently taking one branch.
-    return jnp.zeros((), jnp.int32) if value is None else jnp.asarray(value, jnp.int32)
 
 
 def resolve_spec(spec: _logged.LogSpec) -> _logged.LogSpec:
@@ -171,18 +154,8 @@ def _call_hook(module: Any, hook: str, batch: Any) -> Any:
     positional = [p for p in inspect.signature(method).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) >= 2:  # (batch, batch_idx[, dataloader_idx=0]); Lightning allows (batch)
-        return method(batch, _current_batch_index())
+        return method(batch, context.current_batch_index())
     return method(batch)
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupLosses:
-    """`training_step`'s `{param group: loss}` under manual optimization (a pytree)."""
-
-    losses: dict[str, jax.Array]
-
-
-jax.tree_util.register_dataclass(GroupLosses, data_fields=["losses"], meta_fields=[])
 
 
 def loss(module: Any, model: Any, batch: Any) -> Any:
@@ -192,14 +165,14 @@ def loss(module: Any, model: Any, batch: Any) -> Any:
     if module.training:
         hook = "training_step"
     else:
-        hook = {"val": "validation_step", "test": "test_step"}[_STAGE.get()]
+        hook = {"val": "validation_step", "test": "test_step"}[context.current_stage()]
         if not _defines(module, hook):
             return None, None
     with _calling(module, model, hook):
         out = _call_hook(module, hook, batch)
     if isinstance(out, dict) and "loss" in out:
         out = out["loss"]
-    if hook == "training_step" and not getattr(module, "automatic_optimization", True):
+    if hook == "training_step" and is_manual(module):
         return _manual_losses(owner, model, out)
     if out is None and hook != "training_step":
         return None, None
@@ -212,7 +185,7 @@ def loss(module: Any, model: Any, batch: Any) -> Any:
     return out, None
 
 
-def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, GroupLosses]:
+def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, context.GroupLosses]:
     scalars = isinstance(out, dict) and out and all(getattr(v, "shape", None) == () for v in out.values())
     if not scalars:
         raise ValueError(
@@ -221,7 +194,7 @@ def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, GroupLo
             f"got {type(out).__name__}: {out!r}. Each group (a top-level key of the model's params) "
             "is updated by the gradient of its own loss."
         )
-    return sum(out.values()), GroupLosses(dict(out))
+    return sum(out.values()), context.GroupLosses(dict(out))
 
 
 def predict_fn(module: Any) -> Callable[[Any, Any], Any]:
@@ -264,79 +237,4 @@ def check(module: Any) -> None:
             f"{type(module).__name__} defines both `loss` and `training_step`. fitjax trains either "
             "`loss(self, model, batch)` (+ `metrics`) or Lightning's `training_step(self, batch, "
             "batch_idx)` (+ `self.log`); keep one of them (rename a helper `loss` to `compute_loss`)."
-        )
-
-
-def check_techniques(module: Any) -> None:
-    """Manual optimization has its own step; the Trainer's step techniques do not wrap it yet."""
-    if is_lightning(module) and not getattr(module, "automatic_optimization", True):
-        raise ValueError(
-            f"{type(module).__name__} sets `automatic_optimization = False`, which fitjax trains "
-            "with its own per-group step; Trainer(precision=..., accumulate_grad_batches=..., "
-            "gradient_clip_val=..., steps_per_execution=...) do not apply to it. Leave them at "
-            "their defaults and compose clipping or accumulation into each group's optax "
-            "transformation (`optax.chain(optax.clip_by_global_norm(1.0), optax.adam(...))`)."
-        )
-
-
-# --------------------------------------------------------------------------- the step functions
-
-def train_step(module: Any, binding: Any, tx: optax.GradientTransformation) -> Callable:
-    """The pure train step: `step.make_train_step`'s, or the per-group one under manual
-    optimization; a Lightning hook sees `batch_idx = state.step`."""
-    manual = is_lightning(module) and not getattr(module, "automatic_optimization", True)
-    inner = _manual_train_step(module, binding, tx) if manual else step_lib.make_train_step(module, binding, tx)
-
-    def train_step(state, batch):
-        with _batch_index(state.step):
-            return inner(state, batch)
-
-    return train_step
-
-
-def eval_step(module: Any, binding: Any, stage_name: str) -> Callable:
-    """`step.make_eval_step`'s function calling `validation_step` ("val") or `test_step`
-    ("test"); `batch_idx` counts the batches of this evaluation."""
-    inner = step_lib.make_eval_step(module, binding)
-
-    def eval_step(params, model_state, rng, acc, batch, mask):
-        # Every earlier batch was full (only the last may be padded), so examples seen / batch
-        # size is the index of this batch.
-        seen = next(iter(acc.values()))[1] if acc else jnp.zeros(())
-        with stage(stage_name), _batch_index((seen / mask.shape[0]).astype(jnp.int32)):
-            return inner(params, model_state, rng, acc, batch, mask)
-
-    return eval_step
-
-
-def _manual_train_step(module: Any, binding: Any, tx: optax.GradientTransformation) -> Callable:
-    """One update of every parameter group by the gradient of its own loss (a GAN's
-    generator and discriminator): one forward pass, one backward pass per group."""
-
-    def train_step(state, batch):
-        rng = jax.random.fold_in(state.rng, state.step)
-
-        def group_losses(params):
-            total, outputs, model_state, logged = step_lib._forward(
-                module, binding, params, state.model_state, rng, batch, train=True)
-            return outputs.losses, (total, model_state, logged)
-
-        losses, pullback, (total, model_state, logged) = jax.vjp(group_losses, state.params, has_aux=True)
-        _check_groups(type(module).__name__, losses, state.params)
-        grads = jax.tree.map(jnp.zeros_like, state.params)
-        for group in losses:
-            seed = {g: jnp.ones_like(v) if g == group else jnp.zeros_like(v) for g, v in losses.items()}
-            grads[group] = pullback(seed)[0][group]
-        values = step_lib._metrics(module, batch, None, total, logged, train=True)
-        return step_lib.apply_update(state, tx, grads, model_state, values, batch), values
-
-    return train_step
-
-
-def _check_groups(owner: str, losses: dict, params: Any) -> None:
-    unknown = sorted(set(losses) - set(params))
-    if unknown:
-        raise ValueError(
-            f"{owner}.training_step returned losses for {unknown}, which are not parameter groups; "
-            f"the groups are the top-level keys of the model's params: {sorted(params)}."
         )

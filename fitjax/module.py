@@ -12,7 +12,7 @@ import optax
 from flax import nnx
 
 from fitjax import _lightning, _logged, _optimizers, checkpoint
-from fitjax._binding import ModelBinding, NNXBinding, bind
+from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
 
@@ -238,6 +238,23 @@ class LitModule:
         binding = self._get_binding()
         if isinstance(binding, NNXBinding):
             binding.update_model(params, model_state)
+
+    # ------------------------------------------- what the step layer asks of a module (internal)
+
+    @property
+    def _manual_optimization(self) -> bool:
+        """Each parameter group updated by the gradient of its own loss (see docs/porting.md)."""
+        return _lightning.is_manual(self)
+
+    def _predict_fn(self) -> Any:
+        """The `fn(model, batch)` that `Trainer.predict` traces."""
+        return _lightning.predict_fn(self)
+
+    def _eval_stages(self) -> tuple[str, ...]:
+        """The evaluations with a step of their own: a Lightning-style module's `test_step`
+        may log other names than its `validation_step`."""
+        _lightning.check(self)
+        return ("val", "test") if _lightning.is_lightning(self) else ("val",)
 
     @contextlib.contextmanager
     def _mode(self, training: bool) -> Iterator[None]:

@@ -15,12 +15,14 @@ from typing import Any, Iterable, Iterator, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _compiled, _determinism, _logged, _resident, _resume, _techniques, _window, checkpoint
+from fitjax import _accelerator, _determinism, _log_fetch, _logged, _resume, checkpoint
+from fitjax import step as step_lib
 from fitjax import _trainer_checks as checks
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
+from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
@@ -169,7 +171,7 @@ class Trainer:
         if not isinstance(seed, int):
             raise ValueError(f"Trainer(seed=...) must be an int, got {seed!r}")
         self.seed = seed
-        self.techniques = _techniques.Techniques.create(
+        self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
@@ -204,15 +206,15 @@ class Trainer:
         self.progress_bar_metrics: HostMetrics = {}
         self.num_training_batches: int | None = None
         self.num_val_batches: int | None = None
-        self._compiled: _compiled.Compiled | None = None
+        self._compiled: step_lib.Compiled | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._batches_done = 0  # train batches stepped in the current epoch
         self._batch_offset = 0  # where a resumed epoch starts
-        self._feed: _resident.Feed | None = None  # the train data kept on the devices, if it is
-        self._window: _window.Window | None = None  # the last log step's values, on their way
+        self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._window: _log_fetch.Window | None = None  # the last log step's values, on their way
         self._last_window: tuple[int, int, int] | None = None  # (epoch, batches, step) last logged
 
     # ------------------------------------------------------------------------------ properties
@@ -229,7 +231,7 @@ class Trainer:
     @property
     def precision(self) -> str:
         """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
-        return self.techniques.precision.name
+        return self.step_options.precision.name
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -285,7 +287,7 @@ class Trainer:
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
-        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.techniques.accumulate_grad_batches)
+        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
@@ -318,11 +320,11 @@ class Trainer:
             raise ValueError("train_data is empty: its first epoch yielded no batch.")
         self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
         with self.profiler.profile("[build] state and programs"):
-            self.state, self._compiled = _compiled.build(module, self.strategy, first, seed=self.seed,
-                                                         techniques=self.techniques)
+            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+                                                        options=self.step_options)
         self._module_for_compiled = module
-        self._feed = _resident.feed_for(train_loader, self.strategy, params=self.state.params,
-                                        plain_step=self._compiled.resident_step is not None)
+        self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
+                                             params=self.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, counters, data position, callback and logger states
             epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
@@ -337,8 +339,8 @@ class Trainer:
         wants_batch_end = self._hooks.wants("on_train_batch_end")
         hook_batch = self._hook_batch_maker()
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
-        resident_step, train_step, tail_step = (wrap(self._compiled.resident_step), wrap(self._compiled.train_step),
-                                                wrap(self._compiled.train_tail_step))
+        block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
+                                             wrap(self._compiled.train_tail_step))
 
         while not self._done_training():
             offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
@@ -356,7 +358,7 @@ class Trainer:
                 if wants_batch_start:
                     self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
                 if chunk.on_device:
-                    step_fn = resident_step
+                    step_fn = block_step
                 else:
                     step_fn = train_step if chunk.full else tail_step
                 self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
@@ -364,8 +366,8 @@ class Trainer:
                 self._batches_done = batch_idx + 1
                 if self._window is not None and self._window.ready():
                     self._finish_train_window()  # the last log step's values have arrived
-                if self.techniques.detect_anomaly:  # sync point: every step, a debugging mode
-                    outputs = _techniques.check_anomaly(outputs, global_step=self.global_step,
+                if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
+                    outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
                                                         epoch=self.current_epoch, num_steps=chunk.num_steps)
                 synced = _crossed(self.global_step - chunk.num_steps, self.global_step, self.log_every_n_steps)
                 if synced:
@@ -417,7 +419,7 @@ class Trainer:
     def _start_train_window(self) -> None:
         """Starts fetching the accumulators (reset on device) for `_finish_train_window`."""
         self._finish_train_window()
-        self.state, self._window = _window.start(self.state, self._compiled.reset_metrics, step=self.global_step,
+        self.state, self._window = _log_fetch.start(self.state, self._compiled.reset_metrics, step=self.global_step,
                                                  epoch=self.current_epoch, batches_done=self._batches_done)
 
     def _finish_train_window(self) -> None:
@@ -529,9 +531,9 @@ class Trainer:
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
-        variables, self._compiled = _compiled.build(
+        variables, self._compiled = step_lib.build(
             module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
-            techniques=self.techniques,
+            options=self.step_options,
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
@@ -582,20 +584,19 @@ class Trainer:
     # ---------------------------------------------------------------------------- internals
 
     def _train_chunks(self, loader, epoch_iter: Iterator[Batch] | None, *, start: int,
-                      steps_left: int | None) -> Iterable[_techniques.Chunk]:
+                      steps_left: int | None) -> Iterable[step_lib.StepInputs]:
         """The current epoch's chunks from batch `start`: picked from blocks on the devices when
-        the data is kept there (`_resident`), else grouped from `epoch_iter` (the host batches;
+        the data is kept there (`data._device_blocks`), else grouped from `epoch_iter` (the host batches;
         None: this epoch's, made here)."""
         if self._feed is None:
             if epoch_iter is None:
                 epoch_iter = self._epoch_batches(loader, self.current_epoch)
-            return self._prefetch(self.techniques.chunks(epoch_iter, steps_left=steps_left))
+            return self._prefetch(step_lib.group_batches(epoch_iter, self.step_options, steps_left=steps_left))
         loader.set_epoch(self.current_epoch)
         stop = checks.apply_limit(self.limits["train"], len(loader))
-        if steps_left is not None:
-            stop = min(stop, start + steps_left)
         self._positions.computed(loader._state_at)
-        return self._feed.chunks(start=start, stop=stop, current_step=lambda: self.state.step)
+        return self._feed.chunks(start=start, stop=stop, steps_left=steps_left,
+                                 current_step=lambda: self.state.step)
 
     def _hook_batch_maker(self):
         """`chunk -> the batch the per-batch hooks get`: host arrays, as the loader yields them;
@@ -603,10 +604,10 @@ class Trainer:
         needs = (self._hooks.needs_batch("on_train_batch_start")
                  or self._hooks.needs_batch("on_train_batch_end"))
 
-        def hook_batch(chunk: _techniques.Chunk) -> Any:
+        def hook_batch(chunk: step_lib.StepInputs) -> Any:
             if not chunk.on_device:
                 return chunk.inputs
-            return self._feed.loader._rows(chunk.rows) if needs else None
+            return self._feed.host_inputs(chunk) if needs else None
 
         return hook_batch
 
@@ -617,7 +618,7 @@ class Trainer:
         limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
         return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, shards=self.strategy.num_batch_shards // jax.process_count())
 
-    def _prefetch(self, chunks: Iterable[_techniques.Chunk]) -> Iterable[_techniques.Chunk]:
+    def _prefetch(self, chunks: Iterable[step_lib.StepInputs]) -> Iterable[step_lib.StepInputs]:
         """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.
 
         With one process batches stay on the host: the jitted step's `in_shardings` transfer them
@@ -627,7 +628,7 @@ class Trainer:
             return chunks
         return self._prefetch_global(chunks)
 
-    def _prefetch_global(self, chunks: Iterable[_techniques.Chunk]) -> Iterator[_techniques.Chunk]:
+    def _prefetch_global(self, chunks: Iterable[step_lib.StepInputs]) -> Iterator[step_lib.StepInputs]:
         queue: collections.deque = collections.deque()
         shard = self._compiled.shard_inputs
         for chunk in chunks:

@@ -10,8 +10,8 @@ import pytest
 from helpers import assert_trees_close, count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
-from fitjax import _cpu_scratch
-from fitjax._cpu_scratch import Plan
+from fitjax.step import cpu_scratch as _cpu_scratch
+from fitjax.step.cpu_scratch import Plan
 
 MiB = 1 << 20
 

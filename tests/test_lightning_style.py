@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 import torch
-from helpers import MLP, LossHistory, Regressor, quiet_trainer, regression_data
+from helpers import MLP, LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -315,9 +315,22 @@ def test_lightning_only_log_options_are_accepted_and_unknown_ones_named():
         quiet_trainer(max_steps=1).fit(Odd(), fj.DataLoader(regression_data(n=32), batch_size=32))
 
 
-def test_manual_optimization_with_step_techniques_is_an_error_saying_what_to_do():
-    with pytest.raises(ValueError, match=r"automatic_optimization = False.*optax\.clip_by_global_norm"):
-        quiet_trainer(max_steps=1, gradient_clip_val=1.0).fit(Manual(), fj.DataLoader(regression_data(n=32), batch_size=32))
+def test_manual_optimization_clips_each_group_by_its_own_norm():
+    """`Trainer(gradient_clip_val=...)` under manual optimization clips each parameter group on
+    its own (Lightning's `clip_gradients(optimizer, ...)` clips one optimizer's parameters): the
+    same numbers as clipping inside each group's optax transformation."""
+    class ClippedInside(Manual):
+        def configure_optimizers(self):
+            return {g: optax.chain(optax.clip_by_global_norm(0.1), optax.sgd(0.05)) for g in ("a", "b")}
+
+    data = fj.DataLoader(regression_data(n=64), batch_size=16)
+    by_trainer, inside, unclipped = Manual(), ClippedInside(), Manual()
+    quiet_trainer(max_epochs=2, gradient_clip_val=0.1).fit(by_trainer, data)
+    quiet_trainer(max_epochs=2).fit(inside, data)
+    quiet_trainer(max_epochs=2).fit(unclipped, data)
+    assert_trees_close(by_trainer.variables[0], inside.variables[0], rtol=0, atol=0)
+    assert not np.allclose(np.asarray(by_trainer.variables[0]["a"]["kernel"]),
+                           np.asarray(unclipped.variables[0]["a"]["kernel"]))
 
 
 def test_lightning_style_trains_with_gradient_clipping_and_accumulation():

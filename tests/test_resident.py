@@ -62,7 +62,7 @@ def test_same_batches_and_parameters_as_host_batches(n, strategy):
 
 
 def test_several_blocks_per_epoch(monkeypatch):
-    from fitjax import _resident
+    from fitjax.data import _device_blocks as _resident
 
     data = regression_data(n=320)
     monkeypatch.setattr(_resident, "BLOCK_BYTES", 3 * 32 * 9 * 4)  # 3 batches a block: 4 blocks, padded
@@ -87,7 +87,7 @@ def test_a_loader_subclass_that_changes_batches_keeps_its_batches():
 
 
 def test_data_too_large_for_the_devices_stays_on_the_host(monkeypatch):
-    from fitjax import _resident
+    from fitjax.data import _device_blocks as _resident
 
     monkeypatch.setattr(_resident, "MAX_BYTES", 1000)
     _, xs, compiles, _ = _fit(fj.DataLoader(regression_data(n=64), batch_size=32), max_epochs=1)
@@ -96,7 +96,7 @@ def test_data_too_large_for_the_devices_stays_on_the_host(monkeypatch):
 
 def test_a_large_step_on_cpu_takes_host_batches(monkeypatch):
     """On CPU a step over `CPU_STEP_FLOPS` (6 * parameters * batch) hides the host's per-batch work."""
-    from fitjax import _resident
+    from fitjax.data import _device_blocks as _resident
 
     data = regression_data(n=64)
     parameters = 8 * 32 + 32 + 2 * 32 + 32 + 1  # Regressor: Dense(8->32), BatchNorm(32), Dense(32->1)

@@ -21,14 +21,12 @@ import jax
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, class_from_function
 
-from fitjax.callbacks import Callback
+# the package's public names (fitjax is fully imported before fitjax.cli._cli is)
+from fitjax import Callback, DataModule, LitModule, Trainer
 from fitjax.cli._optax import OptaxOptimizer, build_optimizer
 from fitjax.cli.schedules import OptaxSchedule
-from fitjax.data import DataModule
-from fitjax.module import LitModule
 from fitjax.strategies import initialize_distributed
 from fitjax.strategies._distributed import agree
-from fitjax.trainer import Trainer
 
 __all__ = ["LightningArgumentParser", "LightningCLI", "SaveConfigCallback"]
 

@@ -154,8 +154,8 @@ class _Group:
             if failed:
                 rank, code = failed[0]
                 running = [r for r, c in enumerate(codes) if c is None]
-                if running:
-                    self._say(f"rank {rank} exited with status {_describe(code)}; stopping ranks {running}")
+                stopping = f"; stopping ranks {running}" if running else ""
+                self._say(f"rank {rank} exited with status {_describe(code)}{stopping}")
                 self._kill_all()
                 return _status(code)
             if all(code == 0 for code in codes):

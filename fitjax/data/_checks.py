@@ -4,7 +4,7 @@ host batch as it is drawn, with errors that name the batch, the leaf and the num
 The loop calls `check_fit_data` once per fit and wraps its batch iterators in `checked_batches`.
 The per-batch check reads only shapes and dtypes of the host arrays (no device work, no copy):
 about a microsecond per leaf, against the hundreds a step's dispatch takes (see
-`benchmarks/data_checks.py`). Batches picked on the devices (`fitjax._resident`) are never
+`benchmarks/data_checks.py`). Batches picked on the devices (`fitjax.data._device_blocks`) are never
 drawn on the host and cost nothing; their data was checked when it was put there.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -49,6 +50,9 @@ def test_two_launched_processes_of_4_devices_match_one_process_of_8(tmp_path):
     assert "[rank 0] process 0 of 2, 4 devices" in out and "[rank 1] process 1 of 2, 4 devices" in out
     assert "[rank 0] Epoch 1 done" in out and "[rank 1] Epoch" not in out  # process 0 draws progress
     launched = pickle.loads((tmp_path / "params.pkl").read_bytes())
+    for name in LAUNCH_RUNS:  # one run, one log dir: its config written once, by process 0
+        assert [p.name for p in (tmp_path / name / "fitjax_logs").iterdir()] == ["version_0"]
+        assert (tmp_path / name / "fitjax_logs" / "version_0" / "config.yaml").exists()
     for name, args in LAUNCH_RUNS.items():
         assert launched[name]["processes"] == 2 and launched[name]["devices"] == 8
         single = LightningCLI(Regressor, RegressorData, save_config_callback=None, args=[
@@ -69,20 +73,34 @@ def test_a_failing_process_stops_the_others_within_10_s(tmp_path):
         assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
-def test_sigterm_and_sigint_reach_every_process(tmp_path, signum, status):
-    proc = start_launch("--nproc", 2, HERE / "launch_signal.py", tmp_path, cwd=tmp_path)
-    deadline = time.time() + 60
-    while not all((tmp_path / f"ready_{rank}").exists() for rank in range(2)):
-        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+def wait_for_files(proc: subprocess.Popen, paths: list[Path], timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not all(path.exists() for path in paths):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"waiting for {paths}: {proc.communicate()[0][-4000:]}")
         time.sleep(0.1)
-    proc.send_signal(signum)
+
+
+def test_sigterm_reaches_every_process_and_fit_saves_at_one_agreed_step(tmp_path):
+    proc = start_launch("--nproc", 2, "--devices-per-process", 2, HERE / "launch_preempt.py", tmp_path, cwd=tmp_path)
+    wait_for_files(proc, [tmp_path / f"training_{rank}" for rank in range(2)], timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    out = finish(proc, timeout=60)
+    assert proc.returncode == 0, out[-4000:]  # a preempted fit returns: every process exits cleanly
+    results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in range(2)]
+    assert results[0] == results[1] and results[0]["received_sigterm"] is True
+    saved = Path(results[0]["saved"])
+    assert saved.name.endswith(f"step={results[0]['step']}") and (saved / "commit_success.txt").exists()
+
+
+def test_sigint_reaches_every_process(tmp_path):
+    proc = start_launch("--nproc", 2, HERE / "launch_signal.py", tmp_path, cwd=tmp_path)
+    wait_for_files(proc, [tmp_path / f"ready_{rank}" for rank in range(2)], timeout=60)
+    proc.send_signal(signal.SIGINT)
     out = finish(proc, timeout=30)
-    assert proc.returncode == status, out[-4000:]
-    if signum == signal.SIGTERM:  # handled by each process, which exits cleanly
-        assert [(tmp_path / f"sigterm_{rank}").read_text() for rank in range(2)] == ["2", "2"]
-    else:
-        assert "[rank 0] KeyboardInterrupt" in out or "[rank 1] KeyboardInterrupt" in out
+    assert proc.returncode == 130, out[-4000:]  # KeyboardInterrupt in the processes
+    assert "[rank 0] KeyboardInterrupt" in out or "[rank 1] KeyboardInterrupt" in out
     for rank in range(2):
         assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import jax
 
-from fitjax import _techniques
+from fitjax import step as step_lib
 from fitjax.state import TrainState
 
 __all__ = ["Window", "start"]
@@ -26,7 +26,7 @@ __all__ = ["Window", "start"]
 @dataclasses.dataclass(frozen=True)
 class Window:
     """One log window on its way to the host: the accumulators and the extra values logged at
-    each log step (`_techniques.host_values`), with the loop position they were taken at."""
+    each log step (`fitjax.step.host_values`), with the loop position they were taken at."""
 
     step: int
     epoch: int
@@ -49,7 +49,7 @@ def start(state: TrainState, reset: Callable[[TrainState], TrainState], *, step:
     reset (`reset`) and the window."""
     # the accumulators leave the state (replaced by zeros); the extra values stay in it, and the
     # next step donates the state, so those are copied
-    extra = jax.tree.map(lambda x: x.copy(), _techniques.host_values(state))
+    extra = jax.tree.map(lambda x: x.copy(), step_lib.host_values(state))
     values = (state.metrics, extra)
     leaves = jax.tree.leaves(values)
     for leaf in leaves:

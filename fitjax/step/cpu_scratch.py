@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-__all__ = ["Plan", "largest_buffer_bytes", "plan", "step"]
+__all__ = ["Plan", "PlannedStep", "largest_buffer_bytes", "plan", "step"]
 
 _MMAP_LIMIT = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts
 _HEAP = 16 << 20  # the heap size asked for when every buffer fits in it
@@ -81,29 +81,42 @@ def largest_buffer_bytes(hlo_text: str) -> int:
 
 def step(jit: Callable[..., Callable], *, platform: str) -> Callable:
     """`step(state, inputs)` from `jit(donate=True, compiler_options=None)`, which jits the step.
-    Off CPU that is `jit()` itself; on CPU, the step `plan` picks at the first call."""
+    Off CPU that is `jit()` itself; on CPU, a `PlannedStep` (the step `plan` picks at the first
+    call)."""
     donated = jit()
     if platform != "cpu":
         return donated
-    chosen: Callable | None = None
+    return PlannedStep(jit, donated)
 
-    def choose(state: Any, inputs: Any) -> Callable:
-        compiled = donated.lower(state, inputs).compile()  # reused by `donated`'s own calls
+
+class PlannedStep:
+    """A CPU step compiled as `plan` says, decided from its first call's program."""
+
+    __slots__ = ("_jit", "_donated", "_chosen")
+
+    def __init__(self, jit: Callable[..., Callable], donated: Callable) -> None:
+        self._jit, self._donated, self._chosen = jit, donated, None
+
+    def __call__(self, state: Any, inputs: Any):
+        if self._chosen is None:
+            self._chosen = self._choose(state, inputs)
+        return self._chosen(state, inputs)
+
+    def lower(self, state: Any, inputs: Any):
+        """The lowered program the step runs for these arguments (`jax.jit(...).lower`)."""
+        if self._chosen is None:
+            self._chosen = self._choose(state, inputs)
+        return self._chosen.lower(state, inputs)
+
+    def _choose(self, state: Any, inputs: Any) -> Callable:
+        compiled = self._donated.lower(state, inputs).compile()  # reused by `donated`'s own calls
         memory = compiled.memory_analysis()
         if memory is None or memory.temp_size_in_bytes <= _MMAP_LIMIT:
-            return donated
+            return self._donated
         leaves = [leaf.nbytes for leaf in jax.tree.leaves(state)]
-        chosen_plan = plan(platform=platform, temp_bytes=memory.temp_size_in_bytes,
+        chosen_plan = plan(platform="cpu", temp_bytes=memory.temp_size_in_bytes,
                            largest_buffer_bytes=largest_buffer_bytes(compiled.as_text()),
                            state_bytes=sum(leaves), largest_leaf_bytes=max(leaves, default=0))
         if chosen_plan == Plan():
-            return donated
-        return jit(donate=chosen_plan.donate, compiler_options=chosen_plan.compiler_options)
-
-    def run(state: Any, inputs: Any):
-        nonlocal chosen
-        if chosen is None:
-            chosen = choose(state, inputs)
-        return chosen(state, inputs)
-
-    return run
+            return self._donated
+        return self._jit(donate=chosen_plan.donate, compiler_options=chosen_plan.compiler_options)

@@ -1,7 +1,8 @@
-"""The pure functions the trainer jits: init, train step, eval step, predict step.
+"""The forward pieces every step shares: the user's loss on the bound model and the values it
+logs; the init, eval and predict steps; the trace that checks a module's outputs.
 
 No I/O and no Python side effects here: each function is traced once per input shape and then
-runs as compiled code. The strategy decides how their inputs and outputs are sharded.
+runs as compiled code. The train step built on these is in `fitjax.step.train`.
 """
 
 from __future__ import annotations
@@ -16,24 +17,26 @@ import optax
 
 from fitjax import _logged
 from fitjax import metrics as acc_lib
-from fitjax._binding import ModelBinding
+from fitjax.step import context
+from fitjax.step.model_binding import ModelBinding
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
 
 __all__ = [
     "StepNames",
-    "apply_update",
     "check_step_outputs",
+    "leading_dim",
     "make_eval_step",
     "make_init_fn",
     "make_predict_step",
-    "make_train_step",
+    "split_loss",
+    "step_values",
 ]
 
 _EVAL_RNG_SALT = 0x5EED  # eval/predict draw from a fixed key: the same params give the same numbers
 
 
-def _split_loss(out: Any) -> tuple[jax.Array, Any]:
+def split_loss(out: Any) -> tuple[jax.Array, Any]:
     if isinstance(out, tuple) and len(out) == 2:
         return out
     return out, None
@@ -44,11 +47,11 @@ def _forward(module, binding: ModelBinding, params, model_state, rng, batch, *, 
     `logged` holds what `module.log` recorded during the call."""
     with module._mode(train), _logged.collecting() as logged:
         out, new_state = binding.apply(module.loss, params, model_state, rng, batch, train=train)
-    loss, outputs = _split_loss(out)
+    loss, outputs = split_loss(out)
     return loss, outputs, new_state, logged.values
 
 
-def _metrics(module, batch, outputs, loss, logged, *, train: bool) -> dict[str, jax.Array]:
+def step_values(module, batch, outputs, loss, logged, *, train: bool) -> dict[str, jax.Array]:
     """The step's values: the loss, `module.metrics` and everything `module.log` recorded."""
     with module._mode(train), _logged.collecting() as more:
         values = dict(module.metrics(batch, outputs) or {})
@@ -56,7 +59,7 @@ def _metrics(module, batch, outputs, loss, logged, *, train: bool) -> dict[str, 
     return {**losses, **values, **logged, **more.values}
 
 
-def _leading_dim(batch: Batch) -> int:
+def leading_dim(batch: Batch) -> int:
     return jax.tree.leaves(batch)[0].shape[0]
 
 
@@ -86,57 +89,30 @@ def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation
     return init
 
 
-def make_train_step(module, binding: ModelBinding, tx: optax.GradientTransformation):
-    """`train_step(state, batch) -> (state, step_metrics)`: one optimizer update."""
-
-    def train_step(state: TrainState, batch: Batch):
-        rng = jax.random.fold_in(state.rng, state.step)
-
-        def loss_fn(params):
-            loss, outputs, new_state, logged = _forward(
-                module, binding, params, state.model_state, rng, batch, train=True
-            )
-            return loss, (outputs, new_state, logged)
-
-        (loss, (outputs, model_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        values = _metrics(module, batch, outputs, loss, logged, train=True)
-        return apply_update(state, tx, grads, model_state, values, batch), values
-
-    return train_step
-
-
-def apply_update(state: TrainState, tx: optax.GradientTransformation, grads: PyTree,
-                 model_state: PyTree, values: dict[str, jax.Array], batch: Batch) -> TrainState:
-    """The state after one optimizer update with `grads`, its step's `values` accumulated."""
-    # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
-    updates, opt_state = optax.with_extra_args_support(tx).update(
-        grads, state.opt_state, state.params, value=values["loss"])
-    return state.replace(
-        step=state.step + 1,
-        params=optax.apply_updates(state.params, updates),
-        model_state=model_state,
-        opt_state=opt_state,
-        metrics=acc_lib.add(state.metrics, values, _leading_dim(batch)),
-    )
-
-
-def make_eval_step(module, binding: ModelBinding):
-    """`eval_step(params, model_state, rng, acc, batch, mask) -> acc`.
+def make_eval_step(module, binding: ModelBinding, stage: str = "val"):
+    """`eval_step(params, model_state, rng, acc, batch, mask) -> acc` for the evaluation `stage`
+    ("val" or "test": `context.current_stage()` while traced).
 
     The loss and metrics are computed per example (`vmap` over the batch) and weighted by
     `mask`, so the padded rows of a last partial batch count for nothing and every real example
-    counts exactly once, without compiling a second shape.
+    counts exactly once, without compiling a second shape. The batch index the user's code sees
+    counts the batches of this evaluation.
     """
 
     def eval_step(params, model_state, rng, acc, batch: Batch, mask: jax.Array):
         rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
+        # Every earlier batch was full (only the last may be padded), so examples seen / batch
+        # size is the index of this batch.
+        seen = next(iter(acc.values()))[1] if acc else jnp.zeros(())
+        index = (seen / mask.shape[0]).astype(jnp.int32)
 
         def one(example):
             example = jax.tree.map(lambda x: x[None], example)
             loss, outputs, _, logged = _forward(module, binding, params, model_state, rng, example, train=False)
-            return _metrics(module, example, outputs, loss, logged, train=False)
+            return step_values(module, example, outputs, loss, logged, train=False)
 
-        return acc_lib.add(acc, jax.vmap(one)(batch), mask)
+        with context.stage(stage), context.batch_index(index):
+            return acc_lib.add(acc, jax.vmap(one)(batch), mask)
 
     return eval_step
 
@@ -180,7 +156,7 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
             params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
         with module._mode(train), _logged.collecting() as logged:
             out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
-            loss, outputs = _split_loss(out)
+            loss, outputs = split_loss(out)
             values = module.metrics(batch, outputs)
         for name, spec in logged.specs.items():  # a name logged in both modes keeps its train spec
             specs.setdefault(name, spec)

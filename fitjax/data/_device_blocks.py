@@ -1,0 +1,140 @@
+"""Batches kept on the devices (DESIGN.md's "batches kept on device") for an in-memory `fj.DataLoader`.
+
+A hand-written loop gathers each batch on the host and hands it to the jitted step, which copies
+it to the device: two gathers and two transfers per step, on the critical path. When the train
+data is a plain `fj.DataLoader` small enough to keep a copy on every device (`MAX_BYTES` in all),
+the trainer instead
+
+1. puts the data on the devices once per `fit`;
+2. per block of up to `BLOCK_BYTES` of an epoch's full batches, sends that stretch of the epoch's
+   order (row numbers) and gathers the block `[n, batch, ...]` on device in one call, sharded
+   like the batch;
+3. runs the train step on `(block, base)`: the step picks its batches (one, or the
+   `accumulate_grad_batches * steps_per_execution` of a full call) from the block with a dynamic
+   slice at `state.step - base` (`fitjax.step.train.picking`), so the host does no per-step
+   gather or transfer.
+
+The batches and their order are the loader's own (same rows, same shuffle per epoch) and the
+step computes the same numbers. What does not fill a whole call at an epoch's end, and a short
+last batch (`drop_last=False`), take the host path. On CPU this is done only for small steps
+(`CPU_STEP_FLOPS`): a larger step hides the host's per-batch work behind its own compute, and
+there the step that picks from a block ran slower.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fitjax.data._loader import DataLoader
+from fitjax.step import StepInputs, StepOptions, group_batches
+from fitjax.step.jitted import block_sharding
+
+__all__ = ["Feed", "feed_for"]
+
+MAX_BYTES = 1 << 30  # the data's bytes times the devices that each hold a copy
+BLOCK_BYTES = 16 << 20  # one block of batches, gathered on device
+CPU_STEP_FLOPS = 1 << 25  # ~1 ms on 2 CPU cores: larger steps take their batches from the host
+
+
+def _is_plain_loader(loader: Any) -> bool:
+    """A `fj.DataLoader` whose batches are its rows as they are (no subclass changing them)."""
+    return (
+        isinstance(loader, DataLoader)
+        and type(loader).__iter__ is DataLoader.__iter__
+        and type(loader)._batches is DataLoader._batches
+    )
+
+
+def _step_is_small(params: Any, batch_size: int) -> bool:
+    """Whether a CPU step is small enough for the host's per-step gather and copy to matter.
+
+    Estimated as a dense net's `6 * parameters * batch` FLOPs (a lower bound for conv nets). Above
+    `CPU_STEP_FLOPS` the host prepares the next batch while the device computes, so the host path
+    costs nothing, while picking from a block measured 6-14% slower for the MNIST-sized MLP and
+    the small CNN of `benchmarks/overhead.py` on XLA:CPU (the same program plus one slice).
+    """
+    parameters = sum(leaf.size for leaf in jax.tree.leaves(params))
+    return 6 * parameters * batch_size <= CPU_STEP_FLOPS
+
+
+def feed_for(loader: Any, strategy, *, options: StepOptions, params: Any) -> "Feed | None":
+    """A `Feed` for `loader`, or None when its batches must come from the host: several processes,
+    another kind of loader, data larger than `MAX_BYTES` across the devices, or (on CPU) a step
+    too large for the host's work to matter."""
+    if jax.process_count() != 1 or not _is_plain_loader(loader):
+        return None
+    if loader.num_examples < loader.batch_size:  # no full batch: nothing to keep on device
+        return None
+    if strategy.platform == "cpu" and not _step_is_small(params, loader.batch_size):
+        return None
+    nbytes = sum(leaf.nbytes for leaf in loader._leaves)
+    if nbytes * strategy.mesh.size > MAX_BYTES:
+        return None
+    return Feed(loader, strategy, options)
+
+
+class Feed:
+    """The loader's data on the devices, and the per-epoch blocks gathered from it."""
+
+    def __init__(self, loader: DataLoader, strategy, options: StepOptions) -> None:
+        self.loader = loader
+        self.options = options
+        self._data = jax.device_put(loader._leaves, strategy.replicated)
+        batch, treedef = loader.batch_size, loader._treedef
+        row_bytes = sum(leaf.nbytes // max(len(leaf), 1) for leaf in loader._leaves)
+        per_call = options.batches_per_call
+        calls = max(1, BLOCK_BYTES // max(row_bytes * batch * per_call, 1))
+        self.block_batches = calls * per_call  # a block holds whole calls
+
+        def gather(data, rows):
+            k = rows.shape[0] // batch
+            return treedef.unflatten([jnp.take(a, rows, axis=0).reshape(k, batch, *a.shape[1:]) for a in data])
+
+        self._gather = jax.jit(gather, out_shardings=block_sharding(strategy))
+        # a fresh buffer holding the state's step (never the step array itself: that is donated)
+        self._base = jax.jit(lambda step: step + jnp.zeros_like(step), out_shardings=strategy.replicated)
+
+    def chunks(self, *, start: int, stop: int, steps_left: int | None,
+               current_step: Callable[[], jax.Array]) -> Iterator[StepInputs]:
+        """Batches `start..stop-1` of the loader's selected epoch, at most `steps_left` optimizer
+        steps: whole calls picked from device blocks (`StepInputs.on_device`), the rest (and a
+        short last batch) as host batches. `current_step()` is the state's step counter when a
+        block's first call is about to run."""
+        epoch_order = self.loader._order()
+        size, per_call = self.loader.batch_size, self.options.batches_per_call
+        full_stop = min(stop, len(epoch_order) // size)
+        calls = max(full_stop - start, 0) // per_call
+        if steps_left is not None:
+            calls = min(calls, steps_left // self.options.steps_per_execution)
+        device_stop = start + calls * per_call
+        if calls:
+            blocks = math.ceil(calls * per_call / self.block_batches)
+            k = math.ceil(calls / blocks) * per_call  # blocks of equal size, whole calls each
+            for first in range(start, device_stop, k):
+                n = min(k, device_stop - first)
+                rows = epoch_order[first * size:(first + n) * size]
+                padded = np.resize(rows, k * size).astype(np.int32)  # repeats rows; never stepped
+                block = self._gather(self._data, padded)
+                base = self._base(current_step())
+                call_rows = per_call * size
+                for j in range(n // per_call):
+                    yield StepInputs((block, base), per_call, self.options.steps_per_execution, full=True,
+                                     rows=rows[j * call_rows:(j + 1) * call_rows], on_device=True)
+        if steps_left is not None:
+            steps_left -= calls * self.options.steps_per_execution
+        rest = epoch_order[device_stop * size:stop * size]
+        host = (self.loader._rows(rest[i:i + size]) for i in range(0, len(rest), size))
+        yield from group_batches(host, self.options, steps_left=steps_left)
+
+    def host_inputs(self, inputs: StepInputs) -> Any:
+        """On-device inputs as the host path would have given them (for hooks that read the batch)."""
+        batch = self.loader._rows(inputs.rows)
+        k, spe = self.options.accumulate_grad_batches, self.options.steps_per_execution
+        lead = ((spe,) if spe > 1 else ()) + ((k,) if k > 1 else ())
+        stacked = jax.tree.map(lambda x: x.reshape(*lead, -1, *x.shape[1:]), batch)
+        return (stacked, np.ones(lead, bool)) if k > 1 else stacked

@@ -1,0 +1,14 @@
+"""The step layer: what runs under `jax.jit` (DESIGN.md, layer 2).
+
+One gradient function and the composable pieces around it (`train`), the forward pieces shared
+with evaluation (`forward`), the Linen/NNX binding (`model_binding`), the options that shape the
+step (`options`), host batches grouped into step calls (`grouping`), and the build that jits every
+variant once per shape with the strategy's shardings (`jitted.build`, compiled as `cpu_scratch` plans on
+XLA:CPU). It imports nothing from data, checkpointing, the loop, callbacks or loggers.
+"""
+
+from fitjax.step.jitted import Compiled, build, check_optimizer
+from fitjax.step.grouping import StepInputs, group_batches
+from fitjax.step.options import StepOptions, host_values
+
+__all__ = ["Compiled", "StepInputs", "StepOptions", "build", "check_optimizer", "group_batches", "host_values"]

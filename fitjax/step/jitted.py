@@ -1,0 +1,203 @@
+"""Builds the train state and the jitted step functions for one (module, strategy) pair.
+
+Everything here returns values; nothing mutates the trainer. Every jitted train step variant
+(a full call, an epoch's leftover steps, a call picking its batches from a block on the device)
+goes through `_jit_train`, the one place where platform-specific compile choices are made: the
+state is donated, and on XLA:CPU the program is compiled as `cpu_scratch` plans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from fitjax import metrics as acc_lib
+from fitjax._typing import Batch, PyTree
+from fitjax.state import TrainState
+from fitjax.step import context, cpu_scratch, forward, train
+from fitjax.step.options import StepOptions
+from fitjax.strategies import Strategy
+
+__all__ = ["Compiled", "block_sharding", "build", "check_optimizer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """The jitted functions of one fit/eval run and the shardings they were built with."""
+
+    state_shardings: Any
+    metric_names: tuple[str, ...]
+    #: one full call: `steps_per_execution` optimizer steps on host inputs (see `StepInputs`)
+    train_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None
+    reset_metrics: Callable[[TrainState], TrainState] | None
+    eval_step: Callable[..., Any]
+    predict_step: Callable[..., Any]
+    eval_metric_names: tuple[str, ...] = ()
+    log_specs: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> `_logged.LogSpec`
+    test_step: Callable[..., Any] | None = None  # a Lightning-style module's `test_step`
+    test_metric_names: tuple[str, ...] = ()
+    #: one optimizer step per call, for an epoch's leftovers (`train_step` itself when
+    #: `steps_per_execution == 1`)
+    train_tail_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
+    #: host step inputs -> device (`StepInputs.inputs`, `full` or not)
+    shard_inputs: Callable[[Any, bool], Any] | None = None
+    #: one full call on `(block, base)`, its batches picked from a block on the device
+    block_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
+    options: StepOptions = StepOptions()
+
+    def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        """The eval step and its value names for "val" or "test"."""
+        if stage == "test" and self.test_step is not None:
+            return self.test_step, self.test_metric_names
+        return self.eval_step, self.eval_metric_names
+
+
+def block_sharding(strategy: Strategy) -> NamedSharding:
+    """Blocks `[n, batch, ...]` of batches are split over the devices like a batch, on axis 1."""
+    return stacked_sharding(strategy.batch_sharding, 1)
+
+
+def stacked_sharding(batch_sharding: NamedSharding, leading: int) -> NamedSharding:
+    """`batch_sharding` with `leading` unsharded dimensions in front (steps, micro-batches)."""
+    return NamedSharding(batch_sharding.mesh, P(*([None] * leading), *batch_sharding.spec))
+
+
+def check_optimizer(tx: Any, owner: str) -> optax.GradientTransformation:
+    if isinstance(tx, optax.GradientTransformation) or (
+        hasattr(tx, "init") and hasattr(tx, "update") and callable(tx.init) and callable(tx.update)
+    ):
+        return tx
+    raise TypeError(
+        f"{owner}.configure_optimizer must return an optax.GradientTransformation (e.g. "
+        f"`optax.adamw(1e-3)`), got {type(tx).__name__}: {tx!r}."
+    )
+
+
+def _abstract(batch: Batch) -> Batch:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+
+
+def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit",
+          options: StepOptions = StepOptions()
+          ) -> tuple[TrainState | tuple[PyTree, PyTree, jax.Array], Compiled]:
+    """Initialises (or reuses) the module's variables and compiles the step functions.
+
+    With `stage="fit"` returns a sharded `TrainState` (optimizer state included); for "eval" and
+    "predict" the sharded `(params, model_state, rng)` alone. `batch` is a host batch used for
+    shapes (and, for Linen, traced through `loss` — `predict_step` for "predict" — to initialise).
+    The module tells the step what it needs through `_manual_optimization`, `_predict_fn()` and
+    `_eval_stages()` (`fitjax.LitModule` answers them; the step layer never imports it).
+    """
+    owner = type(module).__name__
+    train_stage = stage == "fit"
+    binding = module._get_binding()
+    given = module.variables or binding.initial_variables()
+    abstract_batch = _abstract(batch)
+    predict_fn = module._predict_fn()
+    if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
+        names, trace = forward.StepNames(("loss",), ("loss",), {}), predict_fn
+    else:
+        names, trace = forward.check_step_outputs(module, binding, abstract_batch, given), None
+    test_names = None
+    if stage != "predict" and "test" in module._eval_stages():  # test_step logs names of its own
+        with context.stage("test"):
+            test_names = forward.check_step_outputs(module, binding, abstract_batch, given)
+    metric_names = names.train
+    manual = bool(module._manual_optimization)
+    tx = check_optimizer(module.configure_optimizer(), owner) if train_stage else optax.identity()
+    tx = options.wrap_optimizer(tx, groups=manual) if train_stage else tx
+    train_names = options.train_metric_names(metric_names) if train_stage else metric_names
+
+    init_fn = forward.make_init_fn(module, binding, tx, train_names, trace=trace)
+    init_fn = options.wrap_init(init_fn, tx)
+    abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
+    shardings = strategy.state_shardings(abstract_state, binding.annotations)
+    replicated = strategy.replicated
+    batch_sharding = strategy.batch_sharding
+
+    rng = jax.random.key(seed)
+    sharded_batch = strategy.shard_batch(batch)
+    if given is not None:
+        # A copy, never an alias: the state is donated to the step, and these arrays belong to the
+        # user's model (NNX) or to the module's last fit.
+        given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
+    state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
+
+    steps = dict.fromkeys(("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics"))
+    if train_stage:
+        steps = _train_steps(module, binding, tx, options, train_names, strategy, shardings, manual=manual)
+    evaluators = {}
+    for stage_name in ("val", "test"):
+        evaluators[stage_name] = strategy.jit(
+            options.wrap_eval(forward.make_eval_step(module, binding, stage_name), batch_arg=4),
+            in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
+                          batch_sharding, batch_sharding),
+            out_shardings=replicated,
+            donate_argnums=(3,),
+        )
+    predict_step = strategy.jit(
+        options.wrap_eval(forward.make_predict_step(module, binding, fn=predict_fn), batch_arg=3),
+        in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
+        out_shardings=batch_sharding,
+    )
+    log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
+    compiled = Compiled(shardings, metric_names, eval_step=evaluators["val"], predict_step=predict_step,
+                        eval_metric_names=names.eval, log_specs=log_specs,
+                        test_step=evaluators["test"] if test_names else None,
+                        test_metric_names=test_names.eval if test_names else (), options=options, **steps)
+    return (state if train_stage else (state.params, state.model_state, state.rng)), compiled
+
+
+def _train_steps(module, binding, tx, options: StepOptions, train_names, strategy: Strategy, shardings,
+                 *, manual: bool) -> dict[str, Any]:
+    """The jitted train step variants, the host-input sharding and the metric reset."""
+    k, spe = options.accumulate_grad_batches, options.steps_per_execution
+    replicated = strategy.replicated
+
+    def host_sharding(leading: int):
+        """Host inputs: stacked dimensions (steps, micro-batches) unsharded, the batch's kept;
+        the micro-batch mask replicated."""
+        if k > 1:
+            return stacked_sharding(strategy.batch_sharding, leading + 1), replicated
+        return stacked_sharding(strategy.batch_sharding, leading)
+
+    def jit_train(fn: Callable, inputs_sharding) -> Callable:
+        """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `cpu_scratch` plans."""
+        def jit(donate: bool = True, compiler_options: dict | None = None):
+            return strategy.jit(fn, in_shardings=(shardings, inputs_sharding),
+                                out_shardings=(shardings, replicated),
+                                donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
+        return cpu_scratch.step(jit, platform=strategy.platform)
+
+    def make(single: bool) -> Callable:
+        return train.make_train_step(module, binding, tx, options, train_names, manual=manual, single=single)
+
+    full_leading = 1 if spe > 1 else 0
+    full = make(single=False)
+    train_step = jit_train(full, host_sharding(full_leading))
+    tail_step = jit_train(make(single=True), host_sharding(0)) if spe > 1 else train_step
+    # compiled only if used (a block step runs only when the data is kept on the devices)
+    block_step = jit_train(train.picking(full, options), (block_sharding(strategy), replicated))
+
+    def shard_inputs(inputs, is_full: bool):
+        target = host_sharding(full_leading if is_full else 0)
+        if k > 1:
+            return _put(inputs[0], target[0]), _put(inputs[1], target[1])
+        return _put(inputs, target)
+
+    # Fresh zeros from a call with no arguments: a jitted `state -> state` would pass every
+    # leaf of the state through XLA, which on CPU costs ~3 µs a leaf.
+    zero_metrics = strategy.jit(lambda: acc_lib.zeros(train_names), in_shardings=(),
+                                out_shardings=shardings.metrics)
+    return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
+            "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics())}
+
+
+def _put(tree, sharding):
+    if jax.process_count() == 1:  # host arrays: the jitted step's in_shardings place them
+        return tree
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)

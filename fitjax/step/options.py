@@ -1,0 +1,145 @@
+"""`StepOptions`: the Trainer arguments that shape the train step, checked once at the boundary.
+
+Each option is one piece around the same gradient function (`fitjax.step.train`); none of them
+selects another step body, so every option combines with every other, with manual optimization
+and with every strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fitjax import precision as precision_lib
+from fitjax.state import TrainState
+
+__all__ = ["StepOptions"]
+
+_CLIP_ALGORITHMS = ("norm", "value")
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError(f"Trainer({name}=...) must be a positive int, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """The step-shaping Trainer arguments (see `Trainer` for their meaning)."""
+
+    precision: precision_lib.Precision = precision_lib.Precision()
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    steps_per_execution: int = 1
+    detect_anomaly: bool = False
+    log_grad_norm: bool = False
+
+    @classmethod
+    def create(cls, *, precision="32-true", accumulate_grad_batches=1, gradient_clip_val=None,
+               gradient_clip_algorithm="norm", steps_per_execution=1, detect_anomaly=False,
+               log_grad_norm=False) -> "StepOptions":
+        """Checks the Trainer's arguments; the error names the argument and what it takes."""
+        if gradient_clip_val is not None and (
+            isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float))
+            or not gradient_clip_val > 0
+        ):
+            raise ValueError(
+                f"Trainer(gradient_clip_val=...) must be a positive number or None, got {gradient_clip_val!r}"
+            )
+        if gradient_clip_algorithm not in _CLIP_ALGORITHMS:
+            raise ValueError(
+                f"Trainer(gradient_clip_algorithm=...) got {gradient_clip_algorithm!r}; use one of "
+                f"{list(_CLIP_ALGORITHMS)}."
+            )
+        return cls(
+            precision=precision_lib.resolve(precision),
+            accumulate_grad_batches=_positive_int("accumulate_grad_batches", accumulate_grad_batches),
+            gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
+            gradient_clip_algorithm=gradient_clip_algorithm,
+            steps_per_execution=_positive_int("steps_per_execution", steps_per_execution),
+            detect_anomaly=bool(detect_anomaly),
+            log_grad_norm=bool(log_grad_norm),
+        )
+
+    @property
+    def batches_per_call(self) -> int:
+        """Batches one full call of the train step consumes."""
+        return self.accumulate_grad_batches * self.steps_per_execution
+
+    def train_metric_names(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        return (*names, "grad_norm") if self.log_grad_norm else names
+
+    def wrap_optimizer(self, tx: optax.GradientTransformation, *, groups: bool = False
+                       ) -> optax.GradientTransformation:
+        """Clipping chained before the user's optimizer (it sees the accumulated, unscaled grads).
+
+        With `groups` (manual optimization) each top-level parameter group is clipped on its own,
+        as Lightning's `clip_gradients(optimizer, ...)` clips one optimizer's parameters.
+        """
+        if self.gradient_clip_val is None:
+            return tx
+        if self.gradient_clip_algorithm == "norm":
+            clip = optax.clip_by_global_norm(self.gradient_clip_val)
+        else:
+            clip = optax.clip(self.gradient_clip_val)
+        return optax.chain(_per_group(clip) if groups else clip, tx)
+
+    def wrap_init(self, init_fn: Callable[..., TrainState], tx: optax.GradientTransformation) -> Callable:
+        """Parameters in their storage dtype (and the optimizer state built on them); the loss scale."""
+        policy = self.precision
+        if policy.is_default:
+            return init_fn
+
+        def init(rng, batch, given):
+            state = init_fn(rng, batch, given)
+            params = policy.cast_params(state.params)
+            opt_state = tx.init(params) if policy.param_dtype != jnp.float32 else state.opt_state
+            return state.replace(params=params, opt_state=opt_state, loss_scale=policy.initial_loss_scale())
+
+        return init
+
+    def wrap_eval(self, fn: Callable, *, batch_arg: int) -> Callable:
+        """An eval/predict step `(params, ...)` computing in the low dtype (params and the batch at
+        position `batch_arg` cast)."""
+        policy = self.precision
+        if policy.compute_dtype == jnp.float32:
+            return fn
+
+        def wrapped(params, *rest):
+            rest = list(rest)
+            rest[batch_arg - 1] = policy.cast_compute(rest[batch_arg - 1])
+            with policy.float32_outputs():
+                return fn(policy.cast_compute(params), *rest)
+
+        wrapped.__name__ = fn.__name__  # keeps jit's name (compile counts key on it)
+        return wrapped
+
+
+def _per_group(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` applied to each top-level key of the parameters separately."""
+
+    def init(params):
+        return {group: tx.init(p) for group, p in params.items()}
+
+    def update(updates, state, params=None):
+        new_updates, new_state = {}, {}
+        for group, u in updates.items():
+            new_updates[group], new_state[group] = tx.update(
+                u, state[group], None if params is None else params[group])
+        return new_updates, new_state
+
+    return optax.GradientTransformation(init, update)
+
+
+def host_values(state: TrainState) -> dict[str, jax.Array]:
+    """Device values logged at every log time besides the metric accumulators."""
+    ls = state.loss_scale
+    if isinstance(ls, precision_lib.LossScale):
+        return {"loss_scale": ls.scale, "skipped_steps": ls.skipped}
+    return {}

@@ -1,0 +1,242 @@
+"""The train step: one gradient function and the pieces around it.
+
+    for each of `steps_per_execution` optimizer steps (a `lax.scan` when > 1):
+        for each of `accumulate_grad_batches` micro-batches (a `lax.scan` when > 1):
+            grads += grad(loss(cast(params), cast(micro_batch)) * loss_scale)   # `gradients`
+        grads /= k * loss_scale                  # each micro-batch loss divided by k, like Lightning
+        grad_norm = global_norm(grads)           # before clipping (logged with log_grad_norm)
+        updates = (clip ∘ user optimizer)(grads) # clipping is an optax transform chained first
+        skip the update if the grads are not finite (16-mixed), adjust the scale
+        flag a non-finite loss, grads or params (detect_anomaly)
+
+`gradients` is the only place the user's loss is differentiated. Under manual optimization
+(`automatic_optimization = False`) the loss's outputs are `{param group: loss}` and each group
+gets the gradient of its own loss; everything around it is the same. With every option at its
+default each piece is the identity, so the plain step is the same program as before.
+
+The step's inputs are a batch, `(stacked micro-batches [k, ...], mask [k])` with accumulation,
+stacked again `[steps, ...]` for several steps per call; or a block of batches already on the
+device, `(block [n, batch, ...], base)`, from which the step slices its own (`picking`).
+
+Accumulation scans over micro-batches inside one jitted step rather than composing
+`optax.MultiSteps`: one dispatch per optimizer step instead of k, no accumulator buffer in the
+optimizer state, and the trailing incomplete group of an epoch steps with a mask instead of
+waiting for the next epoch (`benchmarks/techniques.py` measures the two).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fitjax import _logged
+from fitjax import metrics as acc_lib
+from fitjax.state import TrainState
+from fitjax.step import context
+from fitjax.step.forward import leading_dim, split_loss, step_values
+from fitjax.step.options import StepOptions
+
+__all__ = ["ANOMALY_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
+
+ANOMALY_KEY = "_anomaly"  # step output holding [loss, gradients, parameters] non-finite flags
+_ANOMALY_NAMES = ("loss", "gradients", "parameters")
+
+
+def gradients(module, binding, policy, *, manual: bool) -> Callable:
+    """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state)`.
+
+    `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
+    loss (None: no loss scaling). Params and floating inputs are cast to the policy's compute
+    dtype; the loss and the model state keep float32 / their own dtype.
+    """
+    owner = type(module).__name__
+
+    def forward(params, model_state, rng, batch):
+        with module._mode(True), policy.float32_outputs(), _logged.collecting() as logged:
+            out, new_state = binding.apply(module.loss, policy.cast_compute(params), model_state, rng,
+                                           policy.cast_compute(batch), train=True)
+        loss, outputs = split_loss(out)
+        # Model state (BatchNorm statistics) keeps its dtype: the donated state's layout must not change.
+        new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
+        return loss.astype(jnp.float32), outputs, new_state, logged.values
+
+    def automatic(params, model_state, rng, batch, scale):
+        def loss_fn(p):
+            loss, outputs, new_state, logged = forward(p, model_state, rng, batch)
+            return (loss if scale is None else loss * scale), (loss, outputs, new_state, logged)
+
+        (_, (loss, outputs, new_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return grads, step_values(module, batch, outputs, loss, logged, train=True), new_state
+
+    def per_group(params, model_state, rng, batch, scale):
+        """One forward pass, one backward pass per group (a GAN's generator and discriminator)."""
+        def group_losses(p):
+            total, outputs, new_state, logged = forward(p, model_state, rng, batch)
+            if not isinstance(outputs, context.GroupLosses):
+                raise ValueError(
+                    f"{owner} sets `automatic_optimization = False`: its training step must return "
+                    f"`{{param group: loss}}` (a dict of scalars), got outputs {outputs!r}."
+                )
+            losses = {g: v.astype(jnp.float32) * (1.0 if scale is None else scale)
+                      for g, v in outputs.losses.items()}
+            return losses, (total, new_state, logged)
+
+        losses, pullback, (total, new_state, logged) = jax.vjp(group_losses, params, has_aux=True)
+        _check_groups(owner, losses, params)
+        grads = jax.tree.map(jnp.zeros_like, params)
+        for group in losses:
+            seed = {g: jnp.ones_like(v) if g == group else jnp.zeros_like(v) for g, v in losses.items()}
+            grads[group] = pullback(seed)[0][group]
+        return grads, step_values(module, batch, None, total, logged, train=True), new_state
+
+    return per_group if manual else automatic
+
+
+def _check_groups(owner: str, losses: dict, params: Any) -> None:
+    unknown = sorted(set(losses) - set(params))
+    if unknown:
+        raise ValueError(
+            f"{owner}.training_step returned losses for {unknown}, which are not parameter groups; "
+            f"the groups are the top-level keys of the model's params: {sorted(params)}."
+        )
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def make_train_step(module, binding, tx: optax.GradientTransformation, options: StepOptions,
+                    metric_names: tuple[str, ...], *, manual: bool = False, single: bool = False) -> Callable:
+    """`train_step(state, inputs) -> (state, values)`: `steps_per_execution` optimizer steps
+    (one with `single=True`: an epoch's leftovers); `values` are the last step's."""
+    policy = options.precision
+    k = options.accumulate_grad_batches
+    user_names = tuple(n for n in metric_names if n != "grad_norm")
+    grads_of = gradients(module, binding, policy, manual=manual)
+
+    def accumulate(state: TrainState, rng, batches, mask, scale):
+        """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+
+        def body(carry, xs):
+            grads_sum, model_state, acc = carry
+            i, batch, keep = xs
+            grads, values, new_state = grads_of(state.params, model_state, jax.random.fold_in(rng, i), batch, scale)
+            # `where`, not a product: a skipped micro-batch's NaN must not leak into the sum
+            grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(jnp.float32), 0.0),
+                                     grads_sum, grads)
+            model_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_state, model_state)
+            weight = keep * leading_dim(batch)
+            acc = {**acc, **acc_lib.add({n: acc[n] for n in user_names}, values, weight)}
+            return (grads_sum, model_state, acc), (values, weight)
+
+        (grads, model_state, acc), (values, weights) = jax.lax.scan(
+            body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask))
+        total = jnp.maximum(weights.sum(), 1.0)
+        means = jax.tree.map(lambda v: (v.astype(jnp.float32) * weights).sum() / total, values)
+        return grads, means, model_state, acc, weights.sum()
+
+    def one_step(state: TrainState, inputs):
+        with context.batch_index(state.step):  # a Lightning `training_step` sees the step
+            return _one_step(state, inputs)
+
+    def _one_step(state: TrainState, inputs):
+        rng = jax.random.fold_in(state.rng, state.step)
+        ls = state.loss_scale
+        scale = ls.scale if ls is not None else None
+        if k > 1:
+            batches, mask = inputs
+            grads, values, model_state, acc, weight = accumulate(state, rng, batches, mask, scale)
+        else:
+            grads, values, model_state = grads_of(state.params, state.model_state, rng, inputs, scale)
+            weight = leading_dim(inputs)
+            acc = {**state.metrics, **acc_lib.add({n: state.metrics[n] for n in user_names}, values, weight)}
+        divisor = float(k) * (1.0 if scale is None else scale)
+        if scale is not None or k > 1:
+            grads = jax.tree.map(lambda g, p: (g / divisor).astype(p.dtype), grads, state.params)
+        finite = _all_finite(grads) if (ls is not None or options.detect_anomaly) else None
+
+        if options.log_grad_norm:
+            values = {**values, "grad_norm": optax.tree.norm(grads)}
+            acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
+        # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
+        updates, opt_state = optax.with_extra_args_support(tx).update(
+            grads, state.opt_state, state.params, value=values["loss"])
+        params = optax.apply_updates(state.params, updates)
+        if ls is not None:  # skip a non-finite step: keep params and optimizer state
+            keep_new = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+            params, opt_state = keep_new(params, state.params), keep_new(opt_state, state.opt_state)
+            ls = policy.update_loss_scale(ls, finite)
+        if options.detect_anomaly:
+            grads_bad = ~finite if state.loss_scale is None else jnp.asarray(False)  # scaling handles it
+            values = {**values, ANOMALY_KEY: jnp.stack(
+                [~jnp.isfinite(values["loss"]), grads_bad, ~_all_finite(params)])}
+        new_state = state.replace(step=state.step + 1, params=params, model_state=model_state,
+                                  opt_state=opt_state, metrics=acc, loss_scale=ls)
+        return new_state, values
+
+    if single or options.steps_per_execution == 1:
+        def train_step(state, inputs):  # the name compile logs and counts show
+            return one_step(state, inputs)
+
+        return train_step
+
+    def train_step(state, inputs):
+        state, values = jax.lax.scan(one_step, state, inputs)
+        last = {name: v[-1] for name, v in values.items() if name != ANOMALY_KEY}
+        if ANOMALY_KEY in values:
+            last[ANOMALY_KEY] = values[ANOMALY_KEY]  # [steps, 3]: which step went bad
+        return state, last
+
+    return train_step
+
+
+def picking(step_fn: Callable, options: StepOptions, *, single: bool = False) -> Callable:
+    """`step_fn(state, inputs)` as `train_step(state, (block, base))`: the inputs are the
+    `batches_per_call` batches of the block (`[n, batch, ...]`, on the device) from row
+    `(state.step - base) * accumulate_grad_batches`, shaped as `step_fn` takes them (`single`:
+    one optimizer step's). The host sends no batch: only which block, once per block."""
+    k = options.accumulate_grad_batches
+    steps = 1 if single else options.steps_per_execution
+
+    def train_step(state, inputs):
+        block, base = inputs
+        first = (state.step - base) * k
+
+        lead = ((steps,) if steps > 1 else ()) + ((k,) if k > 1 else ())
+
+        def pick(a):
+            return jax.lax.dynamic_slice_in_dim(a, first, k * steps).reshape(*lead, *a.shape[1:])
+
+        picked = jax.tree.map(pick, block)
+        if k > 1:
+            picked = (picked, jnp.ones(lead, bool))
+        return step_fn(state, picked)
+
+    train_step.__name__ = getattr(step_fn, "__name__", "train_step")
+    return train_step
+
+
+def check_anomaly(outputs: dict, *, global_step: int, epoch: int, num_steps: int) -> dict:
+    """Raises `FloatingPointError` naming the step and the first non-finite quantity.
+
+    Reads the flags on the host (a sync per step: `detect_anomaly` is a debugging mode).
+    """
+    outputs = dict(outputs)
+    flags = np.asarray(jax.device_get(outputs.pop(ANOMALY_KEY))).reshape(-1, len(_ANOMALY_NAMES))
+    for i, row in enumerate(flags):
+        if row.any():
+            what = [name for name, bad in zip(_ANOMALY_NAMES, row) if bad]
+            step = global_step - num_steps + i
+            raise FloatingPointError(
+                f"detect_anomaly: non-finite {' and '.join(what)} in optimizer step {step} "
+                f"(global_step {step} -> {step + 1}, epoch {epoch}). The first of these is the cause: "
+                "check the inputs of that step, lower the learning rate, or clip gradients "
+                "(`Trainer(gradient_clip_val=1.0)`)."
+            )
+    return outputs

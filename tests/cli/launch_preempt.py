@@ -1,0 +1,29 @@
+"""One process of a launched fit that runs until preempted: `fitjax launch` forwards SIGTERM, and
+fitjax's fit saves a checkpoint at an agreed step and returns. Writes OUT_DIR/training_<rank>
+once a step ran (SIGTERM handling is then in place), OUT_DIR/result_<rank>.json at the end."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+from cli_parts import Regressor, RegressorData
+
+import fitjax as fj
+
+out = Path(sys.argv[1])
+
+
+class Started(fj.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        (out / f"training_{jax.process_index()}").touch()
+
+
+trainer = fj.Trainer(max_epochs=100_000, strategy="dp", default_root_dir=out, logger=False, callbacks=[Started()],
+                     enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Regressor(), datamodule=RegressorData())
+(out / f"result_{jax.process_index()}.json").write_text(json.dumps(
+    {"received_sigterm": trainer.received_sigterm, "step": trainer.global_step,
+     "saved": trainer.checkpoint_callback.last_model_path or trainer.checkpoint_callback.best_model_path}))

@@ -1,0 +1,117 @@
+"""Every fitjax module imports only from its own layer or below (DESIGN.md's layers).
+
+The imports are read from the source (every `import`, also those inside functions), so the test
+needs no import side effects and catches a lazy import as well as a top-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
+
+# Lowest first. A module is placed by its longest matching prefix; modules matching none are
+# placed on top (they may import anything, and nothing placed below may import them).
+LAYERS = [
+    ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
+                "fitjax._logged", "fitjax._determinism", "fitjax._lazy",
+                "fitjax._accelerator"]),
+    ("step", ["fitjax.step"]),
+    ("data", ["fitjax.data"]),
+    ("checkpoint", ["fitjax.checkpoint"]),
+    # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
+    # what `configure_optimizers` may return (imported by the loop, so below it)
+    ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers"]),
+    ("loop", ["fitjax.trainer", "fitjax.loop", "fitjax._trainer_checks", "fitjax._resume", "fitjax._log_fetch"]),
+    ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
+]
+
+# Upward imports that exist and belong to another piece of work (issue 14: the loop builds its
+# default callbacks and loggers; to be inverted when the loop package lands). Nothing else may
+# join this list.
+KNOWN = {
+    ("fitjax.trainer", "fitjax.callbacks"),
+    ("fitjax.trainer", "fitjax.loggers"),
+    ("fitjax._trainer_checks", "fitjax.callbacks"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> int:
+    best, best_len = len(LAYERS) - 1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or module.startswith(prefix + ".")
+            if matches and len(prefix) > best_len and prefix != "fitjax":
+                best, best_len = index, len(prefix)
+    return best
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The fitjax modules `name` imports (a name imported from a package counts as the package
+    unless it is a module of its own)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "fitjax")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base.split(".")[0] != "fitjax":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in MODULES else base)
+    return found
+
+
+def _upward_imports() -> list[str]:
+    problems = []
+    for name, path in sorted(MODULES.items()):
+        here = _layer(name)
+        for target in sorted(_imports(name, path)):
+            there = _layer(target)
+            known = any(name == a and (target == b or target.startswith(b + ".")) for a, b in KNOWN)
+            if there > here and not known:
+                problems.append(f"{name} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]})")
+    return problems
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    problems = _upward_imports()
+    assert not problems, "upward imports (see DESIGN.md's layers):\n" + "\n".join(problems)
+
+
+def test_the_step_layer_imports_nothing_from_data_checkpoint_loop_or_callbacks():
+    step = [name for name in MODULES if name == "fitjax.step" or name.startswith("fitjax.step.")]
+    assert len(step) >= 5
+    for name in step:
+        for target in _imports(name, MODULES[name]):
+            assert _layer(target) <= _layer("fitjax.step"), f"{name} imports {target}"
+
+
+@pytest.mark.parametrize("module, target", [
+    ("fitjax.step.train", "fitjax.trainer"),
+    ("fitjax.step.jitted", "fitjax.data"),
+    ("fitjax.state", "fitjax.step"),
+    ("fitjax.checkpoint", "fitjax.callbacks.model_checkpoint"),
+])
+def test_the_rule_catches_an_upward_import(module, target):
+    assert _layer(target) > _layer(module)
