@@ -6,6 +6,7 @@ builds the state, jits one step, shards it over devices, feeds data, logs and ca
 
 from fitjax import callbacks, checkpoint, cli, data, loggers, precision, profilers, strategies
 from fitjax.callbacks import (
+    EMA,
     Callback,
     EarlyStopping,
     LearningRateMonitor,
@@ -27,6 +28,7 @@ __all__ = [
     "Callback",
     "DataLoader",
     "DataModule",
+    "EMA",
     "EarlyStopping",
     "LearningRateMonitor",
     "LightningCLI",

@@ -73,7 +73,8 @@ def test_fsdp_and_fsdp_x_tensor_match_one_device(single, fsdp_tensor, tmp_path, 
     tensor = 1 if args else 2
     assert dict(mesh.shape) == {"data": 1, "fsdp": 8 // tensor, "tensor": tensor}
     block = run.trainer.state.params["block_0"]
-    assert block["q"]["kernel"].sharding.spec == P("fsdp", "tensor", None)  # [embed, heads, kv]
+    assert block["q"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, heads × head_dim]
+    assert block["proj"]["kernel"].sharding.spec == P("tensor", "fsdp")
     assert block["up"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, mlp]
     assert block["down"]["kernel"].sharding.spec == P("tensor", "fsdp")  # [mlp, embed]
     shard = block["up"]["kernel"].addressable_shards[0].data.shape
@@ -106,7 +107,7 @@ def test_generation_writes_the_asked_length_from_a_sliding_context(single):
     assert tokens.shape == (2, 5 + 80)
     np.testing.assert_array_equal(tokens[:, :5], np.stack([gpt.encode(p) for p in prompts]))
     # greedy: each byte is the model's argmax given (at most) the `context` bytes before it
-    for t in (5, 40, context, 5 + 79):
+    for t in (20, 5 + 79):  # before and after the window slides
         window = tokens[:, max(0, t - context): t]
         logits = model.apply({"params": params}, window)
         np.testing.assert_array_equal(tokens[:, t], np.asarray(logits[:, -1].argmax(-1)))

@@ -10,8 +10,10 @@ and the MLP's hidden units; the batch is not split over it, so its devices share
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import functools
+from typing import Any, Callable, Mapping, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
@@ -54,6 +56,13 @@ class FSDP(Strategy):
     `sharding` metadata) follow their annotation, as do the optimizer-state arrays mirroring
     them; every other array follows the rule: its largest dimension divisible by `fsdp`.
 
+    With `rules`, the step is traced under them and the mesh (flax's `nn.logical_axis_rules`
+    and `jax.sharding.use_abstract_mesh`), so a Linen model can place its activations with
+    `nn.with_logical_constraint(x, ("batch", None, "heads", None))`: map `"batch"` to
+    `("data", "fsdp")` in the rules. Without rules (and under "dp" or "single") such
+    constraints do nothing. XLA otherwise picks activation layouts from the parameters alone,
+    and for a transformer under fsdp × tensor it gathers whole batches instead of weights.
+
     Initialisation is sharded: a Linen model's variables are created by one jitted init whose
     outputs carry these shardings, so the whole state never exists on one device. An NNX model
     built eagerly already holds its arrays where it was built; they are copied into the sharded
@@ -66,7 +75,7 @@ class FSDP(Strategy):
         >>> hybrid = fj.strategies.FSDP(data=2, fsdp=4)               # 2 replicas × 4 shards
         >>> named = fj.strategies.FSDP(rules={"embed": "fsdp", "mlp": None})
         >>> megatron = fj.strategies.FSDP(tensor=2, rules={"embed": "fsdp", "heads": "tensor",
-        ...                                                "mlp": "tensor", "kv": None})
+        ...                                                "mlp": "tensor", "batch": ("data", "fsdp")})
     """
 
     data_axes = ("data", "fsdp")
@@ -122,6 +131,20 @@ class FSDP(Strategy):
             )
         # tensor innermost: its groups are neighbouring devices (the same host, the fastest links)
         return Mesh(np.asarray(devices).reshape(data, fsdp, tensor), ("data", "fsdp", "tensor"))
+
+    def jit(self, fn: Callable, **kwargs: Any) -> Callable:
+        """`Strategy.jit`, with `fn` traced under the logical axis rules and the mesh (when rules
+        are given): `nn.with_logical_constraint` in the model then resolves through them."""
+        if not self.rules:
+            return super().jit(fn, **kwargs)
+        rules, mesh = tuple(self.rules.items()), self.mesh.abstract_mesh
+
+        @functools.wraps(fn)
+        def under_rules(*args):
+            with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(rules):
+                return fn(*args)
+
+        return super().jit(under_rules, **kwargs)
 
     def state_shardings(self, abstract_state: PyTree, annotations: _rules.Annotations | None = None
                         ) -> PyTree:

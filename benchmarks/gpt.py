@@ -1,0 +1,221 @@
+"""examples/gpt.py's transformer: fitjax against a hand-written jitted loop, per mesh, in one process.
+
+    python benchmarks/gpt.py                       # CPU: 8 virtual devices, a model sized for 2 cores
+    python benchmarks/gpt.py --only fsdp --repeats 3
+    python benchmarks/gpt.py --gpu                 # one large GPU: GPT-2 small's shape (single only)
+    python benchmarks/gpt.py --smoke               # seconds: checks it runs (numbers mean nothing)
+
+Both sides train the same model (examples/gpt.py's `GPT`) on the same byte data with the same
+recipe: bf16 mixed precision (float32 master weights, the parameters cast to bfloat16 in the
+step), gradient accumulation over 2 micro-batches in a `lax.scan`, clipping at global norm 1.0
+chained before AdamW with warmup-cosine, the state donated. The hand-written loop is what a JAX
+user writes: `jax.jit` with the mesh's shardings (parameter shardings from Flax's logical
+annotations through `nn.logical_to_mesh_sharding` and the same rules), numpy micro-batches
+sliced from a shuffled array. fitjax runs `Trainer.fit` with its defaults except the progress bar,
+the model summary and checkpoints (the hand-written loop prints and saves nothing).
+
+Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
+`fsdp_tensor` (fsdp 4 × tensor 2: heads and MLP units split over `tensor`). Each is timed after a
+warm-up (compilation) for `--steps` optimizer steps; runs alternate (hand-written, fitjax, ...)
+`--repeats` times and the ratio is the median of per-repeat ratios (fitjax / the hand-written run
+just before it). Memory: XLA's `memory_analysis()` of the hand-written step compiled for each
+mesh (per device: arguments = state + micro-batches, and temporaries) and
+the bytes per device of fitjax's train state, read from its arrays' shardings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+if "--gpu" not in sys.argv:  # 8 virtual CPU devices, before JAX is imported
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import gpt  # noqa: E402
+
+import fitjax as fj  # noqa: E402
+from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never reads the batch)
+
+ACCUMULATE, CLIP = 2, 1.0
+SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens per optimizer step
+    "cpu": dict(layers=2, width=128, heads=4, context=128, batch_size=16),
+    "gpu": dict(layers=12, width=768, heads=12, context=1024, batch_size=16),
+}
+MESHES = {  # name: (devices, data, fsdp, tensor); None: a plain data-parallel mesh
+    "single": (1, None, None, None),
+    "dp": (8, None, None, None),
+    "fsdp": (8, 1, 8, 1),
+    "fsdp_tensor": (8, 1, 4, 2),
+}
+
+
+def optimizer(lr: float, total: int) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 10, max(total, 11), end_value=lr / 10)
+    decay = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1, mask=decay)
+
+
+# ----------------------------------------------------------------------------- hand-written loop
+
+def hand_written_step(model: gpt.GPT, tx: optax.GradientTransformation):
+    def loss_fn(params, tokens):
+        low = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)  # bf16 compute, f32 masters
+        logits = model.apply({"params": low}, tokens[:, :-1]).astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    def step(params, opt_state, micro):  # micro: [accumulate, batch, context + 1]
+        def one(grads, tokens):
+            loss, g = jax.value_and_grad(loss_fn)(params, tokens)
+            return jax.tree.map(jnp.add, grads, g), loss
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, losses = jax.lax.scan(one, zeros, micro)
+        grads = jax.tree.map(lambda g: g / micro.shape[0], grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, losses.mean()
+
+    return step
+
+
+def hand_written(mesh_name: str, shape: dict, data: np.ndarray, *, warmup: int, steps: int):
+    """Returns (tokens/s, compiled memory stats) of the hand-written loop on `mesh_name`'s mesh."""
+    count, data_axis, fsdp, tensor = MESHES[mesh_name]
+    devices = np.asarray(jax.devices()[:count])
+    if fsdp is None:
+        mesh, batch_axes, rules = Mesh(devices, ("data",)), ("data",), None
+    else:
+        mesh = Mesh(devices.reshape(data_axis, fsdp, tensor), ("data", "fsdp", "tensor"))
+        batch_axes, rules = ("data", "fsdp"), list(gpt.GPT_RULES.items())
+    model = gpt.GPT(layers=shape["layers"], width=shape["width"], heads=shape["heads"], context=shape["context"])
+    tx = optax.chain(optax.clip_by_global_norm(CLIP), optimizer(1e-3, warmup + steps))
+    batch = shape["batch_size"]
+    example = jnp.zeros((batch, shape["context"]), jnp.int32)
+
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), example))["params"]
+    if rules is None:
+        param_sharding = jax.tree.map(lambda _: NamedSharding(mesh, P()), nn.unbox(boxed))
+    else:
+        param_sharding = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    params = jax.jit(lambda k: nn.unbox(model.init(k, example)["params"]), out_shardings=param_sharding)(
+        jax.random.key(0))
+    opt_state = jax.jit(tx.init)(params)  # moments' shardings propagate from the parameters
+    opt_sharding = jax.tree.map(  # counters come out on one device: replicate them on the mesh
+        lambda x: x.sharding if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+        else NamedSharding(mesh, P()), opt_state)
+    opt_state = jax.device_put(opt_state, opt_sharding)
+    micro_sharding = NamedSharding(mesh, P(None, batch_axes))
+    step = jax.jit(hand_written_step(model, tx), donate_argnums=(0, 1),
+                   in_shardings=(param_sharding, opt_sharding, micro_sharding),
+                   out_shardings=(param_sharding, opt_sharding, NamedSharding(mesh, P())))
+    per_step = ACCUMULATE * batch
+    memory = step.lower(params, opt_state, np.zeros((ACCUMULATE, batch, shape["context"] + 1), np.int32)
+                        ).compile().memory_analysis()
+
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(data))
+    start = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            jax.block_until_ready(params)
+            start = time.perf_counter()
+        rows = order[(i * per_step) % (len(order) - per_step):][:per_step]
+        params, opt_state, loss = step(params, opt_state, data[rows].reshape(ACCUMULATE, batch, -1))
+    jax.block_until_ready(params)
+    seconds = time.perf_counter() - start
+    return steps * per_step * shape["context"] / seconds, memory
+
+
+# ----------------------------------------------------------------------------------- fitjax
+
+class Timer(fj.Callback):
+    """Times optimizer steps `warmup`.. (the first ones compile); per-batch hook, no host read."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+
+    @ignores_batch
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.warmup:
+            jax.block_until_ready(trainer.state)
+            self.start = time.perf_counter()
+
+    def on_train_end(self, trainer, module):
+        jax.block_until_ready(trainer.state)
+        self.seconds = time.perf_counter() - self.start
+        self.steps = trainer.global_step - self.warmup
+
+
+def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, warmup: int, steps: int):
+    """Returns (tokens/s, params + optimizer state bytes per device) of `Trainer.fit`."""
+    count, data_axis, fsdp, tensor = MESHES[mesh_name]
+    if fsdp is None:
+        strategy = "single" if count == 1 else "dp"
+    else:
+        strategy = fj.strategies.FSDP(data=data_axis, fsdp=fsdp, tensor=tensor, rules=gpt.GPT_RULES)
+    module = gpt.GPTModule(layers=shape["layers"], width=shape["width"], heads=shape["heads"],
+                           context=shape["context"], lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
+    timer = Timer(warmup)
+    trainer = fj.Trainer(max_steps=warmup + steps, strategy=strategy, devices=count, precision="bf16-mixed",
+                         accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=[timer],
+                         default_root_dir=root, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    loader = fj.DataLoader({"tokens": data}, batch_size=shape["batch_size"], shuffle=True, drop_last=True)
+    trainer.fit(module, loader)
+    held = fj.strategies.bytes_per_device((trainer.state.params, trainer.state.opt_state))
+    return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=sorted(MESHES), action="append")
+    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--gpu", action="store_true", help="GPT-2 small's shape on one GPU (single mesh)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.only, args.warmup, args.steps, args.repeats = ["single"], 1, 1, 1
+    shape = SHAPES["gpu" if args.gpu else "cpu"]
+    names = args.only or (["single"] if args.gpu else list(MESHES))
+    train, _ = gpt.splits(shape["context"])
+    data = train["tokens"]
+
+    flops = gpt.flops_per_token(**shape)
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices); model "
+          f"{shape}; {ACCUMULATE * shape['batch_size'] * shape['context']} tokens per optimizer step, "
+          f"{flops / 1e6:.1f} MFLOP per token; bf16-mixed, accumulate {ACCUMULATE}, clip {CLIP}")
+    print(f"{'mesh':<12} {'hand tok/s':>11} {'fitjax tok/s':>13} {'ratio':>6} {'fitjax GFLOP/s':>15} "
+          f"{'step args MiB':>14} {'step temp MiB':>14} {'step peak MiB':>14} {'fitjax state MiB':>17}")
+    mib = 2**20
+    with tempfile.TemporaryDirectory() as root:
+        for name in names:
+            hand, fit = [], []
+            for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
+                speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps)
+                hand.append(speed)
+                speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
+                fit.append(speed)
+            ratio = statistics.median(f / h for f, h in zip(fit, hand))
+            print(f"{name:<12} {max(hand):>11.0f} {max(fit):>13.0f} {ratio:>5.2f}x {max(fit) * flops / 1e9:>15.2f} "
+                  f"{memory.argument_size_in_bytes / mib:>14.2f} {memory.temp_size_in_bytes / mib:>14.2f} "
+                  f"{held / mib:>17.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
