@@ -643,12 +643,12 @@ class Trainer:
 
     def _log(self, values: HostMetrics, *, step: int | None = None, epoch: int | None = None) -> None:
         """Records `values` as the latest and writes them to the loggers at `step` (default: now)."""
-        values = {**values, **self._compile_times.take()}  # empty unless something compiled
-        if not values:
+        compiled = self._compile_times.take()  # compile/<program>_s: for the loggers, not the callbacks
+        if not values and not compiled:
             return
         self.callback_metrics.update(values)
-        self.logged_metrics.update(values)
-        row = {**values, "epoch": float(self.current_epoch if epoch is None else epoch)}
+        self.logged_metrics.update({**values, **compiled})
+        row = {**values, **compiled, "epoch": float(self.current_epoch if epoch is None else epoch)}
         with self.profiler.profile("[log] loggers"):
             for logger in self.loggers:
                 logger.log_metrics(row, step=self.global_step if step is None else step)
