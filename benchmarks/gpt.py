@@ -201,7 +201,7 @@ def main(argv=None) -> None:
           f"{shape}; {ACCUMULATE * shape['batch_size'] * shape['context']} tokens per optimizer step, "
           f"{flops / 1e6:.1f} MFLOP per token; bf16-mixed, accumulate {ACCUMULATE}, clip {CLIP}")
     print(f"{'mesh':<12} {'hand tok/s':>11} {'fitjax tok/s':>13} {'ratio':>6} {'fitjax GFLOP/s':>15} "
-          f"{'step args MiB':>14} {'step temp MiB':>14} {'step peak MiB':>14} {'fitjax state MiB':>17}")
+          f"{'step args MiB':>14} {'step temp MiB':>14} {'fitjax state MiB':>17}")
     mib = 2**20
     with tempfile.TemporaryDirectory() as root:
         for name in names:
