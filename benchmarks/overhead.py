@@ -9,6 +9,8 @@ so drifts in machine load hit both sides; the steps/s columns are the best runs)
 
 - `clip`: `gradient_clip_val=1.0` against the unclipped run (tiny MLP, progress bar, logger,
   summary and checkpointing off). Target >= 0.95.
+- `ema`: `callbacks=[fj.EMA(decay=0.999)]` (the average updated inside the step) against the same
+  fit without it (MNIST-sized MLP, defaults off). Target >= 0.95.
 - `spe`: `steps_per_execution=32` against a hand-written `lax.scan` of 32 steps with the data on
   the device (tiny MLP, defaults off). Target >= 0.8.
 - `defaults`: fitjax with its defaults (progress bar, model summary, TensorBoard, a checkpoint
@@ -149,12 +151,12 @@ class SteadyStateTimer(fj.Callback):
 
 
 def with_fitjax(model, data, batch_size, epochs, root, *, module_cls=Classifier, defaults=True,
-                **trainer_kwargs):
+                extra_callbacks=(), **trainer_kwargs):
     """Steady-state steps/s of `Trainer.fit`; `defaults=False` turns off the progress bar, the
     model summary, the logger and checkpointing."""
     timer = SteadyStateTimer()
     sink = io.StringIO()
-    callbacks = [timer]
+    callbacks = [timer, *extra_callbacks]
     if defaults:  # drawn as on a terminal, into a stream nobody reads
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
     else:
@@ -216,9 +218,11 @@ def _row(name: str, workload: str, runs: list[float], base: list[float], base_na
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("clip", "spe", "defaults"), action="append",
+    parser.add_argument("--only", choices=("clip", "ema", "spe", "defaults"), action="append",
                         help="run only these rows (repeatable)")
-    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="including one warm-up epoch (the clip and spe rows run at least 6: their "
+                             "tiny-MLP epochs last ~0.1 s)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny MLP only, 64-step epochs, 1 repeat: checks the script runs in seconds "
@@ -231,7 +235,7 @@ def main(argv=None):
         factory, shape, batch, _ = WORKLOADS["tiny_mlp"]
         workloads = {"tiny_mlp": (factory, shape, batch, 64)}
         defaults_on = defaults_on[:1]
-    rows = args.only or ["clip", "spe", "defaults"]
+    rows = args.only or ["clip", "ema", "spe", "defaults"]
     spe = 32
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
           f"{args.repeats} repeats of {args.epochs - 1} timed epoch(s)", flush=True)
@@ -242,20 +246,30 @@ def main(argv=None):
             factory, shape, batch_size, steps = workloads[name]
             return factory, make_data(shape, batch_size * steps), batch_size
 
+        short = args.epochs if args.smoke else max(args.epochs, 6)
         if "clip" in rows:
             factory, data, batch_size = data_for("tiny_mlp")
             plain, clipped = [], []
             for _ in range(args.repeats):
-                plain.append(with_fitjax(factory(), data, batch_size, args.epochs, root, defaults=False))
-                clipped.append(with_fitjax(factory(), data, batch_size, args.epochs, root, defaults=False,
+                plain.append(with_fitjax(factory(), data, batch_size, short, root, defaults=False))
+                clipped.append(with_fitjax(factory(), data, batch_size, short, root, defaults=False,
                                            gradient_clip_val=1.0))
             print(_row("clip", "tiny_mlp", clipped, plain, "unclipped fitjax", 0.95), flush=True)
+        if "ema" in rows:
+            name = "tiny_mlp" if args.smoke else "mnist_mlp"
+            factory, data, batch_size = data_for(name)
+            plain, averaged = [], []
+            for _ in range(args.repeats):
+                plain.append(with_fitjax(factory(), data, batch_size, args.epochs, root, defaults=False))
+                averaged.append(with_fitjax(factory(), data, batch_size, args.epochs, root, defaults=False,
+                                            extra_callbacks=[fj.EMA(decay=0.999)]))
+            print(_row("ema", name, averaged, plain, "fitjax without EMA", 0.95), flush=True)
         if "spe" in rows:
             factory, data, batch_size = data_for("tiny_mlp")
             scan, fit = [], []
             for _ in range(args.repeats):
-                scan.append(hand_written_scan(factory(), data, batch_size, args.epochs, spe))
-                fit.append(with_fitjax(factory(), data, batch_size, args.epochs, root, defaults=False,
+                scan.append(hand_written_scan(factory(), data, batch_size, short, spe))
+                fit.append(with_fitjax(factory(), data, batch_size, short, root, defaults=False,
                                        steps_per_execution=spe))
             print(_row("spe=32", "tiny_mlp", fit, scan, "hand lax.scan of 32", 0.8), flush=True)
         if "defaults" in rows:

@@ -4,8 +4,9 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, precision, strategies
+from fitjax import callbacks, checkpoint, cli, data, loggers, precision, strategies, tuner
 from fitjax.callbacks import (
+    EMA,
     Callback,
     EarlyStopping,
     LearningRateMonitor,
@@ -19,6 +20,7 @@ from fitjax.module import LitModule
 from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.trainer import Trainer
+from fitjax.tuner import Tuner
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "Callback",
     "DataLoader",
     "DataModule",
+    "EMA",
     "EarlyStopping",
     "LearningRateMonitor",
     "LightningCLI",
@@ -39,6 +42,7 @@ __all__ = [
     "TensorBoardLogger",
     "TrainState",
     "Trainer",
+    "Tuner",
     "callbacks",
     "checkpoint",
     "cli",
@@ -46,6 +50,7 @@ __all__ = [
     "loggers",
     "precision",
     "strategies",
+    "tuner",
 ]
 
 

@@ -27,11 +27,13 @@ Most users never call this module: `ModelCheckpoint` saves, `Trainer.fit(ckpt_pa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -43,24 +45,29 @@ from fitjax.state import TrainState
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
-__all__ = ["is_checkpoint", "latest_checkpoint", "load_module", "local_path", "read_meta",
-           "restore_state", "restore_variables", "save_args"]
+__all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "damage", "is_checkpoint",
+           "latest_checkpoint", "load_module", "local_path", "read_meta", "restore_state",
+           "restore_variables", "save_args", "verify"]
 
 STATE_ITEM = "state"
 META_ITEM = "meta"
-_TMP_MARK = ".orbax-checkpoint-tmp"
+TMP_MARK = ".orbax-checkpoint-tmp"
 
 
 # ----------------------------------------------------------------------------------- writing
 
-def save_args(state: TrainState, meta: dict[str, Any]) -> ocp.args.Composite:
+def save_args(state: TrainState, meta: dict[str, Any], *, to_host: bool = False) -> ocp.args.Composite:
     """The Orbax arguments that save `state` and the JSON `meta` as one checkpoint.
 
     Every `TrainState` field that is not None is saved under its own name, whatever it holds, so
     a field added to the state is checkpointed without code here. `meta` may carry `"options"`
-    (e.g. `{"precision": "16-mixed"}`): restore errors quote them.
+    (e.g. `{"precision": "16-mixed"}`): restore errors quote them. `to_host`: the arrays are
+    copied to host memory now (one `device_get`), for a save written after the state's buffers
+    are donated to the next step.
     """
     tree, impls = _to_saveable(state)
+    if to_host:
+        tree = jax.device_get(tree)
     return ocp.args.Composite(**{
         STATE_ITEM: ocp.args.StandardSave(tree),
         META_ITEM: ocp.args.JsonSave({**meta, "key_impls": impls}),
@@ -91,24 +98,83 @@ def local_path(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
 
 
+class CheckpointDamaged(ValueError):
+    """A checkpoint folder whose files are missing or unreadable; the message names the damage."""
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint save that failed (raised during fit, at the step after the failure)."""
+
+
+def damage(path: str | os.PathLike) -> str | None:
+    """What makes `path` not a complete checkpoint (cheap: file checks only), or None."""
+    path = local_path(path)
+    if TMP_MARK in path.name:
+        return "it is the leftover of an interrupted save or deletion"
+    if not path.is_dir():
+        return "no such folder"
+    for item, file in ((META_ITEM, "metadata"), (STATE_ITEM, "_METADATA")):
+        if not (path / item / file).is_file():
+            return f"{item}/{file} is missing"
+    try:
+        meta = json.loads((path / META_ITEM / "metadata").read_text())
+    except (OSError, ValueError) as error:
+        return f"{META_ITEM}/metadata is unreadable ({_first_line(error)})"
+    if not isinstance(meta, dict) or "global_step" not in meta:
+        return f"{META_ITEM}/metadata holds no loop position"
+    return None
+
+
 def is_checkpoint(path: str | os.PathLike) -> bool:
     """True for a complete (finalised) fitjax checkpoint directory."""
-    path = local_path(path)
-    return _TMP_MARK not in path.name and (path / STATE_ITEM).is_dir() and (path / META_ITEM).is_dir()
+    return damage(path) is None
+
+
+def checkpoints_newest_first(directories: list[str | os.PathLike]) -> list[Path]:
+    """The complete checkpoints in `directories`, the most recently saved first (by the time
+    recorded in each, else its files' time): a reused folder's newest run comes first, whatever
+    its step count."""
+    found = []
+    for directory in directories:
+        directory = local_path(directory)
+        if directory.is_dir():
+            found += [path for path in directory.iterdir() if is_checkpoint(path)]
+
+    def saved_at(path: Path) -> tuple[float, int]:
+        meta = read_meta(path)
+        when = meta.get("saved_at") or (path / META_ITEM / "metadata").stat().st_mtime
+        return float(when), int(meta["global_step"])
+
+    return sorted(found, key=saved_at, reverse=True)
 
 
 def latest_checkpoint(directories: list[str | os.PathLike]) -> Path | None:
-    """The complete checkpoint with the highest global step among those in `directories`."""
-    best: tuple[int, float, Path] | None = None
-    for directory in directories:
-        directory = local_path(directory)
-        if not directory.is_dir():
-            continue
-        for path in directory.iterdir():
-            if is_checkpoint(path):
-                key = (read_meta(path)["global_step"], path.stat().st_mtime, path)
-                best = key if best is None or key[:2] > best[:2] else best
-    return None if best is None else best[2]
+    """The most recently saved complete checkpoint in `directories`, or None."""
+    found = checkpoints_newest_first(directories)
+    return found[0] if found else None
+
+
+# Checkpoints whose arrays `verify` reads back in full; a larger one is checked from its metadata.
+VERIFY_BYTES = 256 * 2**20
+
+
+def verify(path: str | os.PathLike) -> None:
+    """Raises `CheckpointDamaged` naming the damage if `path` cannot be restored: its files
+    checked, its state read back (when under `VERIFY_BYTES`; else only its array metadata)."""
+    path = local_path(path)
+    tree = _saved_tree(path)
+    size = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+               for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
+    if size <= VERIFY_BYTES:
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
+        with _reading(path):
+            jax.block_until_ready(ocp.StandardCheckpointer().restore(path / STATE_ITEM, target))
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return (lines[0][:200] + ("..." if len(lines[0]) > 200 else "")) if lines else type(error).__name__
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
@@ -119,7 +185,11 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
             f"{str(path)!r} is not a fitjax checkpoint (no {META_ITEM}/metadata inside). Pass the "
             "folder of one checkpoint, e.g. '.../checkpoints/epoch=3-step=32', or 'last' / 'best'."
         )
-    return json.loads(file.read_text())
+    try:
+        return json.loads(file.read_text())
+    except ValueError as error:
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {META_ITEM}/metadata is "
+                                f"unreadable ({_first_line(error)}).") from None
 
 
 def check_path(path: str | os.PathLike, *, where: str) -> Path:
@@ -159,7 +229,8 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     target = jax.tree.map(_abstract, target)
     _check_tree(_saved_tree(path), target, path, saved_options=meta.get("options", {}),
                 options=options or {})
-    tree = ocp.StandardCheckpointer().restore(path / STATE_ITEM, target)
+    with _reading(path):
+        tree = ocp.StandardCheckpointer().restore(path / STATE_ITEM, target)
     saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})
 
     def typed(key_path, leaf):
@@ -189,13 +260,14 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
     else:
         target = jax.tree.map(_abstract, {"params": like[0], "model_state": like[1]})
         _check_tree({k: saved[k] for k in target}, target, path, saved_options={}, options={})
-    tree = ocp.PyTreeCheckpointer().restore(
-        path / STATE_ITEM,
-        args=ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-            partial_restore=True,
-        ),
-    )
+    with _reading(path):
+        tree = ocp.PyTreeCheckpointer().restore(
+            path / STATE_ITEM,
+            args=ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                partial_restore=True,
+            ),
+        )
     return tree["params"], tree["model_state"]
 
 
@@ -216,9 +288,23 @@ def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
     return module
 
 
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Orbax's and TensorStore's read errors (several KB each) as one short line naming `path`."""
+    problem = damage(path)
+    if problem is not None:
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {problem}.")
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - Orbax and TensorStore raise many kinds
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {STATE_ITEM}/ cannot be "
+                                f"read ({_first_line(error)}).") from None
+
+
 def _saved_tree(path: Path) -> PyTree:
     """The saved state's tree of array metadata (shape, dtype), read without loading arrays."""
-    metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(path / STATE_ITEM))
+    with _reading(path):
+        metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(path / STATE_ITEM))
     return metadata.tree if hasattr(metadata, "tree") else metadata
 
 

@@ -24,6 +24,8 @@ class TrainState:
         metrics: train-metric accumulators since the last log (see `fitjax.metrics`).
         loss_scale: the dynamic loss scale with `precision="16-mixed"` (a `fitjax.precision.LossScale`),
             else None.
+        extras: the state of the pieces callbacks add around the step (`fitjax.step.pieces`),
+            `{piece name: pytree}`, e.g. an EMA of the parameters; None when there are none.
     """
 
     step: jax.Array
@@ -33,3 +35,4 @@ class TrainState:
     rng: jax.Array
     metrics: dict[str, jax.Array]
     loss_scale: PyTree = None
+    extras: PyTree = None

@@ -186,6 +186,9 @@ class Trainer:
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
         self._hooks = CallbackList(callbacks)
+        # pieces the callbacks add around the step (an EMA): one more entry of the state each
+        self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
+            [piece for cb in callbacks for piece in cb.step_pieces()]))
 
         # Loop position and what the last fetch saw. Read these from callbacks; do not set them.
         self.global_step = 0
@@ -427,7 +430,7 @@ class Trainer:
         self._hooks.call("on_validation_start", self, module)
         self._hooks.call("on_validation_epoch_start", self, module)
         results = self._evaluate(
-            module, val_loader, self.state.params, self.state.model_state, self.state.rng, stage="val"
+            module, val_loader, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
         )
         self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
         self._log(results)
@@ -503,7 +506,7 @@ class Trainer:
         initialises an unfitted Linen model."""
         if (ckpt_path is None and self._compiled is not None and self._module_for_compiled is module
                 and self.state is not None):
-            return self.state.params, self.state.model_state, self.state.rng
+            return self._eval_params(), self.state.model_state, self.state.rng
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
@@ -626,7 +629,12 @@ class Trainer:
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
-        module._set_variables(self.state.params, self.state.model_state)
+        module._set_variables(step_lib.pieces.module_params(self.state, self.step_options.pieces),
+                              self.state.model_state)
+
+    def _eval_params(self):
+        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
+        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
 
     def _finalize_loggers(self, status: str) -> None:
         for logger in self.loggers:

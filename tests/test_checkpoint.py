@@ -9,8 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 from helpers import persistent_compile_cache, LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
@@ -203,21 +205,32 @@ def test_default_checkpointing_under_the_logger_folder_and_resume_continues_it(t
     assert [p.name for p in folder.iterdir()] == ["epoch=2-step=9"]
 
 
+class Wide(fj.LitModule):
+    """A few MB of state, so that a save takes a while to write."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Dense(1024)
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizer(self):
+        return optax.sgd(0.01, momentum=0.9)
+
+
+def _wide_data():
+    rng = np.random.default_rng(0)
+    return {"x": rng.normal(size=(64, 1024)).astype(np.float32),
+            "y": rng.normal(size=(64, 1024)).astype(np.float32)}
+
+
 _KILLED_CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    import flax.linen as nn, numpy as np, optax
     import fitjax as fj
-
-    class Wide(fj.LitModule):  # a few MB of state, so that a save takes a while to write
-        def __init__(self):
-            super().__init__()
-            self.model = nn.Dense(1024)
-        def loss(self, model, batch):
-            return ((model(batch["x"]) - batch["y"]) ** 2).mean()
-        def configure_optimizer(self):
-            return optax.sgd(0.01, momentum=0.9)
+    from test_checkpoint import Wide, _wide_data
 
     folder = Path({folder!r})
 
@@ -228,13 +241,10 @@ _KILLED_CHILD = textwrap.dedent("""
                 print("killing at", trainer.global_step, writing[0].name, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    rng = np.random.default_rng(0)
-    data = {{"x": rng.normal(size=(64, 1024)).astype(np.float32),
-             "y": rng.normal(size=(64, 1024)).astype(np.float32)}}
     trainer = fj.Trainer(max_steps=200, strategy="single", logger=False, enable_progress_bar=False,
                          callbacks=[KillDuringSave(),
                                     fj.ModelCheckpoint(folder, every_n_train_steps=1, save_top_k=2)])
-    trainer.fit(Wide(), fj.DataLoader(data, batch_size=8))
+    trainer.fit(Wide(), fj.DataLoader(_wide_data(), batch_size=8))
     print("not killed")
 """)
 
@@ -248,13 +258,25 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoints_usable(tmp_path):
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
     killed_at = int(child.stdout.split("killing at")[1].split()[0])
 
-    assert any("orbax-checkpoint-tmp" in p.name for p in folder.iterdir())  # the torn save
+    leftovers = [p for p in folder.iterdir() if "orbax-checkpoint-tmp" in p.name]
+    assert leftovers  # the torn save
+    # every other folder is a complete checkpoint: a deletion never leaves a half-deleted one
+    assert all(fj.checkpoint.is_checkpoint(p) for p in folder.iterdir() if p not in leftovers)
     last = fj.checkpoint.latest_checkpoint([folder])
     assert last is not None and fj.checkpoint.read_meta(last)["global_step"] < killed_at
     meta = fj.checkpoint.read_meta(last)
     assert meta["module"].endswith("Wide")
     state = ocp.StandardCheckpointer().restore(last / "state")
     assert np.isfinite(state["params"]["kernel"]).all() and int(state["step"]) == meta["global_step"]
+
+    # the next run cleans the leftovers, resumes from the newest complete checkpoint, and keeps
+    # its top 2 (the killed run's own, continued: the older ones are deleted, nothing else)
+    step = meta["global_step"]
+    ckpt = fj.ModelCheckpoint(folder, every_n_train_steps=1, save_top_k=2)
+    trainer = quiet_trainer(max_steps=step + 2, enable_checkpointing=True, callbacks=[ckpt])
+    trainer.fit(Wide(), fj.DataLoader(_wide_data(), batch_size=8), ckpt_path="last")
+    assert trainer.global_step == step + 2
+    assert sorted(fj.checkpoint.read_meta(p)["global_step"] for p in folder.iterdir()) == [step + 1, step + 2]
 
 
 def test_docstring_examples_run(tmp_path, monkeypatch):

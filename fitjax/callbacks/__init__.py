@@ -3,6 +3,7 @@
 from fitjax.callbacks._base import Callback, CallbackList
 from fitjax.callbacks._defaults import with_defaults
 from fitjax.callbacks.early_stopping import EarlyStopping
+from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
@@ -11,6 +12,7 @@ from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 __all__ = [
     "Callback",
     "CallbackList",
+    "EMA",
     "EarlyStopping",
     "LearningRateMonitor",
     "ModelCheckpoint",

@@ -70,6 +70,15 @@ class Callback:
     def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_exception(self, trainer, module, exception: BaseException) -> None: ...
 
+    def step_pieces(self) -> tuple:
+        """Pieces this callback adds around the jitted train step (`fitjax.step.pieces.StatePiece`).
+
+        The trainer asks each callback once, when it is constructed, and builds its step with them:
+        each piece's state is one entry of `TrainState.extras`, updated inside the step, sharded,
+        checkpointed and resumed with the rest of the state (`fj.callbacks.EMA` is one).
+        """
+        return ()
+
     def state_dict(self) -> dict[str, Any]:
         """What to store in a checkpoint to resume this callback exactly."""
         return {}

@@ -1,89 +1,30 @@
-"""`ModelCheckpoint`: Lightning's checkpoint callback on Orbax's asynchronous `CheckpointManager`.
+"""`ModelCheckpoint`: Lightning's checkpoint callback, writing Orbax checkpoints off the loop's thread.
 
-A save costs the step one device-to-host copy of the state; Orbax writes it to disk on a thread
-while training goes on, and the next save (or the end of fit) waits for the previous one.
+A save costs the loop a host copy of the state and a thread start (see `fitjax._checkpoint_writer`
+and `benchmarks/checkpoint.py`); the next save, and the end of fit, wait for the one in flight.
+Which saves are kept follows Lightning: the `save_top_k` best by `monitor` (the newest without
+one), plus the newest with `save_last`; a save that would be neither is not written at all.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import json
 import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
-
-from etils import epath
+from typing import Any
 
 from fitjax import _resume, checkpoint
-from fitjax._lazy import LazyModule
+from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
-ocp = LazyModule("orbax.checkpoint")  # imported at the first save, not by `import fitjax`
-
 __all__ = ["ModelCheckpoint"]
 
-_STEP_IN_NAME = re.compile(r"(?:^|-)step=(\d+)(?:-|$)")
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
-
-
-class _TemplateNames:
-    """Orbax `NameFormat` for names built from a filename template; the step is read back from
-    the `step=<n>` part every name carries."""
-
-    def __init__(self) -> None:
-        self.names: dict[int, str] = {}
-
-    def build_name(self, step: int) -> str:
-        return self.names[step]
-
-    def find_all(self, base_path: epath.PathLike) -> Iterator[ocp.path.step.Metadata]:
-        base = Path(base_path)
-        if not base.is_dir():
-            return
-        for path in base.iterdir():
-            match = _STEP_IN_NAME.search(path.name)
-            if match and checkpoint.is_checkpoint(path):
-                yield ocp.path.step.Metadata(step=int(match.group(1)), path=epath.Path(path))
-
-    def find_step(self, base_path: epath.PathLike, step: int) -> ocp.path.step.Metadata:
-        for metadata in self.find_all(base_path):
-            if metadata.step == step:
-                return metadata
-        raise ValueError(f"no checkpoint for step {step} in {str(base_path)!r}")
-
-
-@dataclasses.dataclass
-class _Keep:
-    """Orbax preservation policy: the `top_k` best (or newest, without a monitor), plus the newest
-    when `save_last`, plus the newest when it has no score (a preemption or exception save)."""
-
-    top_k: int
-    mode: str
-    monitor: str | None
-    save_last: bool
-
-    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any = None) -> list[bool]:
-        if not checkpoints:
-            return []
-        newest = max(c.step for c in checkpoints)
-
-        def score(c):
-            return c.metrics.get(self.monitor) if self.monitor and c.metrics else None
-
-        if self.monitor is None:
-            ranked = sorted(checkpoints, key=lambda c: -c.step)
-        else:
-            scored = [c for c in checkpoints if score(c) is not None]
-            ranked = sorted(scored, key=lambda c: score(c) if self.mode == "min" else -score(c))
-        keep = {c.step for c in (ranked if self.top_k < 0 else ranked[: self.top_k])}
-        if self.save_last or all(score(c) is None for c in checkpoints if c.step == newest):
-            keep.add(newest)
-        return [c.step in keep for c in checkpoints]
 
 
 class ModelCheckpoint(Callback):
@@ -167,11 +108,23 @@ class ModelCheckpoint(Callback):
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
-        self._manager: ocp.CheckpointManager | None = None
-        self._names = _TemplateNames()
-        self._scores: dict[str, float] = {}  # path -> monitored value, of the saves made or found
+        self.current_score: float | None = None  # the monitored value at the last save
+        # This run's checkpoints still on disk, oldest first: path -> score (None: unscored).
+        # Restored on resume, so a resumed run ranks and deletes its own saves, never another run's.
+        self._kept: dict[str, float | None] = {}
+        self._writer: CheckpointWriter | None = None
+        self._saved_steps: set[int] = set()  # global steps saved during this fit
+        self._validated_at: int | None = None  # global step of this fit's last validation
+        self._resumed = False
+        self._failing = False
+        self._warned_missing = False
         self._last_time = time.monotonic()
         self._deferred = False
+
+    @property
+    def best_k_models(self) -> dict[str, float]:
+        """The kept checkpoints ranked by `monitor`: path -> score (Lightning's `best_k_models`)."""
+        return {path: score for path, score in self._kept.items() if score is not None}
 
     @property
     def state_key(self) -> str:
@@ -199,35 +152,56 @@ class ModelCheckpoint(Callback):
         return [checkpoint.local_path(trainer.default_root_dir) / "checkpoints"]
 
     def find(self, which: str, trainer) -> Path | None:
-        """The newest complete checkpoint ("last"), or the best scored one ("best")."""
-        if which == "best" and self.best_model_path and checkpoint.is_checkpoint(self.best_model_path):
-            return Path(self.best_model_path)
-        dirs = self.search_dirs(trainer)
-        if which == "best" and self.monitor is not None:
-            scored = [(s, p) for d in dirs for p, s in self._read_scores(d).items()]
-            if scored:
-                return Path((min if self.mode == "min" else max)(scored)[1])
-        return checkpoint.latest_checkpoint(dirs)
+        """The newest intact checkpoint ("last"), or the best scored one ("best").
 
-    def _read_scores(self, directory: Path) -> dict[str, float]:
-        scores = {}
-        for metadata in self._names.find_all(directory):
-            file = Path(metadata.path) / "metrics" / "metrics"
-            if file.is_file() and self.monitor:
-                value = json.loads(file.read_text()).get(self.monitor)
-                if value is not None:
-                    scores[str(metadata.path)] = float(value)
-        return scores
+        "last" is the most recently saved complete checkpoint in `search_dirs` that reads back;
+        a damaged newer one is skipped with a warning naming both.
+        """
+        if which == "best":
+            if self.best_model_path and checkpoint.is_checkpoint(self.best_model_path):
+                return Path(self.best_model_path)
+            if self.monitor is not None:
+                scored = [(score, str(path)) for path in self._candidates(trainer)
+                          if (score := _saved_score(path, self.monitor)) is not None]
+                if scored:
+                    return Path((min if self.mode == "min" else max)(scored)[1])
+        damaged: checkpoint.CheckpointDamaged | None = None
+        for path in self._candidates(trainer):
+            try:
+                checkpoint.verify(path)
+            except checkpoint.CheckpointDamaged as error:
+                damaged = damaged or error  # the newest one's damage is the one to report
+                continue
+            if damaged is not None:
+                warnings.warn(f"ckpt_path={which!r}: {damaged} Resuming from {str(path)!r}, the newest "
+                              "intact checkpoint, instead.", stacklevel=4)
+            return path
+        if damaged is not None:
+            raise damaged
+        return None
+
+    def _candidates(self, trainer) -> list[Path]:
+        return checkpoint.checkpoints_newest_first(self.search_dirs(trainer))
 
     # ------------------------------------------------------------------------------ hooks
 
     def on_fit_start(self, trainer, module) -> None:
-        self.resolve_dirpath(trainer)  # here, where every process is: it may be a collective
+        directory = self.resolve_dirpath(trainer)  # here, where every process is: it may be a collective
+        if (trainer.is_global_zero and not self._resumed and self.save_top_k != 0 and directory.is_dir()
+                and any(checkpoint.is_checkpoint(p) for p in directory.iterdir())):
+            warnings.warn(f"Checkpoint directory {str(directory)!r} exists and holds checkpoints: this "
+                          "run saves next to them under new names ('-v1', ...) and never deletes them.",
+                          stacklevel=2)
+        self._writer = CheckpointWriter(directory)
+        self._writer.prepare()  # writable, and the leftovers of interrupted saves removed
+        self._saved_steps, self._validated_at, self._failing = set(), None, False
         self._last_time = time.monotonic()
         self._deferred = False
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if self._writer is not None:
+            self._writer.raise_failure()  # a save that failed on the writer thread: raised here
         due = self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0
         if self.train_time_interval is not None:
             # Clocks differ between hosts: the processes agree (a small collective per step, paid
@@ -242,85 +216,185 @@ class ModelCheckpoint(Callback):
             self._save(trainer, module, epoch_end_done=False)
 
     def on_validation_end(self, trainer, module) -> None:
-        # A validation inside the epoch (val_check_interval) gives the monitor a new value.
-        if (self.monitor is not None and trainer.val_check_interval is not None and self.every_n_epochs
+        if self._writer is None:
+            return  # trainer.validate(), not fit
+        self._validated_at = trainer.global_step  # the monitored value is fresh at this step
+        # A validation inside the epoch (val_check_interval): Lightning saves after it.
+        if (not self._save_on_train_epoch_end(trainer) and self._epoch_due(trainer)
                 and trainer._batches_done != trainer.num_training_batches):
             self._save(trainer, module, epoch_end_done=False)
 
     def on_train_epoch_end(self, trainer, module) -> None:
-        due = self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        due = self._epoch_due(trainer)
+        if due and not self._save_on_train_epoch_end(trainer):
+            # Lightning saves on validation end here: only when this epoch's end validated.
+            due = self._validated_at == trainer.global_step
         if due or self._deferred:
             self._deferred = False
             self._save(trainer, module, epoch_end_done=True)
 
+    def _epoch_due(self, trainer) -> bool:
+        return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    def _save_on_train_epoch_end(self, trainer) -> bool:
+        """Lightning's rule: save at the train epoch's end only when validation runs at every
+        epoch's end (or never); otherwise after validation, when the monitored value is new.
+
+        One deviation: with `check_val_every_n_epoch` > 1 and no validation data, Lightning
+        never saves; here, once a validation was due and none ran, epoch ends save.
+        """
+        every = trainer.check_val_every_n_epoch
+        if every != 1:
+            due = every is not None and trainer.current_epoch + 1 >= every
+            return due and self._validated_at is None
+        if not trainer.num_val_batches:
+            return True
+        return trainer.val_check_interval in (None, 1.0)
+
     def on_exception(self, trainer, module, exception: BaseException) -> None:
+        self._failing = True
         if (isinstance(exception, _resume.Preempted) or self.save_on_exception) and trainer.state is not None:
             self._save(trainer, module, epoch_end_done=False, always=True)
 
+    def on_fit_end(self, trainer, module) -> None:
+        if self._writer is not None:
+            self._writer.wait()  # the last save is complete (or its failure raised) when fit returns
+
     def teardown(self, trainer, module, stage: str) -> None:
-        if self._manager is not None:
-            self._manager.wait_until_finished()  # the pending save completes before fit returns
-            self._manager.close()
-            self._manager = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            try:
+                writer.wait()
+            except Exception:
+                if not self._failing:  # never hide the exception fit is already raising
+                    raise
 
     # ------------------------------------------------------------------------------ saving
 
-    def _get_manager(self, trainer) -> ocp.CheckpointManager:
-        if self._manager is None:
-            directory = self.resolve_dirpath(trainer)
-            monitor = self.monitor
-            options = ocp.CheckpointManagerOptions(
-                step_name_format=self._names,
-                preservation_policy=_Keep(self.save_top_k, self.mode, monitor, self.save_last),
-                best_fn=(lambda m: m[monitor]) if monitor else None,
-                best_mode=self.mode,
-                enable_async_checkpointing=True,
-                create=True,
-            )
-            self._manager = ocp.CheckpointManager(epath.Path(directory), options=options)
-            self._scores.update(self._read_scores(directory))
-        return self._manager
-
     def _save(self, trainer, module, *, epoch_end_done: bool, always: bool = False) -> None:
         trainer._finish_train_window()  # the last log step's values: for the score, name and logs
-        score = trainer.callback_metrics.get(self.monitor) if self.monitor else None
-        if score is not None and not math.isfinite(score):
-            score = None
-        if not always and self.save_top_k == 0 and not self.save_last:
-            return
-        if not always and self.monitor is not None and score is None and not self.save_last:
-            return  # nothing to rank it by yet
-        manager = self._get_manager(trainer)
         step = trainer.global_step
-        if step in manager.all_steps():
-            return  # already saved at this step
-        self._names.names[step] = self._format_name(trainer)
+        if step in self._saved_steps:
+            return  # already saved at this step (Lightning skips it too)
+        score, ranked = self._score(trainer)
+        keep_new = always or self.save_last or (ranked and self._ranks_in_top_k(score))
+        if not keep_new:
+            return
+        writer = self._writer or CheckpointWriter(self.resolve_dirpath(trainer))
+        self._writer = writer
+        writer.wait()  # the previous save is complete: ranks and deletions below see it on disk
+
+        path = str(self.dirpath / self._unique_name(trainer))
+        before = (dict(self._kept), self.best_model_path, self.best_model_score, self.last_model_path,
+                  self.current_score)
+        self.current_score = score
+        self._kept[path] = score if ranked else None
+        keep = self._keep(newest=path, always=always)
+        dropped = [p for p in self._kept if p not in keep]
+        self._kept = {p: v for p, v in self._kept.items() if p in keep}
+        self.last_model_path = path
+        self._update_best(path if ranked or self.monitor is None else None)
+
+        def undo() -> None:  # the save failed: never name a folder that does not exist
+            (self._kept, self.best_model_path, self.best_model_score, self.last_model_path,
+             self.current_score) = before
+
         for logger in trainer.loggers:
             logger.save()
-        meta = _resume.fit_meta(trainer, module, epoch_end_done=epoch_end_done)
+        meta = _resume.fit_meta(trainer, module, epoch_end_done=epoch_end_done)  # holds state_dict()
         meta["options"] = {"precision": trainer.precision}  # quoted by restore errors
-        manager.save(
-            step,
-            args=checkpoint.save_args(trainer.state, meta),
-            metrics={self.monitor: float(score)} if score is not None else None,
-            force=True,
-        )
-        path = str(self.dirpath / self._names.names[step])
-        self.last_model_path = path
+        if ranked:
+            meta["score"] = {"monitor": self.monitor, "value": score}
+        try:
+            writer.save(Path(path).name, trainer.state, meta, delete=[Path(p).name for p in dropped],
+                        on_failure=undo)
+        except Exception:
+            undo()
+            raise
+        self._saved_steps.add(step)
         self._last_time = time.monotonic()
-        if score is not None:
-            self._scores[path] = float(score)
-            best = (min if self.mode == "min" else max)(self._scores.items(), key=lambda kv: kv[1])
-            self.best_model_path, self.best_model_score = best
-        elif self.monitor is None:
-            self.best_model_path = path
         for logger in trainer.loggers:
             logger.after_save_checkpoint(self)
         if self.verbose:
             print(f"ModelCheckpoint: saving {path}")
 
+    def _score(self, trainer) -> tuple[float | None, bool]:
+        """`(score, ranked)`: the monitored value (NaN as +-inf, like Lightning) and whether this
+        save takes part in the top-k ranking."""
+        if self.save_top_k == 0:
+            return None, False
+        if self.monitor is None:
+            return None, True
+        candidates = self._monitor_candidates(trainer)
+        if self.monitor not in candidates:
+            message = (f"ModelCheckpoint(monitor={self.monitor!r}) could not find the monitored key "
+                       f"in the logged metrics: {sorted(candidates)}. Log it (e.g. a `val/<name>` from "
+                       "`metrics`, or `self.log(...)`), or pass one of these names.")
+            if self._validated_at is not None:
+                raise ValueError(message)  # Lightning raises once validation has run
+            if not self._warned_missing:
+                warnings.warn(message, stacklevel=3)
+                self._warned_missing = True
+            return None, False
+        score = float(candidates[self.monitor])
+        if math.isnan(score):
+            score = math.inf if self.mode == "min" else -math.inf
+        return score, True
+
+    @staticmethod
+    def _monitor_candidates(trainer) -> dict[str, float]:
+        return {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+
+    def _ranks_in_top_k(self, score: float | None) -> bool:
+        """Lightning's `check_monitor_top_k`: a place free, or better than the k-th best."""
+        if self.save_top_k == -1 or self.monitor is None:
+            return True
+        scored = sorted(v for v in self._kept.values() if v is not None)
+        if len(scored) < self.save_top_k:
+            return True
+        kth = scored[self.save_top_k - 1] if self.mode == "min" else scored[-self.save_top_k]
+        return score < kth if self.mode == "min" else score > kth
+
+    def _keep(self, *, newest: str, always: bool) -> set[str]:
+        """The paths to keep after saving `newest`: the top k, and the newest when it is the
+        last (`save_last`) or an exception's save."""
+        paths = list(self._kept)
+        if self.save_top_k == -1:
+            keep = set(paths)
+        elif self.monitor is None:
+            keep = set(paths[-self.save_top_k:]) if self.save_top_k else set()
+        else:
+            scored = [p for p in paths if self._kept[p] is not None]
+            scored.sort(key=lambda p: self._kept[p] if self.mode == "min" else -self._kept[p])
+            keep = set(scored[: self.save_top_k])
+        if self.save_last or always:
+            keep.add(newest)
+        return keep
+
+    def _update_best(self, candidate: str | None) -> None:
+        if self.save_top_k == 0:
+            return  # Lightning: no top-k, no best path
+        if self.monitor is None:
+            if candidate is not None:
+                self.best_model_path = candidate
+            return
+        scored = {p: v for p, v in self._kept.items() if v is not None}
+        if scored:
+            best = (min if self.mode == "min" else max)(scored, key=scored.get)
+            self.best_model_path, self.best_model_score = best, scored[best]
+
+    def _unique_name(self, trainer) -> str:
+        """The formatted name; `-v1`, `-v2`, ... appended while that folder exists (Lightning's
+        version counter), so a reused `dirpath` never overwrites or skips a save."""
+        name = base = self._format_name(trainer)
+        version = 1
+        while (self.dirpath / name).exists() or str(self.dirpath / name) in self._kept:
+            name, version = f"{base}-v{version}", version + 1
+        return name
+
     def _format_name(self, trainer) -> str:
-        values = {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
+        values = self._monitor_candidates(trainer)
 
         def field(match: re.Match) -> str:
             name, spec = match.group(1), match.group(2) or ""
@@ -337,12 +411,21 @@ class ModelCheckpoint(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"dirpath": str(self.dirpath) if self.dirpath is not None else None,
                 "best_model_path": self.best_model_path, "best_model_score": self.best_model_score,
-                "last_model_path": self.last_model_path}
+                "last_model_path": self.last_model_path, "current_score": self.current_score,
+                "kept": [[path, score] for path, score in self._kept.items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.dirpath is None and state.get("dirpath"):
             self.dirpath = Path(state["dirpath"])
+        self.best_model_path = state.get("best_model_path", "")
         if self.dirpath is not None and str(self.dirpath) == state.get("dirpath"):
-            self.best_model_path = state.get("best_model_path", "")
+            self._resumed = True
             self.best_model_score = state.get("best_model_score")
             self.last_model_path = state.get("last_model_path", "")
+            self._kept = {path: score for path, score in state.get("kept", [])
+                          if checkpoint.is_checkpoint(path)}
+
+
+def _saved_score(path: Path, monitor: str) -> float | None:
+    score = checkpoint.read_meta(path).get("score") or {}
+    return float(score["value"]) if score.get("monitor") == monitor else None

@@ -128,6 +128,8 @@ class _Group:
         previous = {sig: signal.signal(sig, self._forward) for sig in (signal.SIGINT, signal.SIGTERM)}
         readers = []
         try:
+            devices = f", {self.devices} CPU devices each" if self.devices else ""
+            self._say(f"{self.nproc} processes, coordinator 127.0.0.1:{self.port}{devices}")
             # all children first: preexec_fn runs between fork and exec, safest with no threads yet
             for rank in range(self.nproc):
                 self.procs.append(subprocess.Popen(

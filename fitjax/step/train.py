@@ -36,9 +36,9 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
-from fitjax.step import context
+from fitjax.step import context, pieces
 from fitjax.step.forward import leading_dim, split_loss, step_values
-from fitjax.step.options import StepOptions
+from fitjax.step.options import StepOptions, global_norm
 
 __all__ = ["ANOMALY_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
 
@@ -162,7 +162,7 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
         finite = _all_finite(grads) if (ls is not None or options.detect_anomaly) else None
 
         if options.log_grad_norm:
-            values = {**values, "grad_norm": optax.tree.norm(grads)}
+            values = {**values, "grad_norm": global_norm(grads)}
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
         # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
         updates, opt_state = optax.with_extra_args_support(tx).update(
@@ -176,8 +176,9 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             grads_bad = ~finite if state.loss_scale is None else jnp.asarray(False)  # scaling handles it
             values = {**values, ANOMALY_KEY: jnp.stack(
                 [~jnp.isfinite(values["loss"]), grads_bad, ~_all_finite(params)])}
+        extras = pieces.update_extras(options.pieces, state.extras, params, state.step)  # EMA, ...
         new_state = state.replace(step=state.step + 1, params=params, model_state=model_state,
-                                  opt_state=opt_state, metrics=acc, loss_scale=ls)
+                                  opt_state=opt_state, metrics=acc, loss_scale=ls, extras=extras)
         return new_state, values
 
     if single or options.steps_per_execution == 1:

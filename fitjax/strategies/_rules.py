@@ -108,7 +108,7 @@ def fsdp_specs(abstract_state: PyTree, mesh: Mesh, *, axis: str, min_size: int,
                rules: Mapping[str, Any], annotations: Annotations) -> PyTree:
     """A `PartitionSpec` for every leaf of a train state (same tree structure)."""
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
-    by_param = {  # optimizer leaves that mirror a parameter end with its path
+    by_param = {  # optimizer (and step-piece) leaves that mirror a parameter end with its path
         path[1:]: names for path, names in annotations.items() if path[:1] == ("params",)
     }
     specs = []
@@ -117,7 +117,7 @@ def fsdp_specs(abstract_state: PyTree, mesh: Mesh, *, axis: str, min_size: int,
         shape = tuple(leaf.shape)
         where = "/".join(names)
         found = annotations.get(names)
-        if found is None and names[:1] == ("opt_state",):
+        if found is None and names[:1] in (("opt_state",), ("extras",)):  # extras: EMA, ...
             found = next((by_param[names[i:]] for i in range(1, len(names))
                           if names[i:] in by_param and len(by_param[names[i:]]) == len(shape)), None)
         if found is not None:
