@@ -4,7 +4,7 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, precision, strategies, tuner
+from fitjax import callbacks, checkpoint, cli, data, loggers, precision, profilers, strategies, tuner
 from fitjax.callbacks import (
     EMA,
     Callback,
@@ -49,6 +49,7 @@ __all__ = [
     "data",
     "loggers",
     "precision",
+    "profilers",
     "strategies",
     "tuner",
 ]

@@ -17,15 +17,17 @@ import fitjax as fj
 class Linear(fj.LitModule):
     """Least squares with plain SGD: the learning rate enters through `optax.inject_hyperparams`."""
 
-    def __init__(self, inject: bool = True):
+    def __init__(self, inject: bool = True, schedule: bool = False):
         super().__init__()
-        self.inject = inject
+        self.inject, self.schedule = inject, schedule
         self.model = nn.Dense(1)
 
     def loss(self, model, batch):
         return ((model(batch["x"]) - batch["y"]) ** 2).mean()
 
     def configure_optimizer(self):
+        if self.schedule:  # what configure_optimizers' 'lr_scheduler' builds too
+            return optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(1e-3, 1e-4, 100))
         return optax.inject_hyperparams(optax.sgd)(learning_rate=1e-3) if self.inject else optax.sgd(1e-3)
 
 
@@ -76,6 +78,13 @@ def test_lr_find_suggests_within_3x_of_the_best_fixed_lr_and_plots_a_png(tmp_pat
 def test_lr_find_without_inject_hyperparams_says_how_to_expose_the_lr():
     with pytest.raises(ValueError, match=r"optax.inject_hyperparams\(optax.adam\)\(learning_rate="):
         fj.Tuner(quiet_trainer()).lr_find(Linear(inject=False),
+                                          fj.DataLoader(regression_data(n=64), batch_size=16), num_training=5)
+
+
+def test_lr_find_refuses_a_schedule_that_would_override_its_lr():
+    with pytest.raises(ValueError, match=r"set the learning rate to 1e-08, but Linear's optimizer used 0.001: a "
+                                         r"schedule sets it"):
+        fj.Tuner(quiet_trainer()).lr_find(Linear(schedule=True),
                                           fj.DataLoader(regression_data(n=64), batch_size=16), num_training=5)
 
 

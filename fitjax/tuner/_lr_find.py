@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-__all__ = ["LRFinder", "lr_values", "set_learning_rate"]
+__all__ = ["LRFinder", "learning_rates", "lr_values", "set_learning_rate"]
 
 _MODES = ("exponential", "linear")
 
@@ -34,6 +34,12 @@ def _is_injected(x: Any) -> bool:
 
 def has_learning_rate(opt_state: Any) -> bool:
     return any(_is_injected(x) for x in jax.tree.leaves(opt_state, is_leaf=_is_injected))
+
+
+def learning_rates(opt_state: Any) -> list[float]:
+    """Every `optax.inject_hyperparams` learning rate in `opt_state` (host values: a sync)."""
+    return [float(x.hyperparams["learning_rate"]) for x in jax.tree.leaves(opt_state, is_leaf=_is_injected)
+            if _is_injected(x)]
 
 
 def set_learning_rate(opt_state: Any, lr: float) -> Any:

@@ -142,6 +142,8 @@ class Tuner:
                 step_fn = compiled.train_step if chunk.full else compiled.train_tail_step
                 state, values = step_fn(state, chunk.inputs)
                 loss = float(values["loss"])  # sync point: every step (a short diagnostic run)
+                if not tried:
+                    self._check_lr_kept(module, state.opt_state, lr)
                 avg = beta * avg + (1 - beta) * loss
                 smoothed = avg / (1 - beta ** (len(tried) + 1))
                 tried.append(lr)
@@ -156,6 +158,19 @@ class Tuner:
         del state  # the copy: nothing of it reaches the module or the trainer
         log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         return _lr_find.LRFinder(mode, tried, losses, log_dir)
+
+    @staticmethod
+    def _check_lr_kept(module, opt_state, lr: float) -> None:
+        """A schedule (`inject_hyperparams(opt)(learning_rate=schedule)`, or configure_optimizers'
+        'lr_scheduler') sets the learning rate again inside each update, overriding lr_find's."""
+        used = _lr_find.learning_rates(opt_state)
+        if not np.allclose(used, lr, rtol=1e-6):
+            raise ValueError(
+                f"lr_find set the learning rate to {lr:.3g}, but {type(module).__name__}'s optimizer "
+                f"used {used[0]:.3g}: a schedule sets it inside each update. For lr_find, return "
+                "a constant learning rate, e.g. `optax.inject_hyperparams(optax.adam)(learning_rate="
+                "self.hparams.lr)` with no 'lr_scheduler', then add the schedule back with the "
+                "suggested lr.")
 
     # --------------------------------------------------------------------------- data
 
