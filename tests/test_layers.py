@@ -35,9 +35,6 @@ LAYERS = [
 KNOWN = {
     ("fitjax.loop.trainer", "fitjax.callbacks"),
     ("fitjax.loop.trainer", "fitjax.loggers"),
-    # the same kind: the loop resolves `Trainer(profiler=...)` and wraps its hooks (issue 16's)
-    ("fitjax.loop.trainer", "fitjax.profilers"),
-    ("fitjax.loop.trainer", "fitjax.profilers._compile"),
     ("fitjax.loop._checks", "fitjax.callbacks"),
 }
 

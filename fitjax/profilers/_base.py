@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+# Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
 from fitjax._logged import Logged, collecting
-from fitjax.callbacks._base import MODULE_HOOKS, CallbackList
 from fitjax.module import LitModule
 
 __all__ = ["PassThroughProfiler", "Profiler"]
@@ -122,9 +122,9 @@ class Profiler:
                 return
             yield batch
 
-    def wrap_hooks(self, hooks: CallbackList) -> CallbackList:
-        """The callback list, each hook of each callback timed as "[Callback]<state_key>.<hook>"."""
-        return _TimedCallbackList(hooks.callbacks, self)
+    def wrap_hooks(self, hooks: Any) -> Any:
+        """The loop's callback list, each hook of each callback timed as "[Callback]<class>.<hook>"."""
+        return _TimedHooks(hooks, self)
 
 
 class PassThroughProfiler(Profiler):
@@ -152,23 +152,27 @@ class PassThroughProfiler(Profiler):
         pass
 
 
-class _TimedCallbackList(CallbackList):
-    """A `CallbackList` whose calls are timed per callback and hook."""
+class _TimedHooks:
+    """Stands in for the loop's callback list: the same calls in the same order, each timed as
+    "[LitModule]<class>.<hook>" or "[Callback]<class>.<hook>". Everything else is the list's."""
 
-    def __init__(self, callbacks, profiler: Profiler) -> None:
-        super().__init__(callbacks)
+    def __init__(self, hooks: Any, profiler: Profiler) -> None:
+        self._hooks = hooks
         self._profiler = profiler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hooks, name)
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
         logged = None
-        if hook in MODULE_HOOKS:
+        if hasattr(LitModule, hook):  # the hooks a module has run first, as the list runs them
             with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
                 if getattr(type(module), hook) is getattr(LitModule, hook):
                     getattr(module, hook)()  # LitModule's own no-op: not worth a row
                 else:
                     with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
                         getattr(module, hook)()
-        for cb in self._overriding[hook]:
+        for cb in self._hooks.overriding(hook):
             with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
                 getattr(cb, hook)(trainer, module, *args)
         return logged if logged is not None and logged.values else None
