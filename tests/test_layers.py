@@ -25,7 +25,7 @@ LAYERS = [
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers"]),
-    ("loop", ["fitjax.loop", "fitjax._log_fetch"]),
+    ("loop", ["fitjax.loop", "fitjax._log_fetch", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]
 
