@@ -26,6 +26,8 @@ from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
+from fitjax.profilers import Profiler, resolve_profiler
+from fitjax.profilers._compile import CompileTimes
 from fitjax.state import TrainState
 from fitjax.strategies import Strategy, initialize_distributed, resolve as resolve_strategy
 from fitjax.strategies._distributed import agree, gather_rows
@@ -100,6 +102,10 @@ class Trainer:
             leftover steps (fewer than k) run one at a time (a second, smaller compilation).
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
+        profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
+            `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
+            `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
+            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
         deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
 
     Example:
@@ -140,6 +146,7 @@ class Trainer:
         steps_per_execution: int = 1,
         detect_anomaly: bool = False,
         deterministic: bool = False,
+        profiler: str | Profiler | None = None,
     ):
         self.max_steps = checks.positive_int_or_none("max_steps", max_steps)
         self.max_epochs = checks.positive_int_or_none("max_epochs", max_epochs)
@@ -171,6 +178,8 @@ class Trainer:
             log_grad_norm=log_grad_norm,
         )
         self.deterministic = _determinism.enforce(deterministic)
+        self.profiler: Profiler = resolve_profiler(profiler)
+        self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
         self.devices = checks.select_devices(devices, accelerator)
@@ -284,8 +293,10 @@ class Trainer:
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
+        self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
+        hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
         try:
-            with _resume.stop_on_sigterm(self):
+            with _resume.stop_on_sigterm(self), self._compile_times:
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
@@ -298,6 +309,9 @@ class Trainer:
             self._feed = None  # the train data's copy on the devices
             self._window = None  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
+            self._hooks = hooks
+            self.profiler.describe()
+            self.profiler.teardown("fit")
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
@@ -308,8 +322,9 @@ class Trainer:
         if first is None:
             raise ValueError("train_data is empty: its first epoch yielded no batch.")
         self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
-        self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
-                                                    options=self.step_options)
+        with self.profiler.profile("[build] state and programs"):
+            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+                                                        options=self.step_options)
         self._module_for_compiled = module
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
@@ -326,6 +341,9 @@ class Trainer:
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
         hook_batch = self._hook_batch_maker()
+        wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
+        block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
+                                             wrap(self._compiled.train_tail_step))
 
         while not self._done_training():
             offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
@@ -336,15 +354,16 @@ class Trainer:
             batch_idx = offset - 1
             steps_left = None if self.max_steps is None else self.max_steps - self.global_step
             # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
-            for chunk in self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left):
+            chunks = self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left)
+            for chunk in self.profiler.wrap_batches(chunks):
                 seen, batch_idx = batch_idx + 1, batch_idx + chunk.num_batches
                 batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
                 if wants_batch_start:
                     self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
                 if chunk.on_device:
-                    step_fn = self._compiled.block_step
+                    step_fn = block_step
                 else:
-                    step_fn = self._compiled.train_step if chunk.full else self._compiled.train_tail_step
+                    step_fn = train_step if chunk.full else tail_step
                 self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
                 self.global_step += chunk.num_steps
                 self._batches_done = batch_idx + 1
@@ -411,7 +430,8 @@ class Trainer:
         window, self._window = self._window, None
         if window is None:
             return
-        host, extra = window.read()
+        with self.profiler.profile("[sync] log step values"):  # waits for the device
+            host, extra = window.read()
         if not any(w > 0 for _, w in host.values()):
             return
         at = {"step": window.step, "epoch": window.epoch}
@@ -427,6 +447,10 @@ class Trainer:
         if val_loader is None:
             return
         self._finish_train_window()  # callbacks of validation see every train value up to now
+        with self.profiler.profile("[loop] validation"):
+            self._validate_in_fit(module, val_loader)
+
+    def _validate_in_fit(self, module: LitModule, val_loader) -> None:
         self._hooks.call("on_validation_start", self, module)
         self._hooks.call("on_validation_epoch_start", self, module)
         results = self._evaluate(
@@ -619,13 +643,15 @@ class Trainer:
 
     def _log(self, values: HostMetrics, *, step: int | None = None, epoch: int | None = None) -> None:
         """Records `values` as the latest and writes them to the loggers at `step` (default: now)."""
-        if not values:
+        compiled = self._compile_times.take()  # compile/<program>_s: for the loggers, not the callbacks
+        if not values and not compiled:
             return
         self.callback_metrics.update(values)
-        self.logged_metrics.update(values)
-        row = {**values, "epoch": float(self.current_epoch if epoch is None else epoch)}
-        for logger in self.loggers:
-            logger.log_metrics(row, step=self.global_step if step is None else step)
+        self.logged_metrics.update({**values, **compiled})
+        row = {**values, **compiled, "epoch": float(self.current_epoch if epoch is None else epoch)}
+        with self.profiler.profile("[log] loggers"):
+            for logger in self.loggers:
+                logger.log_metrics(row, step=self.global_step if step is None else step)
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""

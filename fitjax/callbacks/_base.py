@@ -113,6 +113,10 @@ class CallbackList:
         """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
         return bool(self._overriding[hook])
 
+    def overriding(self, hook: str) -> list[Callback]:
+        """The callbacks that override `hook`, in call order (after the module's own hook)."""
+        return self._overriding[hook]
+
     def needs_batch(self, hook: str) -> bool:
         """True when a callback overriding the per-batch `hook` may read its `batch` argument
         (all but those marked with `ignores_batch`, fitjax's own)."""

@@ -236,12 +236,17 @@ class ModelCheckpoint(Callback):
     def _epoch_due(self, trainer) -> bool:
         return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
-    @staticmethod
-    def _save_on_train_epoch_end(trainer) -> bool:
+    def _save_on_train_epoch_end(self, trainer) -> bool:
         """Lightning's rule: save at the train epoch's end only when validation runs at every
-        epoch's end (or never); otherwise after validation, when the monitored value is new."""
-        if trainer.check_val_every_n_epoch != 1:
-            return False
+        epoch's end (or never); otherwise after validation, when the monitored value is new.
+
+        One deviation: with `check_val_every_n_epoch` > 1 and no validation data, Lightning
+        never saves; here, once a validation was due and none ran, epoch ends save.
+        """
+        every = trainer.check_val_every_n_epoch
+        if every != 1:
+            due = every is not None and trainer.current_epoch + 1 >= every
+            return due and self._validated_at is None
         if not trainer.num_val_batches:
             return True
         return trainer.val_check_interval in (None, 1.0)

@@ -73,8 +73,9 @@ def check_fit_data(train: Any, val: Any = None, *, shards: int, processes: int =
     length = _length(train)
     if length is None:
         if max_steps is None and not isinstance(limit, int):
+            kind = type(getattr(train, "_source", train)).__name__  # what the user passed
             warnings.warn(
-                f"`{_name(train, 'train')}` ({type(getattr(train, '_source', train)).__name__}) has no length and neither "
+                f"`{_name(train, 'train')}` ({kind}) has no length and neither "
                 "`Trainer(max_steps=...)` nor an int `limit_train_batches` is set: an epoch lasts "
                 "as long as the data, so if it never ends, training never stops (and validation "
                 "at epoch ends never runs). Set `max_steps` (or `limit_train_batches`) to bound it.",
