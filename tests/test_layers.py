@@ -25,7 +25,8 @@ LAYERS = [
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers"]),
-    ("loop", ["fitjax.trainer", "fitjax.loop", "fitjax._trainer_checks", "fitjax._resume", "fitjax._log_fetch"]),
+    ("loop", ["fitjax.trainer", "fitjax.loop", "fitjax._trainer_checks", "fitjax._resume", "fitjax._log_fetch",
+              "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]
 
