@@ -19,7 +19,7 @@ from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
 from fitjax.precision import Precision
 from fitjax.state import TrainState
-from fitjax.trainer import Trainer
+from fitjax.loop import Trainer
 from fitjax.tuner import Tuner
 
 __version__ = "0.1.0"

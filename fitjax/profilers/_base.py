@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 # Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
+from fitjax._logged import Logged, collecting
 from fitjax.module import LitModule
 
 __all__ = ["PassThroughProfiler", "Profiler"]
@@ -162,13 +163,16 @@ class _TimedHooks:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._hooks, name)
 
-    def call(self, hook: str, trainer, module, *args: Any) -> None:
+    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
+        logged = None
         if hasattr(LitModule, hook):  # the hooks a module has run first, as the list runs them
-            if getattr(type(module), hook) is getattr(LitModule, hook):
-                getattr(module, hook)()  # LitModule's own no-op: not worth a row
-            else:
-                with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
-                    getattr(module, hook)()
+            with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
+                if getattr(type(module), hook) is getattr(LitModule, hook):
+                    getattr(module, hook)()  # LitModule's own no-op: not worth a row
+                else:
+                    with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
+                        getattr(module, hook)()
         for cb in self._hooks.overriding(hook):
             with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
                 getattr(cb, hook)(trainer, module, *args)
+        return logged if logged is not None and logged.values else None
