@@ -4,6 +4,7 @@
     python benchmarks/first_output.py --smoke      # 1 run: checks it runs
     python benchmarks/first_output.py --runs 5 -- --strategy dp
     python benchmarks/first_output.py --before /tmp/old-checkout   # alternate runs of two checkouts
+    python benchmarks/first_output.py --compile-cache /tmp/xla-cache  # and runs with a warm compile cache
 
 Runs the example in a pseudo-terminal (as a user's shell does, so the live bar is drawn) and reads
 its output as it arrives. Reports, per run, seconds from process start to:
@@ -33,14 +34,14 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 _STEP_DONE = re.compile(rb"\b([1-9]\d*)/\d+\b")  # the bar's "completed/total" column past 0
 
 
-def one_run(root: Path, extra: list[str], epochs: int = 3) -> dict[str, float]:
+def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epochs: int = 3) -> dict[str, float]:
     leader, follower = pty.openpty()
     with tempfile.TemporaryDirectory() as logs:
         cmd = [sys.executable, str(root / "examples" / "digits.py"), "--epochs", str(epochs), "--root-dir", logs,
                *extra]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=root,
-                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(root)})
+                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(root), **(env or {})})
         os.close(follower)
         times: dict[str, float] = {}
         seen = b""
@@ -74,24 +75,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", type=Path, help="another checkout, run alternately with this one")
+    parser.add_argument("--compile-cache", type=Path,
+                        help="also run with JAX's persistent compilation cache in this (new) folder, "
+                             "primed by one run that is not counted")
     parser.add_argument("--smoke", action="store_true", help="1 run: checks the script runs")
     parser.add_argument("extra", nargs="*", help="arguments passed on to examples/digits.py (after --)")
     args = parser.parse_args()
     epochs = 3  # the example's schedule warms up for 2 epochs
     if args.smoke:
         args.runs = 1
-    roots = {"this": _ROOT, **({"before": args.before.resolve()} if args.before else {})}
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in roots}
+    variants: dict[str, tuple[Path, dict[str, str]]] = {"this": (_ROOT, {})}
+    if args.before:
+        variants["before"] = (args.before.resolve(), {})
+    if args.compile_cache:
+        cache = {"JAX_COMPILATION_CACHE_DIR": str(args.compile_cache),
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+        variants["this, warm compile cache"] = (_ROOT, cache)
+        primed = one_run(_ROOT, args.extra, cache, epochs)
+        print("priming the compile cache: " + "  ".join(f"{k} {v:.2f}s" for k, v in primed.items()), flush=True)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for i in range(args.runs):
-        for name, root in roots.items():  # alternated, so a change in the machine's load hits both
-            times = one_run(root, args.extra, epochs)
+        for name, (root, env) in variants.items():  # alternated, so a change in the machine's load hits all
+            times = one_run(root, args.extra, env, epochs)
             runs[name].append(times)
             print(f"{name} run {i}: " + "  ".join(f"{k} {v:.2f}s" for k, v in times.items()), flush=True)
     for name, results in runs.items():
         print(f"{name} median: " + "  ".join(
             f"{k} {statistics.median(r.get(k, float('nan')) for r in results):.2f}s"
             for k in ["first output", "first step", "exit"]))
-
 
 if __name__ == "__main__":
     main()

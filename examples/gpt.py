@@ -5,6 +5,7 @@
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
+    fitjax fit --config examples/configs/gpt.yaml             # the tiny recipe through fitjax's CLI
 
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
 code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by
@@ -198,6 +199,28 @@ def encode(text: str) -> np.ndarray:
 
 def decode(tokens: Sequence[int]) -> str:
     return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+class GPTData(fj.DataModule):
+    """The corpus as windows of `context + 1` bytes (for the CLI: examples/configs/gpt.yaml).
+
+    Args:
+        context: bytes the model sees (each row holds one more: the last target).
+        batch_size: rows per (micro-)batch; the last partial train batch is dropped.
+        seed: the shuffle's seed.
+    """
+
+    def __init__(self, context: int = 64, batch_size: int = 16, seed: int = 0):
+        self.context, self.batch_size, self.seed = context, batch_size, seed
+
+    def setup(self, stage: str) -> None:
+        self.train, self.val = splits(self.context)
+
+    def train_dataloader(self):
+        return fj.DataLoader(self.train, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True)
+
+    def val_dataloader(self):
+        return fj.DataLoader(self.val, batch_size=self.batch_size)
 
 
 # ------------------------------------------------------------------------------------ generation

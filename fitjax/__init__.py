@@ -4,7 +4,7 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, precision, strategies
+from fitjax import callbacks, checkpoint, cli, data, loggers, precision, profilers, strategies, tuner
 from fitjax.callbacks import (
     EMA,
     Callback,
@@ -19,7 +19,8 @@ from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
 from fitjax.module import LitModule
 from fitjax.precision import Precision
 from fitjax.state import TrainState
-from fitjax.trainer import Trainer
+from fitjax.loop import Trainer
+from fitjax.tuner import Tuner
 
 __version__ = "0.1.0"
 
@@ -41,13 +42,16 @@ __all__ = [
     "TensorBoardLogger",
     "TrainState",
     "Trainer",
+    "Tuner",
     "callbacks",
     "checkpoint",
     "cli",
     "data",
     "loggers",
     "precision",
+    "profilers",
     "strategies",
+    "tuner",
 ]
 
 

@@ -17,9 +17,12 @@ import contextvars
 import dataclasses
 from typing import Any, Iterator
 
+import numpy as np
+
 from fitjax import metrics as acc_lib
 
-__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "keep", "record"]
+__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "plain_names",
+           "record"]
 
 REDUCE_FX = ("mean",)
 
@@ -36,20 +39,23 @@ class LogSpec:
 
 
 class Logged:
-    """The values and specs recorded inside one `collecting()` block, in call order."""
+    """The values and specs recorded inside one `collecting()` block, in call order. `host`:
+    the block wraps a host-side hook (`on_train_epoch_end`, ...), whose values are logged as
+    they are, under the names given (Lightning's keys)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: bool = False) -> None:
         self.values: dict[str, Any] = {}
         self.specs: dict[str, LogSpec] = {}
+        self.host = host
 
 
 _CURRENT: contextvars.ContextVar[Logged | None] = contextvars.ContextVar("fitjax_logged", default=None)
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[Logged]:
+def collecting(*, host: bool = False) -> Iterator[Logged]:
     """Collects what `LitModule.log` records inside the block (nested blocks shadow outer ones)."""
-    logged = Logged()
+    logged = Logged(host)
     token = _CURRENT.set(logged)
     try:
         yield logged
@@ -76,9 +82,9 @@ def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
     logged = _CURRENT.get()
     if logged is None:
         raise RuntimeError(
-            f"{owner}.log({name!r}, ...) was called outside `loss` and `metrics`. It records values "
-            "computed while the trainer traces those two methods; read host values in hooks from "
-            "`trainer.callback_metrics` instead, or log them with `trainer.logger.log_metrics`."
+            f"{owner}.log({name!r}, ...) was called outside `loss`, `metrics` and the module's hooks "
+            "the trainer calls (`on_train_epoch_end`, `on_validation_epoch_end`, ...). Log from one "
+            "of those, or write to `trainer.logger.log_metrics` directly."
         )
     if name in logged.values:
         raise ValueError(f"{owner}.log({name!r}, ...) was called twice in one step; use distinct names.")
@@ -117,3 +123,25 @@ def for_progress_bar(values: dict[str, float], specs: dict[str, LogSpec]) -> dic
         return name == "loss" or getattr(spec, "prog_bar", False)
 
     return {k: v for k, v in values.items() if marked(k)}
+
+
+def plain_names(acc: dict[str, Any], specs: dict[str, LogSpec], *, epoch: bool) -> dict[str, float]:
+    """Lightning's plain names in `callback_metrics` for values logged from a Lightning-style
+    hook with both `on_step` and `on_epoch`: `name` holds the latest of `name_step` (a train
+    window) and `name_epoch` (an epoch or evaluation mean); loggers get the suffixed keys only."""
+    return {name: value for name, value in acc_lib.compute(acc).items()
+            if (spec := specs.get(name)) is not None and spec.lightning and spec.on_step and spec.on_epoch}
+
+
+def host_values(logged: Logged, *, owner: str, hook: str) -> dict[str, float]:
+    """The values a host-side hook logged, as floats under the names given."""
+    out = {}
+    for name, value in logged.values.items():
+        try:
+            out[name] = float(np.asarray(value).reshape(()))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{owner}.log({name!r}, value) in {hook} must be one number (a Python float or a "
+                f"scalar array), got {value!r}."
+            ) from None
+    return out

@@ -169,7 +169,7 @@ def verify(path: str | os.PathLike) -> None:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
         with _reading(path):
-            jax.block_until_ready(ocp.StandardCheckpointer().restore(path / STATE_ITEM, target))
+            jax.block_until_ready(_restore(path, target))
 
 
 def _first_line(error: BaseException) -> str:
@@ -230,7 +230,7 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     _check_tree(_saved_tree(path), target, path, saved_options=meta.get("options", {}),
                 options=options or {})
     with _reading(path):
-        tree = ocp.StandardCheckpointer().restore(path / STATE_ITEM, target)
+        tree = _restore(path, target)
     saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})
 
     def typed(key_path, leaf):
@@ -286,6 +286,13 @@ def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
     module = cls(**hparams)
     module._set_variables(*restore_variables(path, module._get_binding().initial_variables()))
     return module
+
+
+def _restore(path: Path, target: PyTree) -> PyTree:
+    """The state item restored like `target`, with Orbax's synchronous checkpointer (its async
+    one leaves callbacks on a closed event loop when a damaged file makes the read fail)."""
+    with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as reader:
+        return reader.restore(path / STATE_ITEM, args=ocp.args.StandardRestore(target))
 
 
 @contextlib.contextmanager

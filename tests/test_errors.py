@@ -120,8 +120,8 @@ def test_module_without_super_init_or_model():
 
 
 def test_bad_trainer_arguments_name_the_argument():
-    with pytest.raises(ValueError, match=r"max_epochs=\.\.\.\) must be a positive int or None, got 0"):
-        fj.Trainer(max_epochs=0)
+    with pytest.raises(ValueError, match=r"max_epochs=\.\.\.\) must be an int >= 0, -1 \(no limit\) or None, got -3"):
+        fj.Trainer(max_epochs=-3)
     with pytest.raises(ValueError, match=r"limit_train_batches=\.\.\.\) takes an int number of batches or a float fraction in \[0, 1\], got 1.5"):
         fj.Trainer(limit_train_batches=1.5)
     with pytest.raises(ValueError, match=r"devices=99\) asks for more devices than the 8 available"):

@@ -94,9 +94,10 @@ def test_on_step_on_epoch_key_names_follow_lightning(tmp_path):
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     logged_at = {key: [int(r["step"]) for r in rows if r[key]] for key in rows[0] if key not in ("step", "epoch")}
-    assert logged_at["default"] == logged_at["both_step"] == logged_at["idx"] == [4, 8, 12, 16]
-    assert logged_at["epoch_only"] == logged_at["both_epoch"] == [8, 16]
-    assert logged_at["val_default"] == logged_at["val_both_epoch"] == [8, 16]
+    # Lightning's rows: at the index of each window's last step (global_step - 1)
+    assert logged_at["default"] == logged_at["both_step"] == logged_at["idx"] == [3, 7, 11, 15]
+    assert logged_at["epoch_only"] == logged_at["both_epoch"] == [7, 15]
+    assert logged_at["val_default"] == logged_at["val_both_epoch"] == [7, 15]
     assert not {"both", "epoch_only_step", "val_both", "default_epoch", "train/default"} & set(logged_at)
     # batch_idx: the global step in training_step (the window of steps 12..15 averages 13.5),
     # the batch within the evaluation in validation_step (0, 1, 2 with weights 16, 16, 8)

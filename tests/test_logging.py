@@ -42,8 +42,10 @@ def test_tensorboard_holds_every_key_at_its_global_steps_and_the_hparams(run):
     events = EventAccumulator(str(root / "tb" / "version_0"), size_guidance={"scalars": 0})
     events.Reload()
     steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    assert steps["train/loss"] == steps["train/twice"] == steps["lr"] == [4, 8, 12, 16]
-    assert steps["train/loss_epoch"] == steps["train/epoch_only_epoch"] == steps["val/loss"] == [8, 16]
+    # Lightning's rows: the step index (global_step - 1) of the step that ends each window; epoch
+    # means and validation at the epoch's last step (as `rows` in test_lightning_semantics.py)
+    assert steps["train/loss"] == steps["train/twice"] == steps["lr"] == [3, 7, 11, 15]
+    assert steps["train/loss_epoch"] == steps["train/epoch_only_epoch"] == steps["val/loss"] == [7, 15]
     assert "train/epoch_only" not in steps  # on_step=False
     last = {tag: events.Scalars(tag)[-1].value for tag in steps}
     assert last["train/twice"] == pytest.approx(2 * last["train/loss"], rel=1e-5)
@@ -61,7 +63,7 @@ def test_metrics_csv_has_one_row_per_logged_step(run):
     _, root = run
     with open(root / "csv" / "version_0" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["step"]) for r in rows] == [4, 8, 12, 16]
+    assert [int(r["step"]) for r in rows] == [3, 7, 11, 15]
     assert all(r["train/loss"] and r["lr"] for r in rows)
     assert [bool(r["val/loss"]) for r in rows] == [False, True, False, True]
     assert [r["epoch"] for r in rows] == ["0.0", "0.0", "1.0", "1.0"]
@@ -106,28 +108,32 @@ def test_a_value_logged_only_in_eval_mode_reaches_validation_only():
 
 
 class TrainLossSeen(fj.Callback):
-    """`trainer.callback_metrics["train/loss"]` as each step's hooks see it."""
+    """`progress_bar_metrics["train/loss"]` as each step's hooks see it, and
+    `callback_metrics["train/loss"]` at step 8 only."""
 
     def __init__(self):
-        self.seen = []
+        self.seen, self.read_at_8 = [], None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.seen.append((trainer.global_step, trainer.callback_metrics.get("train/loss")))
+        self.seen.append((trainer.global_step, trainer.progress_bar_metrics.get("train/loss")))
+        if trainer.global_step == 8:
+            self.read_at_8 = trainer.callback_metrics.get("train/loss")
 
 
 def test_a_log_step_logs_its_window_mean_at_its_step_without_waiting_for_it(tmp_path):
-    """The trainer does not wait for a log step's values: they reach `callback_metrics` at a
-    later step, by the next log step at the latest, and the loggers at the log step's number."""
+    """The trainer does not wait for a log step's values: they reach the progress bar at a
+    later step, by the next log step at the latest, and the loggers at the log step's number.
+    Reading `callback_metrics` completes the window on its way: a hook sees its own step's."""
     history, seen = LossHistory(), TrainLossSeen()
     trainer = quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4, callbacks=[seen, history],
                             logger=fj.CSVLogger(tmp_path, name="csv"))
     trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=384), batch_size=32))  # 12 steps
     with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
         rows = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]}
-    assert sorted(rows) == [4, 8, 12]
+    assert sorted(rows) == [3, 7, 11]  # Lightning's: the index of the window's last step
     for step, value in rows.items():  # equal batches: the window mean is the mean of its losses
-        assert value == pytest.approx(np.mean(history.losses[step - 4:step]), rel=1e-5)
+        assert value == pytest.approx(np.mean(history.losses[step - 3:step + 1]), rel=1e-5)
     arrived = next(step for step, value in seen.seen if value is not None)
     assert 5 <= arrived <= 8
-    assert dict(seen.seen)[8] == pytest.approx(rows[4])  # step 8's hooks see the window of step 4
-    assert trainer.callback_metrics["train/loss"] == pytest.approx(rows[12])  # all logged by the end
+    assert seen.read_at_8 == pytest.approx(rows[7])  # read at step 8: its own window, waited for
+    assert trainer.callback_metrics["train/loss"] == pytest.approx(rows[11])  # all logged by the end

@@ -5,7 +5,8 @@ import importlib
 import pytest
 
 
-PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.strategies"]
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.profilers",
+            "fitjax.strategies", "fitjax.tuner"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -19,6 +20,8 @@ def test_all_is_sorted_and_importable(name):
 def test_docstring_examples_run():
     import doctest
 
-    for name in ["fitjax.module", "fitjax.trainer", "fitjax.strategies.dp"]:
+    for name in ["fitjax.module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.strategies.dp",
+                 "fitjax.callbacks.ema", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
+                 "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

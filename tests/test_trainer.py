@@ -152,15 +152,19 @@ def test_val_check_interval_and_check_val_every_n_epoch():
     data = fj.DataLoader(regression_data(), batch_size=32)  # 8 batches
     val = fj.DataLoader(regression_data(n=64, seed=2), batch_size=32)
     counter = CountVal()
+    # Lightning: every 3 batches of each epoch, none at its end (8 is no multiple of 3); the
+    # sanity check (step 0) first
     quiet_trainer(max_epochs=2, val_check_interval=3, strategy="single", callbacks=[counter]).fit(Regressor(), data, val)
-    assert counter.steps == [3, 6, 8, 11, 14, 16]
+    assert counter.steps == [0, 3, 6, 11, 14]
 
     counter = CountVal()
-    quiet_trainer(max_epochs=4, check_val_every_n_epoch=2, strategy="single", callbacks=[counter]).fit(Regressor(), data, val)
+    quiet_trainer(max_epochs=4, check_val_every_n_epoch=2, strategy="single", num_sanity_val_steps=0,
+                  callbacks=[counter]).fit(Regressor(), data, val)
     assert counter.steps == [16, 32]
 
     counter = CountVal()
-    quiet_trainer(max_epochs=1, val_check_interval=0.5, strategy="single", callbacks=[counter]).fit(Regressor(), data, val)
+    quiet_trainer(max_epochs=1, val_check_interval=0.5, strategy="single", num_sanity_val_steps=0,
+                  callbacks=[counter]).fit(Regressor(), data, val)
     assert counter.steps == [4, 8]
 
 

@@ -1,7 +1,19 @@
 """`Callback`: plain objects with hook methods; the trainer calls them in a loop over a list.
 
-Hooks receive the trainer (to read counters and metrics, not to mutate its internals) and the
-module, with Lightning's names and arguments. A hook no callback overrides is never called: the
+Hooks receive the trainer and the module, with Lightning's names and arguments. What a callback
+may read from the trainer (never its `_private` attributes):
+
+- `trainer.progress`: the loop's position, read-only (`epoch`, `global_step`, `batches_done`,
+  `batches_in_epoch`, `last_logged` / `last_validated` / `last_saved`), and `crossed(n)`: whether
+  the last call of the train step passed a multiple of n steps (use it, not `global_step % n`:
+  one call may run several steps). `trainer.global_step`, `trainer.current_epoch`,
+  `trainer.num_training_batches` read the same object.
+- `trainer.callback_metrics` (complete up to the last log step when read), `logged_metrics`,
+  `progress_bar_metrics`; `trainer.state` (the `TrainState`), `trainer.loggers`.
+- `trainer.is_global_zero`, `trainer.agree(flag)` (True everywhere when True on any process:
+  for decisions from host-local facts such as time), `trainer.checkpoint_meta(module)` (the
+  plain data a checkpoint stores besides the state), `trainer.received_sigterm`.
+- A callback may set `trainer.should_stop = True` (Lightning's contract). A hook no callback overrides is never called: the
 trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost nothing unless used.
 """
 
@@ -9,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fitjax._logged import Logged, collecting
+
 __all__ = ["Callback", "CallbackList"]
 
 HOOKS = (
     "setup", "teardown",
     "on_fit_start", "on_fit_end",
+    "on_sanity_check_start", "on_sanity_check_end",
     "on_train_start", "on_train_end",
     "on_train_epoch_start", "on_train_epoch_end",
     "on_train_batch_start", "on_train_batch_end",
@@ -35,8 +50,8 @@ class Callback:
     Per-batch hooks receive `outputs`: the step's metrics as device arrays (a dict). Reading one
     (`float(outputs["loss"])`) waits for that step to finish — a host sync per batch that stalls
     the pipeline of queued steps; read them every N batches, or use the values the trainer
-    fetches without waiting in `trainer.callback_metrics` (a log step's values arrive there a
-    step or two after it; the epoch's values are all there by `on_train_epoch_end`).
+    fetches every `log_every_n_steps` in `trainer.callback_metrics` (reading it after a log step
+    waits for that step's values if they are still on their way: once per log step).
 
     Example:
         >>> import fitjax as fj
@@ -49,6 +64,8 @@ class Callback:
     def teardown(self, trainer, module, stage: str) -> None: ...
     def on_fit_start(self, trainer, module) -> None: ...
     def on_fit_end(self, trainer, module) -> None: ...
+    def on_sanity_check_start(self, trainer, module) -> None: ...
+    def on_sanity_check_end(self, trainer, module) -> None: ...
     def on_train_start(self, trainer, module) -> None: ...
     def on_train_end(self, trainer, module) -> None: ...
     def on_train_epoch_start(self, trainer, module) -> None: ...
@@ -113,16 +130,25 @@ class CallbackList:
         """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
         return bool(self._overriding[hook])
 
+    def overriding(self, hook: str) -> list[Callback]:
+        """The callbacks that override `hook`, in call order (after the module's own hook)."""
+        return self._overriding[hook]
+
     def needs_batch(self, hook: str) -> bool:
         """True when a callback overriding the per-batch `hook` may read its `batch` argument
         (all but those marked with `ignores_batch`, fitjax's own)."""
         return any(not getattr(getattr(type(cb), hook), "ignores_batch", False) for cb in self._overriding[hook])
 
-    def call(self, hook: str, trainer, module, *args: Any) -> None:
+    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
+        """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it
+        has no such hook), for the trainer to log."""
+        logged = None
         if hook in MODULE_HOOKS:
-            getattr(module, hook)()
+            with collecting(host=True) as logged:
+                getattr(module, hook)()
         for cb in self._overriding[hook]:
             getattr(cb, hook)(trainer, module, *args)
+        return logged if logged is not None and logged.values else None
 
 
 # The no-argument hooks a LitModule may override; called before the callbacks' hooks.

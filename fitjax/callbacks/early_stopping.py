@@ -1,8 +1,9 @@
 """`EarlyStopping`: stop fitting when a monitored value stops improving (Lightning's semantics).
 
-It reads `trainer.callback_metrics`, the host values the trainer already fetched: checking costs
-no transfer. A check happens after each validation when the key is a validation key (`val/...`),
-otherwise at the end of each train epoch.
+It reads `trainer.callback_metrics`, the host values the trainer already fetched. When it checks
+is Lightning's rule: at the end of each train epoch when validation runs once per epoch at its
+end (the default), else after each validation. No check during the sanity check or with
+`fast_dev_run`. `trainer.min_epochs` / `min_steps` delay the stop it requests.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class EarlyStopping(Callback):
         divergence_threshold: stop as soon as the value is worse than this.
         check_finite: stop when the value becomes NaN or infinite.
         check_on_train_epoch_end: check at train epoch ends instead of after validations
-            (default: only for keys that are not `val/...`).
+            (default, as Lightning: at epoch ends when `val_check_interval` and
+            `check_val_every_n_epoch` are at their defaults, after each validation otherwise).
         verbose: print why training stopped.
 
     Example:
@@ -75,13 +77,12 @@ class EarlyStopping(Callback):
         self.stopping_threshold = stopping_threshold
         self.divergence_threshold = divergence_threshold
         self.check_finite = check_finite
-        self.check_on_train_epoch_end = (
-            not monitor.startswith("val/") if check_on_train_epoch_end is None else check_on_train_epoch_end
-        )
+        self._check_at_epoch_end_arg = check_on_train_epoch_end
+        self.check_on_train_epoch_end = check_on_train_epoch_end  # None: decided in `setup`
         self.verbose = verbose
         self.wait_count = 0
         self.best_score = math.inf if mode == "min" else -math.inf
-        self.stopped_epoch: int | None = None
+        self.stopped_epoch = 0  # the epoch of the stop; 0 when training did not stop (Lightning)
         self.stopping_reason: str | None = None
         self._fitting = False
 
@@ -96,12 +97,15 @@ class EarlyStopping(Callback):
 
     def setup(self, trainer, module, stage: str) -> None:
         self._fitting = stage == "fit"
+        if self._check_at_epoch_end_arg is None:
+            self.check_on_train_epoch_end = (trainer.val_check_interval in (None, 1.0)
+                                             and trainer.check_val_every_n_epoch == 1)
 
     def teardown(self, trainer, module, stage: str) -> None:
         self._fitting = False
 
     def on_validation_end(self, trainer, module) -> None:
-        if self._fitting and not self.check_on_train_epoch_end:
+        if self._fitting and not self.check_on_train_epoch_end and not trainer.sanity_checking:
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:
@@ -109,6 +113,8 @@ class EarlyStopping(Callback):
             self._check(trainer)
 
     def _check(self, trainer) -> None:
+        if trainer.fast_dev_run:  # a smoke test of the code, not of the model (Lightning)
+            return
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
             raise RuntimeError(
@@ -155,4 +161,4 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.wait_count = int(state["wait_count"])
         self.best_score = float(state["best_score"])
-        self.stopped_epoch = state.get("stopped_epoch")
+        self.stopped_epoch = int(state.get("stopped_epoch") or 0)

@@ -113,7 +113,7 @@ class LearningRateMonitor(Callback):
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.logging_interval == "step" and trainer.global_step % trainer.log_every_n_steps == 0:
+        if self.logging_interval == "step" and trainer.progress.crossed(trainer.log_every_n_steps):
             self._log(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:
@@ -133,5 +133,6 @@ class LearningRateMonitor(Callback):
         values = self.current(trainer)
         for key, value in values.items():
             self.history.setdefault(key, []).append((trainer.global_step, value))
-        for logger in trainer.loggers:
-            logger.log_metrics(values, step=trainer.global_step)
+        trainer.callback_metrics.update(values)  # as Lightning: monitorable by other callbacks
+        for logger in trainer.loggers:  # the row of the step's train values (Lightning: step - 1)
+            logger.log_metrics(values, step=max(trainer.global_step - 1, 0))

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fitjax import _resume, checkpoint
+from fitjax import checkpoint
 from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
@@ -202,12 +202,12 @@ class ModelCheckpoint(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if self._writer is not None:
             self._writer.raise_failure()  # a save that failed on the writer thread: raised here
-        due = self.every_n_train_steps and trainer.global_step % self.every_n_train_steps == 0
+        due = trainer.progress.crossed(self.every_n_train_steps)  # several steps per call included
         if self.train_time_interval is not None:
             # Clocks differ between hosts: the processes agree (a small collective per step, paid
             # only when train_time_interval is set and several processes run).
             late = time.monotonic() - self._last_time >= self.train_time_interval.total_seconds()
-            due = due or trainer._agree(late)
+            due = due or trainer.agree(late)
         if not due:
             return
         if batch_idx + 1 == trainer.num_training_batches:
@@ -216,12 +216,12 @@ class ModelCheckpoint(Callback):
             self._save(trainer, module, epoch_end_done=False)
 
     def on_validation_end(self, trainer, module) -> None:
-        if self._writer is None:
-            return  # trainer.validate(), not fit
+        if self._writer is None or trainer.sanity_checking:
+            return  # trainer.validate(), not fit; or the sanity check before training
         self._validated_at = trainer.global_step  # the monitored value is fresh at this step
         # A validation inside the epoch (val_check_interval): Lightning saves after it.
         if (not self._save_on_train_epoch_end(trainer) and self._epoch_due(trainer)
-                and trainer._batches_done != trainer.num_training_batches):
+                and trainer.progress.batches_done != trainer.num_training_batches):
             self._save(trainer, module, epoch_end_done=False)
 
     def on_train_epoch_end(self, trainer, module) -> None:
@@ -236,19 +236,24 @@ class ModelCheckpoint(Callback):
     def _epoch_due(self, trainer) -> bool:
         return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
-    @staticmethod
-    def _save_on_train_epoch_end(trainer) -> bool:
+    def _save_on_train_epoch_end(self, trainer) -> bool:
         """Lightning's rule: save at the train epoch's end only when validation runs at every
-        epoch's end (or never); otherwise after validation, when the monitored value is new."""
-        if trainer.check_val_every_n_epoch != 1:
-            return False
+        epoch's end (or never); otherwise after validation, when the monitored value is new.
+
+        One deviation: with `check_val_every_n_epoch` > 1 and no validation data, Lightning
+        never saves; here, once a validation was due and none ran, epoch ends save.
+        """
+        every = trainer.check_val_every_n_epoch
+        if every != 1:
+            due = every is not None and trainer.current_epoch + 1 >= every
+            return due and self._validated_at is None
         if not trainer.num_val_batches:
             return True
         return trainer.val_check_interval in (None, 1.0)
 
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         self._failing = True
-        if (isinstance(exception, _resume.Preempted) or self.save_on_exception) and trainer.state is not None:
+        if (trainer.received_sigterm or self.save_on_exception) and trainer.state is not None:
             self._save(trainer, module, epoch_end_done=False, always=True)
 
     def on_fit_end(self, trainer, module) -> None:
@@ -268,7 +273,6 @@ class ModelCheckpoint(Callback):
     # ------------------------------------------------------------------------------ saving
 
     def _save(self, trainer, module, *, epoch_end_done: bool, always: bool = False) -> None:
-        trainer._finish_train_window()  # the last log step's values: for the score, name and logs
         step = trainer.global_step
         if step in self._saved_steps:
             return  # already saved at this step (Lightning skips it too)
@@ -297,8 +301,7 @@ class ModelCheckpoint(Callback):
 
         for logger in trainer.loggers:
             logger.save()
-        meta = _resume.fit_meta(trainer, module, epoch_end_done=epoch_end_done)  # holds state_dict()
-        meta["options"] = {"precision": trainer.precision}  # quoted by restore errors
+        meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
         if ranked:
             meta["score"] = {"monitor": self.monitor, "value": score}
         try:

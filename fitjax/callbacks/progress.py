@@ -220,10 +220,10 @@ class RichProgressBar(Callback):
     def _print_window(self, trainer) -> None:
         """A line for the last log window, once its values have reached the host (a step or two
         after its log step: the trainer does not wait for them)."""
-        window = trainer._last_window
+        window = trainer.progress.last_logged
         if window is not None and window != self._printed_window:
             self._printed_window = window
-            self._print_line(trainer, *window)
+            self._print_line(trainer, window.epoch, window.batches_done, window.step)
 
     def _print_line(self, trainer, epoch: int, done: int, step: int) -> None:
         total = trainer.num_training_batches

@@ -97,7 +97,8 @@ class FSDP(Strategy):
             raise TypeError(
                 f"FSDP(rules=...) maps logical axis names to mesh axes, e.g. {{'embed': 'fsdp'}}; got {rules!r}"
             )
-        self.rules = dict(rules or {})
+        # lists (from YAML or JSON) are tuples of mesh axes, as a PartitionSpec entry wants them
+        self.rules = {name: tuple(axes) if isinstance(axes, list) else axes for name, axes in (rules or {}).items()}
 
     def _build_mesh(self, devices: Sequence[jax.Device]) -> Mesh:
         n, tensor = len(devices), self.tensor

@@ -111,6 +111,11 @@ def test_validation_every_second_epoch_saves_only_fresh_scores(tmp_path):
         stored = checkpoint.read_meta(path)["callbacks"][ckpt.state_key]
         assert stored["current_score"] == score and stored["last_model_path"] == path
         assert checkpoint.is_checkpoint(stored["best_model_path"])  # not one save behind
+    # without validation data Lightning would never save here; fitjax saves at the epoch ends
+    # once a validation was due (epoch 1 on) and none ran (docs/porting.md)
+    _fit(fj.ModelCheckpoint(tmp_path / "noval", save_top_k=-1), max_epochs=3, val=False,
+         check_val_every_n_epoch=2)
+    assert _names(tmp_path / "noval") == {"epoch=1-step=2", "epoch=2-step=3"}
 
 
 def test_top_1_by_score_deletes_the_worse_and_its_best_path_exists(tmp_path):

@@ -205,7 +205,8 @@ class Screen(fj.Callback):
 def test_a_terminal_says_what_compiles_and_keeps_every_epoch_line():
     bar = _recorded_bar(terminal=True)
     screen = Screen(bar)
-    trainer = quiet_trainer(max_epochs=3, strategy="dp", callbacks=[bar, screen], enable_progress_bar=True)
+    trainer = quiet_trainer(max_epochs=3, strategy="dp", callbacks=[bar, screen], enable_progress_bar=True,
+                            num_sanity_val_steps=0)  # the first validation after the first train step
     val = fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
     trainer.fit(Marked(), fj.DataLoader(regression_data(n=128), batch_size=32), val)  # 4 steps/epoch
     seen = screen.seen

@@ -47,7 +47,7 @@ def main(out_dir: Path) -> None:
             "kernel_spec": str(trainer.state.params["Dense_0"]["kernel"].sharding.spec),
             "log_dir": str(trainer.log_dir),
         }
-    results["agree"] = [trainer._agree(jax.process_index() == 1), trainer._agree(False)]
+    results["agree"] = [trainer.agree(jax.process_index() == 1), trainer.agree(False)]
     with open(out_dir / f"process_{jax.process_index()}.pkl", "wb") as f:
         pickle.dump(results, f)
 

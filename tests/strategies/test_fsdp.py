@@ -152,7 +152,7 @@ def test_bad_mesh_errors_name_the_numbers(kwargs, devices, message):
 
 def test_batch_that_does_not_divide_over_the_mesh_is_refused():
     trainer = quiet_trainer(max_steps=1, strategy=FSDP(data=2, fsdp=4))
-    with pytest.raises(ValueError, match=r"batch size is 12, which does not divide over the 8 devices"):
+    with pytest.raises(ValueError, match=r"batch size of 12, which does not divide over the 8 devices"):
         trainer.fit(Regressor(), fj.DataLoader(regression_data(n=48), batch_size=12))
 
 

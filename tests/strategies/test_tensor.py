@@ -49,3 +49,7 @@ def test_rules_map_logical_names_to_the_tensor_axis_and_reject_an_axis_used_twic
     plain = FSDP()  # tensor=1: a second use of the size-1 axis splits nothing and is dropped
     quiet_trainer(strategy=plain, devices=8)
     assert _rules.annotated_spec(("mlp", "heads"), (32, 4), plain.mesh, rules, "w") == P("tensor", None)
+
+
+def test_rules_from_yaml_lists_become_tuples_of_mesh_axes():
+    assert FSDP(rules={"batch": ["data", "fsdp"], "mlp": "tensor"}).rules == {"batch": ("data", "fsdp"), "mlp": "tensor"}

@@ -73,25 +73,30 @@ class BatchPositions:
         return self._states.get(batches_done)
 
 
-def fit_meta(trainer, module, *, epoch_end_done: bool) -> dict[str, Any]:
-    """The JSON item of a checkpoint taken now. `epoch_end_done`: saved after the epoch's end
-    work (from `on_train_epoch_end`), rather than after a step."""
-    done = trainer._batches_done
-    exhausted = done == trainer.num_training_batches or not (
-        trainer.should_stop or (trainer.max_steps is not None and trainer.global_step >= trainer.max_steps)
+def fit_meta(trainer, module) -> dict[str, Any]:
+    """The JSON item of a checkpoint taken now (`Trainer.checkpoint_meta`).
+
+    Where it resumes follows from the progress: once the epoch's end work has started
+    (`epoch_end_done`) and the epoch ran out of batches (rather than stopping), the next epoch's
+    first batch; otherwise the next batch of the same epoch."""
+    progress = trainer._progress
+    done = progress.batches_done
+    exhausted = done == progress.batches_in_epoch or not (
+        trainer.should_stop or (trainer.max_steps is not None and progress.global_step >= trainer.max_steps)
     )
-    if epoch_end_done and exhausted:
-        epoch, batches, loader_state, epoch_acc = trainer.current_epoch + 1, 0, None, {}
+    if progress.epoch_end_done and exhausted:
+        epoch, batches, loader_state, epoch_acc = progress.epoch + 1, 0, None, {}
     else:
-        epoch, batches = trainer.current_epoch, done
+        epoch, batches = progress.epoch, done
         loader_state = trainer._positions.state_after(done)
         epoch_acc = {k: np.asarray(v, np.float64).tolist() for k, v in trainer._epoch_acc.items()}
     hparams, not_saved = checkpoint.jsonable(dict(module.hparams))
     return {
-        "format": 1,
-        "global_step": trainer.global_step,
-        "epoch": epoch,
+        "format": 2,
+        "global_step": progress.global_step,
+        "epoch": epoch,  # where the run resumes: this epoch, after `batches_done` batches
         "batches_done": batches,
+        "progress": progress.state_dict(),  # the whole loop position, as it was at the save
         "loader": loader_state,
         "epoch_acc": epoch_acc,
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
@@ -99,17 +104,22 @@ def fit_meta(trainer, module, *, epoch_end_done: bool) -> dict[str, Any]:
         "hparams": hparams,
         "hparams_not_saved": not_saved,
         "module": f"{type(module).__module__}.{type(module).__qualname__}",
+        "options": {"precision": trainer.precision},  # quoted by restore errors
     }
 
 
 def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
-    """Restores `trainer.state`, counters, callbacks and loggers from `path`; returns the batches
-    of the epoch the checkpoint stopped in, from the first one not yet stepped."""
+    """Restores `trainer.state`, the progress, callbacks and loggers from `path`; returns the
+    batches of the epoch the checkpoint stopped in, from the first one not yet stepped."""
     meta = checkpoint.read_meta(path)
     trainer.state = checkpoint.restore_state(path, trainer.state, options={"precision": trainer.precision})
-    trainer.global_step = int(meta["global_step"])
-    trainer.current_epoch = int(meta["epoch"])
-    trainer._batch_offset = start = int(meta["batches_done"])
+    progress = trainer._progress
+    progress.load_state_dict(meta.get("progress", {}))
+    progress.global_step = int(meta["global_step"])
+    if int(meta["epoch"]) != progress.epoch:  # saved after the epoch's end work: the next one
+        progress.end_epoch()
+    progress.epoch = int(meta["epoch"])
+    trainer._resume_at = start = int(meta["batches_done"])
     trainer._epoch_acc = {k: np.asarray(v, np.float64) for k, v in meta["epoch_acc"].items()}
     states = meta["callbacks"]
     for cb in trainer.callbacks:
@@ -122,7 +132,7 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     if start and state is None and callable(getattr(loader, "state_dict", None)):
         warnings.warn(f"checkpoint {str(path)!r} holds no data position; the first {start} "
                       "batches of the epoch are replayed from the loader and dropped.", stacklevel=3)
-    return trainer._epoch_batches(loader, trainer.current_epoch, start=start, state=state)
+    return trainer._epoch_batches(loader, progress.epoch, start=start, state=state)
 
 
 def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:

@@ -88,7 +88,26 @@ def check_module(module: Any) -> None:
         )
 
 
-def val_check_interval(value: Any) -> int | float | None:
+def limit_or_unlimited(name: str, value: Any, *, unlimited: bool = True) -> int | None:
+    """An int >= 0, or None; with `unlimited`, -1 (Lightning's "no limit") is None too."""
+    if unlimited and value == -1 and not isinstance(value, bool):
+        return None
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    allowed = "an int >= 0, -1 (no limit) or None" if unlimited else "an int >= 0 or None"
+    raise ValueError(f"Trainer({name}=...) must be {allowed}, got {value!r}")
+
+
+def sanity_steps(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= -1:
+        return value
+    raise ValueError(
+        f"Trainer(num_sanity_val_steps=...) must be an int >= -1 (-1: the whole validation set, 0: "
+        f"no sanity check), got {value!r}"
+    )
+
+
+def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float | None:
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float))
         or value <= 0 or (isinstance(value, float) and value > 1)
@@ -97,4 +116,32 @@ def val_check_interval(value: Any) -> int | float | None:
             "Trainer(val_check_interval=...) takes an int number of train batches or a float "
             f"fraction of an epoch in (0, 1], got {value!r}"
         )
+    if check_val_every_n_epoch is None and isinstance(value, float):
+        raise ValueError(
+            f"Trainer(val_check_interval={value!r}) must be an int number of train batches when "
+            "check_val_every_n_epoch=None (validation is then counted over the whole run); pass an "
+            "int, or set check_val_every_n_epoch."
+        )
     return value
+
+
+def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> int | None:
+    """Validate every this many train batches; None: at the end of each epoch (data without a
+    length, default interval). Lightning's `FitLoop.setup_data` rules and errors."""
+    interval, per_epoch = trainer.val_check_interval, trainer.check_val_every_n_epoch is not None
+    if isinstance(interval, int):
+        if validating and per_epoch and num_batches is not None and interval > num_batches:
+            raise ValueError(
+                f"Trainer(val_check_interval={interval}) must be at most the number of train batches "
+                f"per epoch ({num_batches}). To validate across epochs every {interval} batches set "
+                "check_val_every_n_epoch=None; to disable validation set limit_val_batches=0."
+            )
+        return interval
+    if num_batches is None:
+        if interval not in (None, 1.0):
+            raise ValueError(
+                f"Trainer(val_check_interval={interval!r}): a fraction of an epoch needs train data "
+                "with a known length (len()); pass an int number of batches instead."
+            )
+        return None
+    return max(1, int(num_batches * (1.0 if interval is None else interval)))

@@ -10,14 +10,18 @@ import dataclasses
 import itertools
 import math
 import os
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _log_fetch, _logged, _resume, checkpoint
+from fitjax import _accelerator, _determinism, _log_fetch, _logged, checkpoint
+from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax import step as step_lib
-from fitjax import _trainer_checks as checks
+from fitjax.loop import _checks as checks
+from fitjax.loop import _resume
+from fitjax.loop.progress import Position, Progress, ProgressView
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
@@ -26,6 +30,8 @@ from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
+from fitjax.profilers import Profiler, resolve_profiler
+from fitjax.profilers._compile import CompileTimes
 from fitjax.state import TrainState
 from fitjax.strategies import Strategy, initialize_distributed, resolve as resolve_strategy
 from fitjax.strategies._distributed import agree, gather_rows
@@ -49,8 +55,11 @@ class Trainer:
     The arguments have Lightning's names and meanings.
 
     Args:
-        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too).
-        max_steps: stop after this many optimizer steps.
+        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
+            -1: no limit; 0: fit trains nothing).
+        max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
+        min_epochs / min_steps: a stop request (`trainer.should_stop`, `EarlyStopping`) waits
+            until this many epochs / optimizer steps are done.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
@@ -66,16 +75,21 @@ class Trainer:
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
         log_every_n_steps: log and display the train metrics' means every this many steps. The
             loop does not wait for them: they are fetched while the next steps run and reach
-            the loggers (at the log step's number), `callback_metrics` and the progress bar a
-            step or two later, by the next log step or the epoch's end at the latest.
+            the loggers (as Lightning, at row `global_step - 1`: the first row of n is at n-1) and
+            the progress bar a step or two later; reading `callback_metrics` waits for them.
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
-            (float); default once per epoch.
-        check_val_every_n_epoch: validate after every n-th epoch.
+            (float, rounded down to batches: an epoch may end without one); default once per
+            epoch, at its end. Lightning's rules and errors (see docs/porting.md).
+        check_val_every_n_epoch: validate in every n-th epoch; None: an int `val_check_interval`
+            counts batches over the whole run.
         limit_train_batches: train batches per epoch: an int number or a float fraction.
         limit_val_batches: validation batches per run: an int number or a float fraction.
         limit_test_batches: test batches: an int number or a float fraction.
         limit_predict_batches: predict batches: an int number or a float fraction.
-        fast_dev_run: run 1 (or n) batches of train/val, no loggers — a smoke test of the code.
+        num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
+            validation that fails does so before the first epoch; nothing is logged.
+        fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
+            or sanity check — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
         enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
@@ -100,6 +114,10 @@ class Trainer:
             leftover steps (fewer than k) run one at a time (a second, smaller compilation).
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
+        profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
+            `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
+            `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
+            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
         deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
 
     Example:
@@ -113,6 +131,8 @@ class Trainer:
         *,
         max_epochs: int | None = None,
         max_steps: int | None = None,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
         accelerator: str = "auto",
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
@@ -127,6 +147,7 @@ class Trainer:
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
+        num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
         enable_model_summary: bool = True,
@@ -140,14 +161,19 @@ class Trainer:
         steps_per_execution: int = 1,
         detect_anomaly: bool = False,
         deterministic: bool = False,
+        profiler: str | Profiler | None = None,
     ):
-        self.max_steps = checks.positive_int_or_none("max_steps", max_steps)
-        self.max_epochs = checks.positive_int_or_none("max_epochs", max_epochs)
-        if self.max_epochs is None and self.max_steps is None:
+        # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
+        self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
+        self.max_epochs = checks.limit_or_unlimited("max_epochs", max_epochs)
+        if max_epochs is None and self.max_steps is None:
             self.max_epochs = 1000  # Lightning's default
+        self.min_epochs = checks.limit_or_unlimited("min_epochs", min_epochs, unlimited=False)
+        self.min_steps = checks.limit_or_unlimited("min_steps", min_steps, unlimited=False)
+        self.num_sanity_val_steps = checks.sanity_steps(num_sanity_val_steps)
         self.log_every_n_steps = checks.positive_int_or_none("log_every_n_steps", log_every_n_steps)
         self.check_val_every_n_epoch = checks.positive_int_or_none("check_val_every_n_epoch", check_val_every_n_epoch)
-        self.val_check_interval = checks.val_check_interval(val_check_interval)
+        self.val_check_interval = checks.val_check_interval(val_check_interval, self.check_val_every_n_epoch)
         self.limits = {
             "train": checks.check_limit("limit_train_batches", limit_train_batches),
             "val": checks.check_limit("limit_val_batches", limit_val_batches),
@@ -159,7 +185,9 @@ class Trainer:
         self.fast_dev_run = int(fast_dev_run)
         if self.fast_dev_run:
             self.limits = {stage: self.fast_dev_run for stage in self.limits}
+            # Lightning's: n batches of train and val, validation after them, no sanity check
             self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
+            self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
         if not isinstance(seed, int):
             raise ValueError(f"Trainer(seed=...) must be an int, got {seed!r}")
@@ -171,6 +199,8 @@ class Trainer:
             log_grad_norm=log_grad_norm,
         )
         self.deterministic = _determinism.enforce(deterministic)
+        self.profiler: Profiler = resolve_profiler(profiler)
+        self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
         initialize_distributed(num_nodes)  # before anything asks JAX for devices
         self.devices = checks.select_devices(devices, accelerator)
@@ -190,26 +220,27 @@ class Trainer:
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
 
-        # Loop position and what the last fetch saw. Read these from callbacks; do not set them.
-        self.global_step = 0
-        self.current_epoch = 0
+        # The loop's position: one object, read by callbacks through `trainer.progress`.
+        self._progress = Progress()
         self.should_stop = False
         self.state: TrainState | None = None
-        self.callback_metrics: HostMetrics = {}
+        self._callback_metrics: HostMetrics = {}
         self.logged_metrics: HostMetrics = {}
         self.progress_bar_metrics: HostMetrics = {}
-        self.num_training_batches: int | None = None
         self.num_val_batches: int | None = None
         self._compiled: step_lib.Compiled | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
+        self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
+        self._fitting = False
+        self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
+        self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
+        self._window_rows = True  # the window on its way writes log rows (not at an epoch's end)
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
-        self._batches_done = 0  # train batches stepped in the current epoch
-        self._batch_offset = 0  # where a resumed epoch starts
+        self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
         self._window: _log_fetch.Window | None = None  # the last log step's values, on their way
-        self._last_window: tuple[int, int, int] | None = None  # (epoch, batches, step) last logged
 
     # ------------------------------------------------------------------------------ properties
 
@@ -219,8 +250,11 @@ class Trainer:
         return self.loggers[0] if self.loggers else None
 
     @property
-    def log_dir(self) -> str | None:
-        return self.logger.log_dir if self.logger is not None else None
+    def log_dir(self) -> str:
+        """Where the first logger writes (its version folder), else `default_root_dir`: a str,
+        as Lightning's `trainer.log_dir`."""
+        log_dir = self.logger.log_dir if self.logger is not None else None
+        return str(log_dir if log_dir is not None else self.default_root_dir)
 
     @property
     def precision(self) -> str:
@@ -238,16 +272,107 @@ class Trainer:
 
     @property
     def is_global_zero(self) -> bool:
+        """True on process 0 (the one that logs and draws progress)."""
         return jax.process_index() == 0
 
-    def _agree(self, flag: bool) -> bool:
+    @property
+    def progress(self) -> ProgressView:
+        """The loop's position, read-only: epoch, global step, batches done, what was last
+        logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
+        `fitjax.loop.progress`)."""
+        return ProgressView(self._progress)
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (Lightning's `trainer.global_step`)."""
+        return self._progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
+        return self._progress.epoch
+
+    @property
+    def num_training_batches(self) -> int | None:
+        """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
+        return self._progress.batches_in_epoch
+
+    @property
+    def callback_metrics(self) -> HostMetrics:
+        """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
+        `ModelCheckpoint` read them.
+
+        Reading it completes the train log window on its way to the host, if any: the values
+        are those of every log step so far. That read waits for the device only on the first
+        read after a log step, and only when the copy has not arrived yet; the loop itself and
+        the progress bar never read it per step.
+        """
+        self._finish_train_window()
+        return self._callback_metrics
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """The optimizer steps this fit takes at most (Lightning's): `max_steps` when set, else
+        ceil(train batches per epoch / `accumulate_grad_batches`) x `max_epochs`, capped by
+        `max_steps`; `math.inf` when neither bounds the run. The batch count is known once fit
+        has its train data: from `on_fit_start` on (and in `configure_optimizer`, which fit
+        calls after that), and after fit.
+        """
+        limited_steps = math.inf if self.max_steps is None else self.max_steps
+        if self.max_epochs is None:
+            return limited_steps
+        batches = self.num_training_batches
+        if batches is None:
+            if self._train_size_known:  # data without a length: only max_steps bounds an epoch
+                return limited_steps
+            raise RuntimeError(
+                "trainer.estimated_stepping_batches is known once Trainer.fit has its train data: "
+                "read it from on_fit_start, configure_optimizer or later."
+            )
+        per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
+        return min(per_epoch * self.max_epochs, limited_steps)
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+        """Saves the train state and the loop's progress as the checkpoint folder `filepath`,
+        now (waits until it is written). Every process calls it, as in Lightning.
+
+        `Trainer.fit(ckpt_path=filepath)` resumes from it exactly, `LitModule.load_from_checkpoint`
+        reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
+        `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
+        """
+        if weights_only:
+            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
+                             "checkpoint holds the whole train state; load weights only with "
+                             "`LitModule.load_from_checkpoint(path)`.")
+        if self.state is None or self._module_for_compiled is None:
+            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
+                               "call it during or after Trainer.fit.")
+        path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
+        if path.exists():
+            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+        writer = CheckpointWriter(path.parent)
+        writer.prepare()
+        try:
+            writer.save(path.name, self.state, self.checkpoint_meta(self._module_for_compiled))
+            writer.wait()  # written (and its failure raised) before returning
+        finally:
+            writer.close()
+
+    def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
-        Stop decisions taken from host-local facts (time, signals) must pass through this, at a
+        Decisions taken from host-local facts (time, signals) must pass through this, at a
         place every process reaches, or one process leaves the loop while the others wait for
         it in a collective.
         """
         return agree(flag)
+
+    def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
+        """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
+        loop's progress, the data position, callback and logger states, hyperparameters.
+        Checkpoint callbacks call it when they save; the position is recorded as last saved."""
+        self._progress.last_saved = self._progress.position
+        return _resume.fit_meta(self, module)
 
     def _stop_agreed(self, *, synced: bool) -> bool:
         """`should_stop` as every process sees it; with several processes it is compared at sync
@@ -255,7 +380,7 @@ class Trainer:
         if jax.process_count() == 1:
             return self.should_stop
         if synced:
-            self.should_stop = self._agree(self.should_stop)
+            self.should_stop = self.agree(self.should_stop)
             return self.should_stop
         return False
 
@@ -284,8 +409,11 @@ class Trainer:
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
+        self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
+        hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
+        self._fitting = True
         try:
-            with _resume.stop_on_sigterm(self):
+            with _resume.stop_on_sigterm(self), self._compile_times:
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
@@ -295,147 +423,233 @@ class Trainer:
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
+            self._fitting = False
             self._feed = None  # the train data's copy on the devices
             self._window = None  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
+            self._hooks = hooks
+            self.profiler.describe()
+            self.profiler.teardown("fit")
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
-        self._last_window = None
         epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
         first = next(epoch_iter, None)
+        if first is None:  # limit_train_batches=0 trains nothing, but the model is built all the same
+            first = next(iter(train_loader), None)
+            epoch_iter = iter(())
         if first is None:
             raise ValueError("train_data is empty: its first epoch yielded no batch.")
         self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
-        self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
-                                                    options=self.step_options)
+        self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
+        self._train_size_known = True
+        module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
+        with self.profiler.profile("[build] state and programs"):
+            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+                                                        options=self.step_options)
         self._module_for_compiled = module
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
-        if ckpt_path is not None:  # state, counters, data position, callback and logger states
+        if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
+        self._val_every = checks.val_check_batches(self, self.num_training_batches,
+                                                   validating=self._validation_enabled(val_loader))
+        self._call("on_fit_start", module)
+        self._sanity_check(module, val_loader)
+        if not self._skip_training():
+            self._call("on_train_start", module)
+            while not self._done_training():
+                self._train_epoch(module, train_loader, val_loader, epoch_iter)
+                epoch_iter = None  # the next epoch's is made when (and if) it starts
+            self._sync_module(module)
+            self._call("on_train_end", module)
+        else:
+            self._sync_module(module)
+        self._call("on_fit_end", module)
 
-        self.num_training_batches = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
-        val_every = self._val_every(self.num_training_batches)
-        self._hooks.call("on_fit_start", self, module)
-        self._hooks.call("on_train_start", self, module)
+    def _train_epoch(self, module: LitModule, train_loader, val_loader, epoch_iter) -> None:
+        """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
+        offset, self._resume_at = self._resume_at, 0  # > 0 for an epoch resumed mid-way
+        if not offset:
+            self._epoch_acc = {}
+        self._progress.start_epoch(offset)
+        self._call("on_train_epoch_start", module)
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
         hook_batch = self._hook_batch_maker()
-
-        while not self._done_training():
-            offset, self._batch_offset = self._batch_offset, 0  # > 0 for an epoch resumed mid-way
-            if not offset:
-                self._epoch_acc = {}
-            self._batches_done = offset
-            self._hooks.call("on_train_epoch_start", self, module)
-            batch_idx = offset - 1
-            steps_left = None if self.max_steps is None else self.max_steps - self.global_step
-            # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
-            for chunk in self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left):
-                seen, batch_idx = batch_idx + 1, batch_idx + chunk.num_batches
-                batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
-                if wants_batch_start:
-                    self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
-                if chunk.on_device:
-                    step_fn = self._compiled.block_step
-                else:
-                    step_fn = self._compiled.train_step if chunk.full else self._compiled.train_tail_step
-                self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
-                self.global_step += chunk.num_steps
-                self._batches_done = batch_idx + 1
-                if self._window is not None and self._window.ready():
-                    self._finish_train_window()  # the last log step's values have arrived
-                if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
-                    outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
-                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
-                synced = _crossed(self.global_step - chunk.num_steps, self.global_step, self.log_every_n_steps)
-                if synced:
-                    self._start_train_window()  # no wait: read at a later step (`_window`)
-                if wants_batch_end:
-                    self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-                if self.received_sigterm:
-                    raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
-                if val_every and _crossed(seen, batch_idx + 1, val_every) and (batch_idx + 1) != self.num_training_batches:
-                    self._validate_during_fit(module, val_loader)
-                    synced = True
-                if self._stop_agreed(synced=synced) or (self.max_steps is not None and self.global_step >= self.max_steps):
-                    break
-            self._log_train_window()
-            self._log(_logged.compute(self._epoch_acc, self._compiled.log_specs, stage="train", epoch=True))
-            if self.check_val_every_n_epoch and (self.current_epoch + 1) % self.check_val_every_n_epoch == 0:
+        wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
+        block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
+                                             wrap(self._compiled.train_tail_step))
+        batch_idx = offset - 1
+        steps_left = None if self.max_steps is None else self.max_steps - self.global_step
+        ran_out = True
+        # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
+        chunks = self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left)
+        for chunk in self.profiler.wrap_batches(chunks):
+            batch_idx += chunk.num_batches
+            batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
+            if wants_batch_start:
+                self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
+            if chunk.on_device:
+                step_fn = block_step
+            else:
+                step_fn = train_step if chunk.full else tail_step
+            self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+            self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
+            if self._window is not None and self._window.ready():
+                self._finish_train_window()  # the last log step's values have arrived
+            if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
+                outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
+                                                       epoch=self.current_epoch, num_steps=chunk.num_steps)
+            synced = self.progress.crossed(self.log_every_n_steps)
+            if synced:
+                self._start_train_window()  # no wait: read at a later step (`_window`)
+            if wants_batch_end:
+                self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
+            if self.received_sigterm:
+                raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
+            stop = self._stop_agreed(synced=synced)
+            if self._val_due(val_loader, stop=stop):
                 self._validate_during_fit(module, val_loader)
-            self._hooks.call("on_train_epoch_end", self, module)
-            self.should_stop = self._agree(self.should_stop)
-            self.current_epoch += 1
-            epoch_iter = None  # the next epoch's is made when (and if) it starts
+                stop = self._stop_agreed(synced=True)
+            if (stop and self._can_stop_early()) or self._max_steps_reached():
+                ran_out = False
+                break
+        if ran_out and self._val_every is None and self._val_epoch_due(val_loader):
+            self._validate_during_fit(module, val_loader)  # data without a length: at its end
+        self._end_train_epoch(module)
 
-        self._sync_module(module)
-        self._hooks.call("on_train_end", self, module)
-        self._hooks.call("on_fit_end", self, module)
+    def _end_train_epoch(self, module: LitModule) -> None:
+        """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
+        self._finish_train_window()
+        self._start_train_window(log_rows=False)  # the steps since the last log step
+        self._finish_train_window()
+        specs = self._compiled.log_specs
+        self._log(_logged.compute(self._epoch_acc, specs, stage="train", epoch=True),
+                  aliases=_logged.plain_names(self._epoch_acc, specs, epoch=True))
+        self._progress.epoch_end_done = True
+        self._call("on_train_epoch_end", module)
+        self.should_stop = self.agree(self.should_stop)
+        if self.should_stop and not self._can_stop_early():
+            _accelerator.log.info(
+                "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
+                "been met. Training will continue...", self.min_epochs, self.min_steps)
+        self._progress.end_epoch()
+
+    # ------------------------------------------------------------------ when things happen
+
+    def _skip_training(self) -> bool:
+        """Lightning's `FitLoop.skip`: nothing to train (max_steps=0, max_epochs=0 or
+        limit_train_batches=0); fit still builds, sanity-checks and calls on_fit_start/end."""
+        return self.num_training_batches == 0 or self.limits["train"] == 0 or self._done_training()
+
+    def _max_steps_reached(self) -> bool:
+        return self.max_steps is not None and self.global_step >= self.max_steps
+
+    def _can_stop_early(self) -> bool:
+        """A stop request is obeyed once min_epochs and min_steps are met (Lightning)."""
+        return ((not self.min_epochs or self.current_epoch >= self.min_epochs)
+                and (not self.min_steps or self.global_step >= self.min_steps))
 
     def _done_training(self) -> bool:
         return (
-            self.should_stop
-            or (self.max_steps is not None and self.global_step >= self.max_steps)
+            self._max_steps_reached()
             or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
+            or (self.should_stop and self._can_stop_early())
         )
 
-    def _val_every(self, num_batches: int | None) -> int | None:
-        if self.val_check_interval is None:
-            return None
-        if isinstance(self.val_check_interval, float):
-            if num_batches is None:
-                raise ValueError("a float val_check_interval needs train data with a known length (len())")
-            return max(1, int(num_batches * self.val_check_interval))
-        return self.val_check_interval
+    def _validation_enabled(self, val_loader) -> bool:
+        return val_loader is not None and self.limits["val"] != 0
 
-    def _log_train_window(self) -> None:
-        """Logs every train value accumulated so far (sync point): the window on its way and the
-        steps since."""
-        self._start_train_window()
-        self._finish_train_window()
+    def _val_epoch_due(self, val_loader) -> bool:
+        n = self.check_val_every_n_epoch
+        return self._validation_enabled(val_loader) and (n is None or (self.current_epoch + 1) % n == 0)
 
-    def _start_train_window(self) -> None:
-        """Starts fetching the accumulators (reset on device) for `_finish_train_window`."""
+    def _val_due(self, val_loader, *, stop: bool) -> bool:
+        """Lightning's `_should_check_val_fx`, after each call of the train step: every
+        `val_check_interval` batches (counted in the epoch, or over the run when
+        check_val_every_n_epoch is None; a float: that fraction of the epoch's batches, rounded
+        down, so an epoch may end without one), and at a stop request that will be obeyed."""
+        if not self._val_epoch_due(val_loader):
+            return False
+        if stop and self._can_stop_early():
+            return True
+        across = self.check_val_every_n_epoch is None
+        return self._val_every is not None and self.progress.crossed_batches(self._val_every, across_epochs=across)
+
+    # ------------------------------------------------------------------ logs and validation
+
+    def _start_train_window(self, *, log_rows: bool = True) -> None:
+        """Starts fetching the accumulators (reset on device) for `_finish_train_window`;
+        `log_rows=False`: they only join the epoch's means (the end of an epoch)."""
         self._finish_train_window()
         self.state, self._window = _log_fetch.start(self.state, self._compiled.reset_metrics, step=self.global_step,
-                                                 epoch=self.current_epoch, batches_done=self._batches_done)
+                                                    epoch=self.current_epoch, batches_done=self._progress.batches_done)
+        self._window_rows = log_rows
 
     def _finish_train_window(self) -> None:
-        """Logs the means of the window on its way, if any, at the step it ended (waits for it)."""
+        """Logs the means of the window on its way, if any, at the step it ended (waits for it).
+
+        Rows are written at step `global_step - 1` of the step that ended the window, as
+        Lightning does (its first row of `log_every_n_steps=n` is at step n-1)."""
         window, self._window = self._window, None
         if window is None:
             return
-        host, extra = window.read()
+        with self.profiler.profile("[sync] log step values"):  # waits for the device
+            host, extra = window.read()
         if not any(w > 0 for _, w in host.values()):
             return
-        at = {"step": window.step, "epoch": window.epoch}
-        self._log({name: float(value) for name, value in extra.items()}, **at)
         specs = self._compiled.log_specs
         self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
-        values = _logged.compute(_logged.keep(host, specs, "on_step"), specs, stage="train", epoch=False)
+        if not self._window_rows:
+            return
+        at = {"step": window.step - 1, "epoch": window.epoch}
+        self._log({name: float(value) for name, value in extra.items()}, **at)
+        on_step = _logged.keep(host, specs, "on_step")
+        values = _logged.compute(on_step, specs, stage="train", epoch=False)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, specs))
-        self._log(values, **at)
-        self._last_window = (window.epoch, window.batches_done, window.step)
+        self._log(values, aliases=_logged.plain_names(on_step, specs, epoch=False), **at)
+        self._progress.last_logged = Position(window.epoch, window.batches_done, window.step)
 
     def _validate_during_fit(self, module: LitModule, val_loader) -> None:
-        if val_loader is None:
-            return
         self._finish_train_window()  # callbacks of validation see every train value up to now
-        self._hooks.call("on_validation_start", self, module)
-        self._hooks.call("on_validation_epoch_start", self, module)
-        results = self._evaluate(
+        with self.profiler.profile("[loop] validation"):
+            self._validate_in_fit(module, val_loader)
+
+    def _validate_in_fit(self, module: LitModule, val_loader) -> None:
+        self._call("on_validation_start", module)
+        self._call("on_validation_epoch_start", module)
+        results, aliases = self._evaluate(
             module, val_loader, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
         )
         self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
-        self._log(results)
-        self._hooks.call("on_validation_epoch_end", self, module)
-        self._hooks.call("on_validation_end", self, module)
+        self._log(results, aliases=aliases)
+        self._progress.last_validated = self._progress.position
+        self._call("on_validation_epoch_end", module)
+        self._call("on_validation_end", module)
+
+    def _sanity_check(self, module: LitModule, val_loader) -> None:
+        """Lightning's sanity check: `num_sanity_val_steps` validation batches before training,
+        with the validation hooks (`trainer.sanity_checking` is True); nothing is logged."""
+        if not self.num_sanity_val_steps or not self._validation_enabled(val_loader):
+            return
+        limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        self.sanity_checking = True
+        try:
+            self._call("on_sanity_check_start", module)
+            self._call("on_validation_start", module, log=False)
+            self._call("on_validation_epoch_start", module, log=False)
+            self._evaluate(module, val_loader, self._eval_params(), self.state.model_state, self.state.rng,
+                           stage="val", limit=limit)
+            self._call("on_validation_epoch_end", module, log=False)
+            self._call("on_validation_end", module, log=False)
+        finally:
+            self.sanity_checking = False
+        self._call("on_sanity_check_end", module)
 
     # ---------------------------------------------------------------- validate / test / predict
 
@@ -461,12 +675,12 @@ class Trainer:
         self._hooks.call("setup", self, module, name)
         try:
             params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
-            self._hooks.call(f"on_{hook}_start", self, module)
-            self._hooks.call(f"on_{hook}_epoch_start", self, module)
-            results = self._evaluate(module, loader, params, model_state, rng, stage=stage)
-            self._log(results)
-            self._hooks.call(f"on_{hook}_epoch_end", self, module)
-            self._hooks.call(f"on_{hook}_end", self, module)
+            self._call(f"on_{hook}_start", module)
+            self._call(f"on_{hook}_epoch_start", module)
+            results, aliases = self._evaluate(module, loader, params, model_state, rng, stage=stage)
+            self._log(results, aliases=aliases)
+            self._call(f"on_{hook}_epoch_end", module)
+            self._call(f"on_{hook}_end", module)
         finally:
             self._hooks.call("teardown", self, module, name)
         for logger in self.loggers:
@@ -521,30 +735,35 @@ class Trainer:
         module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
         return variables
 
-    def _evaluate(self, module, loader, params, model_state, rng, *, stage: str) -> HostMetrics:
-        """Loss and metrics over the whole of `loader`, each example counted once."""
+    def _evaluate(self, module, loader, params, model_state, rng, *, stage: str, limit: int | None = None
+                  ) -> tuple[HostMetrics, HostMetrics]:
+        """Loss and metrics over the whole of `loader` (its first `limit` batches), each example
+        counted once; and the plain names Lightning adds to `callback_metrics` (see
+        `_logged.plain_names`)."""
         eval_step, names = self._compiled.evaluator(stage)
         acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         if stage == "val":
-            self.num_val_batches = checks.apply_limit(self.limits["val"], _maybe_len(loader))
-        for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True)):
+            self.num_val_batches = checks.apply_limit(limit or self.limits["val"], _maybe_len(loader))
+        for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
             acc = eval_step(params, model_state, rng, acc, batch, mask)
             if wants_batch_end:
                 self._hooks.call(hook, self, module, None, batch, batch_idx)
         host = jax.device_get(acc)  # sync point: once per evaluation
-        return _logged.compute(host, self._compiled.log_specs, stage=stage, epoch=True)
+        specs = self._compiled.log_specs
+        return (_logged.compute(host, specs, stage=stage, epoch=True),
+                _logged.plain_names(host, specs, epoch=True))
 
-    def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True
-                      ) -> Iterator[tuple[Batch, Any]]:
+    def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
+                      limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
         """Batches padded to one shape (the first batch's size, rounded up to a multiple of the
         device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`.
 
         With several processes each pads its own slice, to the loader's `local_batch_size` when
         it has one: a process's slice of the last batch may be smaller or empty, and all must
         agree on the shape (the global padded batch is then the single-process one)."""
-        limit = checks.apply_limit(self.limits[stage], _maybe_len(loader))
+        limit = checks.apply_limit(limit or self.limits[stage], _maybe_len(loader))
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards
@@ -617,15 +836,35 @@ class Trainer:
         while queue:
             yield queue.popleft()
 
-    def _log(self, values: HostMetrics, *, step: int | None = None, epoch: int | None = None) -> None:
-        """Records `values` as the latest and writes them to the loggers at `step` (default: now)."""
-        if not values:
+    def _log(self, values: HostMetrics, *, step: int | None = None, epoch: int | None = None,
+             aliases: HostMetrics | None = None) -> None:
+        """Records `values` as the latest and writes them to the loggers at `step`; `aliases`
+        (Lightning's plain names of forked values) go to `callback_metrics` only.
+
+        The default step is Lightning's: during fit the index of the last step taken
+        (`global_step - 1`), else `global_step`."""
+        if aliases:
+            self._callback_metrics.update(aliases)
+        compiled = self._compile_times.take()  # compile/<program>_s: for the loggers, not the callbacks
+        if not values and not compiled:
             return
-        self.callback_metrics.update(values)
-        self.logged_metrics.update(values)
-        row = {**values, "epoch": float(self.current_epoch if epoch is None else epoch)}
-        for logger in self.loggers:
-            logger.log_metrics(row, step=self.global_step if step is None else step)
+        self._callback_metrics.update(values)
+        self.logged_metrics.update({**values, **compiled})
+        if step is None:
+            step = max(self.global_step - 1, 0) if self._fitting else self.global_step
+        row = {**values, **compiled, "epoch": float(self.current_epoch if epoch is None else epoch)}
+        with self.profiler.profile("[log] loggers"):
+            for logger in self.loggers:
+                logger.log_metrics(row, step=step)
+
+    def _call(self, hook: str, module: LitModule, *args: Any, log: bool = True) -> None:
+        """Calls `hook` on the module and the callbacks; logs what the module's hook passed to
+        `self.log` (host values, under the names given), unless `log` is False (sanity check)."""
+        logged = self._hooks.call(hook, self, module, *args)
+        if logged and log:
+            values = _logged.host_values(logged, owner=type(module).__name__, hook=hook)
+            self.progress_bar_metrics.update({k: values[k] for k in logged.specs if logged.specs[k].prog_bar})
+            self._log(values)
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
@@ -670,11 +909,6 @@ class Trainer:
         return as_loader(data, name="data")
 
 
-
-
-def _crossed(before: int, after: int, every: int) -> bool:
-    """Whether a multiple of `every` lies in (before, after] (a chunk may advance by several)."""
-    return after // every > before // every
 
 
 def _maybe_len(loader) -> int | None:

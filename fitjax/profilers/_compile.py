@@ -1,0 +1,94 @@
+"""Compile time per program, from the duration events JAX records for each compilation.
+
+JAX reports, per jitted function name, the time to trace it, to lower it to MLIR and to compile
+it with XLA (or fetch it from the persistent cache). The listener runs only when JAX compiles,
+so a fit pays nothing per step for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import threading
+
+import jax
+
+__all__ = ["CompileTimes"]
+
+_EVENTS = frozenset({
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+})
+#: Programs compiled faster than this are logged together as `compile/other_s`.
+MIN_SECONDS = 0.1
+_NOT_IN_KEY = re.compile(r"[^A-Za-z0-9_]+")
+_WRAPPED = re.compile(r"(?:jit|pjit|pmap)\((.*)\)")  # JAX names the lowering "jit(<function>)"
+
+
+def program_key(fun_name: str) -> str:
+    """A jitted function's name as a metric key part: `compile/<program>_s`.
+
+    Example:
+        >>> program_key("jit(train_step)"), program_key("<lambda>")
+        ('train_step', 'lambda')
+    """
+    wrapped = _WRAPPED.fullmatch(fun_name)
+    if wrapped:
+        fun_name = wrapped.group(1)
+    return _NOT_IN_KEY.sub("_", fun_name).strip("_") or "program"
+
+
+class CompileTimes:
+    """Collects compile seconds per program while entered (re-entrant use is not supported).
+
+    Example:
+        >>> def add_one(x):
+        ...     return x + 1
+        >>> with CompileTimes() as times:
+        ...     _ = jax.jit(add_one)(1.0)
+        >>> list(times.take_each())
+        ['add_one']
+    """
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, list[float]] = collections.defaultdict(list)
+        self._lock = threading.Lock()
+        self._active = False
+
+    def _listen(self, event: str, duration: float, **kwargs) -> None:
+        if event in _EVENTS:
+            with self._lock:
+                self._seconds[program_key(str(kwargs.get("fun_name", "program")))].append(duration)
+
+    def __enter__(self) -> CompileTimes:
+        if not self._active:
+            jax.monitoring.register_event_duration_secs_listener(self._listen)
+            self._active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._active:
+            jax.monitoring.unregister_event_duration_listener(self._listen)
+            self._active = False
+
+    def take(self) -> dict[str, float]:
+        """`{"compile/<program>_s": seconds}` since the last take, each program's compilations
+        summed; programs under `MIN_SECONDS` (JAX's eager one-op programs, mostly) are summed
+        into `compile/other_s`."""
+        logged: dict[str, float] = {}
+        other = 0.0
+        for name, values in self.take_each().items():
+            if sum(values) >= MIN_SECONDS:
+                logged[f"compile/{name}_s"] = sum(values)
+            else:
+                other += sum(values)
+        if other:
+            logged["compile/other_s"] = other
+        return logged
+
+    def take_each(self) -> dict[str, list[float]]:
+        """Each program's durations since the last take (trace, lowering and compile events)."""
+        with self._lock:
+            taken, self._seconds = dict(self._seconds), collections.defaultdict(list)
+        return taken

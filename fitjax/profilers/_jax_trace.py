@@ -1,0 +1,109 @@
+"""`JaxProfiler`: a `jax.profiler` trace of chosen train steps, where TensorBoard's profile tab reads it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from fitjax.profilers._base import Profiler
+
+__all__ = ["JaxProfiler"]
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"JaxProfiler({name}=...) must be an int >= {minimum}; got {value!r}.")
+    return value
+
+
+class JaxProfiler(Profiler):
+    """Traces train steps `start_step` to `start_step + num_steps - 1` with `jax.profiler`.
+
+    The trace (host and device timelines, XLA ops, memory) lands in
+    `<log dir>/plugins/profile/<timestamp>/`: `tensorboard --logdir <log dir>` shows it in the
+    PROFILE tab (`pip install -e ".[profile]"` adds the plugin). Each traced step is a
+    `jax.profiler.StepTraceAnnotation("train", step_num=<n>)`, so the trace viewer and the
+    overview page separate steps; phases the loop reports while tracing (data waits, validation,
+    logging, callbacks) appear as named host ranges. Steps count calls of the train step in this
+    fit, from 0 (the first call, which also compiles: the default starts after it). The last
+    traced step is waited for before the trace stops, so its device work is in the trace.
+
+    Args:
+        dirpath: Folder the trace goes under (as `<dirpath>/plugins/profile/...`); default the
+            trainer's log dir (or `default_root_dir`).
+        start_step: The first traced call of the train step (0-based).
+        num_steps: How many calls to trace.
+
+    Example:
+        >>> import fitjax as fj
+        >>> trainer = fj.Trainer(max_epochs=1, profiler=fj.profilers.JaxProfiler(start_step=5, num_steps=3))
+    """
+
+    def __init__(self, dirpath: str | os.PathLike[str] | None = None, *, start_step: int = 2,
+                 num_steps: int = 3) -> None:
+        super().__init__(dirpath, None)
+        self.start_step = _check_count("start_step", start_step, 0)
+        self.num_steps = _check_count("num_steps", num_steps, 1)
+        self.trace_dir: Path | None = None  # the run folder of the trace, once written
+        self._calls = 0
+        self._tracing = False
+
+    def setup(self, stage, log_dir=None) -> None:
+        super().setup(stage, log_dir)
+        self._calls = 0
+
+    def start(self, action_name: str) -> None:
+        pass  # phases are annotated through `profile`, only while the trace runs
+
+    def stop(self, action_name: str) -> None:
+        pass
+
+    def profile(self, action_name: str) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return jax.profiler.TraceAnnotation(action_name) if self._tracing else contextlib.nullcontext()
+
+    def wrap_step(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        first, end = self.start_step, self.start_step + self.num_steps
+
+        def traced(*args: Any) -> Any:
+            n = self._calls
+            self._calls += 1
+            if n < first or n >= end:
+                return step(*args)
+            if n == first:
+                self._start_trace()
+            with jax.profiler.StepTraceAnnotation("train", step_num=n):
+                out = step(*args)
+            if n == end - 1:
+                jax.block_until_ready(out)  # the last step's device work belongs in the trace
+                self._stop_trace()
+            return out
+
+        return traced
+
+    def teardown(self, stage: str) -> None:
+        self._stop_trace()  # fit ended (or failed) inside the traced steps
+
+    def describe(self) -> None:
+        if self.trace_dir is not None and jax.process_index() == 0:
+            print(f"JaxProfiler: trace of train steps {self.start_step}..{self.start_step + self.num_steps - 1} "
+                  f"in {self.trace_dir} (tensorboard --logdir {self.dirpath}, PROFILE tab)", flush=True)
+
+    def _start_trace(self) -> None:
+        root = self.dirpath or Path.cwd()
+        before = set((root / "plugins" / "profile").glob("*"))
+        self._root, self._before = root, before
+        jax.profiler.start_trace(str(root))
+        self._tracing = True
+
+    def _stop_trace(self) -> None:
+        if not self._tracing:
+            return
+        self._tracing = False
+        jax.profiler.stop_trace()
+        new = sorted(set((self._root / "plugins" / "profile").glob("*")) - self._before)
+        self.trace_dir = new[-1] if new else None

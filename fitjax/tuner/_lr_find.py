@@ -1,0 +1,110 @@
+"""The learning-rate range test (Lightning's `Tuner.lr_find`) and its result."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+__all__ = ["LRFinder", "learning_rates", "lr_values", "set_learning_rate"]
+
+_MODES = ("exponential", "linear")
+
+
+def lr_values(min_lr: float, max_lr: float, num_training: int, mode: str) -> np.ndarray:
+    """The learning rate of each of the `num_training` steps, from `min_lr` to `max_lr`."""
+    t = np.arange(num_training) / max(num_training - 1, 1)
+    if mode == "exponential":
+        return min_lr * (max_lr / min_lr) ** t
+    return min_lr + (max_lr - min_lr) * t
+
+
+# `optax.inject_hyperparams` states (the stateful variant is what recent optax returns)
+_INJECTED = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
+                  if hasattr(optax, name))
+
+
+def _is_injected(x: Any) -> bool:
+    return isinstance(x, _INJECTED) and "learning_rate" in x.hyperparams
+
+
+def has_learning_rate(opt_state: Any) -> bool:
+    return any(_is_injected(x) for x in jax.tree.leaves(opt_state, is_leaf=_is_injected))
+
+
+def learning_rates(opt_state: Any) -> list[float]:
+    """Every `optax.inject_hyperparams` learning rate in `opt_state` (host values: a sync)."""
+    return [float(x.hyperparams["learning_rate"]) for x in jax.tree.leaves(opt_state, is_leaf=_is_injected)
+            if _is_injected(x)]
+
+
+def set_learning_rate(opt_state: Any, lr: float) -> Any:
+    """`opt_state` with every `optax.inject_hyperparams` learning rate set to `lr` (same device
+    placement and dtype: the step was compiled for them)."""
+    def put(x):
+        if not _is_injected(x):
+            return x
+        old = x.hyperparams["learning_rate"]
+        new = jax.device_put(jnp.asarray(lr, old.dtype), old.sharding)
+        return x._replace(hyperparams={**x.hyperparams, "learning_rate": new})
+
+    return jax.tree.map(put, opt_state, is_leaf=_is_injected)
+
+
+class LRFinder:
+    """What `Tuner.lr_find` measured: `results = {"lr": [...], "loss": [...]}` (the loss smoothed
+    as Lightning smooths it: an exponential average with bias correction, beta 0.98).
+
+    Example:
+        >>> # finder = fj.Tuner(trainer).lr_find(module, train_loader)
+        >>> # lr = finder.suggestion(); fig = finder.plot(suggest=True)
+    """
+
+    def __init__(self, mode: str, lrs: list[float], losses: list[float], log_dir: str | None):
+        self.mode = mode
+        self.results = {"lr": list(lrs), "loss": list(losses)}
+        self.log_dir = log_dir
+        self.plot_path: str | None = None
+        self._optimal_idx: int | None = None
+
+    def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
+        """The learning rate where the smoothed loss falls fastest (its most negative difference
+        per step), skipping the first `skip_begin` and last `skip_end` points, as Lightning does.
+        None when fewer than two finite points remain."""
+        losses = np.asarray(self.results["loss"], np.float64)
+        index = np.arange(len(losses))[skip_begin:len(losses) - skip_end]
+        finite = index[np.isfinite(losses[index])]
+        if len(finite) < 2:
+            self._optimal_idx = None
+            return None
+        self._optimal_idx = int(finite[np.argmin(np.gradient(losses[finite]))])
+        return float(self.results["lr"][self._optimal_idx])
+
+    def plot(self, suggest: bool = False, *, path: str | os.PathLike | None = None):
+        """A matplotlib figure of loss against learning rate (log scale in "exponential" mode), the
+        suggestion marked when `suggest`; also saved as PNG at `path` (default
+        `<log dir>/lr_find.png`; `.plot_path` says where)."""
+        try:
+            from matplotlib.figure import Figure
+        except ImportError as exc:  # an optional extra
+            raise ImportError("LRFinder.plot needs matplotlib: `pip install 'fitjax[plot]'`.") from exc
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        ax.plot(self.results["lr"], self.results["loss"])
+        if self.mode == "exponential":
+            ax.set_xscale("log")
+        ax.set_xlabel("Learning rate")
+        ax.set_ylabel("Loss")
+        if suggest:
+            lr = self.suggestion()
+            if lr is not None:
+                ax.plot(lr, self.results["loss"][self._optimal_idx], markersize=10, marker="o", color="red")
+        path = path if path is not None else os.path.join(self.log_dir or os.getcwd(), "lr_find.png")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path)  # no pyplot: the Agg canvas, no display needed
+        self.plot_path = os.fspath(path)
+        return fig

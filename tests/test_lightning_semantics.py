@@ -1,0 +1,273 @@
+"""The loop's schedule, as Lightning's own test-suite pins it.
+
+Each expected value below is what Lightning 2.6 gives for the same scenario (a script ran it on
+`lightning.pytorch` with a BoringModel-sized module; its numbers are copied here), and each test
+names the Lightning test that asserts the same fact. Positions are `(epoch, batches done in the
+epoch, global step)` at `on_validation_start`, sanity check excluded.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import MLP, Regressor, quiet_trainer, regression_data
+
+import fitjax as fj
+
+
+class Recorder(fj.Callback):
+    """What the hooks saw: validations (sanity check apart), which hooks ran, saves."""
+
+    def __init__(self):
+        self.vals, self.sanity, self.hooks, self.saved = [], 0, [], set()
+
+    def on_fit_start(self, trainer, module):
+        self.hooks.append("on_fit_start")
+
+    def on_train_start(self, trainer, module):
+        self.hooks.append("on_train_start")
+
+    def on_validation_start(self, trainer, module):
+        if trainer.sanity_checking:
+            self.sanity += 1
+        else:
+            p = trainer.progress
+            self.vals.append((p.epoch, p.batches_done, p.global_step))
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.progress.last_saved is not None:
+            self.saved.add(trainer.progress.last_saved.step)
+
+
+def _fit(batches, val=True, *, batch_size=4, **kwargs):
+    recorder = Recorder()
+    kwargs.setdefault("strategy", "single")
+    trainer = quiet_trainer(callbacks=[recorder, *kwargs.pop("callbacks", [])], **kwargs)
+    train = fj.DataLoader(regression_data(n=batches * batch_size), batch_size=batch_size)
+    val_data = fj.DataLoader(regression_data(n=8, seed=1), batch_size=4) if val else None
+    trainer.fit(Regressor(batchnorm=False), train, val_data)
+    return trainer, recorder
+
+
+@pytest.mark.parametrize(
+    "batches, kwargs, vals, global_step, epoch",
+    [
+        # test_val_check_interval.py::test_val_check_interval_with_check_val_every_n_epoch_none
+        # style: an int interval counts batches over the whole run
+        (4, dict(max_epochs=3, val_check_interval=3, check_val_every_n_epoch=None),
+         [(0, 3, 3), (1, 2, 6), (2, 1, 9), (2, 4, 12)], 12, 3),
+        # test_val_check_interval.py::test_val_check_interval (denominator 3): 1/3 of 64 is
+        # every 21 batches; no validation at batch 64
+        (64, dict(max_epochs=2, val_check_interval=1 / 3),
+         [(0, 21, 21), (0, 42, 42), (0, 63, 63), (1, 21, 85), (1, 42, 106), (1, 63, 127)], 128, 2),
+        # test_trainer.py::test_check_val_every_n_epoch
+        (4, dict(max_epochs=4, check_val_every_n_epoch=2), [(1, 4, 8), (3, 4, 16)], 16, 4),
+        # test_trainer.py::test_trainer_max_steps_and_epochs: max_steps mid-epoch, no validation
+        (8, dict(max_steps=5), [], 5, 1),
+        # test_trainer.py::test_trainer_max_steps_and_epochs_validation (-1: no limit)
+        (4, dict(max_epochs=-1, max_steps=10), [(0, 4, 4), (1, 4, 8)], 10, 3),
+        (4, dict(max_epochs=2, max_steps=-1), [(0, 4, 4), (1, 4, 8)], 8, 2),
+    ],
+)
+def test_validation_runs_where_lightning_runs_it(batches, kwargs, vals, global_step, epoch):
+    """Lightning's tests named in each case; `trainer.current_epoch` counts the finished ones."""
+    trainer, recorder = _fit(batches, **kwargs)
+    assert recorder.vals == vals
+    assert (trainer.global_step, trainer.current_epoch, recorder.sanity) == (global_step, epoch, 1)
+
+
+def test_validation_with_accumulation_runs_at_the_next_optimizer_step():
+    """Lightning (test_val_check_interval.py counts; loops/test_training_loop.py) validates after
+    batches 3 and 6 of 8 with val_check_interval=3 and accumulate_grad_batches=2, at global steps
+    1 and 3. fitjax steps two batches at a time (one jitted step): the same two validations, each
+    at the end of the optimizer step that holds the batch (docs/porting.md)."""
+    trainer, recorder = _fit(8, max_epochs=1, val_check_interval=3, accumulate_grad_batches=2)
+    assert recorder.vals == [(0, 4, 2), (0, 6, 3)]
+    assert trainer.global_step == 4
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_steps=0), dict(max_epochs=0), dict(max_epochs=2, limit_train_batches=0)])
+def test_nothing_to_train_still_fits_without_training(kwargs):
+    """test_trainer.py::test_disabled_training / loops' `FitLoop.skip`: max_steps=0, max_epochs=0
+    or limit_train_batches=0 run on_fit_start and the sanity check, never on_train_start."""
+    trainer, recorder = _fit(4, **kwargs)
+    assert (trainer.global_step, trainer.current_epoch, recorder.vals, recorder.sanity) == (0, 0, [], 1)
+    assert recorder.hooks == ["on_fit_start"]
+
+
+def test_limit_val_batches_zero_calls_no_validation_hook():
+    """test_trainer.py::test_disabled_validation: limit_val_batches=0, no validation at all."""
+    trainer, recorder = _fit(4, max_epochs=2, limit_val_batches=0)
+    assert (recorder.vals, recorder.sanity, trainer.global_step) == ([], 0, 8)
+
+
+def test_lightning_raises_where_fitjax_raises():
+    """test_val_check_interval.py::test_invalid_val_check_interval (int above the epoch) and
+    ::test_val_check_interval_float_with_none_check_val_every_n_epoch."""
+    with pytest.raises(ValueError, match=r"val_check_interval=10\) must be at most the number of train batches "
+                                         r"per epoch \(4\).*check_val_every_n_epoch=None"):
+        _fit(4, max_epochs=1, val_check_interval=10)
+    with pytest.raises(ValueError, match=r"val_check_interval=0.5\) must be an int .* check_val_every_n_epoch=None"):
+        fj.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None, logger=False)
+    with pytest.raises(ValueError, match=r"max_steps=\.\.\.\) must be an int >= 0, -1 \(no limit\) or None, got -2"):
+        fj.Trainer(max_steps=-2, logger=False)
+
+
+def test_fast_dev_run_validates_and_never_stops_early():
+    """test_trainer.py::test_trainer_fast_dev_run (Lightning forces check_val_every_n_epoch=1, no
+    sanity check) and callbacks/test_early_stopping.py: EarlyStopping does not check."""
+    stopper = fj.EarlyStopping("val/loss", mode="max", patience=0)
+    trainer, recorder = _fit(8, fast_dev_run=2, check_val_every_n_epoch=2, callbacks=[stopper])
+    assert (recorder.vals, recorder.sanity, trainer.global_step) == ([(0, 2, 2)], 0, 2)
+    assert (stopper.stopped_epoch, stopper.wait_count) == (0, 0)
+
+
+def test_min_epochs_beats_an_early_stop():
+    """callbacks/test_early_stopping.py::test_min_epochs_min_steps_global_step: a stop asked at
+    every epoch end waits for min_epochs=3."""
+    always = fj.EarlyStopping("train/loss_epoch", stopping_threshold=1e9)  # stop at every check
+    trainer, recorder = _fit(4, max_epochs=10, min_epochs=3, callbacks=[always])
+    assert (trainer.global_step, trainer.current_epoch, always.stopped_epoch) == (12, 3, 2)
+    assert recorder.vals == [(0, 4, 4), (1, 4, 8), (2, 4, 12)]
+
+
+def test_min_steps_beats_an_early_stop_and_validates_at_the_stop():
+    """test_early_stopping.py::test_min_epochs_min_steps_global_step with min_steps=6: the stop
+    asked at the end of epoch 0 takes effect at step 6, mid-epoch, which validates there
+    (Lightning's `_should_check_val_fx`: a stop that will be obeyed validates)."""
+    always = fj.EarlyStopping("train/loss_epoch", stopping_threshold=1e9)
+    trainer, recorder = _fit(4, max_epochs=10, min_steps=6, callbacks=[always])
+    assert (trainer.global_step, trainer.current_epoch, always.stopped_epoch) == (6, 2, 1)
+    assert recorder.vals == [(0, 4, 4), (1, 2, 6)]
+
+
+def test_several_steps_per_call_save_at_the_first_step_after_each_multiple(tmp_path):
+    """checkpointing/test_model_checkpoint.py::test_model_checkpoint_every_n_train_steps with
+    Lightning's one step per call saves at every multiple of 10; with 8 steps per call the
+    multiples 10, 20, ..., 80 are crossed by the calls ending at 16, 24, 32, 40, 56, 64, 72, 80
+    (`trainer.progress.crossed(10)`), not only at 40 and 80."""
+    saves = fj.ModelCheckpoint(tmp_path, every_n_train_steps=10, save_top_k=-1)
+    trainer, recorder = _fit(80, False, max_epochs=1, steps_per_execution=8, callbacks=[saves],
+                             enable_checkpointing=True)
+    assert sorted(recorder.saved) == [16, 24, 32, 40, 56, 64, 72]  # seen at the next batch's start
+    assert trainer.progress.last_saved.step == 80  # the last call's save, after the epoch's end
+
+
+class LitLogs(fj.LitModule):
+    """Lightning-style logging: a value on step and epoch, and `self.log` in host-side hooks."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = MLP(batchnorm=False)
+
+    def training_step(self, batch, batch_idx):
+        loss = ((self.model(batch["x"], train=True) - batch["y"]) ** 2).mean()
+        self.log("a", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("v", ((self.model(batch["x"], train=False) - batch["y"]) ** 2).mean(), on_step=True, on_epoch=True)
+
+    def on_train_epoch_end(self):
+        self.log("host_epoch", 1.0 + self.current_epoch_seen)
+
+    def on_train_epoch_start(self):
+        self.current_epoch_seen = getattr(self, "current_epoch_seen", -1) + 1
+
+    def on_validation_epoch_end(self):
+        self.log("host_val", jnp.float32(5.0))
+
+    def configure_optimizers(self):
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=0.01)
+
+
+def test_rows_and_callback_metrics_of_a_lightning_style_module(tmp_path):
+    """trainer/logging_/test_train_loop_logging.py::test__training_step__log and
+    test_logger_connector.py: rows of `log_every_n_steps=4` at steps 3, 7, 11, 15 (no partial row
+    at an epoch's end), epoch means and validation at each epoch's last step (7, 15),
+    `callback_metrics` with the plain name of an on_step+on_epoch value, host-hook values and
+    the LearningRateMonitor's value. Lightning's rows for the same run:
+    a_step 3 7 11 15; a_epoch, host_epoch, v_epoch, host_val 7 15."""
+    trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=4,
+                            logger=fj.CSVLogger(tmp_path, name="csv"), callbacks=[fj.LearningRateMonitor()])
+    trainer.fit(LitLogs(), fj.DataLoader(regression_data(n=64), batch_size=8),
+                fj.DataLoader(regression_data(n=16, seed=1), batch_size=8))
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    steps = {key: [int(r["step"]) for r in rows if r.get(key)] for key in rows[0]}
+    assert steps["a_step"] == steps["lr"] == [3, 7, 11, 15]
+    assert steps["a_epoch"] == steps["host_epoch"] == steps["v_epoch"] == steps["host_val"] == [7, 15]
+    assert [float(r["host_epoch"]) for r in rows if r["host_epoch"]] == [1.0, 2.0]
+    metrics = trainer.callback_metrics
+    assert {"a", "a_step", "a_epoch", "v", "v_epoch", "host_epoch", "host_val", "lr"} <= set(metrics)
+    assert metrics["a"] == metrics["a_epoch"] and metrics["v"] == metrics["v_epoch"]
+    assert "a" not in trainer.logged_metrics and metrics["lr"] == pytest.approx(0.01)
+    assert isinstance(trainer.log_dir, str) and trainer.log_dir.endswith("version_0")
+
+
+class Scheduled(Regressor):
+    """Reads `self.trainer.estimated_stepping_batches` in `configure_optimizer`, as Lightning
+    projects size their schedules."""
+
+    def configure_optimizer(self):
+        self.total_steps = self.trainer.estimated_stepping_batches
+        return optax.sgd(optax.linear_schedule(0.05, 0.0, self.total_steps))
+
+
+@pytest.mark.parametrize("accumulate, expected", [(1, 20), (3, 8)])
+def test_estimated_stepping_batches(accumulate, expected):
+    """trainer/properties/test_estimated_stepping_batches.py::test_num_stepping_batches_basic and
+    ::test_num_stepping_batches_accumulate_gradients: 10 batches (limit_train_batches=10 of 20) x 2
+    epochs = 20 steps, ceil(10 / 3) x 2 = 8 with accumulate_grad_batches=3; the fit takes them all."""
+    trainer = quiet_trainer(max_epochs=2, limit_train_batches=10, accumulate_grad_batches=accumulate,
+                            strategy="single")
+    module = Scheduled(batchnorm=False)
+    trainer.fit(module, fj.DataLoader(regression_data(n=40), batch_size=2))
+    assert module.total_steps == trainer.estimated_stepping_batches == trainer.global_step == expected
+
+
+def test_estimated_stepping_batches_without_data():
+    """::test_num_stepping_batches_with_max_steps (7) and ::test_num_stepping_batches_infinite_training
+    (inf); before fit knows the data, the epoch-bound estimate is an error saying when it is known."""
+    assert fj.Trainer(max_steps=7, max_epochs=-1, logger=False).estimated_stepping_batches == 7
+    assert fj.Trainer(max_epochs=-1, logger=False).estimated_stepping_batches == float("inf")
+    with pytest.raises(RuntimeError, match="known once Trainer.fit has its train data"):
+        fj.Trainer(max_epochs=2, logger=False).estimated_stepping_batches
+
+
+def test_save_checkpoint_then_resume_exactly(tmp_path):
+    """checkpointing/test_trainer_checkpoint.py::test_finetuning_with_ckpt_path style:
+    `trainer.save_checkpoint(path)` after fit, then `fit(ckpt_path=path)` continues at step 8 of
+    16 with the same numbers as one uninterrupted run."""
+    data = fj.DataLoader(regression_data(n=32), batch_size=4)  # 8 batches
+    first = quiet_trainer(max_epochs=1, strategy="single")
+    first.fit(Regressor(batchnorm=False), data)
+    first.save_checkpoint(tmp_path / "manual")
+    meta = fj.checkpoint.read_meta(tmp_path / "manual")
+    assert (meta["global_step"], meta["epoch"], meta["progress"]["last_saved"]) == (8, 1, [1, 0, 8])
+    with pytest.raises(FileExistsError, match="manual' exists"):
+        first.save_checkpoint(tmp_path / "manual")
+
+    resumed = quiet_trainer(max_epochs=2, strategy="single")
+    resumed.fit(Regressor(batchnorm=False), data, ckpt_path=tmp_path / "manual")
+    whole = quiet_trainer(max_epochs=2, strategy="single")
+    whole.fit(Regressor(batchnorm=False), data)
+    assert (resumed.global_step, resumed.current_epoch) == (16, 2)
+    np.testing.assert_allclose(np.asarray(resumed.state.params["Dense_0"]["kernel"]),
+                               np.asarray(whole.state.params["Dense_0"]["kernel"]), rtol=1e-6)
+
+
+def test_the_sanity_check_finds_a_broken_validation_before_training():
+    """trainer/test_trainer.py::test_sanity_check... (num_sanity_val_steps=2 by default): a
+    validation batch the module cannot take fails before the first train step, not after an
+    epoch."""
+    steps = Recorder()
+    trainer = quiet_trainer(max_epochs=1, strategy="single", callbacks=[steps])
+    bad_val = fj.DataLoader({"x": np.zeros((8, 3), np.float32), "y": np.zeros((8, 1), np.float32)}, batch_size=4)
+    with pytest.raises(Exception):
+        trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=32), batch_size=4), bad_val)
+    assert trainer.global_step == 0 and steps.sanity == 1 and "on_train_start" not in steps.hooks

@@ -1,0 +1,86 @@
+"""Profilers in real fits: the simple profiler's phases and table, the JAX trace TensorBoard reads,
+compile times in the logs, and nothing changed on the per-step path when no profiler is on."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from helpers import Regressor, regression_data
+
+import fitjax as fj
+from fitjax.callbacks._base import CallbackList
+from fitjax.profilers import JaxProfiler, PassThroughProfiler, SimpleProfiler
+
+
+def _data():
+    return (fj.DataLoader(regression_data(n=128), batch_size=32),  # 4 batches an epoch
+            fj.DataLoader(regression_data(n=64, seed=1), batch_size=32))
+
+
+def test_simple_profiler_times_each_phase_of_a_dp_fit_prints_and_writes_the_table(tmp_path, capsys):
+    trainer = fj.Trainer(max_epochs=2, strategy="dp", profiler="simple", logger=fj.CSVLogger(tmp_path),
+                         log_every_n_steps=2, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Regressor(), *_data())
+
+    recorded = trainer.profiler.recorded
+    calls = {name: len(times) for name, times in recorded.items()}
+    assert calls["[step] dispatch"] == 8
+    assert calls["[data] next batch"] == 8 + 2  # and the call that ends each epoch
+    assert calls["[loop] validation"] == 2
+    assert calls["[build] state and programs"] == 1
+    assert calls["[Callback]ModelCheckpoint.on_train_epoch_end"] == 2  # the checkpoint saves
+    assert calls["[sync] log step values"] >= 4
+    assert calls["[log] loggers"] >= 4
+    assert {"[compile] train_step", "[compile] eval_step"} <= set(calls)
+    assert all(t >= 0 for times in recorded.values() for t in times)
+
+    report = (Path(trainer.log_dir) / "fit-profile.txt").read_text()
+    assert report.startswith("FIT profiler report (host wall time)")
+    for name in ("[step] dispatch", "[data] next batch", "[loop] validation", "[compile] train_step"):
+        assert name in report
+    assert report.strip() in capsys.readouterr().out
+
+    # Every fit logs each program's compile seconds, profiler or not, with the next values.
+    with (Path(trainer.log_dir) / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    compiled = {k: float(v) for row in rows for k, v in row.items() if k.startswith("compile/") and v}
+    assert compiled["compile/train_step_s"] > 0 and compiled["compile/eval_step_s"] > 0
+    assert trainer.logged_metrics["compile/train_step_s"] == compiled["compile/train_step_s"]
+    assert not any(key.startswith("compile/") for key in trainer.callback_metrics)  # not the progress bar's
+
+
+def test_jax_profiler_traces_the_chosen_steps_where_tensorboard_finds_them(tmp_path):
+    profiler = JaxProfiler(start_step=1, num_steps=2)
+    trainer = fj.Trainer(max_epochs=1, strategy="fsdp", profiler=profiler, default_root_dir=tmp_path,
+                         log_every_n_steps=2, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Regressor(), *_data())
+
+    (run,) = (Path(trainer.log_dir) / "plugins" / "profile").iterdir()
+    assert profiler.trace_dir == run
+    assert list(run.glob("*.xplane.pb"))  # what TensorBoard's profile plugin reads
+    (trace,) = run.glob("*.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    steps = sorted(int(e["args"]["step_num"]) for e in events if e.get("name") == "train")
+    assert steps == [1, 2]
+    assert "[data] next batch" in {e.get("name") for e in events}  # phases, named, while tracing
+
+
+def test_no_profiler_leaves_the_step_data_and_hooks_as_they_are():
+    trainer = fj.Trainer()
+    assert isinstance(trainer.profiler, PassThroughProfiler)
+    step, batches, hooks = (lambda s, b: (s, b)), [1, 2], CallbackList([fj.ModelCheckpoint()])
+    assert trainer.profiler.wrap_step(step) is step
+    assert trainer.profiler.wrap_batches(batches) is batches
+    assert trainer.profiler.wrap_hooks(hooks) is hooks
+
+
+def test_profiler_arguments_are_checked():
+    assert isinstance(fj.Trainer(profiler="simple").profiler, SimpleProfiler)
+    with pytest.raises(ValueError, match=r"profiler=.*'simple'.*'jax'.*got 'pytorch'"):
+        fj.Trainer(profiler="pytorch")
+    with pytest.raises(ValueError, match=r"num_steps=.*>= 1; got 0"):
+        JaxProfiler(num_steps=0)
