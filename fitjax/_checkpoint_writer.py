@@ -57,8 +57,8 @@ class CheckpointWriter:
     # --------------------------------------------------------------------------- before a run
 
     def prepare(self) -> None:
-        """Creates the folder, proves it writable (an error now, before the first step, rather
-        than at the first save) and removes what interrupted saves and deletions left."""
+        """Creates the folder and proves it writable: an error now, before the first step,
+        rather than at the first save."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             probe = self.directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
@@ -69,11 +69,12 @@ class CheckpointWriter:
                 f"ModelCheckpoint cannot write checkpoints to {str(self.directory)!r}: {error}. "
                 "Pass a writable ModelCheckpoint(dirpath=...) or Trainer(default_root_dir=...)."
             ) from None
-        if self._primary:
-            self.cleanup()
 
     def cleanup(self) -> list[Path]:
-        """Removes leftovers of interrupted saves (`*.orbax-checkpoint-tmp*`) and deletions."""
+        """Removes leftovers of interrupted saves (`*.orbax-checkpoint-tmp*`) and deletions, on
+        process 0. Call it when a run starts, before any save: a save in flight looks the same."""
+        if not self._primary:
+            return []
         removed = []
         for path in self.directory.iterdir():
             if checkpoint.TMP_MARK in path.name and path.is_dir():

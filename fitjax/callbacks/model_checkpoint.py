@@ -193,7 +193,8 @@ class ModelCheckpoint(Callback):
                           "run saves next to them under new names ('-v1', ...) and never deletes them.",
                           stacklevel=2)
         self._writer = CheckpointWriter(directory)
-        self._writer.prepare()  # writable, and the leftovers of interrupted saves removed
+        self._writer.prepare()  # writable: an error now rather than at the first save
+        self._writer.cleanup()  # what interrupted saves and deletions left
         self._saved_steps, self._validated_at, self._failing = set(), None, False
         self._last_time = time.monotonic()
         self._deferred = False

@@ -251,7 +251,7 @@ class RichProgressBar(Callback):
         if not self.is_terminal:
             return
         self._start_progress()
-        total = trainer.num_val_batches if name == "Validation" else None
+        total = trainer.num_val_batches if name != "Test" else None
         self._eval_task = self._progress.add_task(name, total=total, speed="", metrics=note)
         self._progress.refresh()  # drawn before the first batch, which may compile for seconds
 
@@ -262,33 +262,42 @@ class RichProgressBar(Callback):
         now = time.perf_counter()
         if compiled or now - self._last_update >= _MIN_UPDATE_S:
             self._last_update = now
-            total = trainer.num_val_batches if name == "Validation" else None  # known once it runs
+            total = trainer.num_val_batches if name != "Test" else None  # known once it runs
             self._progress.update(self._eval_task, completed=batch_idx + 1, total=total, metrics="",
                                   refresh=True)
 
     def _eval_end(self, trainer, name: str) -> None:
         values = _logged_since(trainer, self._before)
         self._eval_keys.update(values)
-        if self._progress is not None and self._eval_task is not None:
-            self._progress.remove_task(self._eval_task)
-            self._eval_task = None
-            if self._train_task is not None:  # the validation's prog_bar values, shown at once
-                self._progress.update(self._train_task, metrics=_format(_bar_values(trainer)))
-            self._progress.refresh()
+        self._remove_eval_task()
+        if self._progress is not None and self._train_task is not None:
+            # the validation's prog_bar values, shown at once
+            self._progress.update(self._train_task, metrics=_format(_bar_values(trainer)), refresh=True)
         if self._stage == "fit":  # fit shows validation in the epoch line instead
             self._val_values = values
         else:
             self._print(f"{name} results  {_format(values)}")
             self._stop_progress()
 
+    def _remove_eval_task(self) -> None:
+        if self._progress is not None and self._eval_task is not None:
+            self._progress.remove_task(self._eval_task)
+            self._eval_task = None
+            self._progress.refresh()
+
     def on_validation_start(self, trainer, module) -> None:
-        self._eval_start(trainer, "Validation", "validation")
+        # Lightning's name for the few validation batches run before training
+        name = "Sanity Checking" if getattr(trainer, "sanity_checking", False) else "Validation"
+        self._eval_start(trainer, name, "validation")
 
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch(trainer, batch_idx, "Validation")
 
     def on_validation_end(self, trainer, module) -> None:
-        self._eval_end(trainer, "Validation")
+        if not getattr(trainer, "sanity_checking", False):  # a sanity check's values are not results
+            self._eval_end(trainer, "Validation")
+        else:
+            self._remove_eval_task()
 
     def on_test_start(self, trainer, module) -> None:
         self._eval_start(trainer, "Test", "test")
