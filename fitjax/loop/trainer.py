@@ -814,7 +814,7 @@ class Trainer:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
-        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, shards=self.strategy.num_batch_shards // jax.process_count())
+        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, limit=limit, shards=self.strategy.num_batch_shards // jax.process_count())
 
     def _prefetch(self, chunks: Iterable[step_lib.StepInputs]) -> Iterable[step_lib.StepInputs]:
         """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.
