@@ -250,8 +250,8 @@ def _first_time_empty(loader: Any) -> bool:
 
 
 def checked_batches(loader: Any, batches: Iterable[Any] | None = None, *, stage: str = "train",
-                    epoch: int | None = None, shards: int | None = None, start: int = 0
-                    ) -> Iterator[Any]:
+                    epoch: int | None = None, shards: int | None = None, start: int = 0,
+                    limit: int | None = None) -> Iterator[Any]:
     """`batches` (default: one pass over `loader`) with `check_batch` applied to each as drawn.
 
     When the pass yields no batch at all, warns naming the data and the epoch (once per
@@ -264,6 +264,8 @@ def checked_batches(loader: Any, batches: Iterable[Any] | None = None, *, stage:
       epoch: the epoch, for messages.
       shards: devices each batch is split over (train); None for padded evaluation.
       start: the number of the first batch (an epoch resumed mid-way starts later).
+      limit: the batches `batches` was cut to (`limit_train_batches`); 0 asks for none, so an
+        empty pass is not warned about.
     """
     name = _name(loader, stage)
     index = start
@@ -273,7 +275,7 @@ def checked_batches(loader: Any, batches: Iterable[Any] | None = None, *, stage:
         index += 1
         yield batch
     # An empty first epoch is an error the loop raises itself (there is nothing to build on).
-    if index == 0 and not (stage == "train" and epoch == 0) and _first_time_empty(loader):
+    if index == 0 and limit != 0 and not (stage == "train" and epoch == 0) and _first_time_empty(loader):
         what = "trained nothing" if stage == "train" else "has no results"
         warnings.warn(
             f"`{name}` yielded no batch{' in epoch ' + str(epoch) if epoch is not None else ''}: "

@@ -145,13 +145,14 @@ def test_subclasses_callbacks_logger_optimizer_and_schedule_from_config(tmp_path
     saved = yaml.safe_load((log_dir / "config.yaml").read_text())
     assert saved["optimizer"]["class_path"] == "optax.adamw"
     assert saved["lr_scheduler"]["class_path"] == "fitjax.cli.schedules.linear_schedule"
-    # the rate applied at each step is the schedule's (read by LearningRateMonitor from the state)
+    # the rate applied at each step is the schedule's (read by LearningRateMonitor from the state;
+    # rows are at Lightning's 0-based step: the update at step s used schedule(s))
     with open(log_dir / "metrics.csv") as f:
         rows = [row for row in csv.DictReader(f) if row.get("lr")]
     schedule = optax.linear_schedule(0.0, 0.004, steps)
     assert len(rows) == steps
     for row in rows:
-        assert float(row["lr"]) == pytest.approx(float(schedule(int(row["step"]) - 1)), abs=1e-9)
+        assert float(row["lr"]) == pytest.approx(float(schedule(int(row["step"]))), abs=1e-9)
     assert cli.trainer.global_step == steps
 
 

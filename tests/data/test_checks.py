@@ -12,7 +12,7 @@ import torch
 from helpers import Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
-from fitjax.data._checks import check_batch, check_fit_data
+from fitjax.data._checks import check_batch, check_fit_data, checked_batches
 
 
 def _batches(*sizes, d=8):
@@ -131,3 +131,11 @@ def test_fit_start_sizes_with_several_processes_name_each_process_share():
         check_fit_data(loader, shards=4, processes=2)
     check_fit_data(fj.DataLoader(regression_data(n=104), batch_size=32, drop_last=True, process_index=0,
                                  process_count=2), shards=4, processes=2)
+
+
+def test_an_epoch_cut_to_nothing_by_limit_train_batches_is_not_warned_about():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(checked_batches(_batches(16), iter(()), epoch=3, limit=0)) == []
+    with pytest.warns(UserWarning, match=r"`train_data` yielded no batch in epoch 3"):
+        assert list(checked_batches(_batches(16), iter(()), epoch=3, limit=None)) == []

@@ -102,7 +102,8 @@ def _fit(module_cls, *, device=True, root=None, ckpt_path=None, **kwargs):
         callbacks.append(fj.ModelCheckpoint(dirpath=root, save_last=True))
         kwargs["enable_checkpointing"] = True
     loader = fj.DataLoader(_data(), batch_size=8, shuffle=True, seed=2)  # 12 batches: 3 calls an epoch
-    trainer = quiet_trainer(strategy=FSDP(min_size_to_shard=0), callbacks=callbacks, **OPTIONS, **kwargs)
+    trainer = quiet_trainer(strategy=FSDP(min_size_to_shard=0), callbacks=callbacks, log_every_n_steps=2,
+                            **OPTIONS, **kwargs)
     module = module_cls()
     with count_compiles() as compiles:
         trainer.fit(module, loader if device else HostBatches(loader), ckpt_path=ckpt_path)

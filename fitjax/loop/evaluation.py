@@ -1,0 +1,173 @@
+"""`Trainer.validate`, `test` and `predict`: the evaluation stages, apart from the fit loop.
+
+`EvalStages` is a part of `Trainer` (it reads the trainer's strategy, compiled steps, hooks and
+logging); it lives here so that `trainer.py` holds the fit loop alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+from fitjax import metrics as acc_lib
+from fitjax import step as step_lib
+from fitjax import _logged, checkpoint
+from fitjax._typing import Batch, HostMetrics
+from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
+from fitjax.data._checks import checked_batches
+from fitjax.loop import _checks as checks
+from fitjax.loop import _resume
+from fitjax.module import LitModule
+from fitjax.strategies._distributed import gather_rows
+
+__all__ = ["EvalStages"]
+
+
+class EvalStages:
+    """The evaluation stages of `Trainer` (validate, test, predict)."""
+
+    def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
+                 ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`.
+
+        `ckpt_path` ("last", "best" or a checkpoint folder) evaluates those weights instead.
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="val")
+
+    def test(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
+             ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`."""
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="test")
+
+    def _run_eval_stage(self, module, data, datamodule, ckpt_path, *, stage: str) -> list[HostMetrics]:
+        checks.check_module(module)
+        name = {"val": "validate", "test": "test"}[stage]
+        loader = self._stage_loader(data, datamodule, stage=stage, method=name)
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
+        hook = {"val": "validation", "test": "test"}[stage]
+        self._hooks.call("setup", self, module, name)
+        try:
+            params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
+            self._call(f"on_{hook}_start", module)
+            self._call(f"on_{hook}_epoch_start", module)
+            results, aliases = self._evaluate(module, loader, params, model_state, rng, stage=stage)
+            self._log(results, aliases=aliases)
+            self._call(f"on_{hook}_epoch_end", module)
+            self._call(f"on_{hook}_end", module)
+        finally:
+            self._hooks.call("teardown", self, module, name)
+        for logger in self.loggers:
+            logger.save()
+        return [results]
+
+    def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
+                ckpt_path: str | os.PathLike | None = None) -> Any:
+        """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
+        input order, every example exactly once (the padding of a last partial batch removed).
+        With several processes, every process returns all of them (gathered from the others)."""
+        checks.check_module(module)
+        loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+        self._hooks.call("setup", self, module, "predict")
+        try:
+            params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
+            self._hooks.call("on_predict_start", self, module)
+            wants_batch_end = self._hooks.wants("on_predict_batch_end")
+            pieces = []
+            for batch_idx, (batch, size) in enumerate(self._eval_batches(loader, "predict")):
+                out = self._compiled.predict_step(params, model_state, rng, batch)
+                pieces.append((out, size))
+                if wants_batch_end:
+                    self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
+            # sync point: one transfer at the end (from every process with several)
+            host = gather_rows([out for out, _ in pieces], [size for _, size in pieces])
+            self._hooks.call("on_predict_end", self, module)
+        finally:
+            self._hooks.call("teardown", self, module, "predict")
+        if not host:
+            return None
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None):
+        """Sharded `(params, model_state, rng)` for eval (from `ckpt_path` when given);
+        initialises an unfitted Linen model."""
+        if (ckpt_path is None and self._compiled is not None and self._module_for_compiled is module
+                and self.state is not None):
+            return self._eval_params(), self.state.model_state, self.state.rng
+        first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
+        if first is None:
+            raise ValueError(f"the {stage} data is empty: it yielded no batch.")
+        variables, self._compiled = step_lib.build(
+            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
+            options=self.step_options,
+        )
+        if ckpt_path is not None:
+            variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
+        self._module_for_compiled = module
+        self.state = None
+        module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
+        return variables
+
+    def _evaluate(self, module, loader, params, model_state, rng, *, stage: str, limit: int | None = None
+                  ) -> tuple[HostMetrics, HostMetrics]:
+        """Loss and metrics over the whole of `loader` (its first `limit` batches), each example
+        counted once; and the plain names Lightning adds to `callback_metrics` (see
+        `_logged.plain_names`)."""
+        eval_step, names = self._compiled.evaluator(stage)
+        acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
+        hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
+        wants_batch_end = self._hooks.wants(hook)
+        if stage == "val":
+            self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
+        for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
+            acc = eval_step(params, model_state, rng, acc, batch, mask)
+            if wants_batch_end:
+                self._hooks.call(hook, self, module, None, batch, batch_idx)
+        host = jax.device_get(acc)  # sync point: once per evaluation
+        specs = self._compiled.log_specs
+        return (_logged.compute(host, specs, stage=stage, epoch=True),
+                _logged.plain_names(host, specs, epoch=True))
+
+    def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
+                      limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
+        """Batches padded to one shape (the first batch's size, rounded up to a multiple of the
+        device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`.
+
+        With several processes each pads its own slice, to the loader's `local_batch_size` when
+        it has one: a process's slice of the last batch may be smaller or empty, and all must
+        agree on the shape (the global padded batch is then the single-process one)."""
+        limit = checks.apply_limit(limit or self.limits[stage], maybe_len(loader))
+        shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
+        local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
+        full = None if local is None else math.ceil(local / shards) * shards
+        for batch_idx, batch in enumerate(checked_batches(loader, stage=stage)):
+            if limit is not None and batch_idx >= limit:
+                break
+            size = batch_size_of(batch)
+            if full is None or size > full:
+                full = math.ceil(size / shards) * shards
+            padded, mask = pad_batch(batch, full)
+            if shard:
+                padded = self.strategy.shard_batch(padded)
+                mask = self.strategy.shard_batch(mask) if with_mask else mask
+            yield padded, (mask if with_mask else size)
+
+    def _stage_loader(self, data, datamodule, *, stage: str, method: str):
+        if datamodule is not None:
+            datamodule.prepare_data()
+            datamodule.setup({"val": "validate"}.get(stage, stage))
+            data = getattr(datamodule, f"{stage}_dataloader")()
+        if data is None:
+            raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches) or datamodule=.")
+        return as_loader(data, name="data")
+
+
+def maybe_len(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
