@@ -155,6 +155,11 @@ def test_several_steps_per_call_save_at_the_first_step_after_each_multiple(tmp_p
                              enable_checkpointing=True)
     assert sorted(recorder.saved) == [16, 24, 32, 40, 56, 64, 72]  # seen at the next batch's start
     assert trainer.progress.last_saved.step == 80  # the last call's save, after the epoch's end
+    with pytest.raises(AttributeError, match="read-only"):  # callbacks read the loop's position only
+        trainer.progress.global_step = 3
+    with pytest.raises(AttributeError):
+        trainer.global_step = 3
+    assert trainer.progress.state_dict()["global_step"] == 80  # plain data, as checkpoints store it
 
 
 class LitLogs(fj.LitModule):

@@ -173,4 +173,4 @@ class ProgressView:
         return self._progress.batches_done - 1
 
 
-_READABLE = frozenset(vars(Progress())) | {"position"}
+_READABLE = frozenset(vars(Progress())) | {"position", "state_dict"}  # state_dict: a copy
