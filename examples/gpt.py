@@ -283,7 +283,7 @@ class Throughput(fj.Callback):
         self._mark: tuple[int, float] | None = None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step % self.every:
+        if not trainer.progress.crossed(self.every):
             return
         jax.block_until_ready(outputs)  # sync point: once per window
         now, step = time.perf_counter(), trainer.global_step
@@ -325,7 +325,7 @@ class Samples(fj.Callback):
         self.history: list[tuple[int, list[str]]] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if self.every and self.length and trainer.global_step % self.every == 0:
+        if self.length and trainer.progress.crossed(self.every):
             self._sample(trainer, module)
 
     def on_train_end(self, trainer, module) -> None:

@@ -206,13 +206,14 @@ class RichProgressBar(Callback):
             # update), so updates are limited by the clock.
             now = time.perf_counter()
             last = done == trainer.num_training_batches
-            if compiled or last or (done % self.refresh_rate == 0 and now - self._last_update >= _MIN_UPDATE_S):
+            if compiled or last or (trainer.progress.crossed_batches(self.refresh_rate)
+                                      and now - self._last_update >= _MIN_UPDATE_S):
                 self._last_update = now
                 self._progress.update(self._train_task, completed=done, speed=self._speed(trainer),
                                       metrics=_format(_bar_values(trainer)), refresh=True)
             return
         if self.refresh_rate > 1:
-            if trainer.global_step % self.refresh_rate == 0:
+            if trainer.progress.crossed(self.refresh_rate):  # several steps per call included
                 self._print_line(trainer, trainer.current_epoch, done, trainer.global_step)
         else:
             self._print_window(trainer)
