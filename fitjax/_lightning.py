@@ -57,15 +57,6 @@ def _defines(module: Any, name: str) -> bool:
     return callable(getattr(type(module), name, None))
 
 
-@contextlib.contextmanager
-def _setting(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
-
-
 def resolve_spec(spec: _logged.LogSpec) -> _logged.LogSpec:
     """`spec` with Lightning's defaults filled in when `log` is called from a Lightning hook:
     on_step=True, on_epoch=False in `training_step`; on_step=False, on_epoch=True elsewhere."""
@@ -143,7 +134,7 @@ def _calling(module: Any, model: Any, hook: str) -> Iterator[None]:
     previous = vars(module)[name]
     setattr(module, name, model)
     try:
-        with _setting(_HOOK, hook), explain_jit_rules(type(module).__name__, hook):
+        with context.setting(_HOOK, hook), explain_jit_rules(type(module).__name__, hook):
             yield
     finally:
         setattr(module, name, previous)

@@ -18,14 +18,15 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GroupLosses", "batch_index", "current_batch_index", "current_stage", "stage"]
+__all__ = ["GroupLosses", "batch_index", "current_batch_index", "current_stage", "setting", "stage"]
 
 _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("fitjax_eval_stage", default="val")
 _BATCH_IDX: contextvars.ContextVar[Any] = contextvars.ContextVar("fitjax_batch_idx", default=None)
 
 
 @contextlib.contextmanager
-def _setting(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+def setting(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    """`var` set to `value` inside the block, restored after it."""
     token = var.set(value)
     try:
         yield
@@ -35,7 +36,7 @@ def _setting(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
 
 def stage(name: str) -> contextlib.AbstractContextManager[None]:
     """Which evaluation a traced eval step belongs to: "val" or "test"."""
-    return _setting(_STAGE, name)
+    return setting(_STAGE, name)
 
 
 def current_stage() -> str:
@@ -44,7 +45,7 @@ def current_stage() -> str:
 
 def batch_index(value: Any) -> contextlib.AbstractContextManager[None]:
     """The batch index the user's code sees while the step is traced (a traced int)."""
-    return _setting(_BATCH_IDX, value)
+    return setting(_BATCH_IDX, value)
 
 
 def current_batch_index() -> jax.Array:
