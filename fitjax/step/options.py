@@ -137,8 +137,8 @@ def global_norm(tree: Any) -> jax.Array:
     squares computed as a dot product.
 
     Measured on a loaded 2-core machine as cheaper than `optax.clip_by_global_norm`'s reduction
-    on XLA:CPU; on a quiet one both roughly halve the tiny MLP's steps/s in a hand-written step
-    (XLA:CPU lowers the dot to a multiply and `reduce-window` too): see README's speed section.
+    on XLA:CPU; on a quiet one both roughly halve the tiny MLP's steps/s in a hand-written step,
+    as does a norm computed as a matrix product: see README's speed section.
     Only the summation order differs from optax.
     """
     leaves = [x.ravel().astype(jnp.float32) for x in jax.tree.leaves(tree)]
