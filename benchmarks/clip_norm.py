@@ -1,0 +1,121 @@
+"""What a global-norm clip costs a small jitted train step, with no fitjax in it.
+
+    python benchmarks/clip_norm.py                 # 5 repeats of 1000 steps per variant
+    python benchmarks/clip_norm.py --smoke         # seconds: checks it runs (numbers mean nothing)
+
+The tiny MLP of `overhead.py` (64-64-10, batch 32, Adam), stepped call after call with its batch
+already on the device, so the step's own time is what is measured. Variants, each chained before
+Adam: `optax.clip_by_global_norm(1.0)`; fitjax's clip (`fitjax.step.options.clip_by_global_norm`,
+the sum of squares as dot products); the norm computed as one matrix product of the concatenated
+gradients (no reduction kernel in the compiled program); the norm computed but not used to scale.
+Each row is the median over repeats of steps/s against the unclipped step of the same repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from fitjax.step.options import clip_by_global_norm, global_norm  # noqa: E402
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Dense(64)(x))
+        x = nn.relu(nn.Dense(64)(x))
+        return nn.Dense(10)(x)
+
+
+def _transform(update) -> optax.GradientTransformation:
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _matmul_norm_clip(max_norm: float) -> optax.GradientTransformation:
+    def update(updates, state, params=None):
+        flat = jnp.concatenate([leaf.ravel() for leaf in jax.tree.leaves(updates)])
+        norm = jnp.sqrt((flat[None, :] @ flat[:, None])[0, 0])
+        return jax.tree.map(lambda t: jax.lax.select(norm < max_norm, t, t / norm * max_norm), updates), state
+
+    return _transform(update)
+
+
+def _norm_unused() -> optax.GradientTransformation:
+    def update(updates, state, params=None):
+        norm = global_norm(updates)
+        return jax.tree.map(lambda t: t + 0 * norm, updates), state
+
+    return _transform(update)
+
+
+VARIANTS = {
+    "unclipped": lambda: optax.adam(1e-3),
+    "optax clip_by_global_norm": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+    "fitjax clip (dot norm)": lambda: optax.chain(clip_by_global_norm(1.0), optax.adam(1e-3)),
+    "norm as one matmul": lambda: optax.chain(_matmul_norm_clip(1.0), optax.adam(1e-3)),
+    "norm computed, unused": lambda: optax.chain(_norm_unused(), optax.adam(1e-3)),
+}
+
+
+def _stepper(model, tx):
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, opt_state, x, y):
+        def loss_fn(p):
+            return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, x), y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--smoke", action="store_true", help="1 repeat of 20 steps: checks the script runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.repeats, args.steps = 1, 20
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rng.normal(size=(32, 64)).astype(np.float32))
+    y = jax.device_put(rng.integers(0, 10, 32).astype(np.int32))
+    model = MLP()
+    params0 = model.init(jax.random.key(0), x)["params"]
+    txs = {name: make() for name, make in VARIANTS.items()}
+    steps = {name: _stepper(model, tx) for name, tx in txs.items()}
+    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for _ in range(args.repeats):
+        for name, step in steps.items():  # variants interleaved within each repeat
+            params = jax.tree.map(jnp.array, params0)
+            opt_state = txs[name].init(params)
+            for _ in range(min(50, args.steps)):  # compile and warm up
+                params, opt_state, _ = step(params, opt_state, x, y)
+            jax.block_until_ready(params)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                params, opt_state, _ = step(params, opt_state, x, y)
+            jax.block_until_ready(params)
+            rates[name].append(args.steps / (time.perf_counter() - start))
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.repeats} repeats of {args.steps} steps")
+    print(f"{'variant':<28} {'steps/s':>9} {'vs unclipped':>13}")
+    base = rates["unclipped"]
+    for name, runs in rates.items():
+        ratio = statistics.median(r / b for r, b in zip(runs, base))
+        print(f"{name:<28} {statistics.median(runs):>9.0f} {ratio:>12.2f}x")
+
+
+if __name__ == "__main__":
+    main()
