@@ -83,6 +83,29 @@ class LossHistory(fj.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
+class HostBatches:
+    """A `fj.DataLoader`'s batches through the generic host path (a wrapper, so the loader's data
+    is not kept on the devices); its position is saved and restored like the loader's."""
+
+    def __init__(self, loader: fj.DataLoader):
+        self.loader = loader
+
+    def set_epoch(self, epoch):
+        self.loader.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        self.loader.load_state_dict(state)
+
+
 def quiet_trainer(**kwargs) -> fj.Trainer:
     kwargs.setdefault("enable_progress_bar", False)
     kwargs.setdefault("enable_model_summary", False)

@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Regressor, assert_trees_close, count_compiles, quiet_trainer, regression_data
+from helpers import HostBatches, Regressor, assert_trees_close, count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
-
-
-class HostOnly:
-    """The same batches as a `fj.DataLoader`, through the generic host path (not a DataLoader)."""
-
-    def __init__(self, loader: fj.DataLoader):
-        self.loader = loader
-
-    def set_epoch(self, epoch):
-        self.loader.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        return iter(self.loader)
 
 
 class SeenBatches(fj.Callback):
@@ -52,7 +36,7 @@ def test_same_batches_and_parameters_as_host_batches(n, strategy):
         return fj.DataLoader(data, batch_size=32, shuffle=True, seed=3)
 
     on_device, xs_device, compiles, _ = _fit(loader(), strategy=strategy, max_epochs=3)
-    on_host, xs_host, _, _ = _fit(HostOnly(loader()), strategy=strategy, max_epochs=3)
+    on_host, xs_host, _, _ = _fit(HostBatches(loader()), strategy=strategy, max_epochs=3)
     assert compiles["gather"] == 1  # the blocks were gathered on device
     assert compiles["train_step"] == (1 if n % 32 == 0 else 2)  # + the short last batch's shape
     assert len(xs_device) == len(xs_host) == 3 * len(loader())
@@ -68,7 +52,7 @@ def test_several_blocks_per_epoch(monkeypatch):
     monkeypatch.setattr(_resident, "BLOCK_BYTES", 3 * 32 * 9 * 4)  # 3 batches a block: 4 blocks, padded
     on_device, _, _, trainer = _fit(fj.DataLoader(data, batch_size=32, shuffle=True), max_epochs=2,
                                     limit_train_batches=7)
-    on_host, _, _, _ = _fit(HostOnly(fj.DataLoader(data, batch_size=32, shuffle=True)), max_epochs=2,
+    on_host, _, _, _ = _fit(HostBatches(fj.DataLoader(data, batch_size=32, shuffle=True)), max_epochs=2,
                             limit_train_batches=7)
     assert trainer.global_step == 14
     assert_trees_close(on_device, on_host, rtol=0, atol=0)

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import LossHistory, assert_trees_close, count_compiles, quiet_trainer
+from helpers import HostBatches, LossHistory, assert_trees_close, count_compiles, quiet_trainer
 
 import fitjax as fj
 from fitjax.strategies import FSDP
@@ -73,26 +73,6 @@ def _data():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(96, 4)).astype(np.float32)
     return {"x": x, "y": np.sin(x[:, :1] * 2).astype(np.float32)}
-
-
-class HostBatches:
-    def __init__(self, loader):
-        self.loader = loader
-
-    def set_epoch(self, epoch):
-        self.loader.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        return iter(self.loader)
-
-    def state_dict(self):
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state):
-        self.loader.load_state_dict(state)
 
 
 def _fit(module_cls, *, device=True, root=None, ckpt_path=None, **kwargs):

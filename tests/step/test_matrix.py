@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import LossHistory, assert_trees_close, count_compiles, quiet_trainer
+from helpers import HostBatches, LossHistory, assert_trees_close, count_compiles, quiet_trainer
 
 import fitjax as fj
 from fitjax.strategies import FSDP
@@ -106,28 +106,6 @@ def data():
     x = (0.2 * rng.normal(size=(N, 4))).astype(np.float32)
     y = (0.1 * np.tanh(5 * x @ rng.normal(size=(4, 1)))).astype(np.float32)
     return {"x": x, "y": y}
-
-
-class HostBatches:
-    """A `fj.DataLoader`'s batches through the generic host path (not kept on the devices)."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def set_epoch(self, epoch):
-        self.loader.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        return iter(self.loader)
-
-    def state_dict(self):
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state):
-        self.loader.load_state_dict(state)
 
 
 def _loader(where: str, batch_size: int = BATCH):
