@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
+
 STATUSES = ("success", "failed", "interrupted")
 
 
@@ -30,6 +32,16 @@ class Logger(abc.ABC):
         >>> PrintLogger().log_metrics({"train/loss": 0.5}, step=10)
         10 {'train/loss': 0.5}
     """
+
+    _process_index: int | None = None  # a built-in logger's `process_index` argument
+
+    def _is_writer(self) -> bool:
+        """Whether this process writes: process 0 only (the built-in loggers ask before each write)."""
+        # Asked lazily, not in __init__: jax.process_index() starts the backends, which must not
+        # happen before the user calls jax.distributed.initialize().
+        if self._process_index is None:
+            self._process_index = jax.process_index()
+        return self._process_index == 0
 
     @property
     @abc.abstractmethod

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jax
 
 from fitjax.loggers._base import Logger, check_status
 from fitjax.loggers._hparams import check_params, flatten
@@ -184,13 +183,6 @@ class MLFlowLogger(Logger):
             self._run_id = str(state["run_id"])
 
     # -------------------------------------------------------------------------- helpers
-
-    def _is_writer(self) -> bool:
-        # Asked lazily: jax.process_index() starts the backends, which must wait for the user's
-        # jax.distributed.initialize().
-        if self._process_index is None:
-            self._process_index = jax.process_index()
-        return self._process_index == 0
 
     def _ensure_run(self) -> str:
         if self._client is not None:

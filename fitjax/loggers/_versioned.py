@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
 
 from fitjax.loggers._base import Logger
 
@@ -125,13 +124,6 @@ class VersionedLogger(Logger):
         self._version = version
         self._last_step = step
         self._purge_step = None if step is None else step + 1
-
-    def _is_writer(self) -> bool:
-        # Asked lazily, not in __init__: jax.process_index() starts the backends, which must not
-        # happen before the user calls jax.distributed.initialize().
-        if self._process_index is None:
-            self._process_index = jax.process_index()
-        return self._process_index == 0
 
     def _open(self) -> Path:
         path = self.log_dir

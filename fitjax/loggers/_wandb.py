@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jax
 
 from fitjax.loggers._base import Logger, check_status
 from fitjax.loggers._hparams import check_params, to_plain
@@ -164,13 +163,6 @@ class WandbLogger(Logger):
             self._id = str(state["id"])
 
     # -------------------------------------------------------------------------- helpers
-
-    def _is_writer(self) -> bool:
-        # Asked lazily: jax.process_index() starts the backends, which must wait for the user's
-        # jax.distributed.initialize().
-        if self._process_index is None:
-            self._process_index = jax.process_index()
-        return self._process_index == 0
 
     def _upload(self, folders: list[Path]) -> None:
         if not folders:
