@@ -214,7 +214,7 @@ class ModelCheckpoint(Callback):
         if batch_idx + 1 == trainer.num_training_batches:
             self._deferred = True  # the epoch's end is next: save after it, at the same step
         else:
-            self._save(trainer, module, epoch_end_done=False)
+            self._save(trainer, module)
 
     def on_validation_end(self, trainer, module) -> None:
         if self._writer is None or trainer.sanity_checking:
@@ -223,7 +223,7 @@ class ModelCheckpoint(Callback):
         # A validation inside the epoch (val_check_interval): Lightning saves after it.
         if (not self._save_on_train_epoch_end(trainer) and self._epoch_due(trainer)
                 and trainer.progress.batches_done != trainer.num_training_batches):
-            self._save(trainer, module, epoch_end_done=False)
+            self._save(trainer, module)
 
     def on_train_epoch_end(self, trainer, module) -> None:
         due = self._epoch_due(trainer)
@@ -232,7 +232,7 @@ class ModelCheckpoint(Callback):
             due = self._validated_at == trainer.global_step
         if due or self._deferred:
             self._deferred = False
-            self._save(trainer, module, epoch_end_done=True)
+            self._save(trainer, module)
 
     def _epoch_due(self, trainer) -> bool:
         return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
@@ -255,7 +255,7 @@ class ModelCheckpoint(Callback):
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         self._failing = True
         if (trainer.received_sigterm or self.save_on_exception) and trainer.state is not None:
-            self._save(trainer, module, epoch_end_done=False, always=True)
+            self._save(trainer, module, always=True)
 
     def on_fit_end(self, trainer, module) -> None:
         if self._writer is not None:
@@ -273,7 +273,7 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------------------ saving
 
-    def _save(self, trainer, module, *, epoch_end_done: bool, always: bool = False) -> None:
+    def _save(self, trainer, module, *, always: bool = False) -> None:
         step = trainer.global_step
         if step in self._saved_steps:
             return  # already saved at this step (Lightning skips it too)
