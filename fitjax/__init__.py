@@ -13,6 +13,7 @@ from fitjax.callbacks import (
     ModelCheckpoint,
     RichModelSummary,
     RichProgressBar,
+    StochasticWeightAveraging,
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -39,6 +40,7 @@ __all__ = [
     "Precision",
     "RichModelSummary",
     "RichProgressBar",
+    "StochasticWeightAveraging",
     "TensorBoardLogger",
     "TrainState",
     "Trainer",

@@ -8,6 +8,7 @@ from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
+from fitjax.callbacks.swa import StochasticWeightAveraging
 
 __all__ = [
     "Callback",
@@ -19,6 +20,7 @@ __all__ = [
     "ModelSummary",
     "RichModelSummary",
     "RichProgressBar",
+    "StochasticWeightAveraging",
     "summarize",
     "with_defaults",
 ]

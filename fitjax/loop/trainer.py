@@ -21,6 +21,7 @@ from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
+from fitjax.loop._pieces import PieceRunner
 from fitjax.loop.evaluation import EvalStages, maybe_len as _maybe_len
 from fitjax.loop.progress import Position, Progress, ProgressView
 from fitjax import metrics as acc_lib
@@ -241,6 +242,7 @@ class Trainer(EvalStages):
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._window: _log_fetch.Window | None = None  # the last log step's values, on their way
 
     # ------------------------------------------------------------------------------ properties
@@ -450,6 +452,7 @@ class Trainer(EvalStages):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
@@ -466,6 +469,7 @@ class Trainer(EvalStages):
             while not self._done_training():
                 self._train_epoch(module, train_loader, val_loader, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
+            self._end_pieces(module, train_loader)
             self._sync_module(module)
             self._call("on_train_end", module)
         else:
@@ -478,6 +482,8 @@ class Trainer(EvalStages):
         if not offset:
             self._epoch_acc = {}
         self._progress.start_epoch(offset)
+        if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
+            self.state = self._pieces.epoch_start(self.state, self.current_epoch)
         self._call("on_train_epoch_start", module)
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
@@ -738,6 +744,18 @@ class Trainer(EvalStages):
             values = _logged.host_values(logged, owner=type(module).__name__, hook=hook)
             self.progress_bar_metrics.update({k: values[k] for k in logged.specs if logged.specs[k].prog_bar})
             self._log(values)
+
+    def _end_pieces(self, module: LitModule, train_loader) -> None:
+        """Pieces that end training with other parameters (SWA's average) set them, and the model
+        state is recomputed with one pass over the train data when they ask (BatchNorm)."""
+        def batches():
+            if hasattr(train_loader, "set_epoch"):  # Lightning's extra epoch: the next epoch's order
+                train_loader.set_epoch(self.current_epoch)
+            limit = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
+            return itertools.islice(checked_batches(train_loader), limit)
+
+        self.state = self._pieces.end_training(self.state, self.current_epoch, module, module._get_binding(),
+                                               self.step_options.precision, batches)
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""

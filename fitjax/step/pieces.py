@@ -11,20 +11,31 @@ How a callback contributes one: override `Callback.step_pieces()` to return piec
 asks every callback once, when it is constructed, and builds its step with them. A piece may also
 stand in for the parameters: `use_for_eval` (validation, test and predict read
 `eval_params(state)`) and `use_for_module` (`module.variables` after fit holds them).
+
+Beyond the per-step `update`, a piece may (each optional, each costing nothing when unused):
+- `epoch_start(extra, params, opt_state, epoch)`: run by the loop at the start of every train
+  epoch (not again when a resumed run continues an epoch mid-way), through one jitted function
+  compiled once (the epoch is an array), with the state's shardings;
+- `learning_rate(extra)`: impose the learning rate of each update (a traced scalar, NaN: the
+  optimizer's own; see `fitjax.step.learning_rate`);
+- `ends_training(epochs_done)` / `final_params(extra, params)`: replace the parameters when
+  training ends, and with `recompute_model_state` have the loop recompute the model state
+  (BatchNorm statistics) with one pass over the train data (`fitjax.step.running_stats`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from fitjax._typing import PyTree
 from fitjax.state import TrainState
+from fitjax.step import learning_rate as lr_lib
 
-__all__ = ["ExponentialMovingAverage", "StatePiece", "check_pieces", "eval_params", "init_extras",
-           "module_params", "update_extras"]
+__all__ = ["ExponentialMovingAverage", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
+           "eval_params", "init_extras", "learning_rate", "module_params", "update_extras"]
 
 
 class StatePiece:
@@ -39,6 +50,7 @@ class StatePiece:
     name: str = ""
     use_for_eval: bool = False
     use_for_module: bool = False
+    recompute_model_state: bool = False  # after `final_params` replaced the parameters
 
     def init(self, params: PyTree) -> PyTree:
         """The piece's initial state from the initial parameters (traced)."""
@@ -51,6 +63,28 @@ class StatePiece:
     def params_of(self, extra: PyTree) -> PyTree:
         """The parameters this piece stands for (for `use_for_eval` / `use_for_module`)."""
         return extra
+
+    def epoch_start(self, extra: PyTree, params: PyTree, opt_state: PyTree, epoch: jax.Array) -> PyTree:
+        """The piece's state at the start of train epoch `epoch` (0-based, traced)."""
+        return extra
+
+    def learning_rate(self, extra: PyTree) -> jax.Array | None:
+        """The learning rate imposed on the next update (traced float32 scalar, NaN: the
+        optimizer's own), or None when this piece never imposes one (static)."""
+        return None
+
+    def ends_training(self, epochs_done: int) -> bool:
+        """Whether `final_params` replaces the parameters when training stops after
+        `epochs_done` epochs (host value)."""
+        return False
+
+    def final_params(self, extra: PyTree, params: PyTree) -> PyTree:
+        """The parameters training ends with (traced; same dtypes as `params`)."""
+        return params
+
+    @property
+    def has_epoch_start(self) -> bool:
+        return type(self).epoch_start is not StatePiece.epoch_start
 
 
 class ExponentialMovingAverage(StatePiece):
@@ -85,6 +119,74 @@ class ExponentialMovingAverage(StatePiece):
         return jax.tree.map(one, extra, params)
 
 
+class StochasticAverage(StatePiece):
+    """Stochastic weight averaging (torch's `AveragedModel` + `SWALR`, as Lightning configures them).
+
+    At the start of each epoch `e` with `swa_start <= e <= swa_end` the parameters join the
+    average: `avg <- p` for the first, then `avg <- avg_fn(avg, p, n)` (default
+    `avg + (p - avg) / (n + 1)`), `n_averaged += 1`. From `swa_start` the learning rate anneals
+    from `lr0`, the rate the optimizer state held then, to `swa_lr`: epoch `swa_start + j` uses
+    `swa_lr * a + lr0 * (1 - a)` with `a = anneal(min(1, j / annealing_epochs))`, `anneal` being
+    `(1 - cos(pi t)) / 2` ("cos") or `t` ("linear"). When training ends after `swa_end + 1`
+    epochs the average replaces the parameters. All of it lives in the state (`average`,
+    `n_averaged`, `lr0`, `lr`), so a resumed run continues it exactly.
+
+    `swa_start` and `swa_end` depend on `max_epochs`: the callback sets them when fit starts,
+    before the first epoch traces `epoch_start`.
+    """
+
+    recompute_model_state = True
+
+    def __init__(self, name: str, *, swa_lr: float, annealing_epochs: int, annealing_strategy: str,
+                 avg_fn: Callable | None = None):
+        self.name = name
+        self.swa_lr = float(swa_lr)
+        self.annealing_epochs = int(annealing_epochs)
+        self.annealing_strategy = annealing_strategy
+        self.avg_fn = avg_fn or (lambda avg, p, n: avg + (p - avg) / (n + 1).astype(avg.dtype))
+        self.swa_start: int | None = None  # 0-based epochs, set when fit starts
+        self.swa_end: int | None = None
+
+    def init(self, params: PyTree) -> PyTree:
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        return {"average": jax.tree.map(lambda p: p.astype(jnp.promote_types(p.dtype, jnp.float32)), params),
+                "n_averaged": jnp.zeros((), jnp.int32), "lr0": nan, "lr": nan}
+
+    def update(self, extra: PyTree, params: PyTree, step: jax.Array) -> PyTree:
+        return extra  # nothing per step: once per epoch, in `epoch_start`
+
+    def epoch_start(self, extra: PyTree, params: PyTree, opt_state: PyTree, epoch: jax.Array) -> PyTree:
+        if self.swa_start is None:
+            raise RuntimeError(f"StochasticAverage({self.name!r}) runs before its epochs are known: "
+                               "the StochasticWeightAveraging callback sets them when fit starts.")
+        n = extra["n_averaged"]
+        averaging = (epoch >= self.swa_start) & (epoch <= self.swa_end)
+
+        def one(avg, p):
+            p = p.astype(avg.dtype)
+            return jnp.where(averaging, jnp.where(n == 0, p, self.avg_fn(avg, p, n)), avg)
+
+        average = jax.tree.map(one, extra["average"], params)
+        started = epoch >= self.swa_start
+        lr0 = jnp.where(started & jnp.isnan(extra["lr0"]), lr_lib.current(opt_state), extra["lr0"])
+        t = jnp.clip((epoch - self.swa_start).astype(jnp.float32) / max(1, self.annealing_epochs), 0.0, 1.0)
+        alpha = (1.0 - jnp.cos(jnp.pi * t)) / 2.0 if self.annealing_strategy == "cos" else t
+        lr = jnp.where(alpha == 1.0, self.swa_lr, self.swa_lr * alpha + lr0 * (1.0 - alpha))
+        return {"average": average, "n_averaged": n + averaging.astype(jnp.int32), "lr0": lr0,
+                "lr": jnp.where(started, lr, jnp.nan).astype(jnp.float32)}
+
+    def learning_rate(self, extra: PyTree) -> jax.Array:
+        return extra["lr"]
+
+    def ends_training(self, epochs_done: int) -> bool:
+        # Lightning transfers the average once the last epoch (`swa_end`) is done
+        return self.swa_start is not None and self.swa_start <= self.swa_end and epochs_done == self.swa_end + 1
+
+    def final_params(self, extra: PyTree, params: PyTree) -> PyTree:
+        some = extra["n_averaged"] > 0
+        return jax.tree.map(lambda a, p: jnp.where(some, a.astype(p.dtype), p), extra["average"], params)
+
+
 def check_pieces(pieces: Sequence[StatePiece]) -> tuple[StatePiece, ...]:
     """The pieces as a tuple; raises when two share a name or one is not a `StatePiece`."""
     seen = set()
@@ -109,6 +211,23 @@ def update_extras(pieces: Sequence[StatePiece], extras, params: PyTree, step: ja
     if not pieces:
         return extras
     return {**extras, **{piece.name: piece.update(extras[piece.name], params, step) for piece in pieces}}
+
+
+def epoch_start(pieces: Sequence[StatePiece], extras, params: PyTree, opt_state: PyTree, epoch: jax.Array):
+    """Every piece's state at the start of train epoch `epoch` (traced; see `StatePiece.epoch_start`)."""
+    return {**extras, **{piece.name: piece.epoch_start(extras[piece.name], params, opt_state, epoch)
+                         for piece in pieces if piece.has_epoch_start}}
+
+
+def learning_rate(pieces: Sequence[StatePiece], extras) -> jax.Array | None:
+    """The learning rate a piece imposes on the next update (traced), or None when none does
+    (static). With several, the last one's that is not NaN."""
+    found = None
+    for piece in pieces:
+        lr = piece.learning_rate(extras[piece.name])
+        if lr is not None:
+            found = lr if found is None else jnp.where(jnp.isnan(lr), found, lr)
+    return found
 
 
 def _standing_in(state: TrainState, pieces: Sequence[StatePiece], flag: str) -> PyTree:

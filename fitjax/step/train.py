@@ -26,6 +26,7 @@ waiting for the next epoch (`benchmarks/techniques.py` measures the two).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -36,7 +37,7 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
-from fitjax.step import context, pieces
+from fitjax.step import context, learning_rate, pieces
 from fitjax.step.forward import leading_dim, split_loss, step_values
 from fitjax.step.options import StepOptions, global_norm
 
@@ -165,8 +166,11 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             values = {**values, "grad_norm": global_norm(grads)}
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
         # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
-        updates, opt_state = optax.with_extra_args_support(tx).update(
-            grads, state.opt_state, state.params, value=values["loss"])
+        update_fn = optax.with_extra_args_support(tx).update
+        imposed = pieces.learning_rate(options.pieces, state.extras)  # SWA's annealing; None: none
+        if imposed is not None:
+            update_fn = functools.partial(learning_rate.update, update_fn, imposed)
+        updates, opt_state = update_fn(grads, state.opt_state, state.params, value=values["loss"])
         params = optax.apply_updates(state.params, updates)
         if ls is not None:  # skip a non-finite step: keep params and optimizer state
             keep_new = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731

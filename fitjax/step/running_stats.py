@@ -1,0 +1,74 @@
+"""Model state recomputed from the data: BatchNorm statistics as the plain average over batches.
+
+torch's `update_bn` (what Lightning's SWA runs after the weights are averaged) resets each
+BatchNorm's running statistics and sets `momentum=None`, so one pass over the train data leaves
+the cumulative average of the per-batch statistics. flax's BatchNorm has no such switch: its
+running update is always `new = m * old + (1 - m) * batch_stat` for a momentum `m` the trainer
+cannot see. That update is affine in `old`, so one forward-mode derivative gives both parts:
+`jvp(old -> new)` at `old = 0` with tangent 1 returns `(1 - m) * batch_stat` and `m`, hence the
+batch statistic, for every floating leaf of the model state, Linen's `batch_stats` and NNX's
+`BatchStat` alike, with no knowledge of the layers. Leaves the train step leaves unchanged
+(`m == 1`: not a running statistic) keep their value.
+
+The result is the average of flax's own batch statistics: the biased variance that flax stores
+(torch stores the unbiased one), rounded by one division by `1 - m` (float32; see
+docs/porting.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from fitjax import _logged
+from fitjax._typing import Batch, PyTree
+
+__all__ = ["make_running_average"]
+
+
+def _floating(x) -> bool:
+    return jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+
+
+def make_running_average(module, binding, policy) -> Callable:
+    """`step(params, model_state, average, n, rng, batch) -> average`: the running average over
+    batches of the statistics the train-mode forward pass of `batch` would fold into the model
+    state (`average` after `n` batches; with `n == 0` it is ignored). Leaves that are no running
+    statistic come back as in `model_state`."""
+
+    def statistics(params, model_state, rng, batch):
+        leaves, treedef = jax.tree.flatten(model_state)
+        floats = [i for i, x in enumerate(leaves) if _floating(x)]
+
+        def new_floats(values):
+            full = list(leaves)
+            for i, v in zip(floats, values):
+                full[i] = v
+            with module._mode(True), policy.float32_outputs(), _logged.collecting():
+                _, new_state = binding.apply(module.loss, policy.cast_compute(params),
+                                             jax.tree.unflatten(treedef, full), rng,
+                                             policy.cast_compute(batch), train=True)
+            new_leaves = jax.tree.leaves(new_state)
+            return [new_leaves[i].astype(jnp.float32) for i in floats]
+
+        zeros = [jnp.zeros(leaves[i].shape, jnp.float32) for i in floats]
+        ones = [jnp.ones(leaves[i].shape, jnp.float32) for i in floats]
+        scaled, momenta = jax.jvp(new_floats, (zeros,), (ones,))
+        return leaves, treedef, floats, scaled, momenta
+
+    def step(params: PyTree, model_state: PyTree, average: PyTree, n: jax.Array, rng: jax.Array,
+             batch: Batch) -> PyTree:
+        leaves, treedef, floats, scaled, momenta = statistics(params, model_state, rng, batch)
+        avg_leaves = jax.tree.leaves(average)
+        out = list(leaves)
+        for i, c, m in zip(floats, scaled, momenta):
+            running = (m >= 0) & (m < 1)
+            stat = c / jnp.where(running, 1.0 - m, 1.0)
+            prev = avg_leaves[i].astype(jnp.float32)
+            new = jnp.where(n == 0, stat, prev + (stat - prev) / (n + 1).astype(jnp.float32))
+            out[i] = jnp.where(running, new, leaves[i].astype(jnp.float32)).astype(leaves[i].dtype)
+        return jax.tree.unflatten(treedef, out)
+
+    return step

@@ -1,0 +1,137 @@
+"""Stochastic weight averaging: Lightning's learning rates and averaged epochs (numbers from a real
+Lightning run), the average by hand under every strategy with accumulation and bf16, an exact
+resume, eval on the average, BatchNorm statistics recomputed as by hand, one compile per shape."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import optax
+import pytest
+from helpers import (MLP, Regressor, assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer,
+                     regression_data)
+
+import fitjax as fj
+from fitjax.step import learning_rate as lr_lib
+from fitjax.strategies import FSDP
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_once(tmp_path_factory):
+    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
+
+
+class SWARegressor(Regressor):
+    """`Regressor` with its learning rate exposed through `optax.inject_hyperparams`."""
+
+    def __init__(self, lr: float = 0.05, batchnorm: bool = False, schedule: bool = False):
+        super().__init__(lr=lr, batchnorm=batchnorm)
+        self.schedule = schedule
+
+    def configure_optimizer(self):
+        lr = optax.linear_schedule(self.hparams.lr, 0.0, 1000) if self.schedule else self.hparams.lr
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=lr, momentum=0.9)
+
+
+class EpochRecord(fj.Callback):
+    """The params at each epoch start and the learning rate of each epoch's first step."""
+
+    def __init__(self):
+        self.starts, self.lrs = [], []
+
+    def on_train_epoch_start(self, trainer, module):
+        self.starts.append(jax.device_get(trainer.state.params))
+        self.lrs.append(None)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.lrs[-1] is None:  # the rate the update used (the state keeps it)
+            self.lrs[-1] = float(lr_lib.current(trainer.state.opt_state))
+
+
+def _mean_by_hand(trees):
+    """torch's AveragedModel: avg <- p, then avg + (p - avg) / (n + 1), in float32."""
+    avg = None
+    for n, tree in enumerate(trees):
+        tree = jax.tree.map(lambda p: np.asarray(p, np.float32), tree)
+        avg = tree if avg is None else jax.tree.map(
+            lambda a, p: a + (p - a) / np.float32(n + 1), avg, tree)
+    return avg
+
+
+def _swalr(lr0, swa_lr, epochs, swa_start, annealing_epochs, strategy):
+    """torch's SWALR as Lightning steps it (per epoch from `swa_start`), by hand."""
+    out = []
+    for epoch in range(epochs):
+        if epoch < swa_start:
+            out.append(lr0)
+            continue
+        t = min(1.0, (epoch - swa_start) / max(1, annealing_epochs))
+        alpha = (1 - math.cos(math.pi * t)) / 2 if strategy == "cos" else t
+        out.append(swa_lr * alpha + lr0 * (1 - alpha))
+    return out
+
+
+# From Lightning 2.x (torch CPU): a 2->1 Linear on 8 examples, batch 4, SGD(lr=0.1), max_epochs=6,
+# StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=3, annealing_strategy=s);
+# `optimizer.param_groups[0]["lr"]` at each epoch's first batch. The same run's final weights were
+# the mean of the weights at the starts of epochs 1..5 (0-based): the last epoch's updates are not
+# in the average.
+LIGHTNING_LRS = {"cos": [0.1, 0.1, 0.07750000000000001, 0.032500000000000015, 0.01, 0.01],
+                 "linear": [0.1, 0.1, 0.07, 0.04000000000000001, 0.01, 0.01]}
+LIGHTNING_AVERAGED_EPOCHS = range(1, 6)
+
+
+@pytest.mark.parametrize("strategy", ["cos", "linear"])
+def test_learning_rates_and_averaged_epochs_match_lightning(strategy):
+    record = EpochRecord()
+    swa = fj.StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=3,
+                                       annealing_strategy=strategy)
+    trainer = quiet_trainer(max_epochs=6, callbacks=[record, swa])
+    module = SWARegressor(lr=0.1)
+    with count_compiles() as compiles:
+        trainer.fit(module, fj.DataLoader(regression_data(n=32), batch_size=16))
+    # float32 rates against Lightning's float64 ones
+    np.testing.assert_allclose(record.lrs, LIGHTNING_LRS[strategy], rtol=1e-6)
+    np.testing.assert_allclose(record.lrs, _swalr(0.1, 0.01, 6, 1, 3, strategy), rtol=1e-6)
+    assert (swa.swa_start, swa.swa_end) == (1, 5)
+    average = _mean_by_hand([record.starts[e] for e in LIGHTNING_AVERAGED_EPOCHS])
+    assert_trees_close(module.variables[0], average, rtol=1e-6, atol=1e-7)
+    assert int(trainer.state.extras["swa"]["n_averaged"]) == 5
+    # the rate is a value of the state: one train step and one epoch-start program for 6 epochs
+    assert compiles["train_step"] == 1 and compiles["pieces_epoch_start"] == 1, compiles
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp", "fsdp"])
+def test_average_by_hand_with_accumulation_bf16_clipping_and_steps_per_execution(strategy):
+    record = EpochRecord()
+    strategy_obj = FSDP(min_size_to_shard=8) if strategy == "fsdp" else strategy
+    trainer = quiet_trainer(max_epochs=5, strategy=strategy_obj, accumulate_grad_batches=2,
+                            precision="bf16-mixed", gradient_clip_val=0.5, steps_per_execution=2,
+                            callbacks=[record, fj.StochasticWeightAveraging(0.02, swa_epoch_start=0.6,
+                                                                            annealing_epochs=1)])
+    module = SWARegressor(lr=0.05)
+    trainer.fit(module, fj.DataLoader(regression_data(n=128), batch_size=16))
+    # float: int(5 * 0.6) = 3 -> epochs 2, 3, 4 (0-based) averaged at their starts
+    average = _mean_by_hand(record.starts[2:5])
+    assert_trees_close(trainer.state.params, average, rtol=1e-6, atol=1e-7)
+    assert_trees_close(module.variables[0], average, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(record.lrs, [0.05, 0.05, 0.05, 0.02, 0.02], rtol=1e-6)
+    swa_state = trainer.state.extras["swa"]
+    for avg, p in zip(jax.tree.leaves(swa_state["average"]), jax.tree.leaves(trainer.state.params)):
+        assert avg.sharding.is_equivalent_to(p.sharding, p.ndim)
+    if strategy == "fsdp":
+        assert any(not a.sharding.is_fully_replicated for a in jax.tree.leaves(swa_state["average"]))
+
+
+def test_a_schedule_is_overridden_from_the_start_epoch():
+    record = EpochRecord()
+    trainer = quiet_trainer(max_epochs=4, callbacks=[record, fj.StochasticWeightAveraging(
+        0.01, swa_epoch_start=2, annealing_epochs=2, annealing_strategy="linear")])
+    trainer.fit(SWARegressor(lr=0.1, schedule=True), fj.DataLoader(regression_data(n=64), batch_size=16))
+    # SWA starts at epoch 1 (0-based) from the rate the state held then: the last update's (step 3),
+    # and the schedule no longer moves it
+    lr0 = 0.1 * (1 - 3 / 1000)
+    np.testing.assert_allclose(record.lrs, [0.1, lr0, 0.5 * 0.01 + 0.5 * lr0, 0.01], rtol=1e-6)
