@@ -4,11 +4,13 @@ torch's `update_bn` (what Lightning's SWA runs after the weights are averaged) r
 BatchNorm's running statistics and sets `momentum=None`, so one pass over the train data leaves
 the cumulative average of the per-batch statistics. flax's BatchNorm has no such switch: its
 running update is always `new = m * old + (1 - m) * batch_stat` for a momentum `m` the trainer
-cannot see. That update is affine in `old`, so one forward-mode derivative gives both parts:
-`jvp(old -> new)` at `old = 0` with tangent 1 returns `(1 - m) * batch_stat` and `m`, hence the
-batch statistic, for every floating leaf of the model state, Linen's `batch_stats` and NNX's
-`BatchStat` alike, with no knowledge of the layers. Leaves the train step leaves unchanged
-(`m == 1`: not a running statistic) keep their value.
+cannot see. That update is affine in `old`, so two train-mode forward passes recover both parts
+for every floating leaf of the model state, Linen's `batch_stats` and NNX's `BatchStat` alike,
+with no knowledge of the layers: at `old = 0` the new value is `c = (1 - m) * batch_stat`; at
+`old = K`, a power of two well above `|c|` (so `m * K` is exact and `c` does not blur it), it is
+`m * K + c`, which gives `m`, hence `batch_stat = c / (1 - m)`. (A derivative would give `m` in
+one pass, but NNX's BatchNorm stops gradients through its update.) Leaves the train step leaves
+unchanged (`m == 1`: not a running statistic) keep their value.
 
 The result is the average of flax's own batch statistics: the biased variance that flax stores
 (torch stores the unbiased one), rounded by one division by `1 - m` (float32; see
@@ -53,9 +55,9 @@ def make_running_average(module, binding, policy) -> Callable:
             new_leaves = jax.tree.leaves(new_state)
             return [new_leaves[i].astype(jnp.float32) for i in floats]
 
-        zeros = [jnp.zeros(leaves[i].shape, jnp.float32) for i in floats]
-        ones = [jnp.ones(leaves[i].shape, jnp.float32) for i in floats]
-        scaled, momenta = jax.jvp(new_floats, (zeros,), (ones,))
+        scaled = new_floats([jnp.zeros(leaves[i].shape, jnp.float32) for i in floats])
+        big = [jnp.exp2(jnp.ceil(jnp.log2(jnp.abs(c) + 1.0)) + 8.0) for c in scaled]
+        momenta = [(n - c) / k for n, c, k in zip(new_floats(big), scaled, big)]
         return leaves, treedef, floats, scaled, momenta
 
     def step(params: PyTree, model_state: PyTree, average: PyTree, n: jax.Array, rng: jax.Array,

@@ -9,6 +9,7 @@ import math
 import jax
 import numpy as np
 import optax
+from flax import nnx
 import pytest
 from helpers import (MLP, Regressor, assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer,
                      regression_data)
@@ -52,7 +53,8 @@ class EpochRecord(fj.Callback):
 
 
 def _mean_by_hand(trees):
-    """torch's AveragedModel: avg <- p, then avg + (p - avg) / (n + 1), in float32."""
+    """torch's AveragedModel: avg <- p, then avg + (p - avg) / (n + 1), in float32 (numpy; the
+    tests allow rtol 1e-6: XLA may fuse the same float32 operations in another order)."""
     avg = None
     for n, tree in enumerate(trees):
         tree = jax.tree.map(lambda p: np.asarray(p, np.float32), tree)
@@ -135,3 +137,124 @@ def test_a_schedule_is_overridden_from_the_start_epoch():
     # and the schedule no longer moves it
     lr0 = 0.1 * (1 - 3 / 1000)
     np.testing.assert_allclose(record.lrs, [0.1, lr0, 0.5 * 0.01 + 0.5 * lr0, 0.01], rtol=1e-6)
+
+
+@pytest.mark.parametrize("cut", [10, 8], ids=["mid-epoch", "epoch-boundary"])
+def test_resume_from_a_mid_swa_checkpoint_equals_an_uninterrupted_run_bitwise(tmp_path, cut):
+    def fit(folder, max_steps=None, ckpt_path=None):
+        swa = fj.StochasticWeightAveraging(0.01, swa_epoch_start=2, annealing_epochs=2)
+        trainer = quiet_trainer(max_epochs=5, max_steps=max_steps, strategy="dp", enable_checkpointing=True,
+                                callbacks=[swa, fj.ModelCheckpoint(folder, every_n_train_steps=cut // 2)])
+        trainer.fit(SWARegressor(batchnorm=True), fj.DataLoader(regression_data(n=64), batch_size=16,
+                                                                shuffle=True), ckpt_path=ckpt_path)
+        return trainer
+
+    full = fit(tmp_path / "full")
+    cut_run = fit(tmp_path / "cut", max_steps=cut)
+    # stopped in epoch 2 (averaged at the starts of epochs 1 and 2) or at the end of epoch 1
+    assert int(cut_run.state.extras["swa"]["n_averaged"]) == (2 if cut == 10 else 1)
+    resumed = fit(tmp_path / "cut", ckpt_path="last")
+    assert_trees_close(resumed.state.extras, full.state.extras, rtol=0, atol=0)
+    assert_trees_close(resumed.state.params, full.state.params, rtol=0, atol=0)
+    assert_trees_close(resumed.state.model_state, full.state.model_state, rtol=0, atol=0)
+
+
+class LastParams(fj.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        self.params = jax.device_get(trainer.state.params)
+
+
+def test_validate_test_and_predict_after_fit_use_the_average():
+    data = fj.DataLoader(regression_data(n=64), batch_size=16)
+    val = fj.DataLoader(regression_data(n=32, seed=1), batch_size=16)
+    last = LastParams()
+    trainer = quiet_trainer(max_epochs=3, callbacks=[last, fj.StochasticWeightAveraging(0.01, swa_epoch_start=1)])
+    module = SWARegressor()
+    trainer.fit(module, data, val)
+    average = trainer.state.extras["swa"]["average"]
+    assert_trees_close(module.variables[0], average, rtol=0, atol=0)
+    fresh = SWARegressor()
+    fresh._set_variables(jax.device_get(average), {})
+    assert trainer.validate(module, val)[0]["val/loss"] == quiet_trainer().validate(fresh, val)[0]["val/loss"]
+    assert trainer.test(module, val)[0]["test/loss"] == quiet_trainer().test(fresh, val)[0]["test/loss"]
+    np.testing.assert_array_equal(trainer.predict(module, val), quiet_trainer().predict(fresh, val))
+    # and not the last epoch's weights
+    trained = SWARegressor()
+    trained._set_variables(last.params, {})
+    assert quiet_trainer().validate(trained, val)[0]["val/loss"] != trainer.validate(module, val)[0]["val/loss"]
+
+
+class NNXNet(nnx.Module):
+    def __init__(self):
+        self.dense = nnx.Linear(8, 16, rngs=nnx.Rngs(0))
+        self.bn = nnx.BatchNorm(16, momentum=0.9, rngs=nnx.Rngs(0))
+        self.out = nnx.Linear(16, 1, rngs=nnx.Rngs(1))
+
+    def __call__(self, x):
+        return self.out(nnx.relu(self.bn(self.dense(x))))
+
+
+class NNXRegressor(SWARegressor):
+    def __init__(self):
+        super().__init__()
+        self.model = NNXNet()
+
+    def loss(self, model, batch):
+        pred = model(batch["x"])
+        return ((pred - batch["y"]) ** 2).mean(), {"pred": pred}
+
+    def predict_step(self, model, batch):
+        return model(batch["x"])
+
+
+def _batch_stats_by_hand(x, kernel, bias, batch_size):
+    """Mean over batches of each batch's mean and (biased, as flax stores it) variance of the
+    BatchNorm's input `x @ kernel + bias`."""
+    hs = [x[i:i + batch_size] @ kernel + bias for i in range(0, len(x), batch_size)]
+    return np.mean([h.mean(0) for h in hs], 0), np.mean([h.var(0) for h in hs], 0)
+
+
+@pytest.mark.parametrize("kind", ["linen", "nnx"])
+def test_batchnorm_statistics_are_recomputed_with_the_average(kind):
+    data = regression_data(n=64)
+    module = SWARegressor(batchnorm=True) if kind == "linen" else NNXRegressor()
+    trainer = quiet_trainer(max_epochs=3, strategy="dp", callbacks=[fj.StochasticWeightAveraging(
+        0.01, swa_epoch_start=1)])
+    trainer.fit(module, fj.DataLoader(data, batch_size=16))
+    params, model_state = jax.device_get(trainer.state.params), jax.device_get(trainer.state.model_state)
+    if kind == "linen":
+        dense, stats = params["Dense_0"], model_state["batch_stats"]["BatchNorm_0"]
+        mean, var = _batch_stats_by_hand(data["x"], dense["kernel"], dense["bias"], 16)
+    else:
+        dense, stats = params["dense"], model_state["bn"]
+        mean, var = _batch_stats_by_hand(data["x"], dense["kernel"], dense["bias"], 16)
+    # rtol: float32 rounding of flax's one-pass variance and of the division by 1 - momentum
+    np.testing.assert_allclose(stats["mean"], mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(stats["var"], var, rtol=1e-4, atol=1e-6)
+    # momentum 0.9 from the last epoch's values would be far from it: the pass did replace them
+    assert_trees_close(module.variables[1], model_state, rtol=0, atol=0)
+
+
+def test_bad_arguments_name_themselves():
+    for kwargs, match in [
+        ({"swa_lrs": 0.1, "swa_epoch_start": 0}, r"swa_epoch_start=...\).*got 0"),
+        ({"swa_lrs": 0.1, "swa_epoch_start": 1.5}, r"swa_epoch_start=...\).*got 1.5"),
+        ({"swa_lrs": -1.0}, r"swa_lrs=...\).*positive.*got -1.0"),
+        ({"swa_lrs": "0.1"}, r"swa_lrs=...\).*got '0.1'"),
+        ({"swa_lrs": [0.1, 0.2]}, r"swa_lrs=...\) got 2 learning rates"),
+        ({"swa_lrs": 0.1, "annealing_epochs": -1}, r"annealing_epochs=...\).*got -1"),
+        ({"swa_lrs": 0.1, "annealing_strategy": "step"}, r"annealing_strategy=...\) got 'step'.*'cos', 'linear'"),
+        ({"swa_lrs": 0.1, "avg_fn": 3}, r"avg_fn=...\).*got 3"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fj.StochasticWeightAveraging(**kwargs)
+
+
+def test_an_optimizer_without_an_exposed_learning_rate_is_refused_with_the_fix():
+    data = fj.DataLoader(regression_data(n=32), batch_size=16)
+    trainer = quiet_trainer(max_epochs=2, callbacks=[fj.StochasticWeightAveraging(0.01)])
+    with pytest.raises(ValueError, match=r"inject_hyperparams.*holds 0.*optax.inject_hyperparams\(optax.adam\)"):
+        trainer.fit(Regressor(batchnorm=False), data)  # optax.sgd(lr): the rate is in a closure
+    trainer = quiet_trainer(max_steps=4, max_epochs=-1, callbacks=[fj.StochasticWeightAveraging(0.01)])
+    with pytest.raises(ValueError, match=r"needs Trainer\(max_epochs=...\)"):
+        trainer.fit(SWARegressor(), data)
