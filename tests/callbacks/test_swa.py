@@ -153,6 +153,9 @@ def test_resume_from_a_mid_swa_checkpoint_equals_an_uninterrupted_run_bitwise(tm
     cut_run = fit(tmp_path / "cut", max_steps=cut)
     # stopped in epoch 2 (averaged at the starts of epochs 1 and 2) or at the end of epoch 1
     assert int(cut_run.state.extras["swa"]["n_averaged"]) == (2 if cut == 10 else 1)
+    # stopped before the last epoch (max_steps): like Lightning, the parameters stay the trained ones
+    cut_params, cut_average = jax.device_get((cut_run.state.params, cut_run.state.extras["swa"]["average"]))
+    assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(cut_params), jax.tree.leaves(cut_average)))
     resumed = fit(tmp_path / "cut", ckpt_path="last")
     assert_trees_close(resumed.state.extras, full.state.extras, rtol=0, atol=0)
     assert_trees_close(resumed.state.params, full.state.params, rtol=0, atol=0)
@@ -229,10 +232,10 @@ def test_batchnorm_statistics_are_recomputed_with_the_average(kind):
         dense, stats = params["dense"], model_state["bn"]
         mean, var = _batch_stats_by_hand(data["x"], dense["kernel"], dense["bias"], 16)
     # rtol: float32 rounding of flax's one-pass variance and of the division by 1 - momentum
-    np.testing.assert_allclose(stats["mean"], mean, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(stats["var"], var, rtol=1e-4, atol=1e-6)
-    # momentum 0.9 from the last epoch's values would be far from it: the pass did replace them
-    assert_trees_close(module.variables[1], model_state, rtol=0, atol=0)
+    # (measured: at most 8e-7); the trained running statistics (momentum 0.9) are far from these
+    np.testing.assert_allclose(stats["mean"], mean, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(stats["var"], var, rtol=1e-5, atol=1e-7)
+    assert_trees_close(module.variables[1], model_state, rtol=0, atol=0)  # the module has them too
 
 
 def test_bad_arguments_name_themselves():
