@@ -139,6 +139,31 @@ def test_a_schedule_is_overridden_from_the_start_epoch():
     np.testing.assert_allclose(record.lrs, [0.1, lr0, 0.5 * 0.01 + 0.5 * lr0, 0.01], rtol=1e-6)
 
 
+class LightningStyle(fj.LitModule):
+    """Written the Lightning way, with an `lr_scheduler` stepping every batch (fitjax drives the
+    `inject_hyperparams` optimizer's rate from it inside each update)."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = MLP(batchnorm=False)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.model(batch["x"], train=True) - batch["y"]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return {"optimizer": optax.inject_hyperparams(optax.sgd)(learning_rate=0.1),
+                "lr_scheduler": {"scheduler": optax.linear_schedule(0.1, 0.0, 1000), "interval": "step"}}
+
+
+def test_a_lightning_lr_scheduler_is_swapped_out_from_the_start_epoch():
+    record = EpochRecord()
+    trainer = quiet_trainer(max_epochs=4, callbacks=[record, fj.StochasticWeightAveraging(
+        0.01, swa_epoch_start=3, annealing_epochs=1, annealing_strategy="linear")])
+    trainer.fit(LightningStyle(), fj.DataLoader(regression_data(n=64), batch_size=16))
+    # the scheduler's rates at steps 0 and 4, then SWA (from epoch 2) from the last update's (step 7)
+    np.testing.assert_allclose(record.lrs, [0.1, 0.1 * (1 - 4 / 1000), 0.1 * (1 - 7 / 1000), 0.01], rtol=1e-6)
+
+
 @pytest.mark.parametrize("cut", [10, 8], ids=["mid-epoch", "epoch-boundary"])
 def test_resume_from_a_mid_swa_checkpoint_equals_an_uninterrupted_run_bitwise(tmp_path, cut):
     def fit(folder, max_steps=None, ckpt_path=None):
