@@ -21,10 +21,10 @@ from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
+from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop.evaluation import EvalStages, maybe_len as _maybe_len
-from fitjax.loop.progress import Position, Progress, ProgressView
-from fitjax import metrics as acc_lib
+from fitjax.loop.progress import Progress, ProgressView
 from fitjax._typing import Batch, HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, as_loader, batch_size_of
@@ -51,7 +51,7 @@ _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes th
 
 
 
-class Trainer(EvalStages):
+class Trainer(EvalStages, Logs):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -590,38 +590,6 @@ class Trainer(EvalStages):
 
     # ------------------------------------------------------------------ logs and validation
 
-    def _start_train_window(self, *, log_rows: bool = True) -> None:
-        """Starts fetching the accumulators (reset on device) for `_finish_train_window`;
-        `log_rows=False`: they only join the epoch's means (the end of an epoch)."""
-        self._finish_train_window()
-        self.state, self._window = _log_fetch.start(self.state, self._compiled.reset_metrics, step=self.global_step,
-                                                    epoch=self.current_epoch, batches_done=self._progress.batches_done)
-        self._window_rows = log_rows
-
-    def _finish_train_window(self) -> None:
-        """Logs the means of the window on its way, if any, at the step it ended (waits for it).
-
-        Rows are written at step `global_step - 1` of the step that ended the window, as
-        Lightning does (its first row of `log_every_n_steps=n` is at step n-1)."""
-        window, self._window = self._window, None
-        if window is None:
-            return
-        with self.profiler.profile("[sync] log step values"):  # waits for the device
-            host, extra = window.read()
-        if not any(w > 0 for _, w in host.values()):
-            return
-        specs = self._compiled.log_specs
-        self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
-        if not self._window_rows:
-            return
-        at = {"step": window.step - 1, "epoch": window.epoch}
-        self._log({name: float(value) for name, value in extra.items()}, **at)
-        on_step = _logged.keep(host, specs, "on_step")
-        values = _logged.compute(on_step, specs, stage="train", epoch=False)
-        self.progress_bar_metrics.update(_logged.for_progress_bar(values, specs))
-        self._log(values, aliases=_logged.plain_names(on_step, specs, epoch=False), **at)
-        self._progress.last_logged = Position(window.epoch, window.batches_done, window.step)
-
     def _validate_during_fit(self, module: LitModule, val_loader) -> None:
         self._finish_train_window()  # callbacks of validation see every train value up to now
         with self.profiler.profile("[loop] validation"):
@@ -715,36 +683,6 @@ class Trainer(EvalStages):
         while queue:
             yield queue.popleft()
 
-    def _log(self, values: HostMetrics, *, step: int | None = None, epoch: int | None = None,
-             aliases: HostMetrics | None = None) -> None:
-        """Records `values` as the latest and writes them to the loggers at `step`; `aliases`
-        (Lightning's plain names of forked values) go to `callback_metrics` only.
-
-        The default step is Lightning's: during fit the index of the last step taken
-        (`global_step - 1`), else `global_step`."""
-        if aliases:
-            self._callback_metrics.update(aliases)
-        compiled = self._compile_times.take()  # compile/<program>_s: for the loggers, not the callbacks
-        if not values and not compiled:
-            return
-        self._callback_metrics.update(values)
-        self.logged_metrics.update({**values, **compiled})
-        if step is None:
-            step = max(self.global_step - 1, 0) if self._fitting else self.global_step
-        row = {**values, **compiled, "epoch": float(self.current_epoch if epoch is None else epoch)}
-        with self.profiler.profile("[log] loggers"):
-            for logger in self.loggers:
-                logger.log_metrics(row, step=step)
-
-    def _call(self, hook: str, module: LitModule, *args: Any, log: bool = True) -> None:
-        """Calls `hook` on the module and the callbacks; logs what the module's hook passed to
-        `self.log` (host values, under the names given), unless `log` is False (sanity check)."""
-        logged = self._hooks.call(hook, self, module, *args)
-        if logged and log:
-            values = _logged.host_values(logged, owner=type(module).__name__, hook=hook)
-            self.progress_bar_metrics.update({k: values[k] for k in logged.specs if logged.specs[k].prog_bar})
-            self._log(values)
-
     def _end_pieces(self, module: LitModule, train_loader) -> None:
         """Pieces that end training with other parameters (SWA's average) set them, and the model
         state is recomputed with one pass over the train data when they ask (BatchNorm)."""
@@ -765,10 +703,6 @@ class Trainer(EvalStages):
     def _eval_params(self):
         """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
         return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
-
-    def _finalize_loggers(self, status: str) -> None:
-        for logger in self.loggers:
-            logger.finalize(status)
 
     def _fit_loaders(self, train_data, val_data, datamodule):
         if datamodule is not None:
