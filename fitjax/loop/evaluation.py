@@ -1,4 +1,5 @@
-"""`Trainer.validate`, `test` and `predict`: the evaluation stages, apart from the fit loop.
+"""`Trainer.validate`, `test` and `predict`: the evaluation stages; and the validations that
+fit runs (with its sanity check before training) on the same evaluation.
 
 `EvalStages` is a part of `Trainer` (it reads the trainer's strategy, compiled steps, hooks and
 logging); it lives here so that `trainer.py` holds the fit loop alone.
@@ -28,7 +29,7 @@ __all__ = ["EvalStages"]
 
 
 class EvalStages:
-    """The evaluation stages of `Trainer` (validate, test, predict)."""
+    """The evaluation stages of `Trainer` (validate, test, predict) and fit's validations."""
 
     def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
                  ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
@@ -91,6 +92,42 @@ class EvalStages:
         if not host:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    def _validate_during_fit(self, module: LitModule, val_loader) -> None:
+        self._finish_train_window()  # callbacks of validation see every train value up to now
+        with self.profiler.profile("[loop] validation"):
+            self._validate_in_fit(module, val_loader)
+
+    def _validate_in_fit(self, module: LitModule, val_loader) -> None:
+        self._call("on_validation_start", module)
+        self._call("on_validation_epoch_start", module)
+        results, aliases = self._evaluate(
+            module, val_loader, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
+        )
+        self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
+        self._log(results, aliases=aliases)
+        self._progress.last_validated = self._progress.position
+        self._call("on_validation_epoch_end", module)
+        self._call("on_validation_end", module)
+
+    def _sanity_check(self, module: LitModule, val_loader) -> None:
+        """Lightning's sanity check: `num_sanity_val_steps` validation batches before training,
+        with the validation hooks (`trainer.sanity_checking` is True); nothing is logged."""
+        if not self.num_sanity_val_steps or not self._validation_enabled(val_loader):
+            return
+        limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        self.sanity_checking = True
+        try:
+            self._call("on_sanity_check_start", module)
+            self._call("on_validation_start", module, log=False)
+            self._call("on_validation_epoch_start", module, log=False)
+            self._evaluate(module, val_loader, self._eval_params(), self.state.model_state, self.state.rng,
+                           stage="val", limit=limit)
+            self._call("on_validation_epoch_end", module, log=False)
+            self._call("on_validation_end", module, log=False)
+        finally:
+            self.sanity_checking = False
+        self._call("on_sanity_check_end", module)
 
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None):
         """Sharded `(params, model_state, rng)` for eval (from `ckpt_path` when given);
