@@ -5,13 +5,12 @@ Sync points (where the host waits for the device) are marked; there is none per 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -23,11 +22,12 @@ from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner
+from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages, maybe_len as _maybe_len
 from fitjax.loop.progress import Progress, ProgressView
-from fitjax._typing import Batch, HostMetrics
+from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
-from fitjax.data import DataModule, as_loader, batch_size_of
+from fitjax.data import DataModule, batch_size_of
 from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data, checked_batches
 from fitjax.loggers import Logger, resolve_loggers
@@ -40,7 +40,6 @@ from fitjax.strategies._distributed import agree
 
 __all__ = ["Trainer"]
 
-_PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
 
 
 
@@ -51,7 +50,7 @@ _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes th
 
 
 
-class Trainer(EvalStages, Logs):
+class Trainer(EvalStages, Logs, TrainData):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -592,61 +591,6 @@ class Trainer(EvalStages, Logs):
 
     # ---------------------------------------------------------------------------- internals
 
-    def _train_chunks(self, loader, epoch_iter: Iterator[Batch] | None, *, start: int,
-                      steps_left: int | None) -> Iterable[step_lib.StepInputs]:
-        """The current epoch's chunks from batch `start`: picked from blocks on the devices when
-        the data is kept there (`data._device_blocks`), else grouped from `epoch_iter` (the host batches;
-        None: this epoch's, made here)."""
-        if self._feed is None:
-            if epoch_iter is None:
-                epoch_iter = self._epoch_batches(loader, self.current_epoch)
-            return self._prefetch(step_lib.group_batches(epoch_iter, self.step_options, steps_left=steps_left))
-        loader.set_epoch(self.current_epoch)
-        stop = checks.apply_limit(self.limits["train"], len(loader))
-        self._positions.computed(loader._state_at)
-        return self._feed.chunks(start=start, stop=stop, steps_left=steps_left,
-                                 current_step=lambda: self.state.step)
-
-    def _hook_batch_maker(self):
-        """`chunk -> the batch the per-batch hooks get`: host arrays, as the loader yields them;
-        None for a chunk on the devices when every hook that runs ignores the batch."""
-        needs = (self._hooks.needs_batch("on_train_batch_start")
-                 or self._hooks.needs_batch("on_train_batch_end"))
-
-        def hook_batch(chunk: step_lib.StepInputs) -> Any:
-            if not chunk.on_device:
-                return chunk.inputs
-            return self._feed.host_inputs(chunk) if needs else None
-
-        return hook_batch
-
-    def _epoch_batches(self, loader, epoch: int, *, start: int = 0, state: Any = None) -> Iterator[Batch]:
-        """Epoch `epoch`'s train batches from batch `start` (the loader's saved `state` there)."""
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
-        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, limit=limit, shards=self.strategy.num_batch_shards // jax.process_count())
-
-    def _prefetch(self, chunks: Iterable[step_lib.StepInputs]) -> Iterable[step_lib.StepInputs]:
-        """Shards each chunk's inputs onto the devices `_PREFETCH` steps before the step that uses it.
-
-        With one process batches stay on the host: the jitted step's `in_shardings` transfer them
-        in its C++ dispatch path, which is cheaper than any Python-side prefetch.
-        """
-        if jax.process_count() == 1:
-            return chunks
-        return self._prefetch_global(chunks)
-
-    def _prefetch_global(self, chunks: Iterable[step_lib.StepInputs]) -> Iterator[step_lib.StepInputs]:
-        queue: collections.deque = collections.deque()
-        shard = self._compiled.shard_inputs
-        for chunk in chunks:
-            queue.append(dataclasses.replace(chunk, inputs=shard(chunk.inputs, chunk.full)))
-            if len(queue) > _PREFETCH - 1:
-                yield queue.popleft()
-        while queue:
-            yield queue.popleft()
-
     def _end_pieces(self, module: LitModule, train_loader) -> None:
         """Pieces that end training with other parameters (SWA's average) set them, and the model
         state is recomputed with one pass over the train data when they ask (BatchNorm)."""
@@ -667,23 +611,3 @@ class Trainer(EvalStages, Logs):
     def _eval_params(self):
         """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
         return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
-
-    def _fit_loaders(self, train_data, val_data, datamodule):
-        if datamodule is not None:
-            if train_data is not None or val_data is not None:
-                raise ValueError("Trainer.fit: pass either train_data/val_data or datamodule=, not both.")
-            datamodule.prepare_data()
-            datamodule.setup("fit")
-            train_data = datamodule.train_dataloader()
-            try:
-                val_data = datamodule.val_dataloader()
-            except NotImplementedError:
-                val_data = None
-        if train_data is None:
-            raise ValueError(
-                "Trainer.fit needs train_data (e.g. `fj.DataLoader(arrays, batch_size=64, shuffle=True)`) "
-                "or datamodule=."
-            )
-        train = as_loader(train_data, name="train_data")
-        val = as_loader(val_data, name="val_data") if val_data is not None else None
-        return train, val
