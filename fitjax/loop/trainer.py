@@ -22,6 +22,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner
+from fitjax.loop._schedule import Schedule
 from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages, maybe_len as _maybe_len
 from fitjax.loop.progress import Progress, ProgressView
@@ -50,7 +51,7 @@ __all__ = ["Trainer"]
 
 
 
-class Trainer(EvalStages, Logs, TrainData):
+class Trainer(EvalStages, Logs, TrainData, Schedule):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -376,16 +377,6 @@ class Trainer(EvalStages, Logs, TrainData):
         self._progress.last_saved = self._progress.position
         return _resume.fit_meta(self, module)
 
-    def _stop_agreed(self, *, synced: bool) -> bool:
-        """`should_stop` as every process sees it; with several processes it is compared at sync
-        points only (log steps, validations), so a stop takes effect there or at the epoch end."""
-        if jax.process_count() == 1:
-            return self.should_stop
-        if synced:
-            self.should_stop = self.agree(self.should_stop)
-            return self.should_stop
-        return False
-
     # --------------------------------------------------------------------------------- fit
 
     def fit(
@@ -545,49 +536,6 @@ class Trainer(EvalStages, Logs, TrainData):
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()
-
-    # ------------------------------------------------------------------ when things happen
-
-    def _skip_training(self) -> bool:
-        """Lightning's `FitLoop.skip`: nothing to train (max_steps=0, max_epochs=0 or
-        limit_train_batches=0); fit still builds, sanity-checks and calls on_fit_start/end."""
-        return self.num_training_batches == 0 or self.limits["train"] == 0 or self._done_training()
-
-    def _max_steps_reached(self) -> bool:
-        return self.max_steps is not None and self.global_step >= self.max_steps
-
-    def _can_stop_early(self) -> bool:
-        """A stop request is obeyed once min_epochs and min_steps are met (Lightning)."""
-        return ((not self.min_epochs or self.current_epoch >= self.min_epochs)
-                and (not self.min_steps or self.global_step >= self.min_steps))
-
-    def _done_training(self) -> bool:
-        return (
-            self._max_steps_reached()
-            or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
-            or (self.should_stop and self._can_stop_early())
-        )
-
-    def _validation_enabled(self, val_loader) -> bool:
-        return val_loader is not None and self.limits["val"] != 0
-
-    def _val_epoch_due(self, val_loader) -> bool:
-        n = self.check_val_every_n_epoch
-        return self._validation_enabled(val_loader) and (n is None or (self.current_epoch + 1) % n == 0)
-
-    def _val_due(self, val_loader, *, stop: bool) -> bool:
-        """Lightning's `_should_check_val_fx`, after each call of the train step: every
-        `val_check_interval` batches (counted in the epoch, or over the run when
-        check_val_every_n_epoch is None; a float: that fraction of the epoch's batches, rounded
-        down, so an epoch may end without one), and at a stop request that will be obeyed."""
-        if not self._val_epoch_due(val_loader):
-            return False
-        if stop and self._can_stop_early():
-            return True
-        across = self.check_val_every_n_epoch is None
-        return self._val_every is not None and self.progress.crossed_batches(self._val_every, across_epochs=across)
-
-    # ------------------------------------------------------------------ logs and validation
 
     # ---------------------------------------------------------------------------- internals
 
