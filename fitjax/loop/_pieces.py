@@ -1,20 +1,27 @@
 """The loop's side of the state pieces (`fitjax.step.pieces`): the epoch-start update and the end
-of training, each one jitted function with the state's shardings, compiled once per fit."""
+of training, each one jitted function with the state's shardings, compiled once per fit; and
+`Pieces`, the part of `Trainer` that ends training with them and hands the module its weights."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fitjax import step as step_lib
+from fitjax.data._checks import checked_batches
+from fitjax.loop import _checks as checks
+from fitjax.loop.evaluation import maybe_len as _maybe_len
+from fitjax.module import LitModule
 from fitjax.state import TrainState
 from fitjax.step import pieces as pieces_lib
 from fitjax.step.running_stats import make_running_average
 from fitjax.strategies import Strategy
 
-__all__ = ["PieceRunner"]
+__all__ = ["PieceRunner", "Pieces"]
 
 _STATS_RNG_SALT = 0x57A75  # the statistics pass draws its own keys (dropout), apart from the steps'
 
@@ -88,3 +95,28 @@ class PieceRunner:
                                    self.strategy.shard_batch(batch))
             n += 1
         return average
+
+
+class Pieces:
+    """The pieces' part of `Trainer`: their end of training, the weights for the module and eval."""
+
+    def _end_pieces(self, module: LitModule, train_loader) -> None:
+        """Pieces that end training with other parameters (SWA's average) set them, and the model
+        state is recomputed with one pass over the train data when they ask (BatchNorm)."""
+        def batches():
+            if hasattr(train_loader, "set_epoch"):  # Lightning's extra epoch: the next epoch's order
+                train_loader.set_epoch(self.current_epoch)
+            limit = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
+            return itertools.islice(checked_batches(train_loader), limit)
+
+        self.state = self._pieces.end_training(self.state, self.current_epoch, module, module._get_binding(),
+                                               self.step_options.precision, batches)
+
+    def _sync_module(self, module: LitModule) -> None:
+        """Hands the trained variables back to the module (and into an NNX model object)."""
+        module._set_variables(step_lib.pieces.module_params(self.state, self.step_options.pieces),
+                              self.state.model_state)
+
+    def _eval_params(self):
+        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
+        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)

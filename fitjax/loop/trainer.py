@@ -21,7 +21,7 @@ from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
 from fitjax.loop._logs import Logs
-from fitjax.loop._pieces import PieceRunner
+from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._schedule import Schedule
 from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages, maybe_len as _maybe_len
@@ -30,7 +30,7 @@ from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.data import DataModule, batch_size_of
 from fitjax.data import _device_blocks
-from fitjax.data._checks import check_fit_data, checked_batches
+from fitjax.data._checks import check_fit_data
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
 from fitjax.profilers import Profiler, resolve_profiler
@@ -51,7 +51,7 @@ __all__ = ["Trainer"]
 
 
 
-class Trainer(EvalStages, Logs, TrainData, Schedule):
+class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -536,26 +536,3 @@ class Trainer(EvalStages, Logs, TrainData, Schedule):
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()
-
-    # ---------------------------------------------------------------------------- internals
-
-    def _end_pieces(self, module: LitModule, train_loader) -> None:
-        """Pieces that end training with other parameters (SWA's average) set them, and the model
-        state is recomputed with one pass over the train data when they ask (BatchNorm)."""
-        def batches():
-            if hasattr(train_loader, "set_epoch"):  # Lightning's extra epoch: the next epoch's order
-                train_loader.set_epoch(self.current_epoch)
-            limit = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
-            return itertools.islice(checked_batches(train_loader), limit)
-
-        self.state = self._pieces.end_training(self.state, self.current_epoch, module, module._get_binding(),
-                                               self.step_options.precision, batches)
-
-    def _sync_module(self, module: LitModule) -> None:
-        """Hands the trained variables back to the module (and into an NNX model object)."""
-        module._set_variables(step_lib.pieces.module_params(self.state, self.step_options.pieces),
-                              self.state.model_state)
-
-    def _eval_params(self):
-        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
-        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
