@@ -42,15 +42,6 @@ from fitjax.strategies._distributed import agree
 __all__ = ["Trainer"]
 
 
-
-
-
-
-
-
-
-
-
 class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
