@@ -84,6 +84,15 @@ class Logs:
         self._log(values, aliases=_logged.plain_names(on_step, specs, epoch=False), **at)
         self._progress.last_logged = Position(window.epoch, window.batches_done, window.step)
 
+    def _log_train_epoch(self) -> None:
+        """Logs the train epoch's means: the windows read so far and the steps since the last log step."""
+        self._finish_train_window()
+        self._start_train_window(log_rows=False)  # the steps since the last log step
+        self._finish_train_window()
+        specs = self._compiled.log_specs
+        self._log(_logged.compute(self._epoch_acc, specs, stage="train", epoch=True),
+                  aliases=_logged.plain_names(self._epoch_acc, specs, epoch=True))
+
     def _finalize_loggers(self, status: str) -> None:
         for logger in self.loggers:
             logger.finalize(status)

@@ -16,7 +16,7 @@ import jax
 
 from fitjax import step as step_lib
 from fitjax._typing import Batch
-from fitjax.data import as_loader
+from fitjax.data import as_loader, batch_size_of
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _checks as checks
 from fitjax.loop.evaluation import maybe_len as _maybe_len
@@ -48,6 +48,21 @@ class TrainData:
         train = as_loader(train_data, name="train_data")
         val = as_loader(val_data, name="val_data") if val_data is not None else None
         return train, val
+
+    def _first_batch(self, train_loader) -> tuple[Batch, Iterator[Batch]]:
+        """The first train batch (fit builds the state and programs from it) and the rest of the
+        current epoch's batches; checks the batch size and counts the epoch's batches."""
+        epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
+        first = next(epoch_iter, None)
+        if first is None:  # limit_train_batches=0 trains nothing, but the model is built all the same
+            first = next(iter(train_loader), None)
+            epoch_iter = iter(())
+        if first is None:
+            raise ValueError("train_data is empty: its first epoch yielded no batch.")
+        self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
+        self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
+        self._train_size_known = True
+        return first, epoch_iter
 
     def _epoch_batches(self, loader, epoch: int, *, start: int = 0, state: Any = None) -> Iterator[Batch]:
         """Epoch `epoch`'s train batches from batch `start` (the loader's saved `state` there)."""

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _log_fetch, _logged
+from fitjax import _accelerator, _determinism, _log_fetch
 from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
@@ -24,11 +24,11 @@ from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._schedule import Schedule
 from fitjax.loop._train_data import TrainData
-from fitjax.loop.evaluation import EvalStages, maybe_len as _maybe_len
+from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
-from fitjax.data import DataModule, batch_size_of
+from fitjax.data import DataModule
 from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data
 from fitjax.loggers import Logger, resolve_loggers
@@ -418,16 +418,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
-        epoch_iter = self._epoch_batches(train_loader, self.current_epoch)
-        first = next(epoch_iter, None)
-        if first is None:  # limit_train_batches=0 trains nothing, but the model is built all the same
-            first = next(iter(train_loader), None)
-            epoch_iter = iter(())
-        if first is None:
-            raise ValueError("train_data is empty: its first epoch yielded no batch.")
-        self.strategy.check_batch_size(batch_size_of(first) * jax.process_count(), what="the train batch size")
-        self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
-        self._train_size_known = True
+        first, epoch_iter = self._first_batch(train_loader)
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         with self.profiler.profile("[build] state and programs"):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
@@ -513,12 +504,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
-        self._finish_train_window()
-        self._start_train_window(log_rows=False)  # the steps since the last log step
-        self._finish_train_window()
-        specs = self._compiled.log_specs
-        self._log(_logged.compute(self._epoch_acc, specs, stage="train", epoch=True),
-                  aliases=_logged.plain_names(self._epoch_acc, specs, epoch=True))
+        self._log_train_epoch()
         self._progress.epoch_end_done = True
         self._call("on_train_epoch_end", module)
         self.should_stop = self.agree(self.should_stop)
