@@ -1,4 +1,5 @@
-"""Exact resume: what a checkpoint records about the loop, and how `fit` continues from it.
+"""The loop's checkpoints: `Trainer.save_checkpoint`, what a checkpoint records about the loop,
+and how `fit` continues from it exactly.
 
 The loop position is counted in batches *consumed by steps*, not drawn from the loader: the
 trainer shards a batch ahead of the step that uses it, so the loader itself is one batch ahead.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
 import threading
 import warnings
@@ -24,6 +26,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fitjax import checkpoint
+from fitjax._checkpoint_writer import CheckpointWriter
+from fitjax.module import LitModule
 
 _KEEP = 8  # loader states kept behind the newest drawn batch (the prefetch depth is 2)
 
@@ -71,6 +75,43 @@ class BatchPositions:
         if self._state_fn is not None:
             return self._state_fn(batches_done)
         return self._states.get(batches_done)
+
+
+class Checkpoints:
+    """The checkpoint part of `Trainer`: a save now, and the meta every save stores."""
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+        """Saves the train state and the loop's progress as the checkpoint folder `filepath`,
+        now (waits until it is written). Every process calls it, as in Lightning.
+
+        `Trainer.fit(ckpt_path=filepath)` resumes from it exactly, `LitModule.load_from_checkpoint`
+        reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
+        `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
+        """
+        if weights_only:
+            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
+                             "checkpoint holds the whole train state; load weights only with "
+                             "`LitModule.load_from_checkpoint(path)`.")
+        if self.state is None or self._module_for_compiled is None:
+            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
+                               "call it during or after Trainer.fit.")
+        path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
+        if path.exists():
+            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+        writer = CheckpointWriter(path.parent)
+        writer.prepare()
+        try:
+            writer.save(path.name, self.state, self.checkpoint_meta(self._module_for_compiled))
+            writer.wait()  # written (and its failure raised) before returning
+        finally:
+            writer.close()
+
+    def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
+        """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
+        loop's progress, the data position, callback and logger states, hyperparameters.
+        Checkpoint callbacks call it when they save; the position is recorded as last saved."""
+        self._progress.last_saved = self._progress.position
+        return fit_meta(self, module)
 
 
 def fit_meta(trainer, module) -> dict[str, Any]:

@@ -9,19 +9,18 @@ import dataclasses
 import itertools
 import math
 import os
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
 
 from fitjax import _accelerator, _determinism, _log_fetch
-from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _resume
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
+from fitjax.loop._resume import Checkpoints
 from fitjax.loop._schedule import Schedule
 from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages
@@ -42,7 +41,7 @@ from fitjax.strategies._distributed import agree
 __all__ = ["Trainer"]
 
 
-class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
+class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -326,32 +325,6 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
         per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
         return min(per_epoch * self.max_epochs, limited_steps)
 
-    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
-        """Saves the train state and the loop's progress as the checkpoint folder `filepath`,
-        now (waits until it is written). Every process calls it, as in Lightning.
-
-        `Trainer.fit(ckpt_path=filepath)` resumes from it exactly, `LitModule.load_from_checkpoint`
-        reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
-        `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
-        """
-        if weights_only:
-            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
-                             "checkpoint holds the whole train state; load weights only with "
-                             "`LitModule.load_from_checkpoint(path)`.")
-        if self.state is None or self._module_for_compiled is None:
-            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
-                               "call it during or after Trainer.fit.")
-        path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
-        if path.exists():
-            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
-        writer = CheckpointWriter(path.parent)
-        writer.prepare()
-        try:
-            writer.save(path.name, self.state, self.checkpoint_meta(self._module_for_compiled))
-            writer.wait()  # written (and its failure raised) before returning
-        finally:
-            writer.close()
-
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
@@ -360,13 +333,6 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces):
         it in a collective.
         """
         return agree(flag)
-
-    def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
-        """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
-        loop's progress, the data position, callback and logger states, hyperparameters.
-        Checkpoint callbacks call it when they save; the position is recorded as last saved."""
-        self._progress.last_saved = self._progress.position
-        return _resume.fit_meta(self, module)
 
     # --------------------------------------------------------------------------------- fit
 
