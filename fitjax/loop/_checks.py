@@ -107,6 +107,18 @@ def sanity_steps(value: Any) -> int:
     )
 
 
+def fast_dev_run(value: Any) -> int:
+    if not isinstance(value, (bool, int)) or value < 0:
+        raise ValueError(f"Trainer(fast_dev_run=...) takes a bool or a positive int, got {value!r}")
+    return int(value)
+
+
+def seed(value: Any) -> int:
+    if not isinstance(value, int):
+        raise ValueError(f"Trainer(seed=...) must be an int, got {value!r}")
+    return value
+
+
 def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float | None:
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float))

@@ -2,7 +2,7 @@
 fit runs (with its sanity check before training) on the same evaluation.
 
 `EvalStages` is a part of `Trainer` (it reads the trainer's strategy, compiled steps, hooks and
-logging); it lives here so that `trainer.py` holds the fit loop alone.
+logging); it lives here so that `trainer.py` reads as the fit loop's outline.
 """
 
 from __future__ import annotations

@@ -1,4 +1,13 @@
-"""`Trainer`: the loop. `fit` reads top to bottom: build, then epochs of steps, logs and validation.
+"""`Trainer`: its public surface and the loop's outline. `fit` reads top to bottom: build, then
+epochs of steps, logs and validation.
+
+The Trainer's other parts are its base classes, beside it in `fitjax.loop`; they read and write
+the same attributes (the state, the compiled steps, the loop's one `Progress`):
+`evaluation` (validate, test, predict and fit's validations), `_train_data` (fit's loaders,
+an epoch's batches and chunks), `_logs` (values to the loggers and `callback_metrics`),
+`_schedule` (when training ends, a stop is obeyed, validation is due), `_pieces` (the state
+pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what a checkpoint
+records, exact resume). `_checks` holds the argument checks.
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
@@ -172,18 +181,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             "test": checks.check_limit("limit_test_batches", limit_test_batches),
             "predict": checks.check_limit("limit_predict_batches", limit_predict_batches),
         }
-        if not isinstance(fast_dev_run, (bool, int)) or fast_dev_run < 0:
-            raise ValueError(f"Trainer(fast_dev_run=...) takes a bool or a positive int, got {fast_dev_run!r}")
-        self.fast_dev_run = int(fast_dev_run)
+        self.fast_dev_run = checks.fast_dev_run(fast_dev_run)
         if self.fast_dev_run:
             self.limits = {stage: self.fast_dev_run for stage in self.limits}
             # Lightning's: n batches of train and val, validation after them, no sanity check
             self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
-        if not isinstance(seed, int):
-            raise ValueError(f"Trainer(seed=...) must be an int, got {seed!r}")
-        self.seed = seed
+        self.seed = checks.seed(seed)
         self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
