@@ -7,6 +7,7 @@ needs no import side effects and catches a lazy import as well as a top-level on
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,32 @@ def test_the_step_layer_imports_nothing_from_data_checkpoint_loop_or_callbacks()
 ])
 def test_the_rule_catches_an_upward_import(module, target):
     assert _layer(target) > _layer(module)
+
+
+_PRIVATE_TRAINER = re.compile(r"\btrainer\._[A-Za-z]|getattr\(\s*(?:self\.)?trainer\s*,\s*['\"]_")
+
+
+def _private_trainer_reads(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if _PRIVATE_TRAINER.search(line):
+                found.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
+    return found
+
+
+def test_nothing_outside_the_loop_reads_or_writes_trainer_private_attributes():
+    """Callbacks, loggers, the tuner, tests and examples get values and read-only views
+    (`trainer.progress`, properties); the `Trainer`'s private attributes belong to `fitjax/loop/`."""
+    roots = [PACKAGE.parent / name for name in ("fitjax", "tests", "examples", "benchmarks")]
+    loop = PACKAGE / "loop"
+    found = [hit for root in roots if root.is_dir() for hit in _private_trainer_reads(root)
+             if not hit.startswith(str(loop.relative_to(PACKAGE.parent)) + "/")
+             and not hit.startswith("tests/test_layers.py:")]
+    assert not found, "reads of Trainer private attributes outside fitjax/loop/:\n" + "\n".join(found)
+
+
+def test_the_private_attribute_check_catches_one():
+    assert _PRIVATE_TRAINER.search("value = trainer._progress.epoch")
+    assert _PRIVATE_TRAINER.search('getattr(self.trainer, "_hooks")')
+    assert not _PRIVATE_TRAINER.search("value = trainer.progress.epoch")
