@@ -92,7 +92,8 @@ class Callback:
 
         The trainer asks each callback once, when it is constructed, and builds its step with them:
         each piece's state is one entry of `TrainState.extras`, updated inside the step, sharded,
-        checkpointed and resumed with the rest of the state (`fj.callbacks.EMA` is one).
+        checkpointed and resumed with the rest of the state (`fj.callbacks.EMA` and
+        `fj.callbacks.StochasticWeightAveraging` are two).
         """
         return ()
 

@@ -127,7 +127,7 @@ class StochasticAverage(StatePiece):
     `avg + (p - avg) / (n + 1)`), `n_averaged += 1`. From `swa_start` the learning rate anneals
     from `lr0`, the rate the optimizer state held then, to `swa_lr`: epoch `swa_start + j` uses
     `swa_lr * a + lr0 * (1 - a)` with `a = anneal(min(1, j / annealing_epochs))`, `anneal` being
-    `(1 - cos(pi t)) / 2` ("cos") or `t` ("linear"). When training ends after `swa_end + 1`
+    `(1 - cos(pi t)) / 2` ("cos") or `t` ("linear"); `annealing_epochs=0`: `swa_lr` at once. When training ends after `swa_end + 1`
     epochs the average replaces the parameters. All of it lives in the state (`average`,
     `n_averaged`, `lr0`, `lr`), so a resumed run continues it exactly.
 
@@ -170,6 +170,8 @@ class StochasticAverage(StatePiece):
         started = epoch >= self.swa_start
         lr0 = jnp.where(started & jnp.isnan(extra["lr0"]), lr_lib.current(opt_state), extra["lr0"])
         t = jnp.clip((epoch - self.swa_start).astype(jnp.float32) / max(1, self.annealing_epochs), 0.0, 1.0)
+        if self.annealing_epochs == 0:  # torch's SWALR: the SWA rate from the first SWA epoch on
+            t = jnp.ones_like(t)
         alpha = (1.0 - jnp.cos(jnp.pi * t)) / 2.0 if self.annealing_strategy == "cos" else t
         lr = jnp.where(alpha == 1.0, self.swa_lr, self.swa_lr * alpha + lr0 * (1.0 - alpha))
         return {"average": average, "n_averaged": n + averaging.astype(jnp.int32), "lr0": lr0,

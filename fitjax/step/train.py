@@ -5,7 +5,8 @@
             grads += grad(loss(cast(params), cast(micro_batch)) * loss_scale)   # `gradients`
         grads /= k * loss_scale                  # each micro-batch loss divided by k, like Lightning
         grad_norm = global_norm(grads)           # before clipping (logged with log_grad_norm)
-        updates = (clip ∘ user optimizer)(grads) # clipping is an optax transform chained first
+        updates = (clip ∘ user optimizer)(grads) # clipping is an optax transform chained first;
+                                                 # at the learning rate a piece imposes (SWA), if any
         skip the update if the grads are not finite (16-mixed), adjust the scale
         flag a non-finite loss, grads or params (detect_anomaly)
 

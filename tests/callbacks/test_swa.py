@@ -128,6 +128,20 @@ def test_average_by_hand_with_accumulation_bf16_clipping_and_steps_per_execution
         assert any(not a.sharding.is_fully_replicated for a in jax.tree.leaves(swa_state["average"]))
 
 
+def test_a_custom_avg_fn_and_no_annealing():
+    record = EpochRecord()
+    swa = fj.StochasticWeightAveraging(0.02, swa_epoch_start=2, annealing_epochs=0,
+                                       avg_fn=lambda avg, p, n: 0.25 * avg + 0.75 * p)
+    trainer = quiet_trainer(max_epochs=4, callbacks=[record, swa])
+    module = SWARegressor(lr=0.05)
+    trainer.fit(module, fj.DataLoader(regression_data(n=32), batch_size=16))
+    np.testing.assert_allclose(record.lrs, [0.05, 0.02, 0.02, 0.02], rtol=1e-6)  # torch's anneal_epochs=0
+    expected = jax.tree.map(lambda p: np.asarray(p, np.float32), record.starts[1])  # the first one is copied
+    for start in record.starts[2:]:
+        expected = jax.tree.map(lambda a, p: 0.25 * a + 0.75 * p, expected, start)
+    assert_trees_close(module.variables[0], expected, rtol=1e-6, atol=1e-7)
+
+
 def test_a_schedule_is_overridden_from_the_start_epoch():
     record = EpochRecord()
     trainer = quiet_trainer(max_epochs=4, callbacks=[record, fj.StochasticWeightAveraging(
