@@ -1,7 +1,12 @@
-"""What a global-norm clip costs a small jitted train step, with no fitjax in it.
+"""What a global-norm clip costs a small jitted train step, with no fitjax in it, under each of
+XLA:CPU's two schedulers.
 
-    python benchmarks/clip_norm.py                 # 5 repeats of 1000 steps per variant
+    python benchmarks/clip_norm.py                 # 5 repeats of 1000 steps per variant, both schedulers
     python benchmarks/clip_norm.py --smoke         # seconds: checks it runs (numbers mean nothing)
+
+Two tables: XLA:CPU's default breadth-first ("concurrency optimized") scheduler, then the
+depth-first one `import fitjax` selects (`fitjax/step/xla_cpu.py`). The scheduler is fixed when a
+process starts JAX's backends, so each table comes from its own process.
 
 The tiny MLP of `overhead.py` (64-64-10, batch 32, Adam), stepped call after call with its batch
 already on the device, so the step's own time is what is measured. Variants, each chained before
@@ -27,6 +32,9 @@ import numpy as np
 import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+if "--child" in sys.argv:  # the scheduler this process runs with, before fitjax picks its own
+    os.environ["XLA_FLAGS"] = f"{_SCHEDULER_FLAG}={sys.argv[sys.argv.index('--child') + 1]}"
 from fitjax.step.options import clip_by_global_norm, global_norm  # noqa: E402
 
 
@@ -86,7 +94,17 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--smoke", action="store_true", help="1 repeat of 20 steps: checks the script runs")
+    parser.add_argument("--child", choices=("true", "false"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child is None:  # one process per scheduler
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        for value, name in (("true", "XLA's default, breadth-first"), ("false", "depth-first, as fitjax sets it")):
+            print(f"== scheduler: {name} ({_SCHEDULER_FLAG}={value})", flush=True)
+            subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--child", value],
+                           env=env, check=True)
+        return
     if args.smoke:
         args.repeats, args.steps = 1, 20
     rng = np.random.default_rng(0)

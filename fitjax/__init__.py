@@ -4,6 +4,10 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
+from fitjax.step import xla_cpu as _xla_cpu
+
+_xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
+
 from fitjax import callbacks, checkpoint, cli, data, loggers, precision, profilers, strategies, tuner
 from fitjax.callbacks import (
     EMA,

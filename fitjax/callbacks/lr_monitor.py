@@ -24,31 +24,19 @@ import numpy as np
 import optax
 
 from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.step import learning_rate as lr_lib
 
 __all__ = ["LearningRateMonitor"]
 
 _INTERVALS = ("step", "epoch", None)
 
 
-def _is_inject(node: Any) -> bool:
-    return isinstance(node, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState))
-
-
-def _group_name(path: tuple, index: int) -> str:
-    keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
-    return keys[-1] if keys else str(index)
-
-
 def injected_learning_rates(opt_state: Any) -> dict[str, jax.Array]:
     """`{"lr": value}` or `{"lr/<group>": value, ...}` from `inject_hyperparams` states."""
-    found = [
-        (path, node)
-        for path, node in jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=_is_inject)[0]
-        if _is_inject(node) and "learning_rate" in node.hyperparams
-    ]
+    found = lr_lib.named(opt_state)
     if len(found) == 1:
-        return {"lr": found[0][1].hyperparams["learning_rate"]}
-    return {f"lr/{_group_name(path, i)}": node.hyperparams["learning_rate"] for i, (path, node) in enumerate(found)}
+        return {"lr": found[0][1]}
+    return {f"lr/{group}": value for group, value in found}
 
 
 def update_count(opt_state: Any) -> jax.Array | None:
@@ -94,7 +82,7 @@ class LearningRateMonitor(Callback):
 
     def on_train_start(self, trainer, module) -> None:
         self._schedule = None
-        if injected_learning_rates(trainer.state.opt_state):
+        if lr_lib.count(trainer.state.opt_state):
             return
         schedule = getattr(module, "lr_schedule", None)
         if isinstance(schedule, (int, float)) and not isinstance(schedule, bool):
@@ -106,7 +94,7 @@ class LearningRateMonitor(Callback):
             raise ValueError(
                 f"LearningRateMonitor cannot find the learning rate of {type(module).__name__}'s "
                 "optimizer: optax keeps schedules out of the optimizer state. Either wrap the "
-                "optimizer, `optax.inject_hyperparams(optax.adamw)(learning_rate=schedule)`, or set "
+                f"optimizer, `{lr_lib.example('schedule')}`, or set "
                 f"`self.lr_schedule = schedule` (a callable or a number) on the module; got "
                 f"lr_schedule={schedule!r}."
             )

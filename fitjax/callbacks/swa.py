@@ -110,11 +110,8 @@ class StochasticWeightAveraging(Callback):
                              "its last epoch count from it (max_epochs=-1 or only max_steps was given).")
         found = lr_lib.count(trainer.state.opt_state)
         if found != 1:
-            raise ValueError(
-                f"StochasticWeightAveraging sets the learning rate through optax.inject_hyperparams, and "
-                f"{type(module).__name__}.configure_optimizer's optimizer state holds {found} such learning "
-                "rates; it needs one. Return e.g. `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)` "
-                "(or a schedule as learning_rate).")
+            raise lr_lib.missing_error("StochasticWeightAveraging", found, module=module,
+                                       note=" (or a schedule as learning_rate)")
         start = self.swa_epoch_start
         if isinstance(start, float):
             start = int(max_epochs * start)

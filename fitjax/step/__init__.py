@@ -3,7 +3,7 @@
 One gradient function and the composable pieces around it (`train`), the forward pieces shared
 with evaluation (`forward`), the Linen/NNX binding (`model_binding`), the options that shape the
 step (`options`), host batches grouped into step calls (`grouping`), and the build that jits every
-variant once per shape with the strategy's shardings (`jitted.build`, compiled as `cpu_scratch` plans on
+variant once per shape with the strategy's shardings (`jitted.build`, compiled as `xla_cpu` plans on
 XLA:CPU). It imports nothing from data, checkpointing, the loop, callbacks or loggers.
 """
 

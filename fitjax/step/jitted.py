@@ -3,7 +3,7 @@
 Everything here returns values; nothing mutates the trainer. Every jitted train step variant
 (a full call, an epoch's leftover steps, a call picking its batches from a block on the device)
 goes through `_jit_train`, the one place where platform-specific compile choices are made: the
-state is donated, and on XLA:CPU the program is compiled as `cpu_scratch` plans.
+state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
-from fitjax.step import context, cpu_scratch, forward, train
+from fitjax.step import context, xla_cpu, forward, train
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
@@ -166,12 +166,12 @@ def _train_steps(module, binding, tx, options: StepOptions, train_names, strateg
         return stacked_sharding(strategy.batch_sharding, leading)
 
     def jit_train(fn: Callable, inputs_sharding) -> Callable:
-        """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `cpu_scratch` plans."""
+        """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `xla_cpu` plans."""
         def jit(donate: bool = True, compiler_options: dict | None = None):
             return strategy.jit(fn, in_shardings=(shardings, inputs_sharding),
                                 out_shardings=(shardings, replicated),
                                 donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
-        return cpu_scratch.step(jit, platform=strategy.platform)
+        return xla_cpu.step(jit, platform=strategy.platform)
 
     def make(single: bool) -> Callable:
         return train.make_train_step(module, binding, tx, options, train_names, manual=manual, single=single)

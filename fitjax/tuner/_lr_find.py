@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-__all__ = ["LRFinder", "learning_rates", "lr_values", "set_learning_rate"]
+__all__ = ["LRFinder", "lr_values"]
 
 _MODES = ("exponential", "linear")
 
@@ -21,38 +17,6 @@ def lr_values(min_lr: float, max_lr: float, num_training: int, mode: str) -> np.
     if mode == "exponential":
         return min_lr * (max_lr / min_lr) ** t
     return min_lr + (max_lr - min_lr) * t
-
-
-# `optax.inject_hyperparams` states (the stateful variant is what recent optax returns)
-_INJECTED = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
-                  if hasattr(optax, name))
-
-
-def _is_injected(x: Any) -> bool:
-    return isinstance(x, _INJECTED) and "learning_rate" in x.hyperparams
-
-
-def has_learning_rate(opt_state: Any) -> bool:
-    return any(_is_injected(x) for x in jax.tree.leaves(opt_state, is_leaf=_is_injected))
-
-
-def learning_rates(opt_state: Any) -> list[float]:
-    """Every `optax.inject_hyperparams` learning rate in `opt_state` (host values: a sync)."""
-    return [float(x.hyperparams["learning_rate"]) for x in jax.tree.leaves(opt_state, is_leaf=_is_injected)
-            if _is_injected(x)]
-
-
-def set_learning_rate(opt_state: Any, lr: float) -> Any:
-    """`opt_state` with every `optax.inject_hyperparams` learning rate set to `lr` (same device
-    placement and dtype: the step was compiled for them)."""
-    def put(x):
-        if not _is_injected(x):
-            return x
-        old = x.hyperparams["learning_rate"]
-        new = jax.device_put(jnp.asarray(lr, old.dtype), old.sharding)
-        return x._replace(hyperparams={**x.hyperparams, "learning_rate": new})
-
-    return jax.tree.map(put, opt_state, is_leaf=_is_injected)
 
 
 class LRFinder:

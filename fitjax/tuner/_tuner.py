@@ -10,6 +10,7 @@ import numpy as np
 
 from fitjax import step as step_lib
 from fitjax.data import as_loader, batch_size_of
+from fitjax.step import learning_rate as lr_lib
 from fitjax.tuner import _batch_size, _lr_find
 
 __all__ = ["Tuner"]
@@ -120,12 +121,9 @@ class Tuner:
         options = _batch_size.replace_spe(self.trainer.step_options, 1)  # one learning rate per call
         state, compiled = step_lib.build(module, self.trainer.strategy, first, seed=self.trainer.seed,
                                          options=options)
-        if not _lr_find.has_learning_rate(state.opt_state):
-            raise ValueError(
-                f"lr_find sets the learning rate through optax.inject_hyperparams, and "
-                f"{type(module).__name__}.configure_optimizer's optimizer has none: return e.g. "
-                "`optax.inject_hyperparams(optax.adam)(learning_rate=self.hparams.lr)` (with a number "
-                "as learning_rate).")
+        if lr_lib.count(state.opt_state) == 0:
+            raise lr_lib.missing_error("lr_find", 0, module=module, needs="at least one",
+                                       learning_rate="self.hparams.lr", note=" (with a number as learning_rate)")
         lrs = _lr_find.lr_values(float(min_lr), float(max_lr), num_training, mode)
         size = batch_size_of(first)
         tried, losses, avg, best = [], [], 0.0, math.inf
@@ -138,7 +136,7 @@ class Tuner:
             stopped = False
             for chunk in step_lib.group_batches(batches, options, steps_left=num_training - len(tried)):
                 lr = float(lrs[len(tried)])
-                state = state.replace(opt_state=_lr_find.set_learning_rate(state.opt_state, lr))
+                state = state.replace(opt_state=lr_lib.set_host(state.opt_state, lr))
                 step_fn = compiled.train_step if chunk.full else compiled.train_tail_step
                 state, values = step_fn(state, chunk.inputs)
                 loss = float(values["loss"])  # sync point: every step (a short diagnostic run)
@@ -163,14 +161,13 @@ class Tuner:
     def _check_lr_kept(module, opt_state, lr: float) -> None:
         """A schedule (`inject_hyperparams(opt)(learning_rate=schedule)`, or configure_optimizers'
         'lr_scheduler') sets the learning rate again inside each update, overriding lr_find's."""
-        used = _lr_find.learning_rates(opt_state)
+        used = lr_lib.host_values(opt_state)
         if not np.allclose(used, lr, rtol=1e-6):
             raise ValueError(
                 f"lr_find set the learning rate to {lr:.3g}, but {type(module).__name__}'s optimizer "
                 f"used {used[0]:.3g}: a schedule sets it inside each update. For lr_find, return "
-                "a constant learning rate, e.g. `optax.inject_hyperparams(optax.adam)(learning_rate="
-                "self.hparams.lr)` with no 'lr_scheduler', then add the schedule back with the "
-                "suggested lr.")
+                f"a constant learning rate, e.g. `{lr_lib.example('self.hparams.lr')}` with no "
+                "'lr_scheduler', then add the schedule back with the suggested lr.")
 
     # --------------------------------------------------------------------------- data
 

@@ -10,8 +10,8 @@ import pytest
 from helpers import assert_trees_close, count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
-from fitjax.step import cpu_scratch as _cpu_scratch
-from fitjax.step.cpu_scratch import Plan
+from fitjax.step import xla_cpu as _xla_cpu
+from fitjax.step.xla_cpu import Plan
 
 MiB = 1 << 20
 
@@ -27,7 +27,7 @@ MiB = 1 << 20
     ("gpu", 135 * MiB, 32 * MiB, 10 * MiB, 3 * MiB, Plan()),  # only XLA:CPU mallocs its scratch per call
 ])
 def test_plan(platform, temp, buffer, state, leaf, expected):
-    assert _cpu_scratch.plan(platform=platform, temp_bytes=temp, largest_buffer_bytes=buffer,
+    assert _xla_cpu.plan(platform=platform, temp_bytes=temp, largest_buffer_bytes=buffer,
                              state_bytes=state, largest_leaf_bytes=leaf) == expected
 
 
@@ -43,11 +43,11 @@ def test_largest_buffer_bytes_reads_hlo_shapes():
       %f = f8e4m3fn[64]{0} parameter(2)
       %t = (s32[802816,4]{1,0}, u8[7]{0}) tuple(...)
     }"""
-    assert _cpu_scratch.largest_buffer_bytes(hlo) == 4096 * 2048 * 2  # the bf16 parameter
-    assert _cpu_scratch.largest_buffer_bytes(hlo.replace("bf16[4096,2048]", "u8[2]")) == 128 * 28 * 28 * 32 * 4
-    assert _cpu_scratch.largest_buffer_bytes("%t = (s32[802816,4]{1,0}, pred[]) tuple()") == 802816 * 16
-    assert _cpu_scratch.largest_buffer_bytes("%p = pred[1000]{0} compare()") == 1000
-    assert _cpu_scratch.largest_buffer_bytes("%s = f32[] constant(0)") == 4
+    assert _xla_cpu.largest_buffer_bytes(hlo) == 4096 * 2048 * 2  # the bf16 parameter
+    assert _xla_cpu.largest_buffer_bytes(hlo.replace("bf16[4096,2048]", "u8[2]")) == 128 * 28 * 28 * 32 * 4
+    assert _xla_cpu.largest_buffer_bytes("%t = (s32[802816,4]{1,0}, pred[]) tuple()") == 802816 * 16
+    assert _xla_cpu.largest_buffer_bytes("%p = pred[1000]{0} compare()") == 1000
+    assert _xla_cpu.largest_buffer_bytes("%s = f32[] constant(0)") == 4
 
 
 class Wide(nn.Module):
@@ -99,7 +99,7 @@ def test_large_scratch_in_small_buffers_is_split_into_heaps_and_donated(monkeypa
     assert donated == [True] * 8
     assert compiles["train_step"] == 2  # the program as jitted, measured once, and the one that runs
     # the same numbers as the step compiled with one scratch buffer
-    monkeypatch.setattr(_cpu_scratch, "plan", lambda **sizes: Plan())
+    monkeypatch.setattr(_xla_cpu, "plan", lambda **sizes: Plan())
     reference, donated, compiles = _fit(Wide(), data, 3072)
     assert donated == [True] * 8 and compiles["train_step"] == 1
     assert_trees_close(module.variables, reference.variables, rtol=0, atol=0)
@@ -111,7 +111,7 @@ def test_large_scratch_in_large_buffers_small_state_is_not_donated_on_cpu(monkey
     assert donated == [False] * 4
     assert compiles["train_step"] == 2  # the donated program, measured once, and the one that runs
     # the same numbers as when the step donates: both compile the same computation
-    monkeypatch.setattr(_cpu_scratch, "plan", lambda **sizes: Plan())
+    monkeypatch.setattr(_xla_cpu, "plan", lambda **sizes: Plan())
     reference, donated, _ = _fit(Wide(), data, 4096)
     assert donated == [True] * 4
     assert_trees_close(module.variables, reference.variables)
@@ -126,3 +126,58 @@ def test_small_step_is_donated():
     _, donated, compiles = _fit(Narrow(), regression_data(n=256, d=8), 64)
     assert donated == [True] * 8
     assert compiles["train_step"] == 1
+
+
+# --------------------------------------------------------------------- the scheduler flag
+
+_CLIPPED_FIT = """
+import hashlib, os, sys
+import numpy as np, optax, flax.linen as nn
+{before}
+import fitjax as fj
+import jax
+
+class Tiny(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Sequential([nn.Dense(16), nn.relu, nn.Dense(1)])
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+    def configure_optimizer(self):
+        return optax.adam(1e-2)
+
+rng = np.random.default_rng(0)
+data = {{"x": rng.normal(size=(256, 8)).astype(np.float32), "y": rng.normal(size=(256, 1)).astype(np.float32)}}
+module = Tiny()
+fj.Trainer(max_epochs=2, gradient_clip_val=0.5, enable_progress_bar=False, enable_model_summary=False,
+           logger=False, enable_checkpointing=False, strategy="single").fit(module, fj.DataLoader(data, batch_size=32))
+leaves = [np.asarray(x).tobytes() for x in jax.tree.leaves(module.variables)]
+print(os.environ.get("XLA_FLAGS", ""))
+print(hashlib.sha256(b"".join(leaves)).hexdigest())
+"""
+
+
+def _run(before: str = "", xla_flags: str | None = None) -> tuple[str, str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
+    out = subprocess.run([sys.executable, "-c", _CLIPPED_FIT.format(before=before)], env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout.splitlines()
+    return out[-2], out[-1]
+
+
+def test_import_picks_the_depth_first_scheduler_and_results_are_the_same_bits():
+    flags, ours = _run()  # a fresh process: `import fitjax` adds the flag
+    assert flags == _xla_cpu.SCHEDULER_FLAG
+    # the user's own choice stands, and XLA's default scheduler gives the same bits (only the
+    # order of operations changes)
+    keep = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+    flags, default = _run(xla_flags=keep)
+    assert flags == keep and default == ours
+    # backends already started before fitjax was imported: the flags are fixed, nothing is added
+    flags, _ = _run(before="import jax; jax.devices()")
+    assert flags == ""
