@@ -43,6 +43,13 @@ def apply_limit(limit: int | float | None, total: int | None) -> int | None:
     return limit if total is None else min(limit, total)
 
 
+def maybe_len(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 def select_devices(devices: Any, accelerator: str = "auto") -> list[jax.Device]:
     available = accelerator_devices(accelerator)
     if devices in ("auto", -1, None):

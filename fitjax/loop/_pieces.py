@@ -11,10 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fitjax import step as step_lib
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _checks as checks
-from fitjax.loop.evaluation import maybe_len as _maybe_len
+from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.module import LitModule
 from fitjax.state import TrainState
 from fitjax.step import pieces as pieces_lib
@@ -114,9 +113,9 @@ class Pieces:
 
     def _sync_module(self, module: LitModule) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
-        module._set_variables(step_lib.pieces.module_params(self.state, self.step_options.pieces),
+        module._set_variables(pieces_lib.module_params(self.state, self.step_options.pieces),
                               self.state.model_state)
 
     def _eval_params(self):
         """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
-        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
+        return pieces_lib.eval_params(self.state, self.step_options.pieces)

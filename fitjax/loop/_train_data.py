@@ -19,7 +19,7 @@ from fitjax._typing import Batch
 from fitjax.data import as_loader, batch_size_of
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _checks as checks
-from fitjax.loop.evaluation import maybe_len as _maybe_len
+from fitjax.loop._checks import maybe_len as _maybe_len
 
 __all__ = ["TrainData"]
 

@@ -21,6 +21,7 @@ from fitjax._typing import Batch, HostMetrics
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _checks as checks
+from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
 from fitjax.strategies._distributed import gather_rows
@@ -201,10 +202,3 @@ class EvalStages:
         if data is None:
             raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches) or datamodule=.")
         return as_loader(data, name="data")
-
-
-def maybe_len(loader) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:
-        return None
