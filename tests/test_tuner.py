@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import Regressor, quiet_trainer, regression_data
+from helpers import Regressor, count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -31,8 +31,8 @@ class Linear(fj.LitModule):
         return optax.inject_hyperparams(optax.sgd)(learning_rate=1e-3) if self.inject else optax.sgd(1e-3)
 
 
-def _swept_best_lr(data, batch_size, steps):
-    """The best of fixed learning rates (quarter decades) after `steps` SGD steps, by hand."""
+def _swept_best_lr(data, batch_size, steps, optimizer=optax.sgd):
+    """The best of fixed learning rates (quarter decades) after `steps` steps of `optimizer(lr)`, by hand."""
     model = nn.Dense(1)
     x, y = jnp.asarray(data["x"]), jnp.asarray(data["y"])
     p0 = model.init(jax.random.key(0), x[:1])
@@ -41,12 +41,16 @@ def _swept_best_lr(data, batch_size, steps):
         return ((model.apply(p, xb) - yb) ** 2).mean()
 
     def run(lr):
-        def body(p, i):
+        tx = optimizer(lr)
+
+        def body(carry, i):
+            p, opt_state = carry
             start = (i * batch_size) % len(x)
             xb, yb = jax.lax.dynamic_slice_in_dim(x, start, batch_size), jax.lax.dynamic_slice_in_dim(y, start, batch_size)
-            return jax.tree.map(lambda a, g: a - lr * g, p, jax.grad(loss)(p, xb, yb)), None
+            updates, opt_state = tx.update(jax.grad(loss)(p, xb, yb), opt_state, p)
+            return (optax.apply_updates(p, updates), opt_state), None
 
-        return loss(jax.lax.scan(body, p0, jnp.arange(steps))[0], x, y)
+        return loss(jax.lax.scan(body, (p0, tx.init(p0)), jnp.arange(steps))[0][0], x, y)
 
     grid = 10.0 ** np.arange(-4, 0.01, 0.25)
     final = np.asarray(jax.jit(jax.vmap(run))(jnp.asarray(grid, jnp.float32)))
@@ -75,10 +79,77 @@ def test_lr_find_suggests_within_3x_of_the_best_fixed_lr_and_plots_a_png(tmp_pat
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_lr_find_without_inject_hyperparams_says_how_to_expose_the_lr():
-    with pytest.raises(ValueError, match=r"optax.inject_hyperparams\(optax.adam\)\(learning_rate="):
+def test_lr_find_without_inject_hyperparams_or_lr_schedule_says_both_ways_to_expose_the_lr():
+    with pytest.raises(ValueError, match=r"holds 0 injected learning rates .* Linear has no lr_schedule.*Either return "
+                                         r"e\.g\. `optax\.inject_hyperparams\(optax\.adam\)\(learning_rate=self\.hparams"
+                                         r"\.lr\)` .*or set `self\.lr_schedule = self\.hparams\.lr` .*"
+                                         r"`optax\.adam\(self\.lr_schedule\)`"):
         fj.Tuner(quiet_trainer()).lr_find(Linear(inject=False),
                                           fj.DataLoader(regression_data(n=64), batch_size=16), num_training=5)
+
+
+class Scheduled(Linear):
+    """`optax.adam(self.lr_schedule)`: the learning rate enters through the module's `lr_schedule`
+    (`inject`: the same optimizer written with `optax.inject_hyperparams` instead)."""
+
+    def __init__(self, lr_schedule=None, *, inject: bool = False, follows: bool = True):
+        super().__init__()
+        self.inject, self.follows = inject, follows
+        if lr_schedule is not None:
+            self.lr_schedule = lr_schedule
+
+    def configure_optimizer(self):
+        if self.inject:
+            return optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+        return optax.adam(self.lr_schedule if self.follows else 1e-3)
+
+
+_SWEEP = dict(min_lr=1e-4, max_lr=10.0, num_training=100)
+
+
+@pytest.fixture(scope="module")
+def adam_task():
+    """The data, lr_find's results for adam through inject_hyperparams (single device and fsdp)
+    and the best fixed adam learning rate of a hand-written sweep."""
+    data = regression_data(n=1024, d=8)
+    injected = {strategy: fj.Tuner(quiet_trainer(strategy=strategy)).lr_find(
+                    Scheduled(inject=True), fj.DataLoader(data, batch_size=256, shuffle=True), **_SWEEP).results
+                for strategy in ("single", "fsdp")}
+    return data, injected, _swept_best_lr(data, 256, 100, optax.adam)
+
+
+@pytest.mark.parametrize(("schedule", "strategy"), [
+    (1e-3, "single"),
+    (optax.exponential_decay(3e-2, 7, 0.5), "fsdp"),  # a rate that changes every few steps, sharded
+], ids=["constant", "decaying-fsdp"])
+def test_lr_find_through_the_modules_lr_schedule_equals_inject_hyperparams(adam_task, schedule, strategy):
+    data, injected, best = adam_task
+    trainer = quiet_trainer(strategy=strategy)
+    module = Scheduled(schedule)
+    with count_compiles() as compiles:
+        finder = fj.Tuner(trainer).lr_find(module, fj.DataLoader(data, batch_size=256, shuffle=True), **_SWEEP)
+    assert compiles["train_step"] == 1  # each rate is a value of the state, not of the program
+    # the same rates and losses: each update is the schedule's rescaled by swept / lr_schedule(count),
+    # which differs from the update made at the swept rate by float32 rounding (a few ulp) per step,
+    # compounded over the 100 steps (measured: at most 2e-6 relative)
+    np.testing.assert_array_equal(finder.results["lr"], injected[strategy]["lr"])
+    np.testing.assert_allclose(finder.results["loss"], injected[strategy]["loss"], rtol=1e-5)
+    assert best / 3 <= finder.suggestion() <= best * 3, (finder.suggestion(), best)
+    # nothing of it reaches the module (its lr_schedule is the very same object) or the trainer
+    assert module.variables is None and vars(module)["lr_schedule"] is schedule and trainer.state is None
+
+
+@pytest.mark.parametrize(("module", "message"), [
+    (Scheduled(1e-3, follows=False), r"lr_find imposes its learning rate through Scheduled\.lr_schedule=0\.001, but "
+                                     r"Scheduled\.configure_optimizer's optimizer does not follow it: built with "
+                                     r"lr_schedule at 1 and at 2, its first update did not double"),
+    (Scheduled(optax.linear_schedule(0.0, 1e-2, 10)), r"lr_schedule is 0 at count 0 \(e\.g\. a warmup from 0\)"),
+], ids=["ignores-it", "warmup-from-0"])
+def test_lr_find_refuses_an_lr_schedule_it_cannot_impose_a_rate_through(module, message):
+    schedule = module.lr_schedule
+    with pytest.raises(ValueError, match=message):
+        fj.Tuner(quiet_trainer()).lr_find(module, fj.DataLoader(regression_data(n=64), batch_size=16), num_training=5)
+    assert vars(module)["lr_schedule"] is schedule
 
 
 def test_lr_find_refuses_a_schedule_that_would_override_its_lr():

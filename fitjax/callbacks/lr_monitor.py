@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import optax
 
 from fitjax.callbacks._base import Callback, ignores_batch
 from fitjax.step import learning_rate as lr_lib
+from fitjax.step.learning_rate import update_count
 
 __all__ = ["LearningRateMonitor"]
 
@@ -37,19 +37,6 @@ def injected_learning_rates(opt_state: Any) -> dict[str, jax.Array]:
     if len(found) == 1:
         return {"lr": found[0][1]}
     return {f"lr/{group}": value for group, value in found}
-
-
-def update_count(opt_state: Any) -> jax.Array | None:
-    """The optimizer's update count: a `ScaleByScheduleState`'s, else the first `count` field."""
-    is_schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)  # noqa: E731
-    nodes = jax.tree_util.tree_leaves(opt_state, is_leaf=is_schedule)
-    for node in nodes:
-        if is_schedule(node):
-            return node.count
-    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
-        if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "count":
-            return leaf
-    return None
 
 
 class LearningRateMonitor(Callback):

@@ -1,4 +1,4 @@
-"""The learning rate of an optax optimizer: found, read and set in its state.
+"""The learning rate of an optax optimizer: found, read, set in its state, or imposed on its update.
 
 optax transformations keep a plain `learning_rate` in a closure, out of reach; one built with
 `optax.inject_hyperparams` keeps it in its state (`hyperparams["learning_rate"]`), where it can
@@ -14,6 +14,12 @@ opt)(learning_rate=schedule)`, or Lightning's `lr_scheduler`) is evaluated again
 and wins; the update is then rescaled by `lr / used`, exact for every optimizer whose update is
 proportional to its learning rate (all of optax's aliases: the rate is their last scaling). When
 the write took effect `lr / used` is exactly 1 and the update is unchanged bit for bit.
+
+The second route, for an optimizer with no injected rate: the module's `lr_schedule` (a number,
+or a schedule `count -> lr` that `configure_optimizer` builds the optimizer from, e.g.
+`optax.adam(self.lr_schedule)`). The rate the update applies is then `lr_schedule(count)`, `count`
+being the optimizer's own update count before it, and the update is rescaled by `lr / that` (the
+same rescaling). `check_follows_schedule` checks the optimizer really follows `lr_schedule`.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-__all__ = ["count", "current", "example", "find", "host_values", "missing_error", "named", "replace",
-           "set_host", "update", "values"]
+__all__ = ["check_follows_schedule", "count", "current", "example", "find", "host_values", "missing_error",
+           "named", "replace", "schedule_of", "set_host", "update", "update_count", "values"]
 
 # `optax.inject_hyperparams` states (the stateful variant is what recent optax returns)
 _INJECTED = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
@@ -81,6 +88,33 @@ def current(opt_state: Any) -> jax.Array:
     return jnp.asarray(found[0], jnp.float32)
 
 
+def update_count(opt_state: Any) -> jax.Array | None:
+    """The optimizer's update count: a `ScaleByScheduleState`'s (the count its schedule is
+    evaluated at), else the first `count` field; None when the state has none (static)."""
+    is_schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)  # noqa: E731
+    for node in jax.tree_util.tree_leaves(opt_state, is_leaf=is_schedule):
+        if is_schedule(node):
+            return node.count
+    for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+        if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "count":
+            return leaf
+    return None
+
+
+def schedule_of(module: Any) -> Callable[[Any], Any] | None:
+    """The module's `lr_schedule` as a schedule `count -> lr` (a number: that constant), or None
+    when the module has none."""
+    schedule = getattr(module, "lr_schedule", None)
+    if _is_number(schedule):
+        value = float(schedule)
+        return lambda count: jnp.float32(value)
+    return schedule if callable(schedule) else None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 # ------------------------------------------------------------------------------------- set
 
 
@@ -109,15 +143,62 @@ def _imposed(opt_state: Any, lr: jax.Array) -> Any:
     return replace(opt_state, put)
 
 
-def update(update_fn: Callable, lr: jax.Array, grads: Any, opt_state: Any, *args, **kwargs):
+def update(update_fn: Callable, lr: jax.Array, grads: Any, opt_state: Any, *args,
+           schedule: Callable[[Any], Any] | None = None, **kwargs):
     """`update_fn(grads, opt_state, *args, **kwargs)` with the learning rate `lr` imposed (a traced
-    float32 scalar; NaN: the optimizer's own). See the module doc."""
+    float32 scalar; NaN: the optimizer's own). With no injected rate in `opt_state`, `schedule`
+    (the module's `lr_schedule`, `schedule_of`) says the rate the update applies. See the module doc."""
+    if count(opt_state) == 0 and schedule is not None:
+        at = update_count(opt_state)
+        at = jnp.zeros((), jnp.int32) if at is None else at  # no count (`optax.sgd(0.1)`): a constant rate
+        updates, new_state = update_fn(grads, opt_state, *args, **kwargs)
+        return _rescaled(updates, lr, jnp.asarray(schedule(at), jnp.float32)), new_state
     updates, new_state = update_fn(grads, _imposed(opt_state, lr), *args, **kwargs)
-    used = current(new_state)
+    return _rescaled(updates, lr, current(new_state)), _imposed(new_state, lr)
+
+
+def _rescaled(updates: Any, lr: jax.Array, used: jax.Array) -> Any:
+    """`updates` (made at the rate `used`) times `lr / used`; unchanged where `lr` is NaN."""
     # a zero rate gave a zero update: nothing to rescale (and no 0/0)
     scale = jnp.where(jnp.isnan(lr) | (used == 0), 1.0, lr / jnp.where(used == 0, 1.0, used))
-    updates = jax.tree.map(lambda u: (u * scale.astype(u.dtype)).astype(u.dtype), updates)
-    return updates, _imposed(new_state, lr)
+    return jax.tree.map(lambda u: (u * scale.astype(u.dtype)).astype(u.dtype), updates)
+
+
+def check_follows_schedule(module: Any, params: Any, who: str) -> None:
+    """Raises unless the update of `module.configure_optimizer()` is proportional to the module's
+    `lr_schedule`, which the rescaling relies on: the optimizer is built twice, with `lr_schedule`
+    replaced by the constant 1 and then 2, and the update of `params` from the initial state must
+    double. The module's `lr_schedule` is put back as it was. Costs two optimizer states and
+    updates of `params`, once."""
+    owner = type(module).__name__
+    original, own = module.lr_schedule, "lr_schedule" in vars(module)
+    updates = []
+    try:
+        for value in (1.0, 2.0):
+            probe = value if _is_number(original) else (lambda count, v=value: jnp.float32(v))
+            module.lr_schedule = probe
+            tx = optax.with_extra_args_support(module.configure_optimizer())
+            if module.lr_schedule is not probe:
+                raise ValueError(
+                    f"{who}: {owner}.configure_optimizer assigns self.lr_schedule itself, so {who} cannot "
+                    "check that the optimizer follows it. Set `self.lr_schedule = ...` before (e.g. in "
+                    "__init__) and build the optimizer from it: `optax.adam(self.lr_schedule)`.")
+            grads = jax.tree.map(jnp.ones_like, params)
+            update, _ = tx.update(grads, tx.init(params), params, value=jnp.zeros((), jnp.float32))
+            updates.append([np.asarray(u, np.float64) for u in jax.tree.leaves(update)])
+    finally:
+        if own:
+            module.lr_schedule = original
+        elif "lr_schedule" in vars(module):  # a class attribute: the instance's own value goes
+            del module.lr_schedule
+    one, two = updates
+    moved = any(np.any(u != 0) for u in one)
+    if not moved or not all(np.allclose(b, 2 * a, rtol=1e-5, atol=0) for a, b in zip(one, two)):
+        raise ValueError(
+            f"{who} imposes its learning rate through {owner}.lr_schedule={original!r}, but "
+            f"{owner}.configure_optimizer's optimizer does not follow it: built with lr_schedule at 1 and "
+            "at 2, its first update did not double. Build the optimizer from it (e.g. "
+            f"`optax.adam(self.lr_schedule)`), or return `{example('self.hparams.lr')}` instead.")
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -129,12 +210,21 @@ def example(learning_rate: str = "1e-3") -> str:
 
 
 def missing_error(who: str, found: int, *, module: Any = None, needs: str = "one",
-                  learning_rate: str = "1e-3", note: str = "") -> ValueError:
+                  learning_rate: str = "1e-3", note: str = "", or_schedule: bool = False) -> ValueError:
     """The error of `who` (which drives the learning rate) when the optimizer state holds `found`
     injected learning rates and it needs `needs`: says how to expose one. `module` names the
-    `LitModule`; `note` is the caller's own condition (e.g. lr_find's "a number")."""
-    owner = f"{type(module).__name__}.configure_optimizer's optimizer" if module is not None else "the optimizer"
+    `LitModule`; `note` is the caller's own condition (e.g. lr_find's "a number"); `or_schedule`:
+    `who` also takes the module's `lr_schedule` (the module has none), and the error says so."""
+    name = type(module).__name__ if module is not None else "the module"
+    owner = f"{name}.configure_optimizer's optimizer" if module is not None else "the optimizer"
+    if not or_schedule:
+        return ValueError(
+            f"{who} sets the learning rate through optax.inject_hyperparams, and {owner} state holds "
+            f"{found} such learning rates; it needs {needs}. Return e.g. `{example(learning_rate)}` from "
+            f"configure_optimizer{note}.")
     return ValueError(
-        f"{who} sets the learning rate through optax.inject_hyperparams, and {owner} state holds "
-        f"{found} such learning rates; it needs {needs}. Return e.g. `{example(learning_rate)}` from "
-        f"configure_optimizer{note}.")
+        f"{who} sets the learning rate through optax.inject_hyperparams or the module's lr_schedule; "
+        f"{owner} state holds {found} injected learning rates (it needs {needs}) and {name} has no "
+        f"lr_schedule (a number or a schedule `count -> lr`). Either return e.g. `{example(learning_rate)}` "
+        f"from configure_optimizer{note}, or set `self.lr_schedule = {learning_rate}` (e.g. in __init__) "
+        "and build the optimizer from it: `optax.adam(self.lr_schedule)`.")

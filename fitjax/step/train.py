@@ -168,9 +168,10 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
         # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
         update_fn = optax.with_extra_args_support(tx).update
-        imposed = pieces.learning_rate(options.pieces, state.extras)  # SWA's annealing; None: none
+        imposed = pieces.learning_rate(options.pieces, state.extras)  # SWA's annealing, lr_find; None: none
         if imposed is not None:
-            update_fn = functools.partial(learning_rate.update, update_fn, imposed)
+            update_fn = functools.partial(learning_rate.update, update_fn, imposed,
+                                          schedule=learning_rate.schedule_of(module))
         updates, opt_state = update_fn(grads, state.opt_state, state.params, value=values["loss"])
         params = optax.apply_updates(state.params, updates)
         if ls is not None:  # skip a non-finite step: keep params and optimizer state

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["LRFinder", "lr_values"]
+from fitjax.step.pieces import StatePiece
+
+__all__ = ["ImposedRate", "LRFinder", "lr_values"]
 
 _MODES = ("exponential", "linear")
 
@@ -17,6 +21,29 @@ def lr_values(min_lr: float, max_lr: float, num_training: int, mode: str) -> np.
     if mode == "exponential":
         return min_lr * (max_lr / min_lr) ** t
     return min_lr + (max_lr - min_lr) * t
+
+
+class ImposedRate(StatePiece):
+    """The learning rate lr_find imposes on each update of an optimizer that follows the module's
+    `lr_schedule`: a float32 scalar of the state (`extras[name]`), set from the host before each
+    step, so every rate runs the same compiled step (`fitjax.step.learning_rate.update`)."""
+
+    def __init__(self, name: str = "lr_find"):
+        self.name = name
+
+    def init(self, params):
+        return jnp.full((), jnp.nan, jnp.float32)  # NaN: the optimizer's own, until set
+
+    def update(self, extra, params, step):
+        return extra
+
+    def learning_rate(self, extra) -> jax.Array:
+        return extra
+
+    def set_host(self, extras: dict, lr: float) -> dict:
+        """`extras` with this piece's rate set to the host number `lr`, placed as the value it replaces."""
+        old = extras[self.name]
+        return {**extras, self.name: jax.device_put(np.float32(lr), old.sharding)}
 
 
 class LRFinder:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -99,11 +100,18 @@ class Tuner:
         """Trains a copy of the state for `num_training` steps while the learning rate grows from
         `min_lr` to `max_lr` ("exponential" or "linear"), recording the smoothed loss.
 
-        The learning rate enters through `optax.inject_hyperparams`: `configure_optimizer` must
-        return e.g. `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)` (a number, not a
-        schedule: a schedule would set it again each step). Stops early when the smoothed loss
-        passes `early_stop_threshold` times its best, as Lightning does. The module keeps its
-        weights and the trainer its state.
+        The learning rate enters one of two ways:
+        - `optax.inject_hyperparams`: `configure_optimizer` returns e.g.
+          `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)` (a number, not a schedule: a
+          schedule would set it again each step); each step's rate is written into that state.
+        - the module's `lr_schedule` (a number or a schedule `count -> lr`) that
+          `configure_optimizer` builds the optimizer from, e.g. `optax.adam(self.lr_schedule)`:
+          each update is rescaled by `lr / lr_schedule(count)` inside the step (exact for an
+          update proportional to its rate, which is checked first: the optimizer is built with
+          `lr_schedule` at 1 and at 2 and its first update must double). The rate is a value of
+          the state, so the step compiles once for all rates.
+        Stops early when the smoothed loss passes `early_stop_threshold` times its best, as
+        Lightning does. The module keeps its weights and its `lr_schedule`, the trainer its state.
 
         Returns:
             An `LRFinder`: `.results`, `.suggestion()`, `.plot(suggest=True)`.
@@ -119,12 +127,8 @@ class Tuner:
         if first is None:
             raise ValueError("lr_find: train_data is empty: it yielded no batch.")
         options = _batch_size.replace_spe(self.trainer.step_options, 1)  # one learning rate per call
-        state, compiled = step_lib.build(module, self.trainer.strategy, first, seed=self.trainer.seed,
-                                         options=options)
-        if lr_lib.count(state.opt_state) == 0:
-            raise lr_lib.missing_error("lr_find", 0, module=module, needs="at least one",
-                                       learning_rate="self.hparams.lr", note=" (with a number as learning_rate)")
         lrs = _lr_find.lr_values(float(min_lr), float(max_lr), num_training, mode)
+        state, compiled, imposed = self._lr_find_step(module, first, options, num_training)
         size = batch_size_of(first)
         tried, losses, avg, best = [], [], 0.0, math.inf
         beta = 0.98
@@ -136,11 +140,14 @@ class Tuner:
             stopped = False
             for chunk in step_lib.group_batches(batches, options, steps_left=num_training - len(tried)):
                 lr = float(lrs[len(tried)])
-                state = state.replace(opt_state=lr_lib.set_host(state.opt_state, lr))
+                if imposed is None:  # inject_hyperparams: the rate is written into the optimizer state
+                    state = state.replace(opt_state=lr_lib.set_host(state.opt_state, lr))
+                else:  # lr_schedule: the step rescales its update to the rate held in the state
+                    state = state.replace(extras=imposed.set_host(state.extras, lr))
                 step_fn = compiled.train_step if chunk.full else compiled.train_tail_step
                 state, values = step_fn(state, chunk.inputs)
                 loss = float(values["loss"])  # sync point: every step (a short diagnostic run)
-                if not tried:
+                if not tried and imposed is None:
                     self._check_lr_kept(module, state.opt_state, lr)
                 avg = beta * avg + (1 - beta) * loss
                 smoothed = avg / (1 - beta ** (len(tried) + 1))
@@ -156,6 +163,33 @@ class Tuner:
         del state  # the copy: nothing of it reaches the module or the trainer
         log_dir = self.trainer.log_dir or self.trainer.default_root_dir
         return _lr_find.LRFinder(mode, tried, losses, log_dir)
+
+    def _lr_find_step(self, module, batch, options, num_training: int):
+        """The state and compiled step lr_find trains, and the piece imposing its rate (None: the
+        rate is written into the `inject_hyperparams` state instead)."""
+        state, compiled = step_lib.build(module, self.trainer.strategy, batch, seed=self.trainer.seed,
+                                         options=options)
+        if lr_lib.count(state.opt_state):
+            return state, compiled, None
+        schedule = lr_lib.schedule_of(module)
+        if schedule is None:
+            raise lr_lib.missing_error("lr_find", 0, module=module, needs="at least one", or_schedule=True,
+                                       learning_rate="self.hparams.lr", note=" (with a number as learning_rate)")
+        # the optimizer counts its updates from 0: a zero rate there gives a zero update, which no
+        # rescaling turns into the swept rate's
+        zeros = [i for i in range(num_training) if float(np.asarray(schedule(i))) == 0.0]
+        if zeros:
+            raise ValueError(
+                f"lr_find rescales each update of {type(module).__name__}'s optimizer by lr / lr_schedule(count), "
+                f"but lr_schedule is 0 at count {zeros[0]} (e.g. a warmup from 0), where the update is 0 "
+                "whatever the rate: for lr_find, start the schedule above 0 (or use a constant lr_schedule).")
+        lr_lib.check_follows_schedule(module, state.params, "lr_find")
+        del state  # built again with the piece holding the rate (the first one's step never compiled)
+        piece = _lr_find.ImposedRate()
+        options = dataclasses.replace(options, pieces=(*options.pieces, piece))
+        state, compiled = step_lib.build(module, self.trainer.strategy, batch, seed=self.trainer.seed,
+                                         options=options)
+        return state, compiled, piece
 
     @staticmethod
     def _check_lr_kept(module, opt_state, lr: float) -> None:
