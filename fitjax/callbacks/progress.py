@@ -277,7 +277,8 @@ class RichProgressBar(Callback):
         if self._stage == "fit":  # fit shows validation in the epoch line instead
             self._val_values = values
         else:
-            self._print(f"{name} results  {_format(values)}")
+            if getattr(trainer, "verbose_evaluation", True):  # validate/test(verbose=False): no line
+                self._print(f"{name} results  {_format(values)}")
             self._stop_progress()
 
     def _remove_eval_task(self) -> None:

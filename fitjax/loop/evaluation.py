@@ -33,21 +33,28 @@ class EvalStages:
     """The evaluation stages of `Trainer` (validate, test, predict) and fit's validations."""
 
     def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
-                 ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
+                 ckpt_path: str | os.PathLike | None = None, verbose: bool = True) -> list[HostMetrics]:
         """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`.
 
         `ckpt_path` ("last", "best" or a checkpoint folder) evaluates those weights instead.
+        `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
         """
-        return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="val")
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="val")
 
     def test(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
-             ckpt_path: str | os.PathLike | None = None) -> list[HostMetrics]:
-        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`."""
-        return self._run_eval_stage(module, data, datamodule, ckpt_path, stage="test")
+             ckpt_path: str | os.PathLike | None = None, verbose: bool = True) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`.
 
-    def _run_eval_stage(self, module, data, datamodule, ckpt_path, *, stage: str) -> list[HostMetrics]:
+        `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test")
+
+    def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str) -> list[HostMetrics]:
         checks.check_module(module)
         name = {"val": "validate", "test": "test"}[stage]
+        if not isinstance(verbose, bool):
+            raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
+        self.verbose_evaluation = verbose
         loader = self._stage_loader(data, datamodule, stage=stage, method=name)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]

@@ -230,6 +230,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
+        self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
         self._fitting = False
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)

@@ -10,6 +10,7 @@ import jax
 import helpers
 import numpy as np
 import optax
+import pytest
 import rich.live
 from flax import nnx
 from helpers import Regressor, quiet_trainer, regression_data
@@ -47,6 +48,22 @@ def test_a_non_terminal_gets_plain_lines_per_log_step_and_per_epoch():
     epochs = [line for line in lines if line.startswith("Epoch ")]
     assert len(epochs) == 2 and all(re.search(r"done in .* loss \S+ .*mae .*val/loss ", e) for e in epochs)
     assert re.search(r"^Validation results  val/loss \S+", text, re.M)
+
+
+def test_validate_and_test_with_verbose_false_print_no_results_line():
+    out = io.StringIO()
+    trainer = quiet_trainer(max_epochs=1, strategy="single", callbacks=[fj.RichProgressBar(file=out)],
+                            enable_progress_bar=True)
+    val = fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
+    module = Marked()
+    trainer.fit(module, fj.DataLoader(regression_data(n=64), batch_size=32))
+    quiet = trainer.validate(module, val, verbose=False), trainer.test(module, val, verbose=False)
+    assert "results" not in out.getvalue()  # Lightning's verbose=False: no results table
+    loud = trainer.validate(module, val), trainer.test(module, val)
+    assert quiet == loud  # the same values returned either way
+    assert re.search(r"^Validation results  ", out.getvalue(), re.M) and re.search(r"^Test results  ", out.getvalue(), re.M)
+    with pytest.raises(TypeError, match=r"Trainer.validate\(verbose=...\) takes True or False, got 'no'"):
+        trainer.validate(module, val, verbose="no")
 
 
 def test_a_terminal_gets_a_live_bar():
