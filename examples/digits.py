@@ -82,7 +82,9 @@ class DigitsClassifier(fj.LitModule):
 
     def configure_optimizer(self):
         # kept on the module: LearningRateMonitor reads the rate applied at each step from it
-        self.lr_schedule = optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 50, self.hparams.total_steps)
+        total = self.hparams.total_steps
+        warmup = min(50, total // 10)  # short runs (`--epochs 2`) still decay after their warm-up
+        self.lr_schedule = optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, warmup, total)
         return optax.adamw(self.lr_schedule, weight_decay=1e-4)
 
 

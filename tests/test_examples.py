@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import digits  # examples/ is on the path through tests/helpers.py
-import helpers  # noqa: F401
+import helpers  # noqa: F401  (first: it puts examples/ on the path)
+import digits
 
 
 def test_digits_example_data_parallel_reaches_95_percent(tmp_path):

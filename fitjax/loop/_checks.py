@@ -116,7 +116,8 @@ def sanity_steps(value: Any) -> int:
 
 def fast_dev_run(value: Any) -> int:
     if not isinstance(value, (bool, int)) or value < 0:
-        raise ValueError(f"Trainer(fast_dev_run=...) takes a bool or a positive int, got {value!r}")
+        raise ValueError(f"Trainer(fast_dev_run=...) takes a bool or an int >= 0 (0 and False: off; True: 1 "
+                         f"batch; n: n batches), got {value!r}")
     return int(value)
 
 

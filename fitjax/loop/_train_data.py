@@ -69,7 +69,9 @@ class TrainData:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         limit = checks.apply_limit(self.limits["train"], _maybe_len(loader))
-        return checked_batches(loader, self._positions.batches(loader, limit, start=start, state=state), epoch=epoch, start=start, limit=limit, shards=self.strategy.num_batch_shards // jax.process_count())
+        batches = self._positions.batches(loader, limit, start=start, state=state)
+        return checked_batches(loader, batches, epoch=epoch, start=start, limit=limit,
+                               shards=self.strategy.num_batch_shards // jax.process_count())
 
     def _train_chunks(self, loader, epoch_iter: Iterator[Batch] | None, *, start: int,
                       steps_left: int | None) -> Iterable[step_lib.StepInputs]:

@@ -361,7 +361,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
-        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards, processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches)
+        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
+                       processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
+                       accumulate=self.step_options.accumulate_grad_batches)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)

@@ -32,6 +32,9 @@ class JaxProfiler(Profiler):
     logging, callbacks) appear as named host ranges. Steps count calls of the train step in this
     fit, from 0 (the first call, which also compiles: the default starts after it). The last
     traced step is waited for before the trace stops, so its device work is in the trace.
+    With several processes each traces its own into `<log dir>/process_<i>/plugins/profile/`:
+    JAX names a trace file after the host, so processes sharing a host (`fitjax launch`) would
+    otherwise write the same file.
 
     Args:
         dirpath: Folder the trace goes under (as `<dirpath>/plugins/profile/...`); default the
@@ -95,6 +98,8 @@ class JaxProfiler(Profiler):
 
     def _start_trace(self) -> None:
         root = self.dirpath or Path.cwd()
+        if jax.process_count() > 1:  # one file name per host: a folder per process keeps them apart
+            root = root / f"process_{jax.process_index()}"
         before = set((root / "plugins" / "profile").glob("*"))
         self._root, self._before = root, before
         jax.profiler.start_trace(str(root))

@@ -61,7 +61,7 @@ class PlainRegressor(fj.LitModule):
 LAUNCH_COMMON = ["--trainer.max_epochs=2", "--trainer.log_every_n_steps=2", "--trainer.enable_model_summary=false",
                  "--trainer.enable_checkpointing=false"]
 LAUNCH_RUNS = {
-    "dp": ["--trainer.strategy=dp"],
+    "dp": ["--trainer.strategy=dp", "--trainer.profiler=jax"],
     "fsdp": ["--trainer.strategy=FSDP", "--trainer.strategy.data=2", "--trainer.strategy.fsdp=4",
              "--trainer.strategy.min_size_to_shard=0"],
 }

@@ -53,10 +53,15 @@ def test_two_launched_processes_of_4_devices_match_one_process_of_8(tmp_path):
     for name in LAUNCH_RUNS:  # one run, one log dir: its config written once, by process 0
         assert [p.name for p in (tmp_path / name / "fitjax_logs").iterdir()] == ["version_0"]
         assert (tmp_path / name / "fitjax_logs" / "version_0" / "config.yaml").exists()
+    # Trainer(profiler="jax"): each process's trace in its own folder (JAX names the file after the host)
+    traces = [list((tmp_path / "dp" / "fitjax_logs" / "version_0" / f"process_{rank}" / "plugins" / "profile")
+                   .glob("*/*.xplane.pb")) for rank in range(2)]
+    assert [len(t) for t in traces] == [1, 1], traces
     for name, args in LAUNCH_RUNS.items():
         assert launched[name]["processes"] == 2 and launched[name]["devices"] == 8
         single = LightningCLI(Regressor, RegressorData, save_config_callback=None, args=[
-            "fit", *args, *LAUNCH_COMMON, "--trainer.logger=false", "--trainer.enable_progress_bar=false"])
+            "fit", *args, *LAUNCH_COMMON, "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path / 'single' / name}"])
         assert len(single.trainer.devices) == 8
         assert_trees_close(launched[name]["params"], single.model.variables[0], rtol=1e-5, atol=1e-6)
 
