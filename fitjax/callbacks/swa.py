@@ -37,10 +37,16 @@ class StochasticWeightAveraging(Callback):
     (`trainer.state.extras[name]`): updated by one jitted function per epoch start (compiled
     once), sharded like the parameters (fsdp included), checkpointed, and resumed exactly.
 
-    The learning rate is driven through `optax.inject_hyperparams`: `configure_optimizer` must
-    return e.g. `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)` (a schedule as the
+    The learning rate is driven through `optax.inject_hyperparams`: `configure_optimizer`
+    returns e.g. `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)` (a schedule as the
     learning rate, or Lightning's `lr_scheduler`, is overridden from the start epoch, as
-    Lightning swaps the scheduler out). Validation during fit uses the current parameters.
+    Lightning swaps the scheduler out); or through the module's `lr_schedule` (a number or a
+    schedule `count -> lr`) that `configure_optimizer` builds the optimizer from, e.g.
+    `optax.adam(self.lr_schedule)`: the update is rescaled by `swa rate / lr_schedule(count)`
+    (checked when fit starts: the optimizer built with `lr_schedule` at 1 and at 2 must double its
+    first update). Either way the rescaling is exact for updates proportional to the rate, and a
+    schedule at 0 gives a zero update there whatever the rate. Validation during fit uses the
+    current parameters.
 
     Args:
         swa_lrs: the SWA learning rate, a positive float (or a one-element list: one optimizer).
@@ -109,8 +115,12 @@ class StochasticWeightAveraging(Callback):
             raise ValueError("StochasticWeightAveraging needs Trainer(max_epochs=...): its start epoch and "
                              "its last epoch count from it (max_epochs=-1 or only max_steps was given).")
         found = lr_lib.count(trainer.state.opt_state)
-        if found != 1:
-            raise lr_lib.missing_error("StochasticWeightAveraging", found, module=module,
+        self._piece.schedule = None
+        if found == 0 and lr_lib.schedule_of(module) is not None:
+            lr_lib.check_follows_schedule(module, trainer.state.params, "StochasticWeightAveraging")
+            self._piece.schedule = lr_lib.schedule_of(module)
+        elif found != 1:
+            raise lr_lib.missing_error("StochasticWeightAveraging", found, module=module, or_schedule=found == 0,
                                        note=" (or a schedule as learning_rate)")
         start = self.swa_epoch_start
         if isinstance(start, float):

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-__all__ = ["check_follows_schedule", "count", "current", "example", "find", "host_values", "missing_error",
-           "named", "replace", "schedule_of", "set_host", "update", "update_count", "values"]
+__all__ = ["check_follows_schedule", "count", "current", "example", "find", "host_values", "last_used",
+           "missing_error", "named", "replace", "schedule_of", "set_host", "update", "update_count", "values"]
 
 # `optax.inject_hyperparams` states (the stateful variant is what recent optax returns)
 _INJECTED = tuple(getattr(optax, name) for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState")
@@ -113,6 +113,16 @@ def schedule_of(module: Any) -> Callable[[Any], Any] | None:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def last_used(opt_state: Any, schedule: Callable[[Any], Any] | None = None) -> jax.Array:
+    """The learning rate the last update used, float32 (traced): the injected one, else (with no
+    injected rate) `schedule(count - 1)`, `schedule(0)` before the first update."""
+    if count(opt_state) == 0 and schedule is not None:
+        at = update_count(opt_state)
+        at = jnp.zeros((), jnp.int32) if at is None else jnp.maximum(at - 1, 0)
+        return jnp.asarray(schedule(at), jnp.float32)
+    return current(opt_state)
 
 
 # ------------------------------------------------------------------------------------- set

@@ -129,7 +129,9 @@ class StochasticAverage(StatePiece):
     `swa_lr * a + lr0 * (1 - a)` with `a = anneal(min(1, j / annealing_epochs))`, `anneal` being
     `(1 - cos(pi t)) / 2` ("cos") or `t` ("linear"); `annealing_epochs=0`: `swa_lr` at once. When training ends after `swa_end + 1`
     epochs the average replaces the parameters. All of it lives in the state (`average`,
-    `n_averaged`, `lr0`, `lr`), so a resumed run continues it exactly.
+    `n_averaged`, `lr0`, `lr`), so a resumed run continues it exactly. `lr0` is read from an
+    `inject_hyperparams` state, else from `schedule` (the module's `lr_schedule`) at the count of
+    the last update.
 
     `swa_start` and `swa_end` depend on `max_epochs`: the callback sets them when fit starts,
     before the first epoch traces `epoch_start`.
@@ -146,6 +148,8 @@ class StochasticAverage(StatePiece):
         self.avg_fn = avg_fn or (lambda avg, p, n: avg + (p - avg) / (n + 1).astype(avg.dtype))
         self.swa_start: int | None = None  # 0-based epochs, set when fit starts
         self.swa_end: int | None = None
+        # the module's `lr_schedule` when the optimizer holds no injected rate (set when fit starts)
+        self.schedule: Callable | None = None
 
     def init(self, params: PyTree) -> PyTree:
         nan = jnp.full((), jnp.nan, jnp.float32)
@@ -168,7 +172,7 @@ class StochasticAverage(StatePiece):
 
         average = jax.tree.map(one, extra["average"], params)
         started = epoch >= self.swa_start
-        lr0 = jnp.where(started & jnp.isnan(extra["lr0"]), lr_lib.current(opt_state), extra["lr0"])
+        lr0 = jnp.where(started & jnp.isnan(extra["lr0"]), lr_lib.last_used(opt_state, self.schedule), extra["lr0"])
         t = jnp.clip((epoch - self.swa_start).astype(jnp.float32) / max(1, self.annealing_epochs), 0.0, 1.0)
         if self.annealing_epochs == 0:  # torch's SWALR: the SWA rate from the first SWA epoch on
             t = jnp.ones_like(t)

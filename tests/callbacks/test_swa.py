@@ -153,6 +153,38 @@ def test_a_schedule_is_overridden_from_the_start_epoch():
     np.testing.assert_allclose(record.lrs, [0.1, lr0, 0.5 * 0.01 + 0.5 * lr0, 0.01], rtol=1e-6)
 
 
+class ScheduleAttribute(SWARegressor):
+    """`SWARegressor(schedule=True)`'s optimizer, its rate reached through the module's `lr_schedule`."""
+
+    def __init__(self, lr: float = 0.1, follows: bool = True):
+        super().__init__(lr=lr, schedule=True)
+        self.follows = follows
+        self.lr_schedule = optax.linear_schedule(lr, 0.0, 1000)
+
+    def configure_optimizer(self):
+        return optax.sgd(self.lr_schedule if self.follows else self.hparams.lr, momentum=0.9)
+
+
+def test_the_rate_through_the_modules_lr_schedule_equals_inject_hyperparams_under_fsdp():
+    """The same schedule and SWA, with the rate in an `inject_hyperparams` state or in the module's
+    `lr_schedule`: the same rates, the same average and parameters (the rescaled update differs
+    from the one made at the SWA rate by float32 rounding: rtol 1e-5)."""
+    runs = []
+    for module in (SWARegressor(lr=0.1, schedule=True), ScheduleAttribute(lr=0.1)):
+        trainer = quiet_trainer(max_epochs=4, strategy=FSDP(min_size_to_shard=8), callbacks=[fj.StochasticWeightAveraging(
+            0.01, swa_epoch_start=2, annealing_epochs=2, annealing_strategy="linear")])
+        with count_compiles() as compiles:
+            trainer.fit(module, fj.DataLoader(regression_data(n=64), batch_size=16))
+        assert compiles["train_step"] == 1, compiles
+        runs.append((jax.device_get(trainer.state.extras["swa"]), jax.device_get(module.variables[0])))
+    (injected, injected_params), (attribute, attribute_params) = runs
+    # the last update before epoch 1 is step 3: lr0 = schedule(3), as the injected state holds it
+    assert float(attribute["lr0"]) == float(injected["lr0"]) == pytest.approx(0.1 * (1 - 3 / 1000), rel=1e-6)
+    assert float(attribute["lr"]) == float(injected["lr"]) == pytest.approx(0.01, rel=1e-6)
+    assert_trees_close(attribute["average"], injected["average"], rtol=1e-5, atol=1e-7)
+    assert_trees_close(attribute_params, injected_params, rtol=1e-5, atol=1e-7)
+
+
 class LightningStyle(fj.LitModule):
     """Written the Lightning way, with an `lr_scheduler` stepping every batch (fitjax drives the
     `inject_hyperparams` optimizer's rate from it inside each update)."""
@@ -295,8 +327,12 @@ def test_bad_arguments_name_themselves():
 def test_an_optimizer_without_an_exposed_learning_rate_is_refused_with_the_fix():
     data = fj.DataLoader(regression_data(n=32), batch_size=16)
     trainer = quiet_trainer(max_epochs=2, callbacks=[fj.StochasticWeightAveraging(0.01)])
-    with pytest.raises(ValueError, match=r"inject_hyperparams.*holds 0.*optax.inject_hyperparams\(optax.adam\)"):
+    with pytest.raises(ValueError, match=r"inject_hyperparams or the module's lr_schedule.*holds 0.*"
+                                         r"optax.inject_hyperparams\(optax.adam\).*self\.lr_schedule = "):
         trainer.fit(Regressor(batchnorm=False), data)  # optax.sgd(lr): the rate is in a closure
+    trainer = quiet_trainer(max_epochs=2, callbacks=[fj.StochasticWeightAveraging(0.01)])
+    with pytest.raises(ValueError, match=r"lr_schedule=<function .*does not follow it"):
+        trainer.fit(ScheduleAttribute(follows=False), data)  # has an lr_schedule, built without it
     trainer = quiet_trainer(max_steps=4, max_epochs=-1, callbacks=[fj.StochasticWeightAveraging(0.01)])
     with pytest.raises(ValueError, match=r"needs Trainer\(max_epochs=...\)"):
         trainer.fit(SWARegressor(), data)

@@ -58,3 +58,22 @@ def test_the_error_says_how_to_expose_the_learning_rate():
     with pytest.raises(ValueError, match=r"holds 0 such learning rates; it needs one\. Return e\.g\. "
                                          r"`optax\.inject_hyperparams\(optax\.adam\)\(learning_rate=1e-3\)`"):
         lr_lib.current(optax.adam(1e-3).init(PARAMS))
+
+
+def test_through_an_lr_schedule_the_update_is_rescaled_to_the_imposed_rate():
+    """No injected rate: the update made at `schedule(count)` is rescaled to the imposed rate, at
+    every count (the optimizer's own, from its state); NaN leaves it bitwise."""
+    schedule = optax.linear_schedule(1.0, 0.5, 4)
+    grads = {"dense": jnp.array([0.3, -1.0, 2.0]), "norm": jnp.array([1.0, 0.5])}
+    tx, fixed = optax.adam(schedule), optax.adam(0.25)
+    state, fixed_state = tx.init(PARAMS), fixed.init(PARAMS)
+    step = jax.jit(lambda lr, s, g, p: lr_lib.update(tx.update, lr, g, s, p, schedule=schedule))
+    for count in range(3):
+        assert float(lr_lib.last_used(state, schedule)) == float(schedule(max(count - 1, 0)))
+        own, _ = jax.jit(tx.update)(grads, state, PARAMS)
+        kept, _ = step(jnp.float32(jnp.nan), state, grads, PARAMS)
+        assert all(bool((a == b).all()) for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(kept)))
+        imposed, state = step(jnp.float32(0.25), state, grads, PARAMS)
+        expected, fixed_state = fixed.update(grads, fixed_state, PARAMS)
+        for a, b in zip(jax.tree.leaves(imposed), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
