@@ -2,6 +2,7 @@
 XLA:CPU's two schedulers.
 
     python benchmarks/clip_norm.py                 # 5 repeats of 1000 steps per variant, both schedulers
+    python benchmarks/clip_norm.py --size mnist    # the MNIST-sized MLP (~270k parameters)
     python benchmarks/clip_norm.py --smoke         # seconds: checks it runs (numbers mean nothing)
 
 Two tables: XLA:CPU's default breadth-first ("concurrency optimized") scheduler, then the
@@ -39,11 +40,19 @@ from fitjax.step.options import clip_by_global_norm, global_norm  # noqa: E402
 
 
 class MLP(nn.Module):
+    width: int = 64
+
     @nn.compact
     def __call__(self, x):
-        x = nn.relu(nn.Dense(64)(x))
-        x = nn.relu(nn.Dense(64)(x))
+        x = nn.relu(nn.Dense(self.width)(x))
+        x = nn.relu(nn.Dense(self.width)(x))
         return nn.Dense(10)(x)
+
+
+SIZES = {  # name: (hidden width, input width, batch)
+    "tiny": (64, 64, 32),  # overhead.py's tiny MLP: ~9k parameters
+    "mnist": (256, 784, 128),  # overhead.py's MNIST-sized MLP: ~270k parameters
+}
 
 
 def _transform(update) -> optax.GradientTransformation:
@@ -94,6 +103,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--smoke", action="store_true", help="1 repeat of 20 steps: checks the script runs")
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
+                        help="the tiny MLP (default) or the MNIST-sized one of overhead.py")
     parser.add_argument("--child", choices=("true", "false"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is None:  # one process per scheduler
@@ -108,9 +119,10 @@ def main(argv=None):
     if args.smoke:
         args.repeats, args.steps = 1, 20
     rng = np.random.default_rng(0)
-    x = jax.device_put(rng.normal(size=(32, 64)).astype(np.float32))
-    y = jax.device_put(rng.integers(0, 10, 32).astype(np.int32))
-    model = MLP()
+    width, inputs, batch = SIZES[args.size]
+    x = jax.device_put(rng.normal(size=(batch, inputs)).astype(np.float32))
+    y = jax.device_put(rng.integers(0, 10, batch).astype(np.int32))
+    model = MLP(width)
     params0 = model.init(jax.random.key(0), x)["params"]
     txs = {name: make() for name, make in VARIANTS.items()}
     steps = {name: _stepper(model, tx) for name, tx in txs.items()}

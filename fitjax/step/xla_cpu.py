@@ -4,10 +4,9 @@
 with one of two schedulers: a breadth-first one "optimised for concurrency" (its default) or a
 depth-first, memory-frugal one. On a small train step the breadth-first order makes anything
 that reads every gradient (a global-norm clip, a grad-norm log) cost the step half its speed:
-a hand-written tiny-MLP step clipped at 1.0 ran 0.53-0.56x the unclipped one, 0.8-0.9x with the
-depth-first scheduler (`python benchmarks/clip_norm.py` prints both), unclipped steps unchanged,
-and the MNIST-sized MLP of `benchmarks/overhead.py` stepped 1.2-1.3x faster with it, in fitjax
-and in the hand-written loop alike. The choice is read from `XLA_FLAGS` once, when JAX starts its backends, and a per-compile
+a hand-written tiny-MLP step clipped at 1.0 ran 0.43-0.56x the unclipped one, 0.8-0.9x with the
+depth-first scheduler, the MNIST-sized MLP's 0.88x and 0.99x, unclipped steps unchanged
+(`python benchmarks/clip_norm.py [--size mnist]` prints both schedulers). The choice is read from `XLA_FLAGS` once, when JAX starts its backends, and a per-compile
 option does not change it (measured: the same program text). So `prefer_depth_first_scheduler()`,
 called first thing by `fitjax/__init__.py`, appends `--xla_cpu_enable_concurrency_optimized_scheduler=false`
 to `XLA_FLAGS` when JAX's backends have not started yet and `XLA_FLAGS` does not already name
