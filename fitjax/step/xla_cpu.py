@@ -3,15 +3,17 @@
 **The scheduler (process-wide, at `import fitjax`).** XLA:CPU orders each program's operations
 with one of two schedulers: a breadth-first one "optimised for concurrency" (its default) or a
 depth-first, memory-frugal one. On a small train step the breadth-first order makes anything
-that reads every gradient (a global-norm clip, a grad-norm log) cost the step half its speed:
-a hand-written tiny-MLP step clipped at 1.0 ran 0.43-0.56x the unclipped one, 0.8-0.9x with the
-depth-first scheduler, the MNIST-sized MLP's 0.88x and 0.99x, unclipped steps unchanged
-(`python benchmarks/clip_norm.py [--size mnist]` prints both schedulers). The choice is read from `XLA_FLAGS` once, when JAX starts its backends, and a per-compile
-option does not change it (measured: the same program text). So `prefer_depth_first_scheduler()`,
-called first thing by `fitjax/__init__.py`, appends `--xla_cpu_enable_concurrency_optimized_scheduler=false`
-to `XLA_FLAGS` when JAX's backends have not started yet and `XLA_FLAGS` does not already name
-the flag (a user's own choice stands: set it to `true` to keep XLA's default). It changes the
-order operations run in, never their results, and only XLA:CPU programs (GPU and TPU ignore it).
+that reads every gradient (a global-norm clip, a grad-norm log) cost the step half its speed: a
+hand-written tiny-MLP step clipped at 1.0 ran 0.43-0.56x the unclipped one, 0.8-0.9x with the
+depth-first scheduler; the MNIST-sized MLP's 0.88x and 0.99x; unclipped steps unchanged
+(`python benchmarks/clip_norm.py [--size mnist]` prints both schedulers). The choice is read
+from `XLA_FLAGS` once, when JAX starts its backends; a per-compile option does not change it
+(measured: the same program text). So `prefer_depth_first_scheduler()`, called first thing by
+`fitjax/__init__.py`, appends `--xla_cpu_enable_concurrency_optimized_scheduler=false` to
+`XLA_FLAGS` when JAX's backends have not started and `XLA_FLAGS` does not already name the flag
+(a user's own choice stands: set it to `true` to keep XLA's default). It changes the order
+operations run in, not what they compute (a clipped fit gives the same bits under both:
+tests/test_xla_cpu.py), and only XLA:CPU programs (GPU and TPU ignore it).
 
 **The scratch plan (per train step).** XLA:CPU mallocs each call's scratch ("temp") buffers
 afresh, on a worker thread. glibc serves a
