@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 
 import flax.linen as nn  # noqa: E402
+import optax  # noqa: E402
 
 import fitjax as fj  # noqa: E402
 from helpers import Regressor, regression_data  # noqa: E402
@@ -74,3 +75,21 @@ def small_regressor(lr: float = 0.1) -> Regressor:
         lr: the learning rate.
     """
     return Regressor(lr=lr, batchnorm=False)
+
+
+class InjectedRegressor(Regressor):
+    """`Regressor` whose learning rate StochasticWeightAveraging can drive."""
+
+    def configure_optimizer(self):
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=self.hparams.lr, momentum=0.9)
+
+
+def swa_fit():
+    """SWA from epoch 2 of 4 on dp with BatchNorm; the module's final variables (the average and
+    the recomputed statistics). Run by tests/cli/launch_swa.py and in the test's own process."""
+    trainer = fj.Trainer(max_epochs=4, strategy="dp", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         callbacks=[fj.StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2)])
+    module = InjectedRegressor()
+    trainer.fit(module, fj.DataLoader(regression_data(n=128), batch_size=32, shuffle=True, seed=1))
+    return module.variables
