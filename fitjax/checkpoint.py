@@ -246,29 +246,46 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
                       ) -> tuple[PyTree, PyTree]:
     """`(params, model_state)` of a checkpoint, without the optimizer state.
 
-    With `like`, laid out like it (shapes checked, shardings kept); without, restored as saved
-    onto the first local device.
+    The parameters are the ones validation used when the checkpoint was saved: an `EMA`'s
+    average when it was saved with `fj.EMA(use_for_eval=True)` (the checkpoint's meta names
+    where, `eval_params`), as Lightning's `WeightAveraging` saves the average as the weights.
+    With `like`, laid out like it (shapes checked, shardings kept, the average cast to the
+    parameters' dtypes); without, restored as saved onto the first local device.
     """
     path = local_path(path)
     saved = _saved_tree(path)
+    key = read_meta(path).get("eval_params") or ["params"]
+    saved_params = saved
+    for name in key:
+        saved_params = saved_params[name]
     if like is None:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-            {"params": saved["params"], "model_state": saved["model_state"]},
-        )
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                              {"params": saved_params, "model_state": saved["model_state"]})
     else:
         target = jax.tree.map(_abstract, {"params": like[0], "model_state": like[1]})
-        _check_tree({k: saved[k] for k in target}, target, path, saved_options={}, options={})
+        _check_tree({"params": saved_params, "model_state": saved["model_state"]}, target, path,
+                    saved_options={}, options={})
+        # the average is read in its own dtype (float32 for bf16 parameters), cast below
+        target["params"] = jax.tree.map(lambda t, m: jax.ShapeDtypeStruct(t.shape, m.dtype, sharding=t.sharding),
+                                        target["params"], saved_params)
+    read = {"model_state": target["model_state"]}
+    branch = read
+    for name in key[:-1]:  # the params' place in the saved tree: a partial restore reads it alone
+        branch = branch.setdefault(name, {})
+    branch[key[-1]] = target["params"]
     with _reading(path):
         tree = ocp.PyTreeCheckpointer().restore(
             path / STATE_ITEM,
-            args=ocp.args.PyTreeRestore(
-                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                partial_restore=True,
-            ),
+            args=ocp.args.PyTreeRestore(item=read, restore_args=ocp.checkpoint_utils.construct_restore_args(read),
+                                        partial_restore=True),
         )
-    return tree["params"], tree["model_state"]
+    params = tree
+    for name in key:
+        params = params[name]
+    if like is not None:
+        params = jax.tree.map(lambda p, t: p if p.dtype == t.dtype else p.astype(t.dtype), params, like[0])
+    return params, tree["model_state"]
 
 
 def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:

@@ -20,7 +20,9 @@ class EMA(Callback):
     Args:
         decay: weight of the old average, in [0, 1).
         every_n_steps: update after optimizer steps 0, n, 2n, ...
-        use_for_eval: validation, test and predict (during and after fit) use the average.
+        use_for_eval: validation, test and predict (during and after fit) use the average, and
+            so do `validate/test/predict(ckpt_path=...)` and `load_from_checkpoint` on the
+            checkpoints saved with it.
         apply_to_module: after fit, `module.variables` holds the average instead of the last
             parameters (Lightning's `WeightAveraging` always does this at the end of training).
         name: the key in `trainer.state.extras` (change it to keep two averages).

@@ -28,6 +28,7 @@ import numpy as np
 from fitjax import checkpoint
 from fitjax._checkpoint_writer import CheckpointWriter
 from fitjax.module import LitModule
+from fitjax.step import pieces as pieces_lib
 
 _KEEP = 8  # loader states kept behind the newest drawn batch (the prefetch depth is 2)
 
@@ -146,6 +147,8 @@ def fit_meta(trainer, module) -> dict[str, Any]:
         "hparams_not_saved": not_saved,
         "module": f"{type(module).__module__}.{type(module).__qualname__}",
         "options": {"precision": trainer.precision},  # quoted by restore errors
+        # what validation used (an EMA's average): what evaluating or loading this checkpoint uses
+        "eval_params": pieces_lib.eval_params_key(trainer.step_options.pieces),
     }
 
 

@@ -35,7 +35,7 @@ from fitjax.state import TrainState
 from fitjax.step import learning_rate as lr_lib
 
 __all__ = ["ExponentialMovingAverage", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
-           "eval_params", "init_extras", "learning_rate", "module_params", "update_extras"]
+           "eval_params", "eval_params_key", "init_extras", "learning_rate", "module_params", "update_extras"]
 
 
 class StatePiece:
@@ -43,13 +43,19 @@ class StatePiece:
 
     Attributes:
         name: its key in `TrainState.extras` (unique among a trainer's pieces).
-        use_for_eval: validation, test and predict use `params_of(extra)` instead of the params.
+        use_for_eval: validation, test and predict use `params_of(extra)` instead of the params;
+            so do `validate/test/predict(ckpt_path=...)` and `load_from_checkpoint` on a
+            checkpoint saved with it (as Lightning's `WeightAveraging` saves the average as the
+            model's weights).
         use_for_module: `module.variables` after fit holds `params_of(extra)`.
+        params_key: where in the piece's state its parameters are (`params_of`); () when the
+            state is the parameters.
     """
 
     name: str = ""
     use_for_eval: bool = False
     use_for_module: bool = False
+    params_key: tuple[str, ...] = ()
     recompute_model_state: bool = False  # after `final_params` replaced the parameters
 
     def init(self, params: PyTree) -> PyTree:
@@ -62,6 +68,8 @@ class StatePiece:
 
     def params_of(self, extra: PyTree) -> PyTree:
         """The parameters this piece stands for (for `use_for_eval` / `use_for_module`)."""
+        for key in self.params_key:
+            extra = extra[key]
         return extra
 
     def epoch_start(self, extra: PyTree, params: PyTree, opt_state: PyTree, epoch: jax.Array) -> PyTree:
@@ -138,6 +146,7 @@ class StochasticAverage(StatePiece):
     """
 
     recompute_model_state = True
+    params_key = ("average",)
 
     def __init__(self, name: str, *, swa_lr: float, annealing_epochs: int, annealing_strategy: str,
                  avg_fn: Callable | None = None):
@@ -244,6 +253,14 @@ def _standing_in(state: TrainState, pieces: Sequence[StatePiece], flag: str) -> 
     # back to the parameters' dtypes: the eval step was compiled for them
     return jax.tree.map(lambda a, p: a if a.dtype == p.dtype else a.astype(p.dtype),
                         piece.params_of(state.extras[piece.name]), state.params)
+
+
+def eval_params_key(pieces: Sequence[StatePiece]) -> list[str] | None:
+    """Where in a saved train state the parameters for evaluation are (`["extras", name, ...]`,
+    the last `use_for_eval` piece's), or None for `params`: checkpoints record it, so that
+    evaluating or loading one uses what validation during fit used."""
+    chosen = [p for p in pieces if p.use_for_eval]
+    return ["extras", chosen[-1].name, *chosen[-1].params_key] if chosen else None
 
 
 def eval_params(state: TrainState, pieces: Sequence[StatePiece]) -> PyTree:

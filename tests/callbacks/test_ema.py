@@ -100,6 +100,32 @@ def test_resumed_run_with_ema_equals_an_uninterrupted_one_bitwise(tmp_path):
     assert_trees_close(resumed.state.params, full.state.params, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("use_for_eval", [True, False])
+def test_a_checkpoint_evaluates_and_loads_what_validation_used(tmp_path, use_for_eval):
+    # Lightning's WeightAveraging saves the average as the model's weights: validate/test/predict
+    # (ckpt_path=...) and load_from_checkpoint give what fit's validation saw (here monitored)
+    val = fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
+    saver = fj.ModelCheckpoint(tmp_path, monitor="val/loss", save_top_k=1)
+    trainer = quiet_trainer(max_epochs=2, enable_checkpointing=True, strategy="fsdp",
+                            callbacks=[fj.EMA(decay=DECAY, use_for_eval=use_for_eval), saver])
+    module = Regressor(batchnorm=False)
+    trainer.fit(module, fj.DataLoader(regression_data(n=128), batch_size=16), val)
+    best = saver.best_model_score
+    stands_in = jax.device_get(trainer.state.extras["ema"] if use_for_eval else trainer.state.params)
+    assert trainer.validate(module, val, ckpt_path="best")[0]["val/loss"] == pytest.approx(best, rel=1e-6)
+    loaded = Regressor.load_from_checkpoint(saver.best_model_path)
+    assert_trees_close(loaded.variables[0], stands_in, rtol=0, atol=0)  # the last epoch is the best here
+    assert quiet_trainer().validate(loaded, val)[0]["val/loss"] == pytest.approx(best, rel=1e-6)
+    np.testing.assert_array_equal(trainer.predict(module, val, ckpt_path="best"), quiet_trainer().predict(loaded, val))
+    # a resume restores both: the trained params go on training, the average goes on averaging
+    resumed = quiet_trainer(max_epochs=3, enable_checkpointing=True, strategy="fsdp",
+                            callbacks=[fj.EMA(decay=DECAY, use_for_eval=use_for_eval),
+                                       fj.ModelCheckpoint(tmp_path / "more")])
+    resumed.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=128), batch_size=16),
+                ckpt_path=saver.best_model_path)
+    assert resumed.global_step == trainer.global_step + 8
+
+
 def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match=r"EMA\(decay=...\).*got 1.5"):
         fj.EMA(decay=1.5)
