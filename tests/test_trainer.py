@@ -99,6 +99,23 @@ def test_validation_counts_every_example_exactly_once():
     assert res_one["val/loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_num_val_batches_is_known_when_validation_starts():
+    # a progress bar draws its total at on_validation_start: the count is set before the hooks
+    class Seen(fj.Callback):
+        def __init__(self):
+            self.at_start = []
+
+        def on_validation_start(self, trainer, module):
+            self.at_start.append((trainer.sanity_checking, trainer.num_val_batches))
+
+    seen = Seen()
+    val = fj.DataLoader(regression_data(n=100, seed=1), batch_size=32)  # 4 batches, the last partial
+    trainer = quiet_trainer(max_epochs=2, callbacks=[seen], num_sanity_val_steps=2)
+    trainer.fit(Regressor(), fj.DataLoader(regression_data(n=64), batch_size=32), val)
+    trainer.validate(Regressor(), val)
+    assert seen.at_start == [(True, 2), (False, 4), (False, 4), (False, 4)]
+
+
 def test_predict_returns_every_example_once_in_input_order():
     n = 77
     x = np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 8), np.float32)

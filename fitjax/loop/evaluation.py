@@ -61,6 +61,7 @@ class EvalStages:
         self._hooks.call("setup", self, module, name)
         try:
             params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
+            self._count_val_batches(loader, stage=stage)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
             results, aliases = self._evaluate(module, loader, params, model_state, rng, stage=stage)
@@ -107,6 +108,7 @@ class EvalStages:
             self._validate_in_fit(module, val_loader)
 
     def _validate_in_fit(self, module: LitModule, val_loader) -> None:
+        self._count_val_batches(val_loader)
         self._call("on_validation_start", module)
         self._call("on_validation_epoch_start", module)
         results, aliases = self._evaluate(
@@ -127,6 +129,7 @@ class EvalStages:
         self.sanity_checking = True
         try:
             self._call("on_sanity_check_start", module)
+            self._count_val_batches(val_loader, limit=limit)
             self._call("on_validation_start", module, log=False)
             self._call("on_validation_epoch_start", module, log=False)
             self._evaluate(module, val_loader, self._eval_params(), self.state.model_state, self.state.rng,
@@ -166,8 +169,6 @@ class EvalStages:
         acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
-        if stage == "val":
-            self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
         for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
             acc = eval_step(params, model_state, rng, acc, batch, mask)
             if wants_batch_end:
@@ -176,6 +177,12 @@ class EvalStages:
         specs = self._compiled.log_specs
         return (_logged.compute(host, specs, stage=stage, epoch=True),
                 _logged.plain_names(host, specs, epoch=True))
+
+    def _count_val_batches(self, loader, *, stage: str = "val", limit: int | None = None) -> None:
+        """`num_val_batches` for the validation about to run, set before its hooks (a progress
+        bar draws its total at `on_validation_start`); None when the loader has no length."""
+        if stage == "val":
+            self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
                       limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
