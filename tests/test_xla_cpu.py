@@ -181,3 +181,18 @@ def test_import_picks_the_depth_first_scheduler_and_results_are_the_same_bits():
     # backends already started before fitjax was imported: the flags are fixed, nothing is added
     flags, _ = _run(before="import jax; jax.devices()")
     assert flags == ""
+
+
+@pytest.mark.parametrize("version, added", [("0.10.2", True), ("0.6.0", True), ("0.11.0", False),
+                                            ("1.0.0", False), ("0.11.0.dev20270101", False)])
+def test_the_flag_is_set_only_for_jaxlib_releases_it_was_checked_with(monkeypatch, version, added):
+    # XLA aborts the process on an unknown flag: an unchecked jaxlib keeps XLA's default
+    import jaxlib
+
+    monkeypatch.setattr(jaxlib, "__version__", version)
+    monkeypatch.setattr(_xla_cpu, "_backends_started", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    assert _xla_cpu.prefer_depth_first_scheduler() is added
+    import os
+
+    assert (_xla_cpu.SCHEDULER_FLAG in os.environ["XLA_FLAGS"]) is added

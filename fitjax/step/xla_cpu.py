@@ -10,8 +10,9 @@ depth-first scheduler; the MNIST-sized MLP's 0.88x and 0.99x; unclipped steps un
 from `XLA_FLAGS` once, when JAX starts its backends; a per-compile option does not change it
 (measured: the same program text). So `prefer_depth_first_scheduler()`, called first thing by
 `fitjax/__init__.py`, appends `--xla_cpu_enable_concurrency_optimized_scheduler=false` to
-`XLA_FLAGS` when JAX's backends have not started and `XLA_FLAGS` does not already name the flag
-(a user's own choice stands: set it to `true` to keep XLA's default). It changes the order
+`XLA_FLAGS` when JAX's backends have not started, `XLA_FLAGS` does not already name the flag
+(a user's own choice stands: set it to `true` to keep XLA's default) and jaxlib is a release
+it was checked with (XLA aborts on an unknown flag: `_CHECKED_UP_TO`). It changes the order
 operations run in, not what they compute (a clipped fit gives the same bits under both:
 tests/test_xla_cpu.py), and only XLA:CPU programs (GPU and TPU ignore it).
 
@@ -51,6 +52,10 @@ __all__ = ["SCHEDULER_FLAG", "Plan", "PlannedStep", "largest_buffer_bytes", "pla
            "prefer_depth_first_scheduler", "step"]
 
 SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+# XLA aborts the process on a flag it does not know, so the flag is set only for the jaxlib
+# releases it was checked with (its reader has been in XLA:CPU since before jax 0.6, the oldest
+# fitjax supports); a newer jaxlib keeps XLA's default until this is raised after a check.
+_CHECKED_UP_TO = (0, 10)
 
 
 def prefer_depth_first_scheduler() -> bool:
@@ -58,10 +63,20 @@ def prefer_depth_first_scheduler() -> bool:
     added to `XLA_FLAGS` now. Does nothing when `XLA_FLAGS` already names the flag or when JAX's
     backends have started (the flags are read then, so a late change would only mislead)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if SCHEDULER_FLAG.split("=")[0] in flags or _backends_started():
+    if SCHEDULER_FLAG.split("=")[0] in flags or not _checked_jaxlib() or _backends_started():
         return False
     os.environ["XLA_FLAGS"] = f"{flags} {SCHEDULER_FLAG}".strip()
     return True
+
+
+def _checked_jaxlib() -> bool:
+    import jaxlib
+
+    try:
+        release = tuple(int(part) for part in jaxlib.__version__.split(".")[:2])
+    except ValueError:  # a development build: its flags are unknown
+        return False
+    return release <= _CHECKED_UP_TO
 
 
 def _backends_started() -> bool:
