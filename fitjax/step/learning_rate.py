@@ -101,6 +101,17 @@ def update_count(opt_state: Any) -> jax.Array | None:
     return None
 
 
+def _updates_done(opt_state: Any) -> jax.Array:
+    """`update_count(opt_state)`, 0 when the state counts nothing (`optax.sgd(0.1)`: a constant
+    rate, whatever the count)."""
+    at = update_count(opt_state)
+    return jnp.zeros((), jnp.int32) if at is None else at
+
+
+def _scheduled(schedule: Callable[[Any], Any], at: jax.Array) -> jax.Array:
+    return jnp.asarray(schedule(at), jnp.float32)
+
+
 def schedule_of(module: Any) -> Callable[[Any], Any] | None:
     """The module's `lr_schedule` as a schedule `count -> lr` (a number: that constant), or None
     when the module has none."""
@@ -119,9 +130,7 @@ def last_used(opt_state: Any, schedule: Callable[[Any], Any] | None = None) -> j
     """The learning rate the last update used, float32 (traced): the injected one, else (with no
     injected rate) `schedule(count - 1)`, `schedule(0)` before the first update."""
     if count(opt_state) == 0 and schedule is not None:
-        at = update_count(opt_state)
-        at = jnp.zeros((), jnp.int32) if at is None else jnp.maximum(at - 1, 0)
-        return jnp.asarray(schedule(at), jnp.float32)
+        return _scheduled(schedule, jnp.maximum(_updates_done(opt_state) - 1, 0))
     return current(opt_state)
 
 
@@ -159,10 +168,8 @@ def update(update_fn: Callable, lr: jax.Array, grads: Any, opt_state: Any, *args
     float32 scalar; NaN: the optimizer's own). With no injected rate in `opt_state`, `schedule`
     (the module's `lr_schedule`, `schedule_of`) says the rate the update applies. See the module doc."""
     if count(opt_state) == 0 and schedule is not None:
-        at = update_count(opt_state)
-        at = jnp.zeros((), jnp.int32) if at is None else at  # no count (`optax.sgd(0.1)`): a constant rate
         updates, new_state = update_fn(grads, opt_state, *args, **kwargs)
-        return _rescaled(updates, lr, jnp.asarray(schedule(at), jnp.float32)), new_state
+        return _rescaled(updates, lr, _scheduled(schedule, _updates_done(opt_state))), new_state
     updates, new_state = update_fn(grads, _imposed(opt_state, lr), *args, **kwargs)
     return _rescaled(updates, lr, current(new_state)), _imposed(new_state, lr)
 
