@@ -255,9 +255,7 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
     path = local_path(path)
     saved = _saved_tree(path)
     key = read_meta(path).get("eval_params") or ["params"]
-    saved_params = saved
-    for name in key:
-        saved_params = saved_params[name]
+    saved_params = _at(saved, key)
     if like is None:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
@@ -269,23 +267,32 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
         # the average is read in its own dtype (float32 for bf16 parameters), cast below
         target["params"] = jax.tree.map(lambda t, m: jax.ShapeDtypeStruct(t.shape, m.dtype, sharding=t.sharding),
                                         target["params"], saved_params)
-    read = {"model_state": target["model_state"]}
-    branch = read
-    for name in key[:-1]:  # the params' place in the saved tree: a partial restore reads it alone
-        branch = branch.setdefault(name, {})
-    branch[key[-1]] = target["params"]
+    # the params at their place in the saved tree: a partial restore reads them alone
+    read = {"model_state": target["model_state"], **_nested(key, target["params"])}
     with _reading(path):
         tree = ocp.PyTreeCheckpointer().restore(
             path / STATE_ITEM,
             args=ocp.args.PyTreeRestore(item=read, restore_args=ocp.checkpoint_utils.construct_restore_args(read),
                                         partial_restore=True),
         )
-    params = tree
-    for name in key:
-        params = params[name]
+    params = _at(tree, key)
     if like is not None:
         params = jax.tree.map(lambda p, t: p if p.dtype == t.dtype else p.astype(t.dtype), params, like[0])
     return params, tree["model_state"]
+
+
+def _at(tree: PyTree, key: list[str]) -> PyTree:
+    """`tree[key[0]][key[1]]...`."""
+    for name in key:
+        tree = tree[name]
+    return tree
+
+
+def _nested(key: list[str], value: PyTree) -> dict[str, Any]:
+    """`{key[0]: {key[1]: ... value}}`."""
+    for name in reversed(key):
+        value = {name: value}
+    return value
 
 
 def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
