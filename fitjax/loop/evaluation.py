@@ -61,7 +61,8 @@ class EvalStages:
         self._hooks.call("setup", self, module, name)
         try:
             params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
-            self._count_val_batches(loader, stage=stage)
+            if stage == "val":
+                self._count_val_batches(loader)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
             results, aliases = self._evaluate(module, loader, params, model_state, rng, stage=stage)
@@ -178,11 +179,10 @@ class EvalStages:
         return (_logged.compute(host, specs, stage=stage, epoch=True),
                 _logged.plain_names(host, specs, epoch=True))
 
-    def _count_val_batches(self, loader, *, stage: str = "val", limit: int | None = None) -> None:
+    def _count_val_batches(self, loader, *, limit: int | None = None) -> None:
         """`num_val_batches` for the validation about to run, set before its hooks (a progress
         bar draws its total at `on_validation_start`); None when the loader has no length."""
-        if stage == "val":
-            self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
+        self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
                       limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
