@@ -116,7 +116,7 @@ class Tuner:
         Returns:
             An `LRFinder`: `.results`, `.suggestion()`, `.plot(suggest=True)`.
         """
-        if mode not in ("exponential", "linear"):
+        if mode not in _lr_find._MODES:
             raise ValueError(f"lr_find(mode=...) got {mode!r}; use 'exponential' or 'linear'.")
         if not (isinstance(min_lr, (int, float)) and isinstance(max_lr, (int, float)) and 0 < min_lr < max_lr):
             raise ValueError(f"lr_find needs 0 < min_lr < max_lr, got min_lr={min_lr!r}, max_lr={max_lr!r}.")
