@@ -463,7 +463,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 self._start_train_window()  # no wait: read at a later step (`_window`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if self.received_sigterm:
+            if self._preempted(synced=synced):
                 raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
             stop = self._stop_agreed(synced=synced)
             if self._val_due(val_loader, stop=stop):

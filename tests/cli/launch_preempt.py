@@ -1,10 +1,12 @@
 """One process of a launched fit that runs until preempted: `fitjax launch` forwards SIGTERM, and
 fitjax's fit saves a checkpoint at an agreed step and returns. Writes OUT_DIR/training_<rank>
-once a step ran (SIGTERM handling is then in place), OUT_DIR/result_<rank>.json at the end."""
+and OUT_DIR/pid_<rank> once a step ran (SIGTERM handling is then in place), OUT_DIR/result_<rank>.json
+at the end."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ out = Path(sys.argv[1])
 
 class Started(fj.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        (out / f"pid_{jax.process_index()}").write_text(str(os.getpid()))
         (out / f"training_{jax.process_index()}").touch()
 
 

@@ -99,10 +99,16 @@ def wait_for_files(proc: subprocess.Popen, paths: list[Path], timeout: float) ->
         time.sleep(0.1)
 
 
-def test_sigterm_reaches_every_process_and_fit_saves_at_one_agreed_step(tmp_path):
+@pytest.mark.parametrize("signalled", ["launcher", "rank 1 only"])
+def test_sigterm_reaches_every_process_and_fit_saves_at_one_agreed_step(tmp_path, signalled):
+    # each process sees the signal at its own step: they agree at a log step, stop after the same
+    # step and save one checkpoint together (a process the signal missed stops too)
     proc = start_launch("--nproc", 2, "--devices-per-process", 2, HERE / "launch_preempt.py", tmp_path, cwd=tmp_path)
     wait_for_files(proc, [tmp_path / f"training_{rank}" for rank in range(2)], timeout=300)
-    proc.send_signal(signal.SIGTERM)
+    if signalled == "launcher":  # forwarded to both
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.kill(int((tmp_path / "pid_1").read_text()), signal.SIGTERM)
     out = finish(proc, timeout=60)
     assert proc.returncode == 0, out[-4000:]  # a preempted fit returns: every process exits cleanly
     results = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in range(2)]
