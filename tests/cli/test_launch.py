@@ -142,3 +142,19 @@ def test_launch_rejects_bad_arguments_naming_them(tmp_path, capsys):
         with pytest.raises(SystemExit) as exited:
             launch(args)
         assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_watchdog_names_the_rank_that_hangs_and_ends_the_job_within_its_timeout(tmp_path):
+    # rank 1 sleeps in a hook; rank 0 soon waits for it in a collective: no step ends on either
+    proc = start_launch("--nproc", 2, "--devices-per-process", 2, HERE / "launch_hang.py", tmp_path, cwd=tmp_path)
+    out = finish(proc, timeout=300)
+    ended = time.time()
+    assert proc.returncode == 1, out[-4000:]
+    assert ended - float((tmp_path / "hang_at").read_text()) < 5 + 10, out[-4000:]
+    for rank in range(2):  # every process says who it is, where the others stood, and its stacks
+        assert f"[rank {rank}] fitjax watchdog: rank {rank} of 2 (pid {(tmp_path / f'pid_{rank}').read_text()})" in out
+        assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
+    assert "behind: rank [1]" in out, out[-4000:]
+    hung = [line for line in out.splitlines() if line.startswith("[rank 1]")]
+    assert any("in on_train_batch_end" in line for line in hung), "\n".join(hung[-40:])  # the sleeping hook
+    assert any("Current thread" in line or "Thread 0x" in line for line in hung)
