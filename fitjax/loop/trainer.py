@@ -59,8 +59,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
             -1: no limit; 0: fit trains nothing).
         max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
-        min_epochs / min_steps: a stop request (`trainer.should_stop`, `EarlyStopping`) waits
-            until this many epochs / optimizer steps are done.
+        min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
+            many epochs are done.
+        min_steps: a stop request waits until this many optimizer steps are done.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
