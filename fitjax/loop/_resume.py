@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fitjax import checkpoint
-from fitjax._checkpoint_writer import CheckpointWriter
+from fitjax import _checkpoint_writer
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
 
@@ -99,13 +99,10 @@ class Checkpoints:
         path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
         if path.exists():
             raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
-        writer = CheckpointWriter(path.parent)
-        writer.prepare()
-        try:
-            writer.save(path.name, self.state, self.checkpoint_meta(self._module_for_compiled))
-            writer.wait()  # written (and its failure raised) before returning
-        finally:
-            writer.close()
+        _checkpoint_writer.prepare(path.parent)
+        writer = _checkpoint_writer.writer()  # the process's one writer, after the saves queued before
+        writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
+        writer.wait()  # written (and its failure raised) before returning
 
     def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
         """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
@@ -191,6 +188,11 @@ def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:
                 "trainer has none (enable_checkpointing=False). Pass a checkpoint path instead."
             )
         found = callbacks[0].find(ckpt_path, trainer)
+        if found is None and ckpt_path == "last":  # Lightning: an "always resume" script's first run
+            warnings.warn(f"{where}: ckpt_path='last' found no checkpoint in "
+                          f"{[str(d) for cb in callbacks for d in cb.search_dirs(trainer)]}; starting "
+                          "from scratch.", stacklevel=3)
+            return None
         if found is None:
             raise FileNotFoundError(
                 f"{where}: ckpt_path={ckpt_path!r} found no complete checkpoint in "

@@ -36,6 +36,7 @@ from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
+from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule
 from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data
@@ -59,6 +60,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
             -1: no limit; 0: fit trains nothing).
         max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
+        max_time: stop once this much training time has passed: "DD:HH:MM:SS", a
+            `datetime.timedelta` or a dict of its arguments (a `fj.Timer` is added, unless
+            `callbacks` has one); the stop saves a checkpoint as an epoch's end does.
         min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
             many epochs are done.
         min_steps: a stop request waits until this many optimizer steps are done.
@@ -133,6 +137,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         *,
         max_epochs: int | None = None,
         max_steps: int | None = None,
+        max_time: Any = None,
         min_epochs: int | None = None,
         min_steps: int | None = None,
         accelerator: str = "auto",
@@ -168,7 +173,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
         self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
         self.max_epochs = checks.limit_or_unlimited("max_epochs", max_epochs)
-        if max_epochs is None and self.max_steps is None:
+        if max_epochs is None and self.max_steps is None and max_time is None:
             self.max_epochs = 1000  # Lightning's default
         self.min_epochs = checks.limit_or_unlimited("min_epochs", min_epochs, unlimited=False)
         self.min_steps = checks.limit_or_unlimited("min_steps", min_steps, unlimited=False)
@@ -209,7 +214,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
-        callbacks = checks.with_checkpointing(callbacks, enable_checkpointing)
+        callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
