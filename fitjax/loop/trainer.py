@@ -63,8 +63,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         max_time: stop once this much training time has passed: "DD:HH:MM:SS", a
             `datetime.timedelta` or a dict of its arguments (a `fj.Timer` is added, unless
             `callbacks` has one); the stop saves a checkpoint as an epoch's end does.
-        min_epochs / min_steps: a stop request (`trainer.should_stop`, `EarlyStopping`) waits
-            until this many epochs / optimizer steps are done.
+        min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
+            many epochs are done.
+        min_steps: a stop request waits until this many optimizer steps are done.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
