@@ -69,6 +69,19 @@ def public_entries() -> list[Entry]:
     return entries
 
 
+def obj_of(entry: Entry) -> Any:
+    """The object an entry documents, imported through its first public name."""
+    module, _, name = entry.name.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def first_sentence(entry: Entry) -> str:
+    """The first paragraph of the object's own docstring (a class's is not inherited), one line."""
+    obj = obj_of(entry)
+    doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
+    return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
+
+
 def _entry_page(entry: Entry) -> str:
     also = ""
     if len(entry.names) > 1:

@@ -14,11 +14,8 @@ nothing is replayed, skipped or run twice.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import signal
-import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -201,24 +198,3 @@ def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:
             )
         return found
     return checkpoint.check_path(ckpt_path, where=where)
-
-
-@contextlib.contextmanager
-def stop_on_sigterm(trainer) -> Iterator[None]:
-    """While fitting, SIGTERM sets `trainer.received_sigterm`; the loop stops after its step.
-
-    The handler only sets a flag: saving from inside a signal handler could meet the state
-    half-donated to a running step. Installed from the main thread only (Python's rule).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        trainer.received_sigterm = True
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -26,7 +26,7 @@ import numpy as np
 from fitjax import _accelerator, _determinism, _log_fetch
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
-from fitjax.loop import _resume
+from fitjax.loop import _preemption, _resume
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._resume import Checkpoints
@@ -63,8 +63,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         max_time: stop once this much training time has passed: "DD:HH:MM:SS", a
             `datetime.timedelta` or a dict of its arguments (a `fj.Timer` is added, unless
             `callbacks` has one); the stop saves a checkpoint as an epoch's end does.
-        min_epochs / min_steps: a stop request (`trainer.should_stop`, `EarlyStopping`) waits
-            until this many epochs / optimizer steps are done.
+        min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
+            many epochs are done.
+        min_steps: a stop request waits until this many optimizer steps are done.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
@@ -234,6 +235,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
+        self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
         self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
         self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
         self._fitting = False
@@ -378,7 +380,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
         self._fitting = True
         try:
-            with _resume.stop_on_sigterm(self), self._compile_times:
+            with _preemption.stop_on_signals(self), self._compile_times:
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
@@ -470,8 +472,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 self._start_train_window()  # no wait: read at a later step (`_window`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if self._preempted(synced=synced):
-                raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
+            if (reason := self._preempted()) is not None:  # every process after the same step
+                raise _preemption.stopped(self, reason)
             stop = self._stop_agreed(synced=synced)
             if self._val_due(val_loader, stop=stop):
                 self._validate_during_fit(module, val_loader)
