@@ -29,7 +29,7 @@ def missing_binaries() -> list[str]:
     return [name for name in (*DAEMONS, "srun", "sbatch", "sinfo", "scontrol") if shutil.which(name) is None]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -170,8 +170,8 @@ class SlurmCluster:
 ClusterName=fitjaxtest
 FirstJobId={random.randrange(10_000, 90_000)}
 SlurmctldHost={self.node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge

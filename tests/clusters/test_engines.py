@@ -11,7 +11,6 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import Regressor, assert_trees_close, quiet_trainer, regression_data
+from slurm_cluster import free_port
 
 import fitjax as fj
 
@@ -29,12 +29,6 @@ from multiprocess_data import STRATEGIES  # noqa: E402
 HERE = Path(__file__).resolve().parent
 WORKTREE = HERE.parents[1]
 WORKER = HERE / "cluster_worker.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -126,7 +120,7 @@ def test_sbatch_without_srun_runs_one_process_and_says_how_to_run_more(slurm, tm
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torch's torchrun is not installed (dev extra)")
 def test_torchrun_with_node_rank_exported_matches_fitjax_launch(launched, tmp_path):
     # NODE_RANK=0 is what Lightning's docs have users export; it must not become every process's rank
-    run(["torchrun", "--nproc_per_node", 2, "--master_addr", "127.0.0.1", "--master_port", _free_port(),
+    run(["torchrun", "--nproc_per_node", 2, "--master_addr", "127.0.0.1", "--master_port", free_port(),
          WORKER, tmp_path], tmp_path, _env(NODE_RANK="0"))
     got = results(tmp_path)
     assert_environment(got, "TorchElasticEnvironment")
@@ -137,7 +131,7 @@ def test_torchrun_with_node_rank_exported_matches_fitjax_launch(launched, tmp_pa
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed (apt-get install openmpi-bin)")
 def test_mpirun_matches_fitjax_launch(launched, tmp_path):
     # the coordinator on loopback: Open MPI's launcher URI names this machine's first interface
-    run(["mpirun", "-np", 2, "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_free_port()}",
+    run(["mpirun", "-np", 2, "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}",
          "-x", "PYTHONPATH", sys.executable, WORKER, tmp_path], tmp_path, _env())
     got = results(tmp_path)
     assert_environment(got, "MPIEnvironment")
