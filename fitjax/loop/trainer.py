@@ -376,6 +376,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                        accumulate=self.step_options.accumulate_grad_batches)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
+        for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
+            logger.claim_version()
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
