@@ -23,7 +23,7 @@ from fitjax.plugins.environments import xla
 from fitjax.strategies import initialize_distributed
 
 _PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "TPU_", "MEGASCALE_", "SKYPILOT_", "JAX_",
-             "TORCHELASTIC_", "GCE_METADATA")
+             "TORCHELASTIC_", "GCE_METADATA", "FITJAX_RAY_")
 _NAMES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK",
           "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "KUBERNETES_PORT"}
 
@@ -279,3 +279,12 @@ def test_a_bad_variable_is_named(launched):
     launched({**SRUN_TASK_1, "SLURM_PROCID": "one"})
     with pytest.raises(ValueError, match=r"SLURM_PROCID='one' must be an integer"):
         envs.detect().global_rank()
+
+
+def test_a_ray_worker_reads_what_fitjax_integrations_ray_set(launched):
+    # fitjax.integrations.ray.setup_worker copies ray.train.get_context()'s ranks and rank 0's address
+    launched({**SRUN_TASK_1, "FITJAX_RAY_COORDINATOR": "10.0.0.5:40123", "FITJAX_RAY_WORLD_SIZE": "4",
+              "FITJAX_RAY_WORLD_RANK": "3", "FITJAX_RAY_LOCAL_RANK": "1", "FITJAX_RAY_LOCAL_WORLD_SIZE": "2",
+              "FITJAX_RAY_NODE_RANK": "1"})
+    env = envs.detect()  # before SLURM's: Ray's workers inside a SLURM job are still Ray's
+    assert type(env) is envs.RayEnvironment and numbers(env) == (4, 3, 1, 1, 2, 2, "10.0.0.5:40123", [1])

@@ -3,7 +3,8 @@
 Each says where this process stands: world size, global/local/node rank, coordinator, local
 devices. `detect()` picks the first whose launcher started this process, in Lightning's order
 (SLURM, torchelastic, Kubeflow, MPI), then SkyPilot and Cloud TPU, else `LightningEnvironment`;
-`JAX_NUM_PROCESSES`/`JAX_PROCESS_ID` set explicitly (as `fitjax launch` does) come first.
+variables set explicitly come first: `fitjax.integrations.ray`'s, then `JAX_NUM_PROCESSES`/
+`JAX_PROCESS_ID` (as `fitjax launch` sets them).
 `Trainer(plugins=[env])` names one instead.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Iterable
 from fitjax.plugins.environments._base import ClusterEnvironment
 from fitjax.plugins.environments.lightning import LightningEnvironment
 from fitjax.plugins.environments.mpi import MPIEnvironment
+from fitjax.plugins.environments.ray import RayEnvironment
 from fitjax.plugins.environments.skypilot import SkyPilotEnvironment
 from fitjax.plugins.environments.slurm import SLURMEnvironment
 from fitjax.plugins.environments.torchelastic import KubeflowEnvironment, TorchElasticEnvironment
@@ -25,6 +27,7 @@ __all__ = [
     "KubeflowEnvironment",
     "LightningEnvironment",
     "MPIEnvironment",
+    "RayEnvironment",
     "SLURMEnvironment",
     "SkyPilotEnvironment",
     "TorchElasticEnvironment",
@@ -42,6 +45,8 @@ DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
 
 def detect() -> ClusterEnvironment:
     """The environment that started this process (default arguments)."""
+    if RayEnvironment.detect():  # set by fitjax.integrations.ray itself
+        return RayEnvironment()
     if LightningEnvironment.explicitly_set():
         return LightningEnvironment()
     for kind in DETECTION_ORDER:
