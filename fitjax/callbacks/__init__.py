@@ -9,6 +9,7 @@ from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
+from fitjax.callbacks.timer import Timer
 
 __all__ = [
     "Callback",
@@ -21,6 +22,7 @@ __all__ = [
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "Timer",
     "summarize",
     "with_defaults",
 ]
