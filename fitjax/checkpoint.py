@@ -46,7 +46,7 @@ from fitjax.state import TrainState
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
 __all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
-           "is_checkpoint", "latest_checkpoint", "load_module", "local_path", "read_meta",
+           "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "load_module", "local_path", "read_meta",
            "restore_state", "restore_variables", "save_args", "saveable_tree", "verify"]
 
 STATE_ITEM = "state"
@@ -151,6 +151,22 @@ def checkpoints_newest_first(directories: list[str | os.PathLike]) -> list[Path]
     return sorted(found, key=saved_at, reverse=True)
 
 
+def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[Path, str, float]]:
+    """The folders in `directories` that hold part of a checkpoint (`state/` or `meta/`) but are
+    not complete, and not an interrupted save's leftover: `(path, damage, modified time)`."""
+    found = []
+    for directory in directories:
+        directory = local_path(directory)
+        if directory.is_dir():
+            for path in directory.iterdir():
+                if (TMP_MARK not in path.name and path.is_dir() and (problem := damage(path))
+                        and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())):
+                    files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
+                             if f.is_file()]  # written by the save: when it ran
+                    found.append((path, problem, max(f.stat().st_mtime for f in files or [path])))
+    return found
+
+
 def latest_checkpoint(directories: list[str | os.PathLike]) -> Path | None:
     """The most recently saved complete checkpoint in `directories`, or None."""
     found = checkpoints_newest_first(directories)
@@ -232,6 +248,10 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     target = jax.tree.map(_abstract, target)
     _check_tree(_saved_tree(path), target, path, saved_options=meta.get("options", {}),
                 options=options or {})
+    saved, ours = meta.get("options", {}).get("precision"), (options or {}).get("precision")
+    if saved is not None and ours is not None and saved != ours:
+        raise ValueError(f"checkpoint {str(path)!r} was saved with precision={saved!r}, and this run "
+                         f"uses precision={ours!r}. Resume with precision={saved!r}, {_LOAD_WEIGHTS}")
     with _reading(path):
         tree = _restore(path, target)
     saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})

@@ -176,16 +176,24 @@ class ModelCheckpoint(Callback):
         damaged: checkpoint.CheckpointDamaged | None = None
         others = trainer.checkpoint_callbacks if trainer is not None else [self]
         dirs = list(dict.fromkeys(d for cb in [self, *others] for d in cb.search_dirs(trainer)))
+        # a folder missing its meta (or state) has no saved time: its files' time ranks it
+        incomplete = sorted(checkpoint.incomplete_checkpoints(dirs), key=lambda found: found[2])
         for path in checkpoint.checkpoints_newest_first(dirs):
             try:
                 checkpoint.verify(path)
             except checkpoint.CheckpointDamaged as error:
                 damaged = damaged or error  # the newest one's damage is the one to report
                 continue
+            if damaged is None and incomplete and incomplete[-1][2] > _saved_time(path):
+                damaged = checkpoint.CheckpointDamaged(
+                    f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
             if damaged is not None:
                 warnings.warn(f"ckpt_path={which!r}: {damaged} Resuming from {str(path)!r}, the newest "
                               "intact checkpoint, instead.", stacklevel=4)
             return path
+        if damaged is None and incomplete:
+            damaged = checkpoint.CheckpointDamaged(
+                f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
         if damaged is not None:
             raise damaged
         return None
@@ -433,6 +441,10 @@ class ModelCheckpoint(Callback):
             self.last_model_path = state.get("last_model_path", "")
             self._kept = {path: score for path, score in state.get("kept", [])
                           if checkpoint.is_checkpoint(path)}
+
+
+def _saved_time(path: Path) -> float:
+    return float(checkpoint.read_meta(path).get("saved_at") or (path / checkpoint.META_ITEM).stat().st_mtime)
 
 
 def _saved_score(path: Path, monitor: str) -> float | None:

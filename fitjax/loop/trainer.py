@@ -367,8 +367,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
         Data may be a `fj.DataLoader`, a torch `DataLoader`, a grain dataset, or any re-iterable
         of batches (pytrees of arrays). `ckpt_path` ("last", "best" or a checkpoint folder)
-        resumes exactly where that checkpoint stopped. SIGTERM saves a checkpoint after the
-        running step and returns (`trainer.received_sigterm` is then True).
+        resumes exactly where that checkpoint stopped; "hpc" from the newest `hpc_ckpt_<n>` in
+        `default_root_dir`. Without it, a process `fitjax launch --max-restarts` restarted
+        resumes from the newest complete checkpoint. SIGTERM stops every process after one
+        agreed step, saves a checkpoint there and returns (`trainer.received_sigterm` is then True).
         """
         checks.check_module(module)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
@@ -379,7 +381,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                        accumulate=self.step_options.accumulate_grad_batches)
         if self._validation_enabled(val_loader):  # a fraction keeping no batch: an error now, as Lightning
             checks.apply_limit(self.limits["val"], checks.maybe_len(val_loader), stage="val")
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
+        for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
+            logger.claim_version()
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
