@@ -71,11 +71,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             saying the platform, devices used of available, processes, strategy, mesh and precision
             (the "fitjax" logger at INFO).
         strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
-        devices: "auto" (all, on every process), a count, or a list of `jax.Device`.
-        num_nodes: processes (hosts) to run on: `jax.distributed` is started once with the
-            coordinator and process id from the environment (see
-            `fitjax.strategies.initialize_distributed`); None reads the count from the
-            environment too, 1 stays single-process. Only process 0 logs and draws progress.
+        devices: "auto" (all, on every process), a count, or a list of `jax.Device`. With several
+            processes a count is one machine's devices (Lightning's meaning), checked.
+        num_nodes: machines to run on (Lightning's meaning), checked against the cluster
+            environment; None takes its count. Several processes start `jax.distributed` once,
+            with the environment's numbers (`fitjax.strategies.initialize_distributed`). Only
+            process 0 logs and draws progress.
+        plugins: a `fj.plugins.environments.ClusterEnvironment` (in a list or alone) instead of
+            the detected one (SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, `fitjax launch`).
         callbacks: extra `Callback`s, a list or one (a progress bar is added when
             `enable_progress_bar`).
         logger: True (TensorBoard), False, a `Logger` or a list of them.
@@ -145,6 +148,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int | None = None,
+        plugins: Any = None,
         callbacks: Iterable[Callback] | None = None,
         logger: bool | Logger | Sequence[Logger] = True,
         default_root_dir: str | os.PathLike | None = None,
@@ -209,7 +213,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
-        initialize_distributed(num_nodes)  # before anything asks JAX for devices
+        # before anything asks JAX for devices
+        self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
         self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
@@ -374,7 +379,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         """
         checks.check_module(module)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision,
+                                                      self.cluster_environment))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
