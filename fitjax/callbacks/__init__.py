@@ -10,6 +10,7 @@ from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
 from fitjax.callbacks.timer import Timer
+from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
     "Callback",
@@ -23,6 +24,7 @@ __all__ = [
     "RichProgressBar",
     "StochasticWeightAveraging",
     "Timer",
+    "Watchdog",
     "summarize",
     "with_defaults",
 ]

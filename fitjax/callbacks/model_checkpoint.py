@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fitjax import checkpoint
-from fitjax import _checkpoint_writer
+from fitjax import _checkpoint_writer, _storage
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
@@ -145,7 +145,7 @@ class ModelCheckpoint(Callback):
         if self.dirpath is None:
             log_dir = trainer.log_dir
             local = checkpoint.local_path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
-            self.dirpath = Path(broadcast_str(str(local)))
+            self.dirpath = _storage.as_path(broadcast_str(str(local)))
         return self.dirpath
 
     def search_dirs(self, trainer) -> list[Path]:
@@ -167,25 +167,33 @@ class ModelCheckpoint(Callback):
         """
         if which == "best":
             if self.best_model_path and checkpoint.is_checkpoint(self.best_model_path):
-                return Path(self.best_model_path)
+                return _storage.as_path(self.best_model_path)
             if self.monitor is not None:
                 scored = [(score, str(path)) for path in self._candidates(trainer)
                           if (score := _saved_score(path, self.monitor)) is not None]
                 if scored:
-                    return Path((min if self.mode == "min" else max)(scored)[1])
+                    return _storage.as_path((min if self.mode == "min" else max)(scored)[1])
         damaged: checkpoint.CheckpointDamaged | None = None
         others = trainer.checkpoint_callbacks if trainer is not None else [self]
         dirs = list(dict.fromkeys(d for cb in [self, *others] for d in cb.search_dirs(trainer)))
+        # a folder missing its meta (or state) has no saved time: its files' time ranks it
+        incomplete = sorted(checkpoint.incomplete_checkpoints(dirs), key=lambda found: found[2])
         for path in checkpoint.checkpoints_newest_first(dirs):
             try:
                 checkpoint.verify(path)
             except checkpoint.CheckpointDamaged as error:
                 damaged = damaged or error  # the newest one's damage is the one to report
                 continue
+            if damaged is None and incomplete and incomplete[-1][2] > _saved_time(path):
+                damaged = checkpoint.CheckpointDamaged(
+                    f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
             if damaged is not None:
                 warnings.warn(f"ckpt_path={which!r}: {damaged} Resuming from {str(path)!r}, the newest "
                               "intact checkpoint, instead.", stacklevel=4)
             return path
+        if damaged is None and incomplete:
+            damaged = checkpoint.CheckpointDamaged(
+                f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
         if damaged is not None:
             raise damaged
         return None
@@ -425,7 +433,7 @@ class ModelCheckpoint(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.dirpath is None and state.get("dirpath"):
-            self.dirpath = Path(state["dirpath"])
+            self.dirpath = _storage.as_path(state["dirpath"])
         self.best_model_path = state.get("best_model_path", "")
         if self.dirpath is not None and str(self.dirpath) == state.get("dirpath"):
             self._resumed = True
@@ -433,6 +441,10 @@ class ModelCheckpoint(Callback):
             self.last_model_path = state.get("last_model_path", "")
             self._kept = {path: score for path, score in state.get("kept", [])
                           if checkpoint.is_checkpoint(path)}
+
+
+def _saved_time(path: Path) -> float:
+    return float(checkpoint.read_meta(path).get("saved_at") or (path / checkpoint.META_ITEM).stat().st_mtime)
 
 
 def _saved_score(path: Path, monitor: str) -> float | None:

@@ -55,6 +55,8 @@ def select_devices(devices: Any, accelerator: str = "auto") -> list[jax.Device]:
     if devices in ("auto", -1, None):
         return available
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        if jax.process_count() > 1:  # devices per machine (Lightning's): checked against the environment
+            return available
         if devices > len(available):
             raise ValueError(
                 f"Trainer(devices={devices}) asks for more devices than the {len(available)} "

@@ -71,11 +71,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             saying the platform, devices used of available, processes, strategy, mesh and precision
             (the "fitjax" logger at INFO).
         strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
-        devices: "auto" (all, on every process), a count, or a list of `jax.Device`.
-        num_nodes: processes (hosts) to run on: `jax.distributed` is started once with the
-            coordinator and process id from the environment (see
-            `fitjax.strategies.initialize_distributed`); None reads the count from the
-            environment too, 1 stays single-process. Only process 0 logs and draws progress.
+        devices: "auto" (all, on every process), a count, or a list of `jax.Device`. With several
+            processes a count is one machine's devices (Lightning's meaning), checked.
+        num_nodes: machines to run on (Lightning's meaning), checked against the cluster
+            environment; None takes its count. Several processes start `jax.distributed` once,
+            with the environment's numbers (`fitjax.strategies.initialize_distributed`). Only
+            process 0 logs and draws progress.
+        plugins: a `fj.plugins.environments.ClusterEnvironment` (in a list or alone) instead of
+            the detected one (SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, `fitjax launch`).
         callbacks: extra `Callback`s (a progress bar is added when `enable_progress_bar`).
         logger: True (TensorBoard), False, a `Logger` or a list of them.
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
@@ -144,6 +147,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         strategy: str | Strategy = "auto",
         devices: Any = "auto",
         num_nodes: int | None = None,
+        plugins: Any = None,
         callbacks: Iterable[Callback] | None = None,
         logger: bool | Logger | Sequence[Logger] = True,
         default_root_dir: str | os.PathLike | None = None,
@@ -205,7 +209,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
-        initialize_distributed(num_nodes)  # before anything asks JAX for devices
+        # before anything asks JAX for devices
+        self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
         self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
@@ -362,17 +367,23 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
         Data may be a `fj.DataLoader`, a torch `DataLoader`, a grain dataset, or any re-iterable
         of batches (pytrees of arrays). `ckpt_path` ("last", "best" or a checkpoint folder)
-        resumes exactly where that checkpoint stopped. SIGTERM saves a checkpoint after the
-        running step and returns (`trainer.received_sigterm` is then True).
+        resumes exactly where that checkpoint stopped; "hpc" from the newest `hpc_ckpt_<n>` in
+        `default_root_dir`. Without it, a process `fitjax launch --max-restarts` restarted
+        resumes from the newest complete checkpoint. SIGTERM stops every process after one
+        agreed step, saves a checkpoint there and returns (`trainer.received_sigterm` is then True).
         """
         checks.check_module(module)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision))
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision,
+                                                      self.cluster_environment))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
+        for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
+            logger.claim_version()
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off

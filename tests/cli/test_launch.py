@@ -138,7 +138,41 @@ def test_sigint_reaches_every_process(tmp_path):
 
 def test_launch_rejects_bad_arguments_naming_them(tmp_path, capsys):
     for args, message in [(["--nproc", "0", "script.py"], "--nproc must be a positive int, got 0"),
-                          (["--nproc", "2", str(tmp_path / "missing.py")], "missing.py' not found")]:
+                          (["--nproc", "2", str(tmp_path / "missing.py")], "missing.py' not found"),
+                          (["--nproc", "2", "--max-restarts", "-1", "script.py"],
+                           "--max-restarts must be an int >= 0, got -1")]:
         with pytest.raises(SystemExit) as exited:
             launch(args)
         assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_watchdog_names_the_rank_that_hangs_and_ends_the_job_within_its_timeout(tmp_path):
+    # rank 1 sleeps in a hook; rank 0 soon waits for it in a collective: no step ends on either
+    proc = start_launch("--nproc", 2, "--devices-per-process", 2, HERE / "launch_hang.py", tmp_path, cwd=tmp_path)
+    out = finish(proc, timeout=300)
+    ended = time.time()
+    assert proc.returncode == 1, out[-4000:]
+    assert ended - float((tmp_path / "hang_at").read_text()) < 5 + 10, out[-4000:]
+    for rank in range(2):  # every process says who it is, where the others stood, and its stacks
+        assert f"[rank {rank}] fitjax watchdog: rank {rank} of 2 (pid {(tmp_path / f'pid_{rank}').read_text()})" in out
+        assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
+    assert "behind: rank [1]" in out, out[-4000:]
+    hung = [line for line in out.splitlines() if line.startswith("[rank 1]")]
+    assert any("in on_train_batch_end" in line for line in hung), "\n".join(hung[-40:])  # the sleeping hook
+    assert any("Current thread" in line or "Thread 0x" in line for line in hung)
+
+
+def test_max_restarts_after_kill_9_resumes_from_the_last_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path):
+    proc = start_launch("--nproc", 2, "--devices-per-process", 2, "--max-restarts", 1, HERE / "launch_restart.py",
+                        tmp_path, cwd=tmp_path)
+    wait_for_files(proc, [tmp_path / "ready", tmp_path / "pid_1_0"], timeout=300)
+    os.kill(int((tmp_path / "pid_1_0").read_text()), signal.SIGKILL)
+    out = finish(proc, timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank 1 exited with status 137 (killed by SIGKILL); stopping ranks [0]" in out
+    assert "restarting all 2 processes (restart 1 of 1)" in out
+    result = pickle.loads((tmp_path / "params.pkl").read_bytes())
+    assert result["restart"] == 1 and result["step"] == 16
+    assert result["resumed_at"] >= 4 and result["resumed_at"] % 4 == 0, result["resumed_at"]  # not from scratch
+    for resumed, reference in zip(result["params"], result["reference"], strict=True):
+        np.testing.assert_array_equal(resumed, reference)  # bitwise: the same processes, devices and steps
