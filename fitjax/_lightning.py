@@ -188,20 +188,20 @@ def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, context
     return sum(out.values()), context.GroupLosses(dict(out))
 
 
-def predict_fn(module: Any) -> Callable[[Any, Any], Any]:
+def predict_fn(module: Any, base: type) -> Callable[[Any, Any], Any]:
     """The `fn(model, batch)` that `Trainer.predict` traces.
 
     fitjax's `predict_step(self, model, batch)` and Lightning's `predict_step(self, batch,
     batch_idx)` share a name; the first parameter tells them apart (named `model`: fitjax's).
     A Lightning-style module without its own `predict_step` predicts with `self(inputs)`.
     """
-    own = "predict_step" in _overridden(module)
+    own = "predict_step" in _overridden(module, base)
     if own and _first_parameter(module.predict_step) != "model":
         def lightning_predict(model, batch):
             with _calling(module, model, "predict_step"):
                 return _call_hook(module, "predict_step", batch)
         return lightning_predict
-    if not own and is_lightning(module) and "forward" in _overridden(module):
+    if not own and is_lightning(module) and "forward" in _overridden(module, base):
         def forward_predict(model, batch):
             with _calling(module, model, "forward"):
                 return module(batch[0] if isinstance(batch, (tuple, list)) else batch)
@@ -209,11 +209,11 @@ def predict_fn(module: Any) -> Callable[[Any, Any], Any]:
     return module.predict_step
 
 
-def _overridden(module: Any) -> set[str]:
-    from fitjax.module import LitModule  # a cycle at import time: module.py imports this module
-
+def _overridden(module: Any, base: type) -> set[str]:
+    """Which of the methods `base` (`LitModule`, passed in: it imports this module) defines the
+    module's class overrides."""
     return {name for name in ("predict_step", "forward", "loss")
-            if getattr(type(module), name) is not getattr(LitModule, name)}
+            if getattr(type(module), name) is not getattr(base, name)}
 
 
 def _first_parameter(method: Callable) -> str | None:
@@ -221,9 +221,9 @@ def _first_parameter(method: Callable) -> str | None:
     return params[0] if params else None
 
 
-def check(module: Any) -> None:
+def check(module: Any, base: type) -> None:
     """Raises when a module mixes the two shapes in a way fitjax cannot follow."""
-    if is_lightning(module) and "loss" in _overridden(module):
+    if is_lightning(module) and "loss" in _overridden(module, base):
         raise TypeError(
             f"{type(module).__name__} defines both `loss` and `training_step`. fitjax trains either "
             "`loss(self, model, batch)` (+ `metrics`) or Lightning's `training_step(self, batch, "

@@ -8,11 +8,14 @@ may read from the trainer (never its `_private` attributes):
   the last call of the train step passed a multiple of n steps (use it, not `global_step % n`:
   one call may run several steps). `trainer.global_step`, `trainer.current_epoch`,
   `trainer.num_training_batches` read the same object.
-- `trainer.callback_metrics` (complete up to the last log step when read), `logged_metrics`,
-  `progress_bar_metrics`; `trainer.state` (the `TrainState`), `trainer.loggers`.
+- `trainer.callback_metrics` (complete up to the last log step when read; reading it writes
+  nothing to the loggers), `logged_metrics`, `progress_bar_metrics`; `trainer.state` (the
+  `TrainState`), `trainer.loggers`; `trainer.stage` (what runs now: its name,
+  `sanity_checking`, `verbose`; read-only) and `trainer.sanity_checking`.
 - `trainer.is_global_zero`, `trainer.agree(flag)` (True everywhere when True on any process:
   for decisions from host-local facts such as time), `trainer.checkpoint_meta(module)` (the
-  plain data a checkpoint stores besides the state), `trainer.received_sigterm`.
+  plain data a checkpoint stores besides the state; a read) and `trainer.record_save()` (a
+  save of the current position happens: `progress.last_saved`), `trainer.received_sigterm`.
 - A callback may set `trainer.should_stop = True` (Lightning's contract). A hook no callback overrides is never called: the
 trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost nothing unless used.
 """

@@ -317,6 +317,7 @@ class ModelCheckpoint(Callback):
             (self._kept, self.best_model_path, self.best_model_score, self.last_model_path,
              self.current_score) = before
 
+        trainer.record_save()  # the log rows so far reach the loggers before they save
         for logger in trainer.loggers:
             logger.save()
         meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote

@@ -277,7 +277,7 @@ class RichProgressBar(Callback):
         if self._stage == "fit":  # fit shows validation in the epoch line instead
             self._val_values = values
         else:
-            if getattr(trainer, "verbose_evaluation", True):  # validate/test(verbose=False): no line
+            if trainer.stage.verbose:  # validate/test(verbose=False): no line
                 self._print(f"{name} results  {_format(values)}")
             self._stop_progress()
 
@@ -289,14 +289,14 @@ class RichProgressBar(Callback):
 
     def on_validation_start(self, trainer, module) -> None:
         # Lightning's name for the few validation batches run before training
-        name = "Sanity Checking" if getattr(trainer, "sanity_checking", False) else "Validation"
+        name = "Sanity Checking" if trainer.sanity_checking else "Validation"
         self._eval_start(trainer, name, "validation")
 
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch(trainer, batch_idx, "Validation")
 
     def on_validation_end(self, trainer, module) -> None:
-        if not getattr(trainer, "sanity_checking", False):  # a sanity check's values are not results
+        if not trainer.sanity_checking:  # a sanity check's values are not results
             self._eval_end(trainer, "Validation")
         else:
             self._remove_eval_task()

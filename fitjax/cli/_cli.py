@@ -21,8 +21,11 @@ import jax
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, class_from_function
 
-# the package's public names (fitjax is fully imported before fitjax.cli._cli is)
-from fitjax import Callback, DataModule, LitModule, Trainer
+# from the modules that define them, not the package: `fitjax` imports `fitjax.cli`
+from fitjax.callbacks import Callback
+from fitjax.data import DataModule
+from fitjax.loop import Trainer
+from fitjax.module import LitModule
 from fitjax.cli._optax import OptaxOptimizer, build_optimizer
 from fitjax.cli.schedules import OptaxSchedule
 from fitjax.strategies import initialize_distributed

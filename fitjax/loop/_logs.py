@@ -29,6 +29,8 @@ class Logs:
 
         The default step is Lightning's: during fit the index of the last step taken
         (`global_step - 1`), else `global_step`."""
+        if self._window is not None and self._window.was_read:
+            self._finish_train_window()  # a read window's rows first: the loggers get rows in step order
         if aliases:
             self._callback_metrics.update(aliases)
         compiled = self._compile_times.take()  # compile/<program>_s: for the loggers, not the callbacks
@@ -37,7 +39,7 @@ class Logs:
         self._callback_metrics.update(values)
         self.logged_metrics.update({**values, **compiled})
         if step is None:
-            step = max(self.global_step - 1, 0) if self._fitting else self.global_step
+            step = max(self.global_step - 1, 0) if self._stage.name == "fit" else self.global_step
         row = {**values, **compiled, "epoch": float(self.current_epoch if epoch is None else epoch)}
         with self.profiler.profile("[log] loggers"):
             for logger in self.loggers:
@@ -77,12 +79,32 @@ class Logs:
         if not self._window_rows:
             return
         at = {"step": window.step - 1, "epoch": window.epoch}
-        self._log({name: float(value) for name, value in extra.items()}, **at)
-        on_step = _logged.keep(host, specs, "on_step")
-        values = _logged.compute(on_step, specs, stage="train", epoch=False)
+        extra, values, aliases = self._window_rows_of(host, extra)
+        self._log(extra, **at)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, specs))
-        self._log(values, aliases=_logged.plain_names(on_step, specs, epoch=False), **at)
+        self._log(values, aliases=aliases, **at)
         self._progress.last_logged = Position(window.epoch, window.batches_done, window.step)
+
+    def _window_rows_of(self, host: dict, extra: dict) -> tuple[HostMetrics, HostMetrics, HostMetrics]:
+        """A window's host values as its rows log them: the extra values, the on-step means and
+        their plain names (Lightning's aliases)."""
+        specs = self._compiled.log_specs
+        on_step = _logged.keep(host, specs, "on_step")
+        return ({name: float(value) for name, value in extra.items()},
+                _logged.compute(on_step, specs, stage="train", epoch=False),
+                _logged.plain_names(on_step, specs, epoch=False))
+
+    def _pending_callback_metrics(self) -> HostMetrics:
+        """What `callback_metrics` holds once the window on its way is logged (waits for it;
+        writes nothing: the loop logs the window before its next write to the loggers)."""
+        window = self._window
+        if window is None or not self._window_rows:
+            return {}
+        host, extra = window.read()
+        if not any(w > 0 for _, w in host.values()):
+            return {}
+        extra, values, aliases = self._window_rows_of(host, extra)
+        return {**extra, **aliases, **values}  # `_log`'s order of updates
 
     def _log_train_epoch(self) -> None:
         """Logs the train epoch's means: the windows read so far and the steps since the last log step."""

@@ -7,6 +7,7 @@ logging); it lives here so that `trainer.py` reads as the fit loop's outline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Iterator
@@ -24,6 +25,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
+from fitjax.loop.stage import Stage
 from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
@@ -56,10 +58,10 @@ class EvalStages:
         name = {"val": "validate", "test": "test"}[stage]
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        self.verbose_evaluation = verbose
         loader = self._stage_loader(data, datamodule, stage=stage, method=name)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
+        before, self._stage = self._stage, Stage(name, verbose=verbose)
         self._hooks.call("setup", self, module, name)
         try:
             params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
@@ -73,6 +75,7 @@ class EvalStages:
             self._call(f"on_{hook}_end", module)
         finally:
             self._hooks.call("teardown", self, module, name)
+            self._stage = before
         for logger in self.loggers:
             logger.save()
         return [results]
@@ -85,6 +88,7 @@ class EvalStages:
         checks.check_module(module)
         loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+        before, self._stage = self._stage, Stage("predict")
         self._hooks.call("setup", self, module, "predict")
         try:
             params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
@@ -105,6 +109,7 @@ class EvalStages:
             self._hooks.call("on_predict_end", self, module)
         finally:
             self._hooks.call("teardown", self, module, "predict")
+            self._stage = before
         if not host:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
@@ -133,7 +138,7 @@ class EvalStages:
         if not self.num_sanity_val_steps or not self._validation_enabled(val_loader):
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
-        self.sanity_checking = True
+        before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
         try:
             self._call("on_sanity_check_start", module)
             self._count_val_batches(val_loader, limit=limit)
@@ -144,7 +149,7 @@ class EvalStages:
             self._call("on_validation_epoch_end", module, log=False)
             self._call("on_validation_end", module, log=False)
         finally:
-            self.sanity_checking = False
+            self._stage = before
         self._call("on_sanity_check_end", module)
 
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None):

@@ -34,6 +34,7 @@ from fitjax.loop._schedule import Schedule
 from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.progress import Progress, ProgressView
+from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
@@ -245,9 +246,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
-        self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
-        self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
-        self._fitting = False
+        self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
         self._window_rows = True  # the window on its way writes log rows (not at an epoch's end)
@@ -299,6 +298,17 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         return ProgressView(self._progress)
 
     @property
+    def stage(self) -> Stage:
+        """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
+        whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
+        return self._stage
+
+    @property
+    def sanity_checking(self) -> bool:
+        """True while fit's sanity check runs its validation batches (Lightning's flag)."""
+        return self._stage.sanity_checking
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken (Lightning's `trainer.global_step`)."""
         return self._progress.global_step
@@ -318,12 +328,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
         `ModelCheckpoint` read them.
 
-        Reading it completes the train log window on its way to the host, if any: the values
-        are those of every log step so far. That read waits for the device only on the first
-        read after a log step, and only when the copy has not arrived yet; the loop itself and
-        the progress bar never read it per step.
+        They include the train log window on its way to the host, if any: the values are those
+        of every log step so far. Reading waits for the device only on the first read after a
+        log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
+        the window at its next step). The loop itself and the progress bar never read it per step.
         """
-        self._finish_train_window()
+        # the window's values join the latest values now (the same update the loop makes when it
+        # logs the window); the dict itself is returned, as Lightning's callbacks update it
+        self._callback_metrics.update(self._pending_callback_metrics())
         return self._callback_metrics
 
     @property
@@ -391,10 +403,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
             logger.claim_version()
+        self._stage = Stage("fit")
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
-        self._fitting = True
         try:
             with _preemption.stop_on_signals(self), self._compile_times:
                 self._fit(module, train_loader, val_loader, ckpt_path)
@@ -406,11 +418,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
-            self._fitting = False
             self._feed = None  # the train data's copy on the devices
             self._window = None  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
+            self._stage = Stage()
             self.profiler.describe()
             self.profiler.teardown("fit")
         self._finalize_loggers("success")
@@ -493,12 +505,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 self._start_train_window()  # no wait: read at a later step (`_window`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if (reason := self._preempted()) is not None:  # every process after the same step
+            if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
                 raise _preemption.stopped(self, reason)
-            stop = self._stop_agreed(synced=synced)
+            stop = self._agree_on_stop(synced=synced)
             if self._val_due(val_loader, stop=stop):
                 self._validate_during_fit(module, val_loader)
-                stop = self._stop_agreed(synced=True)
+                stop = self._agree_on_stop(synced=True)
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
