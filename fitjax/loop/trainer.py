@@ -380,7 +380,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
             logger.claim_version()
