@@ -5,7 +5,8 @@
   the signal); `trainer.received_sigterm` is True on all and `ModelCheckpoint` saves there.
 - The requeue signal (SLURM with `auto_requeue`; SIGUSR1 by default): the same agreed stop, one
   checkpoint `<default_root_dir>/hpc_ckpt_<n>` saved by every process, then process 0 runs
-  `scontrol requeue <job id>` once that save is complete on every process. Lightning saves and
+  `scontrol requeue <job id>` once that save is complete on every process, as the last thing
+  fit does (after the exception hooks, the loggers' finalisation and teardown). Lightning saves and
   requeues inside the signal handler; here the handler only records the request, since the
   state may be half-donated to a running step.
 - A fit without `ckpt_path` resumes from the newest `hpc_ckpt_<n>` when it runs under SLURM
@@ -31,7 +32,7 @@ from fitjax.plugins.environments import SLURMEnvironment
 from fitjax.strategies._distributed import agree, broadcast_str
 from fitjax.strategies._stop_agreement import StopAgreement
 
-__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "requeue_signal", "stop_on_signals", "stopped"]
+__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "requeue_if_saved", "requeue_signal", "stop_on_signals", "stopped"]
 
 log = logging.getLogger("fitjax")
 
@@ -81,13 +82,12 @@ def stop_on_signals(trainer) -> Iterator[StopAgreement]:
 
 def stopped(trainer, reason: str) -> Preempted:
     """What the agreed stop does before fit returns: SIGTERM marks `received_sigterm` on every
-    process (checkpoint callbacks save); the requeue signal saves the hpc checkpoint and
-    requeues the job. Returns the exception the loop raises."""
+    process (checkpoint callbacks save); the requeue signal saves the hpc checkpoint, and fit
+    requeues the job when it is done (`requeue_if_saved`). Returns the exception the loop raises."""
     # the same on every process (one may have had another signal first): a save is collective
     trainer.received_sigterm = reason == "SIGTERM"
     if reason == REQUEUE:
-        path = save_hpc_checkpoint(trainer)
-        requeue_job(trainer, path)
+        trainer._requeue_from = save_hpc_checkpoint(trainer)  # requeued when fit is done
     return Preempted(f"{reason} received; stopped after step {trainer.global_step}")
 
 
@@ -120,6 +120,15 @@ def save_hpc_checkpoint(trainer) -> Path:
     if trainer.is_global_zero:
         log.info("fitjax: saved %s for the requeued job to resume from", path)
     return path
+
+
+def requeue_if_saved(trainer) -> None:
+    """At the very end of fit (callbacks' exception hooks, loggers and teardown done): requeue
+    the job when the requeue signal saved an hpc checkpoint. SLURM then sends SIGTERM and
+    ends this run, so nothing of fit's own work is left to race it."""
+    saved, trainer._requeue_from = trainer._requeue_from, None
+    if saved is not None:
+        requeue_job(trainer, saved)
 
 
 def requeue_job(trainer, saved: Path) -> None:

@@ -245,6 +245,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
+        self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
         self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
         self._fitting = False
@@ -413,6 +414,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self._hooks = hooks
             self.profiler.describe()
             self.profiler.teardown("fit")
+            _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:

@@ -3,7 +3,8 @@
 `srun python slurm_requeue.py OUT_DIR` trains the tiny regressor (2 tasks x 2 CPU devices, dp)
 for 16 steps. The first run (SLURM_RESTART_COUNT unset) writes OUT_DIR/training_<rank> from step 3
 on and slows to 0.2 s a step, so that the signal lands mid-run; fit then saves
-`run/hpc_ckpt_1`, process 0 requeues the job, and the task writes OUT_DIR/stopped_<rank>.json. The
+`run/hpc_ckpt_1`, the task writes OUT_DIR/stopped_<rank>.json (in `on_exception`), and process 0
+requeues the job as fit returns. The
 requeued run is the same command: fit() resumes from that checkpoint by itself, then the same fit
 runs again uninterrupted in the same processes; process 0 writes both runs' final parameters
 to OUT_DIR/final.pkl.
@@ -43,6 +44,11 @@ class Marks(fj.Callback):
             (out / f"training_{jax.process_index()}").touch()
             time.sleep(0.2)
 
+    def on_exception(self, trainer, module, exception):
+        # the stop, written inside fit: the requeue comes after, and SLURM's SIGTERM with it
+        (out / f"stopped_{jax.process_index()}.json").write_text(json.dumps(
+            {"step": trainer.global_step, "received_sigterm": trainer.received_sigterm}))
+
 
 def fit(root: Path, callbacks) -> tuple[fj.Trainer, list[np.ndarray]]:
     trainer = fj.Trainer(max_steps=16, strategy="dp", default_root_dir=root, logger=False, callbacks=callbacks,
@@ -55,8 +61,6 @@ def fit(root: Path, callbacks) -> tuple[fj.Trainer, list[np.ndarray]]:
 marks = Marks()
 trainer, params = fit(out / "run", [marks])
 if trainer.global_step < 16:  # stopped by the requeue signal; SLURM ends this run and starts the next
-    (out / f"stopped_{jax.process_index()}.json").write_text(json.dumps(
-        {"step": trainer.global_step, "received_sigterm": trainer.received_sigterm}))
     sys.stdout.flush()
     os._exit(0)  # not Python's exit: SLURM is about to end the job, no barrier with the peer
 _, reference = fit(out / "reference", [])
