@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import jax
 
 from fitjax._accelerator import accelerator_devices, check_devices_match
-from fitjax.callbacks import Callback, ModelCheckpoint
+from fitjax.callbacks import Callback, DefaultCheckpoint, ModelCheckpoint
 from fitjax.module import LitModule
 
 
@@ -79,7 +79,7 @@ def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callbac
             "one of the two."
         )
     if enabled and not checkpoints:
-        checkpoints = [ModelCheckpoint()]
+        checkpoints = [DefaultCheckpoint()]  # saves spaced to cost at most 5% of the fit's time
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
 
 
