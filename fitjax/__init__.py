@@ -18,6 +18,7 @@ from fitjax.callbacks import (
     RichModelSummary,
     RichProgressBar,
     StochasticWeightAveraging,
+    Timer,
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -46,6 +47,7 @@ __all__ = [
     "RichProgressBar",
     "StochasticWeightAveraging",
     "TensorBoardLogger",
+    "Timer",
     "TrainState",
     "Trainer",
     "Tuner",

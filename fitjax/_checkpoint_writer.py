@@ -1,24 +1,34 @@
-"""Writing checkpoints during fit: one Orbax save at a time on a background thread.
+"""Writing checkpoints during fit: one writer per process, every save through it, in order.
+
+Every save of the process (each `ModelCheckpoint`, `Trainer.save_checkpoint`, the save after
+SIGTERM) is queued on `writer()`, whose one thread writes them one after the other. Orbax keeps
+process-wide state for a save in progress (its temporary folders, its signalling between
+threads): two saves at once, as two checkpoint callbacks each with a thread of its own used to
+run, collide in it (`FileNotFoundError` on `...orbax-checkpoint-tmp/meta...`, timeouts waiting for
+`item_directory_creation`).
 
 What a save costs the loop (measured by `benchmarks/checkpoint.py`): copying the state to the host
-(a small state is one `device_get`, well under a millisecond) and starting a thread. Orbax's own
-asynchronous checkpointer blocks the caller ~9-13 ms per save on this project's 2-core machine
-(temporary folders, metadata and a thread pool set up on the caller's thread), the synchronous
-one ~70-100 ms: both over the 15 ms budget for a state under 1 MB. The thread here runs Orbax's
-synchronous `Checkpointer`, which keeps Orbax's atomic finalisation: a checkpoint is written
-under `<name>.orbax-checkpoint-tmp-<n>` and renamed to `<name>` once complete.
+(a small state is one `device_get`, well under a millisecond), once per step however many saves
+that step makes: saves of one state share its host copy and queue without waiting, and a save of
+a newer state first waits for the queued ones (so at most one step's copies are held). Orbax's own
+asynchronous checkpointer blocks the caller ~9-13 ms per save on this project's 2-core machine,
+the synchronous one ~70-100 ms: both over the 15 ms budget for a state under 1 MB. The thread
+runs Orbax's synchronous `Checkpointer`, which keeps Orbax's atomic finalisation: a checkpoint is
+written under `<name>.orbax-checkpoint-tmp-<n>` and renamed to `<name>` once complete.
 
-Faults: a save that fails on the thread is reported by `raise_failure()`, which the callback calls
-at every step, so it surfaces at the first step after the failure, and the `on_failure` callback
-given with it undoes what the save promised (best and last paths). Old checkpoints are deleted
-by renaming them to a temporary name first (atomic), then removing the files: a kill half-way
-leaves a folder `cleanup()` recognises, never a half-deleted checkpoint under its real name.
-A state that is not fully addressable from this process (several processes) is handed to Orbax's
-`AsyncCheckpointer`, which copies this process's shards to the host before returning.
+Faults: a save that fails on the thread is kept until `raise_failure()` (the checkpoint callbacks
+call it at every step) raises it as `SaveFailed`, after running the `on_failure` given with that
+save, which undoes what the save promised (best and last paths). Old checkpoints are deleted by
+renaming them to a temporary name first (atomic), then removing the files: a kill half-way leaves
+a folder `cleanup()` recognises, never a half-deleted checkpoint under its real name. A state that
+is not fully addressable from this process (several processes) is handed to Orbax's
+`AsyncCheckpointer` on the caller's thread, after the queue is drained (one Orbax save at a time),
+which copies this process's shards to the host before returning.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import shutil
@@ -35,136 +45,167 @@ from fitjax._lazy import LazyModule
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save
 
+__all__ = ["CheckpointWriter", "cleanup", "prepare", "writer"]
+
 _DELETING = checkpoint.TMP_MARK + "-deleting"  # an old checkpoint on its way out
 
 
 class CheckpointWriter:
-    """Saves `(state, meta)` checkpoints into one folder, one at a time, off the loop's thread.
+    """Writes `(state, meta)` checkpoints one at a time, in the order they were asked for, on a
+    thread of its own. Use the process's one writer, `writer()`: a second one would run Orbax
+    saves at the same time as the first's."""
 
-    Args:
-        directory: the absolute folder the checkpoints go in.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None  # started at the first save, lives on
-        self._pending: threading.Event | None = None  # set when the save in flight is done
-        self._failure: tuple[str, BaseException, Callable[[], None] | None] | None = None
-        self._lock = threading.Lock()
-        self._primary = jax.process_index() == 0
-
-    # --------------------------------------------------------------------------- before a run
-
-    def prepare(self) -> None:
-        """Creates the folder and proves it writable: an error now, before the first step,
-        rather than at the first save."""
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            probe = self.directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as error:
-            raise PermissionError(
-                f"ModelCheckpoint cannot write checkpoints to {str(self.directory)!r}: {error}. "
-                "Pass a writable ModelCheckpoint(dirpath=...) or Trainer(default_root_dir=...)."
-            ) from None
-
-    def cleanup(self) -> list[Path]:
-        """Removes leftovers of interrupted saves (`*.orbax-checkpoint-tmp*`) and deletions, on
-        process 0. Call it when a run starts, before any save: a save in flight looks the same."""
-        if not self._primary:
-            return []
-        removed = []
-        for path in self.directory.iterdir():
-            if checkpoint.TMP_MARK in path.name and path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-        return removed
+        self._idle = threading.Condition()
+        self._queued: dict[str, int] = {}  # paths queued or being written -> how many times
+        self._failures: list[tuple[str, BaseException, Callable[[], None] | None]] = []
+        self._host: tuple[Any, Any, dict[str, str]] | None = None  # (state, host tree, key impls)
 
     # ------------------------------------------------------------------------------ saving
 
-    def save(self, name: str, state: Any, meta: dict[str, Any], *, delete: Iterable[str] = (),
-             on_failure: Callable[[], None] | None = None) -> Path:
-        """Starts writing checkpoint `name`; then deletes the checkpoints named in `delete`.
+    def save(self, path: str | os.PathLike, state: Any, meta: dict[str, Any], *,
+             delete: Iterable[str | os.PathLike] = (), on_failure: Callable[[], None] | None = None
+             ) -> Path:
+        """Queues checkpoint `path` (written, then the checkpoints in `delete` removed).
 
-        Waits for the previous save first (and raises its failure). `on_failure` runs on the
-        loop's thread when this save's failure is raised.
+        A save of the state the queued saves hold returns at once; a save of another state
+        first waits for them (and raises a failure among them). `on_failure` runs on the
+        caller's thread when this save's failure is raised.
         """
-        self.wait()
-        path = self.directory / name
-        if not (self.directory.is_dir() and os.access(self.directory, os.W_OK)):  # a folder made read-only mid-run: say so now
+        path = Path(path)
+        if self._host is None or self._host[0] is not state:
+            self.wait()  # a newer state: the older copies are written first, then dropped
+            self._host = None
+        directory = path.parent
+        if not (directory.is_dir() and os.access(directory, os.W_OK)):  # made read-only mid-run: say so now
             raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
                              "writable (any more).")
         meta = {**meta, "saved_at": time.time()}
         if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(state)):
-            # The step donates the state's buffers: the thread must own a host copy.
-            args = checkpoint.save_args(state, meta, to_host=True)
+            if self._host is None:  # the step donates the state's buffers: the thread owns a host copy
+                tree, impls = checkpoint.saveable_tree(state)
+                self._host = (state, jax.device_get(tree), impls)
+            args = checkpoint.composite_args(self._host[1], self._host[2], meta)
             write = lambda: ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
         else:
-            args = checkpoint.save_args(state, meta)
+            self.wait()  # Orbax's multi-process save starts here, on this thread: alone
             saver = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
-            saver.save(path, args=args)  # returns once this process's shards are on the host
+            saver.save(path, args=checkpoint.save_args(state, meta))  # this process's shards now on the host
 
             def write():
                 saver.wait_until_finished()
                 saver.close()
 
-        doomed = [self.directory / old for old in delete if old != name]
-        self._pending = threading.Event()
-        if self._worker is None:  # one thread for the run: starting one per save costs ~10 ms
+        doomed = [Path(old) for old in delete if Path(old) != path]
+        with self._idle:
+            self._queued[str(path)] = self._queued.get(str(path), 0) + 1
+        if self._worker is None:  # one thread for the process: starting one per save costs ~10 ms
             self._worker = threading.Thread(target=self._work, name="fitjax-checkpoint", daemon=True)
             self._worker.start()
-        self._jobs.put((path, write, doomed, on_failure, self._pending))
+        self._jobs.put((path, write, doomed, on_failure))
         return path
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            path, write, doomed, on_failure, done = job
-            try:
-                self._write(path, write, doomed, on_failure)
-            finally:
-                done.set()
+    def is_queued(self, path: str | os.PathLike) -> bool:
+        """True while a save to `path` is queued or being written (its folder not there yet)."""
+        with self._idle:
+            return str(Path(path)) in self._queued
 
-    def _write(self, path: Path, write: Callable[[], Any], doomed: list[Path],
-               on_failure: Callable[[], None] | None) -> None:
-        try:
-            write()
-        except BaseException as error:  # noqa: BLE001 - reported on the loop's thread
-            with self._lock:
-                self._failure = (str(path), error, on_failure)
-            return
-        if self._primary:
-            for old in doomed:
-                _delete(old)
+    def _work(self) -> None:
+        while True:
+            path, write, doomed, on_failure = self._jobs.get()
+            try:
+                write()
+            except BaseException as error:  # noqa: BLE001 - reported on the loop's thread
+                with self._idle:
+                    self._failures.append((str(path), error, on_failure))
+            else:
+                if jax.process_index() == 0:
+                    for old in doomed:
+                        _delete(old)
+            finally:
+                with self._idle:
+                    self._queued[str(path)] -= 1
+                    if not self._queued[str(path)]:
+                        del self._queued[str(path)]
+                    self._idle.notify_all()
+
+    # ------------------------------------------------------------------------------ waiting
 
     def raise_failure(self) -> None:
-        """Raises `SaveFailed` if a save failed since the last call (cheap: no waiting)."""
-        with self._lock:
-            failure, self._failure = self._failure, None
-        if failure is None:
+        """Raises `SaveFailed` if a save failed since the last call (cheap: no waiting), after
+        running the `on_failure` of every save that failed."""
+        with self._idle:
+            failures, self._failures = self._failures, []
+        if not failures:
             return
-        path, error, on_failure = failure
-        if on_failure is not None:
-            on_failure()
+        for _, _, on_failure in failures:
+            if on_failure is not None:
+                on_failure()
+        path, error, _ = failures[0]
+        more = f" ({len(failures) - 1} later saves failed too)" if len(failures) > 1 else ""
         raise SaveFailed(f"ModelCheckpoint could not save {path!r}: {type(error).__name__}: "
-                         f"{_first_line(error)}") from error
-
-    def close(self) -> None:
-        """Waits for the save in flight and ends the writer's thread (failures stay pending)."""
-        if self._pending is not None:
-            self._pending.wait()
-        if self._worker is not None:
-            self._jobs.put(None)
-            self._worker.join()
-            self._worker = None
+                         f"{_first_line(error)}{more}") from error
 
     def wait(self) -> None:
-        """Blocks until the save in flight is written, then raises its failure, if any."""
-        if self._pending is not None:
-            self._pending.wait()
-            self._pending = None
+        """Blocks until every queued save is written, then raises a failure among them, if any."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._queued)
+        self._host = None  # written: the host copy is not needed any more
         self.raise_failure()
+
+    def drain(self) -> None:
+        """Blocks until every queued save is written; failures stay pending for `raise_failure`."""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._queued)
+
+
+_WRITER = CheckpointWriter()
+
+
+def writer() -> CheckpointWriter:
+    """The process's checkpoint writer, which every save goes through."""
+    return _WRITER
+
+
+@atexit.register
+def _finish_saves() -> None:
+    # The thread is a daemon (a hung store must not hang the interpreter's exit), so a save
+    # still queued when the program ends is finished here rather than lost.
+    _WRITER.drain()
+
+
+# ------------------------------------------------------------------------------ folders
+
+def prepare(directory: Path) -> None:
+    """Creates `directory` and proves it writable: an error before the first step, rather than
+    at the first save."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise PermissionError(
+            f"ModelCheckpoint cannot write checkpoints to {str(directory)!r}: {error}. "
+            "Pass a writable ModelCheckpoint(dirpath=...) or Trainer(default_root_dir=...)."
+        ) from None
+
+
+def cleanup(directory: Path) -> list[Path]:
+    """Removes what interrupted saves and deletions left in `directory`
+    (`*.orbax-checkpoint-tmp*`), on process 0, once this process's queued saves are written
+    (one in flight looks the same). Call it when a run starts."""
+    _WRITER.drain()
+    if jax.process_index() != 0 or not directory.is_dir():
+        return []
+    removed = []
+    for path in directory.iterdir():
+        if checkpoint.TMP_MARK in path.name and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _delete(path: Path) -> None:

@@ -45,9 +45,9 @@ from fitjax.state import TrainState
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
-__all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "damage", "is_checkpoint",
-           "latest_checkpoint", "load_module", "local_path", "read_meta", "restore_state",
-           "restore_variables", "save_args", "verify"]
+__all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
+           "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "load_module", "local_path", "read_meta",
+           "restore_state", "restore_variables", "save_args", "saveable_tree", "verify"]
 
 STATE_ITEM = "state"
 META_ITEM = "meta"
@@ -65,16 +65,19 @@ def save_args(state: TrainState, meta: dict[str, Any], *, to_host: bool = False)
     copied to host memory now (one `device_get`), for a save written after the state's buffers
     are donated to the next step.
     """
-    tree, impls = _to_saveable(state)
-    if to_host:
-        tree = jax.device_get(tree)
+    tree, impls = saveable_tree(state)
+    return composite_args(jax.device_get(tree) if to_host else tree, impls, meta)
+
+
+def composite_args(tree: dict[str, Any], impls: dict[str, str], meta: dict[str, Any]) -> ocp.args.Composite:
+    """The Orbax arguments of one checkpoint from `saveable_tree`'s result and the JSON `meta`."""
     return ocp.args.Composite(**{
         STATE_ITEM: ocp.args.StandardSave(tree),
         META_ITEM: ocp.args.JsonSave({**meta, "key_impls": impls}),
     })
 
 
-def _to_saveable(state: TrainState) -> tuple[dict[str, Any], dict[str, str]]:
+def saveable_tree(state: TrainState) -> tuple[dict[str, Any], dict[str, str]]:
     """The state's non-None fields as a dict; typed PRNG keys become their uint32 data (Orbax
     stores plain arrays), their implementations returned by path to wrap them back on restore."""
     impls: dict[str, str] = {}
@@ -146,6 +149,22 @@ def checkpoints_newest_first(directories: list[str | os.PathLike]) -> list[Path]
         return float(when), int(meta["global_step"])
 
     return sorted(found, key=saved_at, reverse=True)
+
+
+def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[Path, str, float]]:
+    """The folders in `directories` that hold part of a checkpoint (`state/` or `meta/`) but are
+    not complete, and not an interrupted save's leftover: `(path, damage, modified time)`."""
+    found = []
+    for directory in directories:
+        directory = local_path(directory)
+        if directory.is_dir():
+            for path in directory.iterdir():
+                if (TMP_MARK not in path.name and path.is_dir() and (problem := damage(path))
+                        and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())):
+                    files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
+                             if f.is_file()]  # written by the save: when it ran
+                    found.append((path, problem, max(f.stat().st_mtime for f in files or [path])))
+    return found
 
 
 def latest_checkpoint(directories: list[str | os.PathLike]) -> Path | None:
@@ -225,10 +244,14 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     """
     path = local_path(path)
     meta = read_meta(path)
-    target, impls = _to_saveable(like)
+    target, impls = saveable_tree(like)
     target = jax.tree.map(_abstract, target)
     _check_tree(_saved_tree(path), target, path, saved_options=meta.get("options", {}),
                 options=options or {})
+    saved, ours = meta.get("options", {}).get("precision"), (options or {}).get("precision")
+    if saved is not None and ours is not None and saved != ours:
+        raise ValueError(f"checkpoint {str(path)!r} was saved with precision={saved!r}, and this run "
+                         f"uses precision={ours!r}. Resume with precision={saved!r}, {_LOAD_WEIGHTS}")
     with _reading(path):
         tree = _restore(path, target)
     saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})

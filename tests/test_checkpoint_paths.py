@@ -1,4 +1,4 @@
-"""Every path argument takes relative and `~` paths; the README's plain-Orbax snippet runs as written."""
+"""Every path argument takes relative and `~` paths; the checkpoints guide's plain-Orbax snippet runs as written."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import Regressor, persistent_compile_cache, quiet_trainer, regressi
 import fitjax as fj
 
 DATA = regression_data(n=64)  # 2 batches of 32 an epoch
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "checkpoints.md"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,10 +65,10 @@ def test_relative_and_home_paths_everywhere(tmp_path, monkeypatch):
     assert trainer.global_step == 4
 
 
-def test_the_readme_orbax_snippet_runs_as_written(tmp_path, monkeypatch):
+def test_the_checkpoints_guide_orbax_snippet_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    block = re.search(r"read them without fitjax:\s*```python\n(.*?)```", README.read_text(), re.S)
-    assert block, "README lost its plain-Orbax snippet"
+    block = re.search(r"read them without fitjax:.*?```python\n(.*?)```", GUIDE.read_text(), re.S)
+    assert block, "docs/guides/checkpoints.md lost its plain-Orbax snippet"
     folder = re.search(r'"(checkpoints/[^"]+)/state"', block.group(1)).group(1)
     epochs, steps = (int(n) for n in re.fullmatch(r"checkpoints/epoch=(\d+)-step=(\d+)", folder).groups())
     trainer = quiet_trainer(max_epochs=epochs + 1, enable_checkpointing=True,
@@ -78,7 +78,7 @@ def test_the_readme_orbax_snippet_runs_as_written(tmp_path, monkeypatch):
     trainer.fit(module, fj.DataLoader(data, batch_size=32))
 
     scope: dict = {}
-    exec(compile(block.group(1), str(README), "exec"), scope)
+    exec(compile(block.group(1), str(GUIDE), "exec"), scope)
     np.testing.assert_array_equal(scope["params"]["Dense_0"]["kernel"],
                                   module.variables[0]["Dense_0"]["kernel"])
 

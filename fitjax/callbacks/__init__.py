@@ -9,6 +9,8 @@ from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
+from fitjax.callbacks.timer import Timer
+from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
     "Callback",
@@ -22,6 +24,8 @@ __all__ = [
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "Timer",
+    "Watchdog",
     "summarize",
     "with_defaults",
 ]

@@ -1,7 +1,9 @@
 """`ModelCheckpoint`: Lightning's checkpoint callback, writing Orbax checkpoints off the loop's thread.
 
-A save costs the loop a host copy of the state and a thread start (see `fitjax._checkpoint_writer`
-and `benchmarks/checkpoint.py`); the next save, and the end of fit, wait for the one in flight.
+A save costs the loop a host copy of the state (see `fitjax._checkpoint_writer` and
+`benchmarks/checkpoint.py`): every save of the process, of every checkpoint callback, goes through
+the process's one writer, in order; a save at a later step, and the end of fit, wait for the ones
+queued. Any number of checkpoint callbacks work together, each with its own bookkeeping.
 Which saves are kept follows Lightning: the `save_top_k` best by `monitor` (the newest without
 one), plus the newest with `save_last`; a save that would be neither is not written at all.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fitjax import checkpoint
-from fitjax._checkpoint_writer import CheckpointWriter
+from fitjax import _checkpoint_writer
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
@@ -112,7 +114,7 @@ class ModelCheckpoint(Callback):
         # This run's checkpoints still on disk, oldest first: path -> score (None: unscored).
         # Restored on resume, so a resumed run ranks and deletes its own saves, never another run's.
         self._kept: dict[str, float | None] = {}
-        self._writer: CheckpointWriter | None = None
+        self._writer: _checkpoint_writer.CheckpointWriter | None = None  # set during fit
         self._saved_steps: set[int] = set()  # global steps saved during this fit
         self._validated_at: int | None = None  # global step of this fit's last validation
         self._resumed = False
@@ -128,7 +130,12 @@ class ModelCheckpoint(Callback):
 
     @property
     def state_key(self) -> str:
-        return f"ModelCheckpoint{{monitor={self.monitor!r}, filename={self.filename!r}}}"
+        """Lightning's key (the monitor and when saves happen), and the filename template: several
+        checkpoint callbacks in one Trainer need different keys (checked when it is made)."""
+        interval = None if self.train_time_interval is None else self.train_time_interval.total_seconds()
+        return (f"ModelCheckpoint{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}, "
+                f"'every_n_train_steps': {self.every_n_train_steps}, 'every_n_epochs': {self.every_n_epochs}, "
+                f"'train_time_interval': {interval}, 'filename': {self.filename!r}}}")
 
     # ------------------------------------------------------------------------------ where
 
@@ -154,8 +161,9 @@ class ModelCheckpoint(Callback):
     def find(self, which: str, trainer) -> Path | None:
         """The newest intact checkpoint ("last"), or the best scored one ("best").
 
-        "last" is the most recently saved complete checkpoint in `search_dirs` that reads back;
-        a damaged newer one is skipped with a warning naming both.
+        "last" is the most recently saved complete checkpoint that reads back, in the
+        `search_dirs` of every checkpoint callback of `trainer` (Lightning's rule); a damaged
+        newer one is skipped with a warning naming both.
         """
         if which == "best":
             if self.best_model_path and checkpoint.is_checkpoint(self.best_model_path):
@@ -166,16 +174,26 @@ class ModelCheckpoint(Callback):
                 if scored:
                     return Path((min if self.mode == "min" else max)(scored)[1])
         damaged: checkpoint.CheckpointDamaged | None = None
-        for path in self._candidates(trainer):
+        others = trainer.checkpoint_callbacks if trainer is not None else [self]
+        dirs = list(dict.fromkeys(d for cb in [self, *others] for d in cb.search_dirs(trainer)))
+        # a folder missing its meta (or state) has no saved time: its files' time ranks it
+        incomplete = sorted(checkpoint.incomplete_checkpoints(dirs), key=lambda found: found[2])
+        for path in checkpoint.checkpoints_newest_first(dirs):
             try:
                 checkpoint.verify(path)
             except checkpoint.CheckpointDamaged as error:
                 damaged = damaged or error  # the newest one's damage is the one to report
                 continue
+            if damaged is None and incomplete and incomplete[-1][2] > _saved_time(path):
+                damaged = checkpoint.CheckpointDamaged(
+                    f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
             if damaged is not None:
                 warnings.warn(f"ckpt_path={which!r}: {damaged} Resuming from {str(path)!r}, the newest "
                               "intact checkpoint, instead.", stacklevel=4)
             return path
+        if damaged is None and incomplete:
+            damaged = checkpoint.CheckpointDamaged(
+                f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
         if damaged is not None:
             raise damaged
         return None
@@ -192,9 +210,9 @@ class ModelCheckpoint(Callback):
             warnings.warn(f"Checkpoint directory {str(directory)!r} exists and holds checkpoints: this "
                           "run saves next to them under new names ('-v1', ...) and never deletes them.",
                           stacklevel=2)
-        self._writer = CheckpointWriter(directory)
-        self._writer.prepare()  # writable: an error now rather than at the first save
-        self._writer.cleanup()  # what interrupted saves and deletions left
+        _checkpoint_writer.prepare(directory)  # writable: an error now rather than at the first save
+        _checkpoint_writer.cleanup(directory)  # what interrupted saves and deletions left
+        self._writer = _checkpoint_writer.writer()
         self._saved_steps, self._validated_at, self._failing = set(), None, False
         self._last_time = time.monotonic()
         self._deferred = False
@@ -264,7 +282,6 @@ class ModelCheckpoint(Callback):
     def teardown(self, trainer, module, stage: str) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.close()
             try:
                 writer.wait()
             except Exception:
@@ -281,9 +298,9 @@ class ModelCheckpoint(Callback):
         keep_new = always or self.save_last or (ranked and self._ranks_in_top_k(score))
         if not keep_new:
             return
-        writer = self._writer or CheckpointWriter(self.resolve_dirpath(trainer))
-        self._writer = writer
-        writer.wait()  # the previous save is complete: ranks and deletions below see it on disk
+        self.resolve_dirpath(trainer)
+        writer = self._writer = _checkpoint_writer.writer()
+        writer.raise_failure()  # a failed earlier save: its undo runs before the ranking below
 
         path = str(self.dirpath / self._unique_name(trainer))
         before = (dict(self._kept), self.best_model_path, self.best_model_score, self.last_model_path,
@@ -306,8 +323,7 @@ class ModelCheckpoint(Callback):
         if ranked:
             meta["score"] = {"monitor": self.monitor, "value": score}
         try:
-            writer.save(Path(path).name, trainer.state, meta, delete=[Path(p).name for p in dropped],
-                        on_failure=undo)
+            writer.save(path, trainer.state, meta, delete=dropped, on_failure=undo)
         except Exception:
             undo()
             raise
@@ -388,7 +404,9 @@ class ModelCheckpoint(Callback):
         version counter), so a reused `dirpath` never overwrites or skips a save."""
         name = base = self._format_name(trainer)
         version = 1
-        while (self.dirpath / name).exists() or str(self.dirpath / name) in self._kept:
+        taken = lambda path: path.exists() or str(path) in self._kept or writer.is_queued(path)
+        writer = _checkpoint_writer.writer()  # a save queued by another callback is not on disk yet
+        while taken(self.dirpath / name):
             name, version = f"{base}-v{version}", version + 1
         return name
 
@@ -423,6 +441,10 @@ class ModelCheckpoint(Callback):
             self.last_model_path = state.get("last_model_path", "")
             self._kept = {path: score for path, score in state.get("kept", [])
                           if checkpoint.is_checkpoint(path)}
+
+
+def _saved_time(path: Path) -> float:
+    return float(checkpoint.read_meta(path).get("saved_at") or (path / checkpoint.META_ITEM).stat().st_mtime)
 
 
 def _saved_score(path: Path, monitor: str) -> float | None:

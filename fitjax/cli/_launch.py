@@ -8,7 +8,11 @@ killed at once (SIGKILL, as Lightning's launcher does: a process that lost a pee
 collective and cannot finish, and jax.distributed traps SIGTERM to sync a preemption, which would
 wait for the dead peer too) and `launch` exits with the failed process's status. SIGINT and SIGTERM
 are forwarded to every process (fitjax saves a checkpoint on SIGTERM and returns from `fit`); a
-second one kills them.
+second one kills them. With `--max-restarts R`, a failure (an exit with a non-zero status, a
+kill, a `Watchdog`'s exit) stops the rest and starts all N processes again, up to R times
+(torchrun's elastic restarts; a forwarded signal is not retried). The restarted processes get
+`FITJAX_RESTART_COUNT` (1, 2, ...), and `Trainer.fit()` without `ckpt_path` then resumes from the
+newest complete checkpoint, so the script needs no change.
 
 On a cluster, start the script with the cluster's own launcher instead: `srun python script.py`
 under SLURM, where `jax.distributed` detects the coordinator, count and id itself.
@@ -28,19 +32,22 @@ import threading
 import time
 from typing import IO
 
+from fitjax.loop._preemption import RESTART_COUNT_VAR  # read by Trainer.fit: resume from "last"
+
 __all__ = ["launch"]
 
 _POLL_S = 0.05  # how often the processes are checked: bounds the delay before a failure stops the rest
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
-_VALUED = ("--nproc", "--devices-per-process", "--port")  # launcher options that take a value
+_VALUED = ("--nproc", "--devices-per-process", "--port", "--max-restarts")  # launcher options that take a value
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fitjax launch",
-        usage="fitjax launch --nproc N [--devices-per-process K] [--port P] (script.py | -m module) [args ...]",
+        usage="fitjax launch --nproc N [--devices-per-process K] [--port P] [--max-restarts R] "
+              "(script.py | -m module) [args ...]",
         description="Start N processes of a script on this machine as one jax.distributed job "
                     "(coordinator on 127.0.0.1). Each process's output lines are prefixed with its rank.",
     )
@@ -49,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="give each process K virtual CPU devices (sets XLA_FLAGS and JAX_PLATFORMS=cpu)")
     parser.add_argument("--port", type=int, default=None,
                         help="the coordinator's port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                        help="after a process fails, stop the rest and start all N again, up to R times; "
+                             "Trainer.fit resumes from the newest checkpoint (FITJAX_RESTART_COUNT is set)")
     return parser
 
 
@@ -74,15 +84,23 @@ def launch(argv: list[str] | None = None) -> int:
         parser.error(f"--nproc must be a positive int, got {opts.nproc!r}")
     if opts.devices_per_process is not None and opts.devices_per_process < 1:
         parser.error(f"--devices-per-process must be a positive int, got {opts.devices_per_process!r}")
+    if opts.max_restarts < 0:
+        parser.error(f"--max-restarts must be an int >= 0, got {opts.max_restarts!r}")
     if not command or command == ["-m"]:
         parser.error("give the script to run (`train.py ...`) or a module (`-m mypkg.train ...`)")
     if command[0] != "-m" and not os.path.exists(command[0]):
         parser.error(f"script {command[0]!r} not found (working directory {os.getcwd()!r})")
-    port = opts.port or _free_port()
     # Through _run.py, by path: a failing script ends its process at once (see there), and no
     # package is imported before the script (JAX reads its JAX_* variables when first imported).
     command = [sys.executable, "-u", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_run.py"), *command]
-    return _Group(command, opts.nproc, port, opts.devices_per_process).run()
+    for restart in range(opts.max_restarts + 1):
+        # a fresh port each time: the failed coordinator's may still be held
+        group = _Group(command, opts.nproc, opts.port or _free_port(), opts.devices_per_process, restart=restart)
+        status = group.run()
+        if status == 0 or group.signals or restart == opts.max_restarts:
+            return status  # done, stopped by the user (a forwarded signal), or out of restarts
+        group._say(f"restarting all {opts.nproc} processes (restart {restart + 1} of {opts.max_restarts})")
+    return status
 
 
 def _free_port() -> int:
@@ -91,10 +109,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(rank: int, nproc: int, port: int, devices: int | None) -> dict[str, str]:
+def _env(rank: int, nproc: int, port: int, devices: int | None, restart: int = 0) -> dict[str, str]:
     env = dict(os.environ)
     env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
-               JAX_PROCESS_ID=str(rank), PYTHONUNBUFFERED="1")
+               JAX_PROCESS_ID=str(rank), PYTHONUNBUFFERED="1", **{RESTART_COUNT_VAR: str(restart)})
     for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE"):
         env.pop(name, None)  # another launcher's settings would disagree with these
     if devices is not None:
@@ -118,8 +136,9 @@ def _die_with_parent() -> None:
 class _Group:
     """The N processes, the threads copying their output, and the rule for stopping them."""
 
-    def __init__(self, command: list[str], nproc: int, port: int, devices: int | None):
+    def __init__(self, command: list[str], nproc: int, port: int, devices: int | None, restart: int = 0):
         self.command, self.nproc, self.port, self.devices = command, nproc, port, devices
+        self.restart = restart
         self.procs: list[subprocess.Popen] = []
         self.signals = 0
         self.lock = threading.Lock()
@@ -133,7 +152,7 @@ class _Group:
             # all children first: preexec_fn runs between fork and exec, safest with no threads yet
             for rank in range(self.nproc):
                 self.procs.append(subprocess.Popen(
-                    self.command, env=_env(rank, self.nproc, self.port, self.devices),
+                    self.command, env=_env(rank, self.nproc, self.port, self.devices, self.restart),
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
             for rank, proc in enumerate(self.procs):
                 reader = threading.Thread(target=self._copy, args=(rank, proc.stdout), daemon=True)

@@ -71,6 +71,10 @@ class Logger(abc.ABC):
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Records the run's hyperparameters, a flat or nested mapping."""
 
+    def claim_version(self) -> None:
+        """Called by every process when a fit starts, before anything reads `log_dir`: a file
+        logger makes its version folder then, so two runs started at once never share one."""
+
     def save(self) -> None:
         """Flushes what is buffered to storage."""
 

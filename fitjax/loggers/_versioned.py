@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from typing import Any
 
 
 from fitjax.loggers._base import Logger
+from fitjax.strategies._distributed import broadcast_str
 
 _VERSION_FOLDER = re.compile(r"version_(\d+)")
 
@@ -28,11 +30,34 @@ def next_version(root: Path) -> int:
     return max(taken, default=-1) + 1
 
 
+def claim_version(root: Path) -> int:
+    """The next unused `version_<N>` in `root`, claimed by creating its folder: `mkdir` either
+    creates it or fails, so two runs started at once in one folder never share a version.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> claim_version(root), claim_version(root)
+        (0, 1)
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    version = next_version(root)
+    while True:
+        try:
+            (root / f"version_{version}").mkdir()
+            return version
+        except FileExistsError:  # another run claimed it between the listing and here
+            version += 1
+
+
 class VersionedLogger(Logger):
     """A logger that writes files into `<save_dir>/<name>/<version folder>/`, on process 0 only.
 
     The version is picked the first time it is asked for (the next unused `version_<N>`, like
-    Lightning); the folder is created only when the logger first writes. An explicit int version
+    Lightning); `claim_version()`, which `Trainer.fit` calls first, creates that folder on process
+    0 (the next free one if another run took it meanwhile) and tells the other processes, so two
+    runs started at once in one `save_dir` never share a version. A resumed run continues the
+    checkpoint's version, and the folder it claimed, still empty, is removed. An explicit int version
     means `version_<int>`, a string is the folder name itself.
 
     Subclasses call `_is_writer()` before doing anything and `_open()` to get the folder.
@@ -66,6 +91,7 @@ class VersionedLogger(Logger):
         self._version = version
         self._process_index = process_index
         self._opened = False
+        self._claimed: Path | None = None  # the version folder claim_version() made
         # Resume bookkeeping: the last step logged, and the first step to drop from an earlier
         # attempt of this run (set by load_state_dict, consumed by the first write).
         self._last_step: int | None = None
@@ -82,6 +108,15 @@ class VersionedLogger(Logger):
         if self._version is None:
             self._version = next_version(self._save_dir / self._name)
         return self._version
+
+    def claim_version(self) -> None:
+        if self._version is not None or self._explicit_version is not None:
+            return  # given, restored or claimed already
+        root = self._save_dir / self._name
+        version = str(claim_version(root)) if self._is_writer() else ""
+        self._version = int(broadcast_str(version))  # a collective: every process is here
+        if self._is_writer():
+            self._claimed = self.log_dir
 
     @property
     def save_dir(self) -> Path:
@@ -121,6 +156,10 @@ class VersionedLogger(Logger):
                 f"`{owner}.load_state_dict` got version {version!r} after the logger already wrote to "
                 f"{str(self.log_dir)!r}. Restore the logger state before logging anything."
             )
+        if self._claimed is not None and version != self._version:
+            with contextlib.suppress(OSError):  # holds files already: kept
+                self._claimed.rmdir()
+            self._claimed = None
         self._version = version
         self._last_step = step
         self._purge_step = None if step is None else step + 1

@@ -80,6 +80,12 @@ def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callbac
         )
     if enabled and not checkpoints:
         checkpoints = [DefaultCheckpoint()]  # saves spaced to cost at most 5% of the fit's time
+    keys = [cb.state_key for cb in checkpoints]
+    if len(set(keys)) < len(keys):  # Lightning raises too: one callback's saved state would be lost
+        twin = next(key for key in keys if keys.count(key) > 1)
+        raise ValueError(f"Trainer(callbacks=...) has two ModelCheckpoint with the state key {twin!r}; "
+                         "give one of them another filename= (or monitor, mode, every_n_...) so "
+                         "that each one's state is saved and resumed.")
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
 
 

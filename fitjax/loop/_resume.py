@@ -14,11 +14,8 @@ nothing is replayed, skipped or run twice.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import signal
-import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -26,7 +23,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from fitjax import checkpoint
-from fitjax._checkpoint_writer import CheckpointWriter
+from fitjax import _checkpoint_writer
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
 
@@ -99,13 +96,10 @@ class Checkpoints:
         path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
         if path.exists():
             raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
-        writer = CheckpointWriter(path.parent)
-        writer.prepare()
-        try:
-            writer.save(path.name, self.state, self.checkpoint_meta(self._module_for_compiled))
-            writer.wait()  # written (and its failure raised) before returning
-        finally:
-            writer.close()
+        _checkpoint_writer.prepare(path.parent)
+        writer = _checkpoint_writer.writer()  # the process's one writer, after the saves queued before
+        writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
+        writer.wait()  # written (and its failure raised) before returning
 
     def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
         """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
@@ -191,6 +185,11 @@ def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:
                 "trainer has none (enable_checkpointing=False). Pass a checkpoint path instead."
             )
         found = callbacks[0].find(ckpt_path, trainer)
+        if found is None and ckpt_path == "last":  # Lightning: an "always resume" script's first run
+            warnings.warn(f"{where}: ckpt_path='last' found no checkpoint in "
+                          f"{[str(d) for cb in callbacks for d in cb.search_dirs(trainer)]}; starting "
+                          "from scratch.", stacklevel=3)
+            return None
         if found is None:
             raise FileNotFoundError(
                 f"{where}: ckpt_path={ckpt_path!r} found no complete checkpoint in "
@@ -199,24 +198,3 @@ def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:
             )
         return found
     return checkpoint.check_path(ckpt_path, where=where)
-
-
-@contextlib.contextmanager
-def stop_on_sigterm(trainer) -> Iterator[None]:
-    """While fitting, SIGTERM sets `trainer.received_sigterm`; the loop stops after its step.
-
-    The handler only sets a flag: saving from inside a signal handler could meet the state
-    half-donated to a running step. Installed from the main thread only (Python's rule).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        trainer.received_sigterm = True
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

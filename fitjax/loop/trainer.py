@@ -27,7 +27,7 @@ import numpy as np
 from fitjax import _accelerator, _determinism
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
-from fitjax.loop import _resume
+from fitjax.loop import _preemption, _resume
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._resume import Checkpoints
@@ -37,6 +37,7 @@ from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
+from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule
 from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data
@@ -60,8 +61,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
             -1: no limit; 0: fit trains nothing).
         max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
-        min_epochs / min_steps: a stop request (`trainer.should_stop`, `EarlyStopping`) waits
-            until this many epochs / optimizer steps are done.
+        max_time: stop once this much training time has passed: "DD:HH:MM:SS", a
+            `datetime.timedelta` or a dict of its arguments (a `fj.Timer` is added, unless
+            `callbacks` has one); the stop saves a checkpoint as an epoch's end does.
+        min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
+            many epochs are done.
+        min_steps: a stop request waits until this many optimizer steps are done.
         accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
@@ -133,6 +138,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         *,
         max_epochs: int | None = None,
         max_steps: int | None = None,
+        max_time: Any = None,
         min_epochs: int | None = None,
         min_steps: int | None = None,
         accelerator: str = "auto",
@@ -168,7 +174,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
         self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
         self.max_epochs = checks.limit_or_unlimited("max_epochs", max_epochs)
-        if max_epochs is None and self.max_steps is None:
+        if max_epochs is None and self.max_steps is None and max_time is None:
             self.max_epochs = 1000  # Lightning's default
         self.min_epochs = checks.limit_or_unlimited("min_epochs", min_epochs, unlimited=False)
         self.min_steps = checks.limit_or_unlimited("min_steps", min_steps, unlimited=False)
@@ -209,7 +215,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
         callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
-        callbacks = checks.with_checkpointing(callbacks, enable_checkpointing)
+        callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
@@ -230,6 +236,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
+        self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
         self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
         self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
         self._fitting = False
@@ -355,8 +362,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
         Data may be a `fj.DataLoader`, a torch `DataLoader`, a grain dataset, or any re-iterable
         of batches (pytrees of arrays). `ckpt_path` ("last", "best" or a checkpoint folder)
-        resumes exactly where that checkpoint stopped. SIGTERM saves a checkpoint after the
-        running step and returns (`trainer.received_sigterm` is then True).
+        resumes exactly where that checkpoint stopped; "hpc" from the newest `hpc_ckpt_<n>` in
+        `default_root_dir`. Without it, a process `fitjax launch --max-restarts` restarted
+        resumes from the newest complete checkpoint. SIGTERM stops every process after one
+        agreed step, saves a checkpoint there and returns (`trainer.received_sigterm` is then True).
         """
         checks.check_module(module)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
@@ -365,13 +374,16 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
+        for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
+            logger.claim_version()
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
         self._fitting = True
         try:
-            with _resume.stop_on_sigterm(self), self._compile_times:
+            with _preemption.stop_on_signals(self), self._compile_times:
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
@@ -462,8 +474,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 self._start_train_window()  # no wait: read at a later step (`_windows`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if self._preempted(synced=synced):
-                raise _resume.Preempted(f"SIGTERM received; stopped after step {self.global_step}")
+            if (reason := self._preempted()) is not None:  # every process after the same step
+                raise _preemption.stopped(self, reason)
             stop = self._stop_agreed(synced=synced)
             if self._val_due(val_loader, stop=stop):
                 self._validate_during_fit(module, val_loader)

@@ -1,0 +1,164 @@
+"""Preemption in the fit loop: the signals that stop a fit, what the agreed stop does, Lightning's
+"hpc" checkpoint that a requeued SLURM job resumes from, and the requeue itself.
+
+- SIGTERM: every process stops after one agreed step (`StopAgreement`, within a step or two of
+  the signal); `trainer.received_sigterm` is True on all and `ModelCheckpoint` saves there.
+- The requeue signal (SLURM with `auto_requeue`; SIGUSR1 by default): the same agreed stop, one
+  checkpoint `<default_root_dir>/hpc_ckpt_<n>` saved by every process, then process 0 runs
+  `scontrol requeue <job id>` once that save is complete on every process. Lightning saves and
+  requeues inside the signal handler; here the handler only records the request, since the
+  state may be half-donated to a running step.
+- A fit without `ckpt_path` resumes from the newest `hpc_ckpt_<n>` when it runs under SLURM
+  (Lightning's rule: the requeued job runs the same script), and after a `fitjax launch
+  --max-restarts` restart from the newest complete checkpoint ("last").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from fitjax import checkpoint
+from fitjax.loop._resume import Preempted
+from fitjax.strategies._distributed import agree, broadcast_str
+from fitjax.strategies._stop_agreement import StopAgreement
+
+__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "stop_on_signals", "stopped"]
+
+log = logging.getLogger("fitjax")
+
+HPC_PREFIX = "hpc_ckpt_"  # Lightning's name for the requeue checkpoint (a folder here)
+REQUEUE = "requeue"
+RESTART_COUNT_VAR = "FITJAX_RESTART_COUNT"  # set by `fitjax launch --max-restarts` in restarted processes
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer, *, requeue_signal: int | None = None) -> Iterator[StopAgreement]:
+    """While fitting, SIGTERM (and `requeue_signal`, when given) ask every process to stop after
+    an agreed step (`trainer._stopping`). The handlers only record the request: saving from a
+    handler could meet the state half-donated to a running step. Installed from the main
+    thread only (Python's rule); the previous handlers are restored after."""
+    agreement = StopAgreement()
+    reasons = {signal.SIGTERM: "SIGTERM"}
+    if requeue_signal is not None:
+        reasons[signal.Signals(requeue_signal)] = REQUEUE
+
+    def handler(signum, frame):
+        if signum == signal.SIGTERM:
+            trainer.received_sigterm = True
+        agreement.request(reasons[signum])
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, handler) for sig in reasons}
+    trainer._stopping = agreement
+    try:
+        yield agreement
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        trainer._stopping = None
+        agreement.close()
+
+
+def stopped(trainer, reason: str) -> Preempted:
+    """What the agreed stop does before fit returns: SIGTERM marks `received_sigterm` on every
+    process (checkpoint callbacks save); the requeue signal saves the hpc checkpoint and
+    requeues the job. Returns the exception the loop raises."""
+    if reason == REQUEUE:
+        path = save_hpc_checkpoint(trainer)
+        requeue_job(trainer, path)
+    else:
+        trainer.received_sigterm = True  # a process the signal missed stops and saves too
+    return Preempted(f"{reason} received; stopped after step {trainer.global_step}")
+
+
+# ------------------------------------------------------------------------------ hpc checkpoint
+
+def _hpc_versions(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    found = (re.fullmatch(rf"{HPC_PREFIX}(\d+)", p.name) for p in folder.iterdir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def hpc_resume_path(trainer) -> Path | None:
+    """The newest complete `hpc_ckpt_<n>` in `default_root_dir` (Lightning's `_hpc_resume_path`)."""
+    folder = checkpoint.local_path(trainer.default_root_dir)
+    for n in reversed(_hpc_versions(folder)):
+        if checkpoint.is_checkpoint(folder / f"{HPC_PREFIX}{n}"):
+            return folder / f"{HPC_PREFIX}{n}"
+    return None
+
+
+def save_hpc_checkpoint(trainer) -> Path:
+    """Saves `<default_root_dir>/hpc_ckpt_<n+1>` (n: the newest there, Lightning's numbering)
+    on every process and returns once every process's part is written."""
+    folder = checkpoint.local_path(trainer.default_root_dir)
+    versions = _hpc_versions(folder)
+    path = Path(broadcast_str(str(folder / f"{HPC_PREFIX}{(versions[-1] if versions else 0) + 1}")))
+    trainer.save_checkpoint(path)
+    agree(True)  # a barrier: every process's save is complete before anyone requeues
+    if trainer.is_global_zero:
+        log.info("fitjax: saved %s for the requeued job to resume from", path)
+    return path
+
+
+def requeue_job(trainer, saved: Path) -> None:
+    """Process 0 runs `scontrol requeue <job id>`; SLURM then ends this job and starts it again."""
+    if not trainer.is_global_zero:
+        return
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    if not job_id or not re.fullmatch(r"[0-9_]+", job_id):
+        log.warning("fitjax: the requeue signal arrived outside a SLURM job (SLURM_JOB_ID=%r); %s is "
+                    "saved, nothing requeued", job_id, saved)
+        return
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("fitjax: requeuing SLURM job %s failed: %s (the checkpoint %s is saved)", job_id, error, saved)
+        return
+    if result.returncode == 0:
+        log.info("fitjax: requeued SLURM job %s", job_id)
+    else:
+        log.warning("fitjax: `scontrol requeue %s` failed with status %d: %s (the checkpoint %s is saved)",
+                    job_id, result.returncode, (result.stdout + result.stderr).strip(), saved)
+
+
+# ------------------------------------------------------------------------------ resuming
+
+def auto_resume_path(trainer, ckpt_path: Any, *, on_slurm: bool) -> Any:
+    """`Trainer.fit(ckpt_path=...)` after Lightning's automatic choices: "hpc" is the newest
+    hpc checkpoint; None under SLURM is the newest hpc checkpoint when there is one (the
+    requeued job resumes with no change to its script), and None in a process `fitjax launch`
+    restarted is "last" when a checkpoint exists. Anything else is returned as given."""
+    if ckpt_path == "hpc":
+        found = hpc_resume_path(trainer)
+        if found is None:
+            raise FileNotFoundError(
+                f"Trainer.fit(ckpt_path='hpc') found no complete {HPC_PREFIX}<n> checkpoint in "
+                f"{str(checkpoint.local_path(trainer.default_root_dir))!r} (Trainer(default_root_dir=...)).")
+        return found
+    if ckpt_path is not None:
+        return ckpt_path
+    if on_slurm:
+        found = hpc_resume_path(trainer)
+        if found is not None:
+            if trainer.is_global_zero:
+                log.info("fitjax: resuming from %s (a requeued SLURM job)", found)
+            return found
+    if int(os.environ.get(RESTART_COUNT_VAR) or 0) > 0 and trainer.checkpoint_callbacks:
+        found = trainer.checkpoint_callbacks[0].find("last", trainer)
+        if found is not None and trainer.is_global_zero:
+            log.info("fitjax: restart %s of `fitjax launch`: resuming from %s",
+                     os.environ[RESTART_COUNT_VAR], found)
+        return found
+    return None

@@ -1,0 +1,77 @@
+"""The site builds with warnings as errors, and a broken reference or a missing API entry fails it."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT, build_site
+
+sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+import reference  # noqa: E402  (docs/hooks/reference.py: the hook that writes the API pages)
+
+
+def test_every_page_of_the_nav_is_built(site):
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def pages(nav):
+        for item in nav:
+            for value in item.values():
+                yield from pages(value) if isinstance(value, list) else [value]
+
+    for page in pages(config["nav"]):
+        assert (site / page.replace(".md", ".html")).is_file(), page
+    assert (site / "search" / "search_index.json").is_file()
+
+
+@pytest.mark.parametrize("text, named", [
+    ("See [the trainer][fitjax.NoSuchTrainer].", "fitjax.NoSuchTrainer"),
+    ("::: fitjax.NoSuchName", "fitjax.NoSuchName"),
+], ids=["broken cross-reference", "missing API entry"])
+def test_a_broken_reference_fails_the_build(tmp_path, text, named):
+    # the project's own configuration and plugins, on one page holding the mistake
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    config.pop("hooks")
+    python = config["plugins"][2]["mkdocstrings"]["handlers"]["python"]
+    python["options"]["extensions"] = [str(ROOT / e) for e in python["options"]["extensions"]]
+    config["docs_dir"] = str(tmp_path / "docs")
+    config["nav"] = ["index.md"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text(f"# A page\n\n{text}\n")
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    result = build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert named in output and "Traceback" not in output, output
+
+
+def test_every_public_name_has_a_reference_page_with_its_docstring(site):
+    entries = reference.public_entries()
+    names = {name for entry in entries for name in entry.names}
+    assert {"fitjax.Trainer", "fitjax.ModelCheckpoint", "fitjax.strategies.FSDP", "fitjax.cli.LightningCLI"} <= names
+    for module_name in reference.public_modules():
+        module = sys.modules[module_name]
+        for name in module.__all__:
+            assert f"{module_name}.{name}" in names | set(reference.public_modules()), f"{module_name}.{name}"
+    for entry in entries:
+        html = (site / entry.page.replace(".md", ".html")).read_text()
+        assert f'id="{entry.target}"' in html, f"{entry.name}: no rendered entry for {entry.target}"
+        first = reference.first_sentence(entry)
+        assert len(first.split()) >= 3 and first.endswith("."), (
+            f"{entry.name} needs a docstring that starts with a sentence; it starts {first!r}")
+        if _has_written_signature(reference.obj_of(entry)):
+            assert "doc-signature" in html, f"{entry.name}: no signature on its page"
+
+
+def _has_written_signature(obj) -> bool:
+    """A function, or a class whose own source defines `__init__` (a generated dataclass
+    `__init__` or an inherited one has no source that griffe could read: its fields are listed)."""
+    if inspect.isfunction(obj):
+        return True
+    init = obj.__dict__.get("__init__") if inspect.isclass(obj) else None
+    try:
+        return init is not None and bool(inspect.getsource(init))
+    except (OSError, TypeError):
+        return False

@@ -1,0 +1,93 @@
+"""What a probe of local-disk runs found, each fixed: version folders claimed atomically,
+`ckpt_path="last"` with nothing saved yet, a checkpoint missing its meta, the precision rule."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data
+
+import fitjax as fj
+
+DATA = regression_data(n=64)  # 4 batches of 16 an epoch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_once(tmp_path_factory):
+    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
+
+
+def _fit(ckpt, *, max_epochs=2, ckpt_path=None, **trainer_args):
+    history = LossHistory()
+    trainer = quiet_trainer(max_epochs=max_epochs, callbacks=[history, ckpt], enable_checkpointing=True,
+                            **trainer_args)
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16), ckpt_path=ckpt_path)
+    return trainer, history
+
+
+@pytest.mark.parametrize("logger", [fj.loggers.TensorBoardLogger, fj.loggers.CSVLogger])
+def test_runs_started_at_once_in_one_folder_get_a_version_each(tmp_path, logger):
+    # 8 fits claiming their version at the same moment (`Trainer.fit` calls `claim_version`
+    # first; threads here: the claim is one mkdir, the same race between processes)
+    start, versions = threading.Barrier(8), []
+
+    def run():
+        made = logger(tmp_path)
+        start.wait()
+        made.claim_version()
+        versions.append(made.version)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(versions) == list(range(8))
+    assert sorted(p.name for p in (tmp_path / "fitjax_logs").iterdir()) == [f"version_{v}" for v in range(8)]
+
+
+def test_last_with_no_checkpoint_yet_warns_and_starts_from_scratch(tmp_path):
+    """Lightning's `_parse_ckpt_path`: 'ckpt_path="last" is set, but there is no last checkpoint
+    available. No checkpoint will be loaded.' (a warning; the fit starts fresh)."""
+    with pytest.warns(UserWarning, match=r"ckpt_path='last' found no checkpoint in .*starting from scratch"):
+        trainer, history = _fit(fj.ModelCheckpoint(tmp_path), ckpt_path="last")
+    assert trainer.global_step == 8 and len(history.losses) == 8
+    # the requeued job's next run resumes what the first one saved
+    trainer, history = _fit(fj.ModelCheckpoint(tmp_path), max_epochs=3, ckpt_path="last")
+    assert trainer.global_step == 12 and len(history.losses) == 4
+
+
+def test_a_newest_checkpoint_without_its_meta_is_named_like_damaged_data(tmp_path):
+    _fit(fj.ModelCheckpoint(tmp_path, save_top_k=-1))
+    older, newest = tmp_path / "epoch=0-step=4", tmp_path / "epoch=1-step=8"
+    shutil.rmtree(newest / "meta")
+    with pytest.warns(UserWarning, match=rf"{newest}' is damaged: meta/metadata is missing.*Resuming from '{older}'"):
+        trainer, history = _fit(fj.ModelCheckpoint(tmp_path), max_epochs=3, ckpt_path="last")
+    assert trainer.global_step == 12 and len(history.losses) == 8  # resumed after step 4
+    # an older incomplete folder (the newest is intact) is no news: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fj.ModelCheckpoint(tmp_path).find("last", None).name == "epoch=2-step=12"
+
+
+def test_another_precision_is_an_error_naming_both_as_the_guide_says(tmp_path):
+    _fit(fj.ModelCheckpoint(tmp_path), precision="32-true")
+    with pytest.raises(ValueError, match=r"saved with precision='32-true', and this run uses "
+                                         r"precision='bf16-mixed'. Resume with precision='32-true'"):
+        _fit(fj.ModelCheckpoint(tmp_path), max_epochs=3, ckpt_path="last", precision="bf16-mixed")
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "checkpoints.md").read_text()
+    assert "resuming with another precision or\noptimizer is an error" in guide
+
+
+def test_a_resumed_run_continues_its_version_and_leaves_no_empty_one(tmp_path):
+    logger = lambda: fj.loggers.CSVLogger(tmp_path)
+    _fit(fj.ModelCheckpoint(), logger=logger(), default_root_dir=tmp_path)
+    trainer, _ = _fit(fj.ModelCheckpoint(), max_epochs=3, logger=logger(), default_root_dir=tmp_path,
+                      ckpt_path="last")
+    assert trainer.logger.version == 0 and trainer.global_step == 12
+    assert [p.name for p in (tmp_path / "fitjax_logs").iterdir()] == ["version_0"]
