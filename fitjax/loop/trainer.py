@@ -99,8 +99,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             or sanity check — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
-        enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
-            `<logger.log_dir>/checkpoints`) unless `callbacks` has one.
+        enable_checkpointing: add a `DefaultCheckpoint()` (under `<logger.log_dir>/checkpoints`:
+            the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
+            unless `callbacks` has a `ModelCheckpoint`.
         seed: the run's base random key (parameter init and every rng stream).
         precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
             (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
