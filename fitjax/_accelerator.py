@@ -105,18 +105,20 @@ def check_devices_match(accelerator: str, devices: Sequence[jax.Device]) -> None
         )
 
 
-def banner(devices: Sequence[jax.Device], strategy: Any, precision: str) -> str:
-    """One line: platform, devices used of available, processes, strategy and mesh, precision.
+def banner(devices: Sequence[jax.Device], strategy: Any, precision: str, environment: Any = None) -> str:
+    """One line: platform, devices used of available, processes (the cluster environment and this
+    process's rank), strategy and mesh, precision.
 
     Example (8 virtual CPU devices, `strategy="dp"`):
-        fitjax: cpu, 8/8 devices used, 1 process, strategy DataParallel (mesh data=8), precision 32-true
+        fitjax: cpu, 8/8 devices used, 1 process (LightningEnvironment, rank 0), strategy DataParallel (mesh data=8), precision 32-true
     """
     first = devices[0]
     kind = first.platform if first.device_kind.lower() == first.platform else f"{first.platform} ({first.device_kind})"
     available = len(jax.devices(first.platform))
     processes = jax.process_count()
+    where = "" if environment is None else f" ({type(environment).__name__}, rank {jax.process_index()})"
     mesh = getattr(strategy, "mesh", None)
     shape = " ".join(f"{axis}={size}" for axis, size in mesh.shape.items()) if mesh is not None else "none"
     return (f"fitjax: {kind}, {len(devices)}/{available} devices used, "
-            f"{processes} process{'es' if processes != 1 else ''}, strategy {type(strategy).__name__} "
+            f"{processes} process{'es' if processes != 1 else ''}{where}, strategy {type(strategy).__name__} "
             f"(mesh {shape}), precision {precision}")

@@ -29,9 +29,11 @@ which copies this process's shards to the host before returning.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 
-from fitjax import checkpoint
+from fitjax import _storage, checkpoint
 from fitjax.checkpoint import SaveFailed
 from fitjax._lazy import LazyModule
 
@@ -74,12 +76,13 @@ class CheckpointWriter:
         first waits for them (and raises a failure among them). `on_failure` runs on the
         caller's thread when this save's failure is raised.
         """
-        path = Path(path)
+        path = _storage.as_path(path)
         if self._host is None or self._host[0] is not state:
             self.wait()  # a newer state: the older copies are written first, then dropped
             self._host = None
         directory = path.parent
-        if not (directory.is_dir() and os.access(directory, os.W_OK)):  # made read-only mid-run: say so now
+        if not _storage.is_url(path) and not (directory.is_dir() and os.access(directory, os.W_OK)):
+            # a folder made read-only mid-run: say so now
             raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
                              "writable (any more).")
         meta = {**meta, "saved_at": time.time()}
@@ -88,7 +91,7 @@ class CheckpointWriter:
                 tree, impls = checkpoint.saveable_tree(state)
                 self._host = (state, jax.device_get(tree), impls)
             args = checkpoint.composite_args(self._host[1], self._host[2], meta)
-            write = lambda: ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
+            write = functools.partial(_write, path, args)
         else:
             self.wait()  # Orbax's multi-process save starts here, on this thread: alone
             saver = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
@@ -98,7 +101,7 @@ class CheckpointWriter:
                 saver.wait_until_finished()
                 saver.close()
 
-        doomed = [Path(old) for old in delete if Path(old) != path]
+        doomed = [_storage.as_path(old) for old in delete if str(_storage.as_path(old)) != str(path)]
         with self._idle:
             self._queued[str(path)] = self._queued.get(str(path), 0) + 1
         if self._worker is None:  # one thread for the process: starting one per save costs ~10 ms
@@ -110,7 +113,7 @@ class CheckpointWriter:
     def is_queued(self, path: str | os.PathLike) -> bool:
         """True while a save to `path` is queued or being written (its folder not there yet)."""
         with self._idle:
-            return str(Path(path)) in self._queued
+            return str(_storage.as_path(path)) in self._queued
 
     def _work(self) -> None:
         while True:
@@ -178,9 +181,32 @@ def _finish_saves() -> None:
 
 # ------------------------------------------------------------------------------ folders
 
-def prepare(directory: Path) -> None:
-    """Creates `directory` and proves it writable: an error before the first step, rather than
-    at the first save."""
+def _write(path: _storage.AnyPath, args: Any) -> None:
+    """Orbax's synchronous save of `args` as checkpoint `path`; for a store URL, into a local
+    staging folder first, then uploaded (see `fitjax._storage`)."""
+    if not _storage.is_url(path):
+        ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
+        return
+    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    try:
+        ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(stage / path.name, args=args)
+        _storage.upload(stage / path.name, path)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def prepare(directory: _storage.AnyPath) -> None:
+    """Creates `directory` and proves it writable (on a store: a probe object written and
+    removed): an error before the first step, rather than at the first save."""
+    if _storage.is_url(directory):
+        probe = directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except Exception as error:  # noqa: BLE001 - botocore, gcsfs and fsspec raise many kinds
+            raise PermissionError(f"ModelCheckpoint cannot write checkpoints to "
+                                  f"{_storage.store_error(str(directory), error)}") from None
+        return
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
@@ -202,14 +228,22 @@ def cleanup(directory: Path) -> list[Path]:
         return []
     removed = []
     for path in directory.iterdir():
-        if checkpoint.TMP_MARK in path.name and path.is_dir():
+        if _storage.is_url(path):  # an upload never committed
+            if path.is_dir() and not (path / _storage.COMMIT).exists():
+                _storage.remove(path)
+                removed.append(path)
+        elif checkpoint.TMP_MARK in path.name and path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
 
 
 def _delete(path: Path) -> None:
-    """Renames `path` out of the way (atomic), then removes its files."""
+    """Renames `path` out of the way (atomic), then removes its files; on a store, removes its
+    commit marker first, then its files."""
+    if _storage.is_url(path):
+        _storage.remove(path)
+        return
     if not path.exists():
         return
     doomed = path.with_name(f"{path.name}{_DELETING}-{time.monotonic_ns()}")

@@ -39,6 +39,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from fitjax import _storage
 from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
 from fitjax.state import TrainState
@@ -95,10 +96,10 @@ def saveable_tree(state: TrainState) -> tuple[dict[str, Any], dict[str, str]]:
 
 # ----------------------------------------------------------------------------------- finding
 
-def local_path(path: str | os.PathLike) -> Path:
+def local_path(path: str | os.PathLike) -> _storage.AnyPath:
     """`path` with `~` expanded, made absolute against the working directory (Orbax takes
-    absolute paths only)."""
-    return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    absolute paths only); an object-store URL (`s3://...`, `gs://...`) as an `epath.Path`."""
+    return _storage.as_path(path)
 
 
 class CheckpointDamaged(ValueError):
@@ -116,6 +117,8 @@ def damage(path: str | os.PathLike) -> str | None:
         return "it is the leftover of an interrupted save or deletion"
     if not path.is_dir():
         return "no such folder"
+    if _storage.is_url(path) and not (path / _storage.COMMIT).exists():
+        return f"{_storage.COMMIT} is missing (an interrupted upload)"
     for item, file in ((META_ITEM, "metadata"), (STATE_ITEM, "_METADATA")):
         if not (path / item / file).is_file():
             return f"{item}/{file} is missing"
@@ -180,7 +183,7 @@ VERIFY_BYTES = 256 * 2**20
 def verify(path: str | os.PathLike) -> None:
     """Raises `CheckpointDamaged` naming the damage if `path` cannot be restored: its files
     checked, its state read back (when under `VERIFY_BYTES`; else only its array metadata)."""
-    path = local_path(path)
+    path = _readable(path)
     tree = _saved_tree(path)
     size = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
                for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
@@ -242,7 +245,7 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     field (`loss_scale`: `precision`). `options` are this run's (e.g. `{"precision": "32-true"}`),
     quoted in those errors next to the ones saved in the checkpoint.
     """
-    path = local_path(path)
+    path = _readable(path)
     meta = read_meta(path)
     target, impls = saveable_tree(like)
     target = jax.tree.map(_abstract, target)
@@ -275,7 +278,7 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
     With `like`, laid out like it (shapes checked, shardings kept, the average cast to the
     parameters' dtypes); without, restored as saved onto the first local device.
     """
-    path = local_path(path)
+    path = _readable(path)
     saved = _saved_tree(path)
     key = read_meta(path).get("eval_params") or ["params"]
     saved_params = _at(saved, key)
@@ -333,6 +336,18 @@ def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
     module = cls(**hparams)
     module._set_variables(*restore_variables(path, module._get_binding().initial_variables()))
     return module
+
+
+def _readable(path: str | os.PathLike) -> Path:
+    """A local folder holding checkpoint `path`: itself, or for a store URL its downloaded copy
+    (after the same checks as a local one, naming the URL)."""
+    path = local_path(path)
+    if not _storage.is_url(path):
+        return path
+    problem = damage(path)
+    if problem is not None:
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {problem}.")
+    return _storage.download(path)
 
 
 def _restore(path: Path, target: PyTree) -> PyTree:

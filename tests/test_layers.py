@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._determinism", "fitjax._lazy",
-                "fitjax._accelerator"]),
+                "fitjax._accelerator", "fitjax.plugins", "fitjax._storage"]),
     ("step", ["fitjax.step"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint", "fitjax._checkpoint_writer"]),

@@ -5,8 +5,8 @@ import importlib
 import pytest
 
 
-PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.profilers",
-            "fitjax.strategies", "fitjax.tuner"]
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.plugins",
+            "fitjax.plugins.environments", "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -22,6 +22,8 @@ def test_docstring_examples_run():
 
     for name in ["fitjax.module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.strategies.dp",
                  "fitjax.callbacks.ema", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
-                 "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile"]:
+                 "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
+                 "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
+                 "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fitjax import checkpoint
-from fitjax import _checkpoint_writer
+from fitjax import _checkpoint_writer, _storage
 from fitjax.strategies._distributed import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
@@ -145,7 +145,7 @@ class ModelCheckpoint(Callback):
         if self.dirpath is None:
             log_dir = trainer.log_dir
             local = checkpoint.local_path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
-            self.dirpath = Path(broadcast_str(str(local)))
+            self.dirpath = _storage.as_path(broadcast_str(str(local)))
         return self.dirpath
 
     def search_dirs(self, trainer) -> list[Path]:
@@ -167,12 +167,12 @@ class ModelCheckpoint(Callback):
         """
         if which == "best":
             if self.best_model_path and checkpoint.is_checkpoint(self.best_model_path):
-                return Path(self.best_model_path)
+                return _storage.as_path(self.best_model_path)
             if self.monitor is not None:
                 scored = [(score, str(path)) for path in self._candidates(trainer)
                           if (score := _saved_score(path, self.monitor)) is not None]
                 if scored:
-                    return Path((min if self.mode == "min" else max)(scored)[1])
+                    return _storage.as_path((min if self.mode == "min" else max)(scored)[1])
         damaged: checkpoint.CheckpointDamaged | None = None
         others = trainer.checkpoint_callbacks if trainer is not None else [self]
         dirs = list(dict.fromkeys(d for cb in [self, *others] for d in cb.search_dirs(trainer)))
@@ -433,7 +433,7 @@ class ModelCheckpoint(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.dirpath is None and state.get("dirpath"):
-            self.dirpath = Path(state["dirpath"])
+            self.dirpath = _storage.as_path(state["dirpath"])
         self.best_model_path = state.get("best_model_path", "")
         if self.dirpath is not None and str(self.dirpath) == state.get("dirpath"):
             self._resumed = True

@@ -1,7 +1,8 @@
 """`fitjax launch --nproc N script.py ...`: N processes of one script on this machine, as one JAX job.
 
 Each process gets what `Trainer(num_nodes=...)` reads (`fitjax.strategies.initialize_distributed`):
-`JAX_COORDINATOR_ADDRESS=127.0.0.1:<port>`, `JAX_NUM_PROCESSES=N`, `JAX_PROCESS_ID=i`, and with
+`JAX_COORDINATOR_ADDRESS=127.0.0.1:<port>`, `JAX_NUM_PROCESSES=N`, `JAX_PROCESS_ID=i` (and
+`LOCAL_RANK=i`, `LOCAL_WORLD_SIZE=N`: one machine, `fj.plugins.environments.LightningEnvironment`), and with
 `--devices-per-process K` K virtual CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=K`,
 `JAX_PLATFORMS=cpu`). Output lines are prefixed with the rank. When a process fails, the others are
 killed at once (SIGKILL, as Lightning's launcher does: a process that lost a peer waits in a
@@ -14,8 +15,8 @@ kill, a `Watchdog`'s exit) stops the rest and starts all N processes again, up t
 `FITJAX_RESTART_COUNT` (1, 2, ...), and `Trainer.fit()` without `ckpt_path` then resumes from the
 newest complete checkpoint, so the script needs no change.
 
-On a cluster, start the script with the cluster's own launcher instead: `srun python script.py`
-under SLURM, where `jax.distributed` detects the coordinator, count and id itself.
+On a cluster, start the script with the cluster's own launcher instead (`srun python script.py`
+under SLURM, torchrun, mpirun): `fj.plugins.environments` reads what each one sets.
 """
 
 from __future__ import annotations
@@ -112,8 +113,9 @@ def _free_port() -> int:
 def _env(rank: int, nproc: int, port: int, devices: int | None, restart: int = 0) -> dict[str, str]:
     env = dict(os.environ)
     env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
-               JAX_PROCESS_ID=str(rank), PYTHONUNBUFFERED="1", **{RESTART_COUNT_VAR: str(restart)})
-    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE"):
+               JAX_PROCESS_ID=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),  # one machine
+               PYTHONUNBUFFERED="1", **{RESTART_COUNT_VAR: str(restart)})
+    for name in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE"):
         env.pop(name, None)  # another launcher's settings would disagree with these
     if devices is not None:
         flags = re.sub(rf"{_DEVICE_FLAG}=\S*", "", env.get("XLA_FLAGS", "")).strip()

@@ -93,7 +93,7 @@ class Checkpoints:
         if self.state is None or self._module_for_compiled is None:
             raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
                                "call it during or after Trainer.fit.")
-        path = Path(os.path.expanduser(os.fspath(filepath))).absolute()
+        path = checkpoint.local_path(filepath)  # a local folder or a store URL
         if path.exists():
             raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
         _checkpoint_writer.prepare(path.parent)

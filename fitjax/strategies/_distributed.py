@@ -8,7 +8,6 @@ the others waiting in a collective forever) and brings sharded outputs back to e
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import jax
@@ -16,77 +15,89 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from fitjax._typing import PyTree
+from fitjax.plugins import environments
+from fitjax.plugins.environments import ClusterEnvironment, LightningEnvironment
 
 __all__ = ["agree", "gather_rows", "initialize_distributed"]
 
-# Launch environments that mean "this is one of several processes" (JAX reads the SLURM and
-# Open MPI ones itself when `jax.distributed.initialize()` gets no arguments).
-_WORLD_SIZE_VARS = ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE")
-_PROCESS_ID_VARS = ("JAX_PROCESS_ID", "NODE_RANK", "RANK")
 
+def initialize_distributed(num_nodes: int | None = None, *, devices: Any = "auto", plugins: Any = None,
+                           coordinator_address: str | None = None,
+                           process_id: int | None = None) -> ClusterEnvironment:
+    """Starts `jax.distributed` once, from the cluster environment, before anything touches a device.
 
-def _env_int(names: Sequence[str]) -> int | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(f"the environment variable {name}={value!r} must be an int") from None
-    return None
+    The environment is `plugins`' `ClusterEnvironment` or the detected one
+    (`fj.plugins.environments.detect`: SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, else
+    `fitjax launch`'s variables). When it describes several processes, its world size, rank,
+    coordinator, local devices and timeouts are what `jax.distributed.initialize` gets (JAX's own
+    detection is off: one source of truth). `num_nodes` (machines) and an int `devices` (devices
+    per machine) take Lightning's meanings and are checked against it; None takes its numbers.
+    `coordinator_address` and `process_id` override the environment's. A no-op when started.
 
-
-def _coordinator_from_env() -> str | None:
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        return os.environ["JAX_COORDINATOR_ADDRESS"]
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):  # torchrun / Lightning
-        return f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    return None
-
-
-def initialize_distributed(num_nodes: int | None = None, *, coordinator_address: str | None = None,
-                           process_id: int | None = None) -> None:
-    """Starts `jax.distributed` once, before anything touches a device; a no-op when started.
-
-    `num_nodes=None` starts it only when the environment describes several processes
-    (`JAX_NUM_PROCESSES`, SLURM, Open MPI, `WORLD_SIZE`); `num_nodes=1` never starts it. The
-    coordinator comes from the argument, `JAX_COORDINATOR_ADDRESS` or `MASTER_ADDR:MASTER_PORT`,
-    the process id from the argument, `JAX_PROCESS_ID`, `NODE_RANK` or `RANK`; what is still
-    missing JAX detects itself (SLURM, Open MPI, Kubernetes, Cloud TPU).
+    Returns:
+        The environment (what the banner names).
 
     Example:
         >>> import fitjax as fj
         >>> fj.strategies.initialize_distributed(num_nodes=1)  # one process: nothing to start
+        LightningEnvironment(world_size=1, global_rank=0, local_rank=0, node_rank=0)
     """
     if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1):
-        raise ValueError(f"Trainer(num_nodes=...) must be a positive int or None (from the environment), got {num_nodes!r}")
-    if jax.distributed.is_initialized():
-        _check_count(num_nodes)
-        return
-    if num_nodes is None:
-        num_nodes = _env_int(_WORLD_SIZE_VARS)
-    if num_nodes is None or num_nodes == 1:
-        return
-    coordinator_address = coordinator_address or _coordinator_from_env()
-    process_id = _env_int(_PROCESS_ID_VARS) if process_id is None else process_id
-    try:
-        jax.distributed.initialize(coordinator_address, num_processes=num_nodes, process_id=process_id)
-    except RuntimeError as exc:
-        if "before" in str(exc):
-            raise RuntimeError(
-                f"Trainer(num_nodes={num_nodes}) must start jax.distributed before anything uses a "
-                "JAX device, but this process already has. Build the Trainer first, or call "
-                "`fj.strategies.initialize_distributed(num_nodes)` at the top of the script."
-            ) from exc
-        raise
-    _check_count(num_nodes)
-
-
-def _check_count(num_nodes: int | None) -> None:
-    if num_nodes is not None and jax.process_count() != num_nodes:
+        raise ValueError(f"Trainer(num_nodes=...) must be a positive int (machines) or None (the environment's "
+                         f"count), got {num_nodes!r}")
+    environment = environments.from_plugins(plugins)
+    started = jax.distributed.is_initialized()
+    if isinstance(environment, LightningEnvironment) and environment.world_size() == 1:
+        if started:  # started by hand: JAX's numbers are the facts
+            environment.set_world_size(jax.process_count())
+            environment.set_global_rank(jax.process_index())
+        elif num_nodes is not None and num_nodes > 1:  # no count in the environment: one process per machine
+            environment.set_world_size(num_nodes * environment.local_world_size())
+    environment.validate_settings(devices, num_nodes)
+    world = environment.world_size()
+    if not started and world > 1:
+        coordinator = coordinator_address or environment.coordinator_address()
+        if coordinator is None:
+            raise ValueError(
+                f"{type(environment).__name__} describes {world} processes but no coordinator "
+                f"({environment.describe_variables()}): set JAX_COORDINATOR_ADDRESS=host:port, or "
+                "MASTER_ADDR and MASTER_PORT, for every process (process 0's host)."
+            )
+        try:
+            jax.distributed.initialize(
+                coordinator, num_processes=world,
+                process_id=environment.global_rank() if process_id is None else process_id,
+                local_device_ids=environment.local_device_ids(), cluster_detection_method="deactivate",
+                **environment.timeouts)
+        except RuntimeError as exc:
+            if "before" in str(exc):
+                raise RuntimeError(
+                    f"{type(environment).__name__} describes {world} processes, so jax.distributed must start "
+                    "before anything uses a JAX device, but this process already has. Build the Trainer "
+                    "first, or call `fj.strategies.initialize_distributed()` at the top of the script."
+                ) from exc
+            raise
+    if jax.distributed.is_initialized() and jax.process_count() != world:
         raise ValueError(
-            f"Trainer(num_nodes={num_nodes}) but jax.distributed runs {jax.process_count()} processes; "
-            "launch one process per node, or pass the count the launcher started."
+            f"{type(environment).__name__} describes {world} processes ({environment.describe_variables()}) "
+            f"but jax.distributed runs {jax.process_count()}; start it once, from the same launcher."
+        )
+    _check_devices(devices, environment)
+    return environment
+
+
+def _check_devices(devices: Any, environment: ClusterEnvironment) -> None:
+    """With several processes an int `devices` counts one machine's devices (Lightning's meaning)."""
+    if jax.process_count() == 1 or isinstance(devices, bool) or not isinstance(devices, int) or devices == -1:
+        return
+    local, per_machine = jax.local_device_count(), environment.local_world_size()
+    if devices != local * per_machine:
+        raise ValueError(
+            f"Trainer(devices={devices}) but each machine of this run has {local * per_machine} devices: "
+            f"{per_machine} process{'es' if per_machine != 1 else ''} of {local} device{'s' if local != 1 else ''} "
+            f"({type(environment).__name__}: {environment.describe_variables()}). With several processes, "
+            f"devices counts one machine's devices, as in Lightning, and all of them train: pass "
+            f"devices={local * per_machine} or 'auto'."
         )
 
 

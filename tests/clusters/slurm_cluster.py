@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import random
 import re
 import shutil
 import signal
@@ -28,7 +29,7 @@ def missing_binaries() -> list[str]:
     return [name for name in (*DAEMONS, "srun", "sbatch", "sinfo", "scontrol") if shutil.which(name) is None]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -160,14 +161,17 @@ class SlurmCluster:
                 proc.wait()
 
     def _write_conf(self, plugstack: Path) -> None:
+        # A random first job id: Lightning's coordinator port is 15000 + the job id's last 4
+        # digits, so two test runs' clusters on one machine do not pick the same ports.
         # cred_expire also delays a requeued job's restart (120 s by default) and the scheduler
         # passes every second instead of every minute: a requeued job runs again in ~6 s.
         user, root = getpass.getuser(), self.root
         self.conf.write_text(f"""\
 ClusterName=fitjaxtest
+FirstJobId={random.randrange(10_000, 90_000)}
 SlurmctldHost={self.node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge

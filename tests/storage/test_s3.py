@@ -1,0 +1,130 @@
+"""Checkpoints on an S3-compatible store: moto's server on 127.0.0.1 (tests/storage/conftest.py),
+reached through the same s3fs and botocore a user's AWS or MinIO bucket is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data
+
+import fitjax as fj
+from fitjax import checkpoint
+
+DATA = regression_data(n=64)  # 4 batches of 16 an epoch
+VAL = regression_data(n=32, seed=1)
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_once(tmp_path_factory):
+    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield
+
+
+def _callbacks(root: str) -> list[fj.ModelCheckpoint]:
+    return [fj.ModelCheckpoint(f"{root}/best", monitor="val/loss", save_top_k=2),
+            fj.ModelCheckpoint(f"{root}/steps", every_n_train_steps=3, save_top_k=2, save_last=True)]
+
+
+def _fit(callbacks, *, max_epochs, ckpt_path=None):
+    history = LossHistory()
+    trainer = quiet_trainer(max_epochs=max_epochs, callbacks=[history, *callbacks], enable_checkpointing=True)
+    module = Regressor(batchnorm=False)
+    trainer.fit(module, fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=2), fj.DataLoader(VAL, batch_size=16),
+                ckpt_path=ckpt_path)
+    return trainer, module, history.losses
+
+
+def _listed(url: str) -> list[str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+
+
+def test_two_callbacks_on_s3_resume_last_bitwise_keep_top_k_and_load(bucket, tmp_path):
+    whole_cbs = _callbacks(str(tmp_path / "local"))
+    _, whole, whole_losses = _fit(whole_cbs, max_epochs=4)
+
+    _, _, first = _fit(_callbacks(f"{bucket}/run"), max_epochs=2)
+    resumed_cbs = _callbacks(f"{bucket}/run")
+    trainer, module, rest = _fit(resumed_cbs, max_epochs=4, ckpt_path="last")
+    assert first + rest == whole_losses  # the same losses at every step, bitwise
+    for a, b in zip(jax.tree.leaves(module.variables), jax.tree.leaves(whole.variables)):
+        np.testing.assert_array_equal(a, b)
+    # top-k deletion on the store: exactly what each callback keeps, as on local disk
+    for on_s3, local in zip(resumed_cbs, whole_cbs):
+        assert _listed(str(on_s3.dirpath)) == sorted(p.name for p in Path(local.dirpath).iterdir())
+        assert str(on_s3.best_model_path).startswith(f"{bucket}/run/")
+    # load_from_checkpoint and predict straight from the store
+    assert Path(str(resumed_cbs[1].last_model_path)).name == Path(whole_cbs[1].last_model_path).name
+    loaded = Regressor.load_from_checkpoint(resumed_cbs[1].last_model_path, batchnorm=False)
+    local = Regressor.load_from_checkpoint(whole_cbs[1].last_model_path, batchnorm=False)
+    for a, b in zip(jax.tree.leaves(loaded.variables), jax.tree.leaves(local.variables)):
+        np.testing.assert_array_equal(a, b)
+    assert trainer.validate(module, fj.DataLoader(VAL, batch_size=16), ckpt_path="best", verbose=False)
+
+
+def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server):
+    history = LossHistory()
+    trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True,
+                            callbacks=[history, fj.ModelCheckpoint("s3://no-such-bucket-fitjax/run")])
+    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run'.*bucket") as error:
+        trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    assert history.losses == [] and len(str(error.value).splitlines()) == 1
+
+
+_KILLED = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import fsspec
+    import fitjax as fj
+    from helpers import Regressor, regression_data
+
+    # the one s3fs filesystem (fsspec caches it per options): killed by its second file upload
+    # of the save at step 3, a real SIGKILL half-way through a real upload
+    fs, uploads = fsspec.filesystem("s3"), []
+    put_file = fs.put_file
+
+    def killing_put_file(lpath, rpath, **kwargs):
+        uploads.append(rpath)
+        if "-step=3/" in rpath and sum("-step=3/" in u for u in uploads) == 2:
+            print("killing at", rpath, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return put_file(lpath, rpath, **kwargs)
+
+    fs.put_file = killing_put_file
+    trainer = fj.Trainer(max_steps=10, strategy="single", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False,
+                         callbacks=[fj.ModelCheckpoint({url!r}, every_n_train_steps=1, save_top_k=2)])
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=64), batch_size=16))
+    print("not killed")
+""")
+
+
+def test_kill_9_during_an_upload_then_last_resumes_the_newest_complete_one(bucket):
+    url = f"{bucket}/killed"
+    script = _KILLED.format(tests=str(HERE.parent), url=url)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stdout[-3000:] + child.stderr[-3000:]
+    assert _listed(url) == ["epoch=0-step=1", "epoch=0-step=2", "epoch=0-step=3"]  # 1 still: its deletion follows 3
+    assert checkpoint.damage(f"{url}/epoch=0-step=3") == "commit_success.txt is missing (an interrupted upload)"
+    assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=2")
+
+    history = LossHistory()
+    trainer = quiet_trainer(max_steps=4, enable_checkpointing=True,
+                            callbacks=[history, fj.ModelCheckpoint(url, every_n_train_steps=1, save_top_k=2)])
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16), ckpt_path="last")
+    assert trainer.global_step == 4 and len(history.losses) == 2  # resumed after step 2
+    # the torn upload removed, replaced by a complete save at step 3; the top 2 kept
+    assert _listed(url) == ["epoch=0-step=3", "epoch=0-step=4"]
+    assert all(checkpoint.is_checkpoint(f"{url}/{n}") for n in _listed(url))
