@@ -210,7 +210,7 @@ def _unwritable(path: str) -> str | None:
     if not os.path.isdir(parent):
         return f"{parent!r} is a file"
     try:
-        os.makedirs(path)
+        os.makedirs(path, exist_ok=True)  # another process of the run may create it at the same time
     except OSError as err:
         return f"creating it fails ({type(err).__name__}: {err.strerror})"
     for folder in missing:  # the loggers create it when they first write

@@ -247,6 +247,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
+        self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
         self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
         self._fitting = False
@@ -388,7 +389,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                        accumulate=self.step_options.accumulate_grad_batches)
         if self._validation_enabled(val_loader):  # a fraction keeping no batch: an error now, as Lightning
             checks.apply_limit(self.limits["val"], checks.maybe_len(val_loader), stage="val")
-        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
             logger.claim_version()
@@ -414,6 +415,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self._hooks = hooks
             self.profiler.describe()
             self.profiler.teardown("fit")
+            _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
