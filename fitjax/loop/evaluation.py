@@ -28,6 +28,8 @@ from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
 
+_DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
+
 
 class EvalStages:
     """The evaluation stages of `Trainer` (validate, test, predict) and fit's validations."""
@@ -90,7 +92,11 @@ class EvalStages:
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
             for batch_idx, (batch, size) in enumerate(self._eval_batches(loader, "predict")):
-                out = self._compiled.predict_step(params, model_state, rng, batch)
+                try:
+                    out = self._compiled.predict_step(params, model_state, rng, batch)
+                except Exception as err:
+                    self._built_from.explain(err, batch, f"the predict data's batch {batch_idx}")
+                    raise
                 pieces.append((out, size))
                 if wants_batch_end:
                     self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
@@ -157,6 +163,7 @@ class EvalStages:
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
         self._module_for_compiled = module
+        self._built_from = checks.BuiltFrom.of(first[0], f"the first batch of the {_DATA[stage]} data")
         self.state = None
         module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
         return variables
@@ -171,9 +178,13 @@ class EvalStages:
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
-            acc = eval_step(params, model_state, rng, acc, batch, mask)
+            try:
+                acc, outputs = eval_step(params, model_state, rng, acc, batch, mask)
+            except Exception as err:
+                self._built_from.explain(err, batch, f"the {_DATA[stage]} data's batch {batch_idx}")
+                raise
             if wants_batch_end:
-                self._hooks.call(hook, self, module, None, batch, batch_idx)
+                self._hooks.call(hook, self, module, outputs, batch, batch_idx)
         host = jax.device_get(acc)  # sync point: once per evaluation
         specs = self._compiled.log_specs
         return (_logged.compute(host, specs, stage=stage, epoch=True),
@@ -182,7 +193,7 @@ class EvalStages:
     def _count_val_batches(self, loader, *, limit: int | None = None) -> None:
         """`num_val_batches` for the validation about to run, set before its hooks (a progress
         bar draws its total at `on_validation_start`); None when the loader has no length."""
-        self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
+        self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader), stage="val")
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
                       limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
@@ -192,7 +203,7 @@ class EvalStages:
         With several processes each pads its own slice, to the loader's `local_batch_size` when
         it has one: a process's slice of the last batch may be smaller or empty, and all must
         agree on the shape (the global padded batch is then the single-process one)."""
-        limit = checks.apply_limit(limit or self.limits[stage], maybe_len(loader))
+        limit = checks.apply_limit(limit or self.limits[stage], maybe_len(loader), stage=stage)
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards

@@ -79,7 +79,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             process 0 logs and draws progress.
         plugins: a `fj.plugins.environments.ClusterEnvironment` (in a list or alone) instead of
             the detected one (SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, `fitjax launch`).
-        callbacks: extra `Callback`s (a progress bar is added when `enable_progress_bar`).
+        callbacks: extra `Callback`s, a list or one (a progress bar is added when
+            `enable_progress_bar`).
         logger: True (TensorBoard), False, a `Logger` or a list of them.
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
         log_every_n_steps: log and display the train metrics' means every this many steps. The
@@ -199,6 +200,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
         self.seed = checks.seed(seed)
+        checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
+                     enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
+                     detect_anomaly=detect_anomaly)
         self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
@@ -214,10 +218,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
-        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
+        self.default_root_dir = checks.root_dir(default_root_dir)
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
-        callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
+        callbacks = with_defaults(checks.callback_list(callbacks), progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
         callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
@@ -252,6 +256,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._window: _log_fetch.Window | None = None  # the last log step's values, on their way
+        self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
 
     # ------------------------------------------------------------------------------ properties
 
@@ -380,6 +385,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
+        if self._validation_enabled(val_loader):  # a fraction keeping no batch: an error now, as Lightning
+            checks.apply_limit(self.limits["val"], checks.maybe_len(val_loader), stage="val")
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -416,6 +423,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
@@ -469,7 +477,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 step_fn = block_step
             else:
                 step_fn = train_step if chunk.full else tail_step
-            self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+            try:
+                self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+            except Exception as err:
+                self._explain_train_failure(err, chunk, batch_idx)
+                raise
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
             if self._window is not None and self._window.ready():
                 self._finish_train_window()  # the last log step's values have arrived
@@ -493,6 +505,15 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if ran_out and self._val_every is None and self._val_epoch_due(val_loader):
             self._validate_during_fit(module, val_loader)  # data without a length: at its end
         self._end_train_epoch(module)
+
+    def _explain_train_failure(self, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
+        """Raises naming the train batch when it is shaped unlike the one the model was built from."""
+        if chunk.on_device:  # batches of one block: shaped alike
+            return
+        inputs = chunk.inputs[0] if self.step_options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
+        first = last - chunk.num_batches + 1
+        which = f"batch {last}" if first == last else f"batches {first}-{last}"
+        self._built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
