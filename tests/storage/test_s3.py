@@ -170,3 +170,27 @@ def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket,
                          for row in csv.DictReader(io.StringIO(text))]
     csv_name = "csv/version_0/metrics.csv"
     assert rows(fs.cat_file(f"{root}/{csv_name}").decode()) == rows((local / csv_name).read_text())
+
+
+def test_no_credentials_is_one_line_naming_the_url_and_what_to_set(s3_server, tmp_path):
+    # a fresh process: s3fs keeps the credentials it found, so this one must never have had any
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE.parent)!r})
+        import fitjax as fj
+        from helpers import Regressor, quiet_trainer, regression_data
+        trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True,
+                                callbacks=[fj.ModelCheckpoint("s3://some-bucket/run")])
+        try:
+            trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=32), batch_size=16))
+        except PermissionError as error:
+            print("ERROR", error)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    line = child.stdout.split("ERROR ", 1)[-1].strip()
+    assert line.startswith("ModelCheckpoint cannot write checkpoints to 's3://some-bucket/run': "
+                           "NoCredentialsError"), child.stdout[-2000:] + child.stderr[-2000:]
+    assert "AWS_ACCESS_KEY_ID" in line and "\n" not in line
