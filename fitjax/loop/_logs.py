@@ -2,8 +2,8 @@
 
 `Logs` is a part of `Trainer` (it reads the trainer's loggers, profiler and progress); it lives
 here so that `trainer.py` reads as the fit loop's outline. The train values reach the host in
-windows (`fitjax._log_fetch`): one is started at a log step and read at a later step, so the
-loop never waits for the device to log.
+windows (`fitjax._log_fetch`): one is started at a log step and read at a later step, once it has
+arrived, so the loop never waits for the device to log.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from fitjax.loop.progress import Position
 from fitjax.module import LitModule
 
 __all__ = ["Logs"]
+
+_IN_FLIGHT = 4  # log windows on their way to the host at most (each holds a few scalars)
 
 
 class Logs:
@@ -54,27 +56,42 @@ class Logs:
 
     def _start_train_window(self, *, log_rows: bool = True) -> None:
         """Starts fetching the accumulators (reset on device) for `_finish_train_window`;
-        `log_rows=False`: they only join the epoch's means (the end of an epoch)."""
-        self._finish_train_window()
-        self.state, self._window = _log_fetch.start(self.state, self._compiled.reset_metrics, step=self.global_step,
-                                                    epoch=self.current_epoch, batches_done=self._progress.batches_done)
-        self._window_rows = log_rows
+        `log_rows=False`: they only join the epoch's means (the end of an epoch).
+
+        The windows before it stay on their way until they have arrived (`_read_arrived_windows`),
+        at most `_IN_FLIGHT` of them: reading one that has not arrived makes the host wait for
+        the device and then wake up, and on a loaded machine that wake-up can leave the device
+        idle for longer than the step (several steps per call put a log step in most calls)."""
+        self._read_arrived_windows()
+        while len(self._windows) >= _IN_FLIGHT:
+            self._read_oldest_window()
+        self.state, window = _log_fetch.start(self.state, self._compiled.reset_metrics, step=self.global_step,
+                                              epoch=self.current_epoch, batches_done=self._progress.batches_done)
+        self._windows.append((window, log_rows))
+
+    def _read_arrived_windows(self) -> None:
+        """Logs the windows whose values have reached the host, oldest first (never waits)."""
+        while self._windows and self._windows[0][0].ready():
+            self._read_oldest_window()
 
     def _finish_train_window(self) -> None:
-        """Logs the means of the window on its way, if any, at the step it ended (waits for it).
+        """Logs every window on its way, oldest first, each at the step it ended (waits for them)."""
+        while self._windows:
+            self._read_oldest_window()
+
+    def _read_oldest_window(self) -> None:
+        """Logs the means of the oldest window on its way (waits for it).
 
         Rows are written at step `global_step - 1` of the step that ended the window, as
         Lightning does (its first row of `log_every_n_steps=n` is at step n-1)."""
-        window, self._window = self._window, None
-        if window is None:
-            return
+        window, log_rows = self._windows.popleft()
         with self.profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
         if not any(w > 0 for _, w in host.values()):
             return
         specs = self._compiled.log_specs
         self._epoch_acc = acc_lib.merge_host(self._epoch_acc, _logged.keep(host, specs, "on_epoch"))
-        if not self._window_rows:
+        if not log_rows:
             return
         at = {"step": window.step - 1, "epoch": window.epoch}
         self._log({name: float(value) for name, value in extra.items()}, **at)
