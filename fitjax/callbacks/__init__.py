@@ -1,7 +1,7 @@
 """Callbacks: objects with hook methods the trainer calls around steps, epochs and stages."""
 
 from fitjax.callbacks._base import Callback, CallbackList
-from fitjax.callbacks._defaults import with_defaults
+from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
 from fitjax.callbacks.early_stopping import EarlyStopping
 from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
@@ -15,6 +15,7 @@ from fitjax.callbacks.watchdog import Watchdog
 __all__ = [
     "Callback",
     "CallbackList",
+    "DefaultCheckpoint",
     "EMA",
     "EarlyStopping",
     "LearningRateMonitor",

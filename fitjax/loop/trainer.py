@@ -14,6 +14,7 @@ Sync points (where the host waits for the device) are marked; there is none per 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -23,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _log_fetch
+from fitjax import _accelerator, _determinism
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _preemption, _resume
@@ -103,8 +104,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             or sanity check — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
-        enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
-            `<logger.log_dir>/checkpoints`) unless `callbacks` has one.
+        enable_checkpointing: add a `DefaultCheckpoint()` (under `<logger.log_dir>/checkpoints`:
+            the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
+            unless `callbacks` has a `ModelCheckpoint`.
         seed: the run's base random key (parameter init and every rng stream).
         precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
             (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
@@ -247,14 +249,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.received_sigterm = False
         self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
+        self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
-        self._window_rows = True  # the window on its way writes log rows (not at an epoch's end)
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
-        self._window: _log_fetch.Window | None = None  # the last log step's values, on their way
+        self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
 
     # ------------------------------------------------------------------------------ properties
@@ -399,7 +401,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                        accumulate=self.step_options.accumulate_grad_batches)
         if self._validation_enabled(val_loader):  # a fraction keeping no batch: an error now, as Lightning
             checks.apply_limit(self.limits["val"], checks.maybe_len(val_loader), stage="val")
-        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
             logger.claim_version()
@@ -419,12 +421,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
-            self._window = None  # values of an interrupted window are not logged
+            self._windows.clear()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
             self._stage = Stage()
             self.profiler.describe()
             self.profiler.teardown("fit")
+            _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
@@ -495,14 +498,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 self._explain_train_failure(err, chunk, batch_idx)
                 raise
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
-            if self._window is not None and self._window.ready():
-                self._finish_train_window()  # the last log step's values have arrived
+            self._read_arrived_windows()  # the log steps' values that have arrived
             if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
                 outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
             synced = self.progress.crossed(self.log_every_n_steps)
             if synced:
-                self._start_train_window()  # no wait: read at a later step (`_window`)
+                self._start_train_window()  # no wait: read at a later step (`_windows`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
             if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
