@@ -3,6 +3,7 @@
 from fitjax.callbacks._base import Callback, CallbackList
 from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
 from fitjax.callbacks.early_stopping import EarlyStopping
+from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
@@ -18,6 +19,7 @@ __all__ = [
     "DefaultCheckpoint",
     "EMA",
     "EarlyStopping",
+    "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
