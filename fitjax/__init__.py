@@ -12,6 +12,7 @@ from fitjax import callbacks, checkpoint, cli, data, loggers, plugins, precision
 from fitjax.callbacks import (
     EMA,
     Callback,
+    DeviceStatsMonitor,
     EarlyStopping,
     LambdaCallback,
     LearningRateMonitor,
@@ -36,6 +37,7 @@ __all__ = [
     "Callback",
     "DataLoader",
     "DataModule",
+    "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
     "LambdaCallback",

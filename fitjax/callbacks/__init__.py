@@ -2,6 +2,7 @@
 
 from fitjax.callbacks._base import Callback, CallbackList
 from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
+from fitjax.callbacks.device_stats import DeviceStatsMonitor
 from fitjax.callbacks.early_stopping import EarlyStopping
 from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
@@ -17,6 +18,7 @@ __all__ = [
     "Callback",
     "CallbackList",
     "DefaultCheckpoint",
+    "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
     "LambdaCallback",
