@@ -31,6 +31,7 @@ from fitjax.cli import _errors, _predictions
 from fitjax.cli._optax import OptaxOptimizer, build_optimizer
 from fitjax.cli.schedules import OptaxSchedule
 from fitjax.strategies import initialize_distributed
+from fitjax.loggers._hparams import config_hparams
 from fitjax.loop import _resume
 from fitjax.strategies._distributed import agree
 
@@ -114,6 +115,9 @@ class LightningArgumentParser(ArgumentParser):
 class SaveConfigCallback(Callback):
     """Saves the resolved config as `config.yaml` in the run's log dir and logs it as hyperparameters.
 
+    The hyperparameters are the config as a user names it (`model/lr`, the chosen class under
+    `model`), without `None`s and without Trainer arguments left at their defaults.
+
     Only process 0 writes. `fit --config <log_dir>/config.yaml` runs the same run again.
 
     Args:
@@ -148,8 +152,10 @@ class SaveConfigCallback(Callback):
             log_dir.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
             hparams = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
+            defaults = {p.name: p.default for p in inspect.signature(type(trainer).__init__).parameters.values()
+                        if p.default is not inspect.Parameter.empty}
             for logger in trainer.loggers:
-                logger.log_hyperparams(hparams)
+                logger.log_hyperparams(config_hparams(hparams, defaults={"trainer": defaults}))
         self.already_saved = True
 
 

@@ -103,9 +103,17 @@ def test_print_config_and_saved_config_reproduce_the_run_bitwise(tmp_path, capsy
         assert_bitwise_equal(host_params(other), host_params(first))
     assert len({cli.trainer.log_dir for cli in (first, again, from_print)}) == 3  # a new version each
     # logged as hyperparameters: the HPARAMS tab shows the config's keys
+    # as a user names them: the chosen class under its key, no Nones, no Trainer defaults
     hparams = _session_start_hparams(Path(first.trainer.log_dir))
     assert hparams["trainer/max_steps"] == 6 and hparams["model/lr"] == pytest.approx(0.02)
-    assert hparams["trainer/strategy/class_path"] == "fitjax.strategies.FSDP"
+    assert hparams["trainer/strategy"] == "fitjax.strategies.FSDP"
+    assert hparams["trainer/strategy/min_size_to_shard"] == 0
+    assert "None" not in hparams.values() and not any("class_path" in k or "init_args" in k for k in hparams)
+    assert {k for k in hparams if k.startswith("trainer/") and "/strategy" not in k} == {
+        "trainer/max_steps", "trainer/deterministic", "trainer/log_every_n_steps", "trainer/default_root_dir",
+        "trainer/enable_checkpointing", "trainer/enable_progress_bar", "trainer/enable_model_summary"}
+    # TensorBoard ticks the first five in name order: the module's and the data's come first
+    assert sorted(hparams)[:2] == ["data/batch_size", "data/seed"] and sorted(hparams)[3] == "model/lr"
 
 
 def test_every_subcommand_runs_and_reads_ckpt_path(tmp_path, capsys):
