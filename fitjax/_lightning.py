@@ -25,6 +25,7 @@ import jax
 
 from fitjax import _logged
 from fitjax.step import context
+from fitjax.step._jit_rules import explain_jit_rules
 
 __all__ = [
     "check",
@@ -87,37 +88,6 @@ def check_log_options(owner: str, name: str, options: dict) -> None:
 
 
 # ----------------------------------------------------------------------- calling the user's hooks
-
-_JIT_RULES = (
-    (jax.errors.TracerBoolConversionError,
-     "a Python `if`/`while`/`and`/`or`/`assert` on a traced value. The step is compiled once, so a "
-     "branch cannot depend on the data; compute both sides and pick with `jnp.where(cond, a, b)`, "
-     "use `jax.lax.cond`, or branch on static facts (`self.training`, shapes, hyperparameters)"),
-    (jax.errors.TracerArrayConversionError,
-     "a traced value converted to a NumPy array (`np.asarray(x)`, `np.mean(x)`, `torch.tensor(x)`). "
-     "Inside the step values are abstract tracers, not numbers; use `jax.numpy` (`jnp.mean(x)`)"),
-    (jax.errors.TracerIntegerConversionError,
-     "`int(x)` or a Python index from a traced value. Index with arrays instead (`x[idx]`, "
-     "`jnp.take`, `jax.lax.dynamic_slice`) or keep the integer static"),
-    (jax.errors.ConcretizationTypeError,
-     "a concrete number asked of a traced value (`.item()`, `float(x)`, `.tolist()`). The step "
-     "runs as compiled code with no host round trip; return the array or `self.log(name, x)` it "
-     "(fitjax fetches logged values when it logs), and print with `jax.debug.print('{}', x)`"),
-)
-
-
-@contextlib.contextmanager
-def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
-    """Re-raises JAX's tracer errors from a user method with the jit rule broken and the fix."""
-    try:
-        yield
-    except tuple(kind for kind, _ in _JIT_RULES) as err:
-        what = next(text for kind, text in _JIT_RULES if isinstance(err, kind))
-        raise TypeError(
-            f"{owner}.{method} is traced under jax.jit (once, with abstract values) and does {what}. "
-            f"`print(x)` is fine but shows a tracer. JAX's message follows: {type(err).__name__}."
-        ) from err
-
 
 def _model_attribute(module: Any) -> str:
     if "model" in vars(module):

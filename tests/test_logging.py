@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import warnings
 
 import numpy as np
 import optax
@@ -193,3 +194,18 @@ def test_reads_write_nothing():
     quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4, logger=plain).fit(
         Regressor(batchnorm=False), fj.DataLoader(regression_data(n=384), batch_size=32))
     assert [step for step, _ in plain.rows] == [step for step, _ in rows.rows]  # the same rows, same order
+
+
+def test_an_epoch_shorter_than_the_logging_interval_warns_as_lightning_does(tmp_path):
+    # Lightning 2.x, fit_loop.setup_data: warns when log_every_n_steps > the epoch's batches and a
+    # logger is attached (not with logger=False, not with fast_dev_run)
+    data = fj.DataLoader(regression_data(n=64), batch_size=16)  # 4 batches an epoch
+    message = (r"The number of training batches \(4\) is smaller than the logging interval "
+               r"Trainer\(log_every_n_steps=50\)\. Set a lower value for log_every_n_steps")
+    with pytest.warns(UserWarning, match=message):
+        quiet_trainer(max_epochs=1, strategy="single", logger=fj.CSVLogger(tmp_path)).fit(Regressor(), data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        quiet_trainer(max_epochs=1, strategy="single").fit(Regressor(), data)  # no logger: nothing to see
+        quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4,
+                      logger=fj.CSVLogger(tmp_path)).fit(Regressor(), data)

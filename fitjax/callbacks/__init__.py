@@ -2,7 +2,9 @@
 
 from fitjax.callbacks._base import Callback, CallbackList
 from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
+from fitjax.callbacks.device_stats import DeviceStatsMonitor
 from fitjax.callbacks.early_stopping import EarlyStopping
+from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
@@ -16,8 +18,10 @@ __all__ = [
     "Callback",
     "CallbackList",
     "DefaultCheckpoint",
+    "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",

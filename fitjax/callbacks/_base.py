@@ -120,15 +120,17 @@ def ignores_batch(hook):
     return hook
 
 
+def _overrides(cb: Callback, hook: str) -> bool:
+    # A hook set on the instance counts too (`LambdaCallback` keeps its functions there).
+    return hook in getattr(cb, "__dict__", {}) or getattr(type(cb), hook) is not getattr(Callback, hook)
+
+
 class CallbackList:
     """Calls a hook on the module first (if it has it) and then on each callback that overrides it."""
 
     def __init__(self, callbacks: list[Callback]):
         self.callbacks = list(callbacks)
-        self._overriding = {
-            name: [cb for cb in self.callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
-            for name in HOOKS
-        }
+        self._overriding = {name: [cb for cb in self.callbacks if _overrides(cb, name)] for name in HOOKS}
 
     def wants(self, hook: str) -> bool:
         """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
@@ -141,7 +143,7 @@ class CallbackList:
     def needs_batch(self, hook: str) -> bool:
         """True when a callback overriding the per-batch `hook` may read its `batch` argument
         (all but those marked with `ignores_batch`, fitjax's own)."""
-        return any(not getattr(getattr(type(cb), hook), "ignores_batch", False) for cb in self._overriding[hook])
+        return any(not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
         """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it

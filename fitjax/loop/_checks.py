@@ -6,7 +6,9 @@ Kept apart from `trainer.py` so that the loop reads top to bottom without them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import warnings
 from typing import Any, Sequence
 
 import jax
@@ -237,6 +239,17 @@ def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int |
             "int, or set check_val_every_n_epoch."
         )
     return value
+
+
+def warn_short_epoch(trainer, num_batches: int | float | None) -> None:
+    """Lightning's warning (its fit loop's `setup_data`) when an epoch has fewer batches than
+    `log_every_n_steps`: the logs would show no point inside an epoch."""
+    if (trainer.loggers and not trainer.fast_dev_run and num_batches is not None and math.isfinite(num_batches)
+            and trainer.log_every_n_steps > num_batches):
+        warnings.warn(
+            f"The number of training batches ({int(num_batches)}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for log_every_n_steps "
+            "if you want to see logs for the training epoch.", stacklevel=4)
 
 
 def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> int | None:

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from fitjax import checkpoint
+from fitjax import _accelerator, checkpoint
 from fitjax import _checkpoint_writer
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
@@ -159,6 +159,8 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     """Restores `trainer.state`, the progress, callbacks and loggers from `path`; returns the
     batches of the epoch the checkpoint stopped in, from the first one not yet stepped."""
     meta = checkpoint.read_meta(path)
+    if trainer.is_global_zero:  # Lightning's line, with where the run stood
+        _accelerator.log.info(f"Restoring states from the checkpoint path at {path} {stood_at(meta)}")
     trainer.state = checkpoint.restore_state(path, trainer.state, options={"precision": trainer.precision})
     progress = trainer._progress
     progress.load_state_dict(meta.get("progress", {}))
@@ -180,6 +182,13 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
         warnings.warn(f"checkpoint {str(path)!r} holds no data position; the first {start} "
                       "batches of the epoch are replayed from the loader and dropped.", stacklevel=3)
     return trainer._epoch_batches(loader, progress.epoch, start=start, state=state)
+
+
+def stood_at(meta: dict) -> str:
+    """Where a checkpoint's run stood: "(global step S; epoch E from batch B)", the position a
+    resume continues from (a checkpoint saved at an epoch's end continues in the next epoch)."""
+    return (f"(global step {int(meta['global_step'])}; epoch {int(meta['epoch'])} from batch "
+            f"{int(meta.get('batches_done', 0))})")
 
 
 def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from typing import Any, Iterator
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
-from fitjax import _logged, checkpoint
+from fitjax import _accelerator, _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.data._checks import checked_batches
@@ -31,6 +33,7 @@ from fitjax.strategies._distributed import gather_rows
 __all__ = ["EvalStages"]
 
 _DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
+_METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Trainer method of each stage
 
 
 class EvalStages:
@@ -167,6 +170,14 @@ class EvalStages:
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
+            if self.is_global_zero:
+                _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
+                                      f"{_resume.stood_at(checkpoint.read_meta(ckpt_path))}")
+        elif module.variables is None and isinstance(module._find_model(), nn.Module):
+            warnings.warn(f"Trainer.{_METHOD[stage]}: {type(module).__name__} was never fitted nor loaded; "
+                          "its weights are freshly initialised. Fit it first, pass ckpt_path=..., or "
+                          "load one with LitModule.load_from_checkpoint.",
+                          stacklevel=3 if stage == "predict" else 4)  # the user's call
         self._module_for_compiled = module
         self._built_from = checks.BuiltFrom.of(first[0], f"the first batch of the {_DATA[stage]} data")
         self.state = None

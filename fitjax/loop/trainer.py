@@ -449,6 +449,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             logger.log_hyperparams(dict(module.hparams))
         self._val_every = checks.val_check_batches(self, self.num_training_batches,
                                                    validating=self._validation_enabled(val_loader))
+        checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loader)
         if not self._skip_training():

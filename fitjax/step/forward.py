@@ -18,6 +18,7 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.step import context
+from fitjax.step._jit_rules import explain_jit_rules
 from fitjax.step.model_binding import ModelBinding
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
@@ -158,14 +159,16 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
     specs: dict[str, _logged.LogSpec] = {}
 
     def probe(rng, batch, given, train):
-        with module._mode(True), _logged.collecting():
+        with module._mode(True), _logged.collecting(), explain_jit_rules(owner, "loss"):
             params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
         with module._mode(train), _logged.collecting() as logged:
-            out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
+            with explain_jit_rules(owner, "loss"):
+                out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
             loss, outputs = split_loss(out)
             no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
             _check_loss(owner, jnp.zeros(()) if no_loss else loss)  # here: a str cannot leave the trace
-            values = _check_metrics(owner, module.metrics(batch, outputs))
+            with explain_jit_rules(owner, "metrics"):
+                values = _check_metrics(owner, module.metrics(batch, outputs))
         for name, spec in logged.specs.items():  # a name logged in both modes keeps its train spec
             specs.setdefault(name, spec)
         return loss, values, logged.values

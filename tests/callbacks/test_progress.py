@@ -137,7 +137,10 @@ def test_summary_shows_how_sharded_arrays_are_split():
 
 def test_enable_flags_add_or_remove_the_default_callbacks():
     trainer = fj.Trainer(logger=False)
-    assert {type(cb) for cb in trainer.callbacks} == {fj.RichProgressBar, fj.RichModelSummary, fj.ModelCheckpoint}
+    # the default checkpoint is a ModelCheckpoint subclass (DefaultCheckpoint: it spaces its saves)
+    assert isinstance(trainer.checkpoint_callback, fj.ModelCheckpoint)
+    assert {type(cb) for cb in trainer.callbacks} == {fj.RichProgressBar, fj.RichModelSummary,
+                                                      type(trainer.checkpoint_callback)}
     trainer = fj.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, callbacks=[fj.RichModelSummary(max_depth=1)])
     assert trainer.callbacks == []
