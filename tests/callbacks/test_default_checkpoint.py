@@ -9,6 +9,7 @@ one checkpoint, `epoch=<E-1>-step=<steps>` (Lightning's test_default_checkpoint_
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,10 +72,23 @@ def test_the_default_checkpoint_is_lightnings_result_with_fewer_saves(tmp_path):
     assert int(restored.step) == 12
 
 
+class SlowSteps(fj.Callback):
+    """Makes each step take `seconds` of host time, so training outlasts a save."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        time.sleep(self.seconds)
+
+
 def test_with_the_whole_time_as_budget_every_epoch_end_saves(tmp_path):
-    """`share=1`: every epoch end saves and replaces the previous one, as Lightning's default."""
+    """`share=1`: every epoch end saves and replaces the previous one, as Lightning's default,
+    once training takes longer than a save (share=1 lets saving take half the wall time: the
+    saves' own time counts in the elapsed time). Tiny steps are slowed so that this holds on a
+    loaded machine too, where one save can outlast two 1 ms steps."""
     saves = Saves(tmp_path / "checkpoints")
-    trainer = _fit(tmp_path, callbacks=[saves], share=1.0)
+    trainer = _fit(tmp_path, callbacks=[saves, SlowSteps(0.3)], share=1.0)
     assert saves.after_epoch == [[f"epoch={e}-step={2 * (e + 1)}"] for e in range(5)]
     assert trainer.checkpoint_callback.skipped_saves == 0
     assert _folders(tmp_path) == ["epoch=5-step=12"]
