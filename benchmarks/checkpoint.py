@@ -16,7 +16,9 @@ repeats is printed, with Orbax's own checkpointers for reference: the time each 
 caller per save (synchronous `Checkpointer`, `AsyncCheckpointer`), measured on the
 same state. The budget is 15 ms a save for a state under 1 MB. Last, one save of the same state
 with nothing else running, in the layout fitjax writes, in simpler Orbax layouts and as a plain
-numpy file: what the format itself costs.
+numpy file: what the format itself costs. With moto and s3fs installed (the dev extra), the same
+fit saves to an S3 bucket on a moto server this script starts on 127.0.0.1: the store row (a save
+to a store must not block the hook longer than a local one; the upload runs on the writer thread).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -96,6 +100,33 @@ def _fit(data, folder: str | None, every: int) -> tuple[float, float, fj.Trainer
     loader = fj.DataLoader(data, batch_size=32)
     trainer.fit(module, loader)  # fit returns once the last save is written
     return time.perf_counter() - first.time, time.process_time() - first.cpu, trainer
+
+
+def _s3_bucket() -> tuple[subprocess.Popen | None, str | None]:
+    """A bucket on a moto S3 server started here (`s3://fitjax-bench`), or (None, None) without
+    moto or s3fs."""
+    try:
+        import boto3
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError:
+        return None, None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    url = f"http://127.0.0.1:{port}"
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_ENDPOINT_URL=url,
+                      AWS_DEFAULT_REGION="us-east-1")
+    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="fitjax-bench")
+    return proc, "s3://fitjax-bench"
 
 
 def _orbax_blocking(state, repeats: int) -> dict[str, float]:
@@ -178,11 +209,13 @@ def main(argv: list[str] | None = None) -> None:
     jax.config.update("jax_compilation_cache_dir", cache.name)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
+    server, bucket = _s3_bucket()
     with tempfile.TemporaryDirectory() as root:
         if not args.smoke:  # compile and warm both (the smoke run only checks the script runs)
             _fit(data, None, args.every)
             _fit(data, os.path.join(root, "warm"), args.every)
         costs, cpu_costs, plain_times, blocked = [], [], [], []
+        store_costs, store_blocked = [], []
         for r in range(args.repeats):
             plain, plain_cpu, _ = _fit(data, None, args.every)
             saved, saved_cpu, trainer = _fit(data, os.path.join(root, f"r{r}"), args.every)
@@ -190,6 +223,12 @@ def main(argv: list[str] | None = None) -> None:
             costs.append(1e3 * (saved - plain) / saves)
             cpu_costs.append(1e3 * (saved_cpu - plain_cpu) / saves)
             blocked += trainer.checkpoint_callback.blocked
+            if bucket:
+                stored, _, on_store = _fit(data, f"{bucket}/r{r}", args.every)
+                store_costs.append(1e3 * (stored - plain) / saves)
+                store_blocked += on_store.checkpoint_callback.blocked
+        if server is not None:
+            server.kill()
         state = trainer.state
         size = sum(x.nbytes for x in jax.tree.leaves(state))
         orbax = _orbax_blocking(state, 1 if args.smoke else 8)
@@ -201,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'fitjax ModelCheckpoint, added to the loop':40s} {statistics.median(costs):12.1f}")
     print(f"{'fitjax ModelCheckpoint, blocking its hook':40s} {1e3 * statistics.median(blocked):12.1f}")
     print(f"{'fitjax ModelCheckpoint, CPU (all threads)':40s} {statistics.median(cpu_costs):12.1f}")
+    if bucket:
+        print(f"{'to s3:// (moto, 127.0.0.1), added to loop':40s} {statistics.median(store_costs):12.1f}")
+        print(f"{'to s3:// (moto, 127.0.0.1), blocking hook':40s} {1e3 * statistics.median(store_blocked):12.1f}")
+    else:
+        print("(no store row: pip install s3fs 'moto[server]' to measure saves to s3://)")
     for name, ms in orbax.items():
         print(f"{name + ', blocking':40s} {ms:12.1f}")
     print(f"(per-repeat fitjax costs: {', '.join(f'{c:.1f}' for c in costs)} ms; a fit without "

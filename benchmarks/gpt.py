@@ -199,9 +199,13 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--gpu", action="store_true", help="GPT-2 small's shape on one GPU (single mesh)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's peak bf16 TFLOP/s, for the MFU columns (default with --gpu: 989, "
+                             "H100/H200 SXM dense bf16 by the datasheet; none on CPU, which has no standard one)")
     parser.add_argument("--smoke", action="store_true",
                         help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
     args = parser.parse_args(argv)
+    peak = args.peak_tflops if args.peak_tflops is not None else (989.0 if args.gpu else None)
     if args.smoke:
         args.only, args.warmup, args.steps, args.repeats = ["single"], 1, 1, 1
     shape = SHAPES["gpu" if args.gpu else "cpu"]
@@ -214,7 +218,8 @@ def main(argv=None) -> None:
           f"{shape}; {ACCUMULATE * shape['batch_size'] * shape['context']} tokens per optimizer step, "
           f"{flops / 1e6:.1f} MFLOP per token; bf16-mixed, accumulate {ACCUMULATE}, clip {CLIP}")
     print(f"{'mesh':<12} {'hand tok/s':>11} {'fitjax tok/s':>13} {'ratio':>6} {'fitjax GFLOP/s':>15} "
-          f"{'step args MiB':>14} {'step temp MiB':>14} {'fitjax state MiB':>17}")
+          f"{'step args MiB':>14} {'step temp MiB':>14} {'fitjax state MiB':>17}"
+          + (f" {'hand MFU':>8} {'fitjax MFU':>10}" if peak else ""))
     mib = 2**20
     with tempfile.TemporaryDirectory() as root:
         for name in names:
@@ -227,7 +232,14 @@ def main(argv=None) -> None:
             ratio = statistics.median(f / h for f, h in zip(fit, hand))
             print(f"{name:<12} {max(hand):>11.0f} {max(fit):>13.0f} {ratio:>5.2f}x {max(fit) * flops / 1e9:>15.2f} "
                   f"{memory.argument_size_in_bytes / mib:>14.2f} {memory.temp_size_in_bytes / mib:>14.2f} "
-                  f"{held / mib:>17.2f}", flush=True)
+                  f"{held / mib:>17.2f}" + (_mfu(max(hand), max(fit), flops, peak, MESHES[name][0]) if peak else ""),
+                  flush=True)
+
+
+def _mfu(hand: float, fit: float, flops: int, peak_tflops: float, devices: int) -> str:
+    """Model FLOP utilisation: the model's training FLOP/s over the peak of the mesh's devices."""
+    return "".join(f" {tokens * flops / (peak_tflops * 1e12 * devices):>{w}.1%}"
+                   for tokens, w in ((hand, 8), (fit, 10)))
 
 
 if __name__ == "__main__":

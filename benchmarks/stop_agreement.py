@@ -1,7 +1,7 @@
 """What agreeing on a stop step costs per step with 2 processes, and how soon after a signal they stop.
 
     python benchmarks/stop_agreement.py            # 2 launched processes, 1 CPU device each
-    python benchmarks/stop_agreement.py --smoke    # seconds: CI runs this so the script cannot rot
+    python benchmarks/stop_agreement.py --smoke    # no fit (its compile): CI runs this so the script cannot rot
 
 It starts itself under `fitjax launch --nproc 2` (each process one CPU device) and measures, in
 each process:
@@ -59,10 +59,12 @@ def _worker(args: argparse.Namespace) -> None:
             self.per_step = (time.perf_counter() - self.start) / (trainer.global_step - 20)
 
     clock = StepClock()
-    data = _data(64 * args.steps)
-    trainer = fj.Trainer(max_steps=args.steps, strategy="dp", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])
-    trainer.fit(Tiny(), fj.DataLoader(data, batch_size=64, drop_last=True))
+    clock.per_step = float("nan")
+    if args.steps:  # --smoke skips the fit: its compilation is most of a smoke run's time
+        data = _data(64 * args.steps)
+        trainer = fj.Trainer(max_steps=args.steps, strategy="dp", logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=[clock])
+        trainer.fit(Tiny(), fj.DataLoader(data, batch_size=64, drop_last=True))
 
     agreement = StopAgreement()  # its watcher thread waits on the coordinator meanwhile
     start = time.perf_counter()
@@ -106,13 +108,15 @@ def _one_process(calls: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000, help="train steps of the tiny fit")
+    parser.add_argument("--steps", type=int, default=2000, help="train steps of the tiny fit (> 20; 0: no fit)")
     parser.add_argument("--calls", type=int, default=1_000_000, help="timed calls of reached()")
-    parser.add_argument("--smoke", action="store_true", help="a few seconds: 60 steps, 10_000 calls")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: no fit, 10_000 calls")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.calls = 60, 10_000
+        args.steps, args.calls = 0, 10_000
+    if 0 < args.steps <= 20:
+        parser.error(f"--steps must be 0 or > 20 (the first 20 are not timed), got {args.steps}")
     if args.worker:
         _worker(args)
         return

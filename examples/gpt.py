@@ -404,6 +404,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
                             flops_per_token=flops_per_token(**shape), every=args.log_every,
                             peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
     samples = Samples(every=args.sample_every, length=args.sample_length)
+    started = _StartStep()
     checkpoints = fj.ModelCheckpoint(every_n_train_steps=args.ckpt_every, save_last=True,
                                      save_top_k=args.keep_checkpoints)
     trainer = fj.Trainer(
@@ -420,9 +421,12 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
         default_root_dir=args.root_dir,
         enable_progress_bar=not args.no_progress_bar,
         seed=args.seed,
-        callbacks=[checkpoints, throughput, samples, Perplexity(), fj.LearningRateMonitor(), *callbacks],
+        callbacks=[checkpoints, throughput, samples, Perplexity(), fj.LearningRateMonitor(), started, *callbacks],
     )
     trainer.fit(module, train_loader, val_loader, ckpt_path=args.resume)
+    if started.step is not None and started.step >= args.max_steps:
+        print(f"nothing left to train: the checkpoint is at step {started.step} and --max-steps is "
+              f"{args.max_steps}; pass a larger --max-steps to train on (or leave out --resume to start over).")
     (metrics,) = trainer.validate(module, val_loader)
     metrics = {**metrics, "val/ppl": float(np.exp(metrics["val/loss"]))}
     speed = [v["perf/tokens_per_sec"] for _, v in throughput.history]
@@ -434,6 +438,15 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
              f"{metrics['perf/flops_per_sec'] / 1e9:.2f} GFLOP/s achieved  " if speed else "")
           + f"(logs: {trainer.log_dir})")
     return Run(trainer, module, metrics, throughput, samples)
+
+
+class _StartStep(fj.Callback):
+    """The global step a fit starts from (after a resume): whether there was anything left to train."""
+
+    step: int | None = None
+
+    def on_fit_start(self, trainer, module) -> None:
+        self.step = trainer.global_step
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import jax
 
 from fitjax import _logged
 from fitjax.step import context
+from fitjax.step._jit_rules import explain_jit_rules
 
 __all__ = [
     "check",
@@ -87,37 +88,6 @@ def check_log_options(owner: str, name: str, options: dict) -> None:
 
 
 # ----------------------------------------------------------------------- calling the user's hooks
-
-_JIT_RULES = (
-    (jax.errors.TracerBoolConversionError,
-     "a Python `if`/`while`/`and`/`or`/`assert` on a traced value. The step is compiled once, so a "
-     "branch cannot depend on the data; compute both sides and pick with `jnp.where(cond, a, b)`, "
-     "use `jax.lax.cond`, or branch on static facts (`self.training`, shapes, hyperparameters)"),
-    (jax.errors.TracerArrayConversionError,
-     "a traced value converted to a NumPy array (`np.asarray(x)`, `np.mean(x)`, `torch.tensor(x)`). "
-     "Inside the step values are abstract tracers, not numbers; use `jax.numpy` (`jnp.mean(x)`)"),
-    (jax.errors.TracerIntegerConversionError,
-     "`int(x)` or a Python index from a traced value. Index with arrays instead (`x[idx]`, "
-     "`jnp.take`, `jax.lax.dynamic_slice`) or keep the integer static"),
-    (jax.errors.ConcretizationTypeError,
-     "a concrete number asked of a traced value (`.item()`, `float(x)`, `.tolist()`). The step "
-     "runs as compiled code with no host round trip; return the array or `self.log(name, x)` it "
-     "(fitjax fetches logged values when it logs), and print with `jax.debug.print('{}', x)`"),
-)
-
-
-@contextlib.contextmanager
-def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
-    """Re-raises JAX's tracer errors from a user method with the jit rule broken and the fix."""
-    try:
-        yield
-    except tuple(kind for kind, _ in _JIT_RULES) as err:
-        what = next(text for kind, text in _JIT_RULES if isinstance(err, kind))
-        raise TypeError(
-            f"{owner}.{method} is traced under jax.jit (once, with abstract values) and does {what}. "
-            f"`print(x)` is fine but shows a tracer. JAX's message follows: {type(err).__name__}."
-        ) from err
-
 
 def _model_attribute(module: Any) -> str:
     if "model" in vars(module):
@@ -188,20 +158,20 @@ def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, context
     return sum(out.values()), context.GroupLosses(dict(out))
 
 
-def predict_fn(module: Any) -> Callable[[Any, Any], Any]:
+def predict_fn(module: Any, base: type) -> Callable[[Any, Any], Any]:
     """The `fn(model, batch)` that `Trainer.predict` traces.
 
     fitjax's `predict_step(self, model, batch)` and Lightning's `predict_step(self, batch,
     batch_idx)` share a name; the first parameter tells them apart (named `model`: fitjax's).
     A Lightning-style module without its own `predict_step` predicts with `self(inputs)`.
     """
-    own = "predict_step" in _overridden(module)
+    own = "predict_step" in _overridden(module, base)
     if own and _first_parameter(module.predict_step) != "model":
         def lightning_predict(model, batch):
             with _calling(module, model, "predict_step"):
                 return _call_hook(module, "predict_step", batch)
         return lightning_predict
-    if not own and is_lightning(module) and "forward" in _overridden(module):
+    if not own and is_lightning(module) and "forward" in _overridden(module, base):
         def forward_predict(model, batch):
             with _calling(module, model, "forward"):
                 return module(batch[0] if isinstance(batch, (tuple, list)) else batch)
@@ -209,11 +179,11 @@ def predict_fn(module: Any) -> Callable[[Any, Any], Any]:
     return module.predict_step
 
 
-def _overridden(module: Any) -> set[str]:
-    from fitjax.module import LitModule  # a cycle at import time: module.py imports this module
-
+def _overridden(module: Any, base: type) -> set[str]:
+    """Which of the methods `base` (`LitModule`, passed in: it imports this module) defines the
+    module's class overrides."""
     return {name for name in ("predict_step", "forward", "loss")
-            if getattr(type(module), name) is not getattr(LitModule, name)}
+            if getattr(type(module), name) is not getattr(base, name)}
 
 
 def _first_parameter(method: Callable) -> str | None:
@@ -221,9 +191,9 @@ def _first_parameter(method: Callable) -> str | None:
     return params[0] if params else None
 
 
-def check(module: Any) -> None:
+def check(module: Any, base: type) -> None:
     """Raises when a module mixes the two shapes in a way fitjax cannot follow."""
-    if is_lightning(module) and "loss" in _overridden(module):
+    if is_lightning(module) and "loss" in _overridden(module, base):
         raise TypeError(
             f"{type(module).__name__} defines both `loss` and `training_step`. fitjax trains either "
             "`loss(self, model, batch)` (+ `metrics`) or Lightning's `training_step(self, batch, "

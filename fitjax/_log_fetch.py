@@ -33,14 +33,22 @@ class Window:
     batches_done: int
     values: Any  # (accumulators, extra values): device arrays, copying to the host
     probe: jax.Array | None  # one of them: one step computed them all
+    _host: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # read()'s, once read
 
     def ready(self) -> bool:
         """Whether reading the values would not wait (checked every step: one leaf, no tree walk)."""
         return self.probe is None or self.probe.is_ready()
 
+    @property
+    def was_read(self) -> bool:
+        """Whether `read` was called (the values are on the host: using them waits for nothing)."""
+        return bool(self._host)
+
     def read(self) -> tuple[dict, dict]:
         """The host values; waits for the step that computed them if it has not finished."""
-        return jax.device_get(self.values)
+        if not self._host:
+            self._host.append(jax.device_get(self.values))
+        return self._host[0]
 
 
 def start(state: TrainState, reset: Callable[[TrainState], TrainState], *, step: int, epoch: int,

@@ -25,7 +25,7 @@ from typing import Union
 
 from etils import epath
 
-__all__ = ["COMMIT", "AnyPath", "as_path", "download", "is_url", "remove", "store_error", "upload"]
+__all__ = ["COMMIT", "AnyPath", "as_path", "download", "is_url", "put_file", "remove", "store_error", "upload"]
 
 AnyPath = Union[Path, epath.Path]
 COMMIT = "commit_success.txt"  # Orbax's own name for the marker it writes on gs://
@@ -65,6 +65,12 @@ def upload(local: Path, target: AnyPath) -> None:
     for file in sorted(p for p in local.rglob("*") if p.is_file()):
         fs.put_file(str(file), f"{root}/{file.relative_to(local).as_posix()}")
     fs.pipe_file(f"{root}/{COMMIT}", uuid.uuid4().hex.encode())  # last: the checkpoint is complete
+
+
+def put_file(local: Path, target: AnyPath) -> None:
+    """Copies the local file `local` to the store path `target`."""
+    fs, root = _fs(target)
+    fs.put_file(str(local), root)
 
 
 def remove(target: AnyPath) -> None:

@@ -248,12 +248,12 @@ class LitModule:
 
     def _predict_fn(self) -> Any:
         """The `fn(model, batch)` that `Trainer.predict` traces."""
-        return _lightning.predict_fn(self)
+        return _lightning.predict_fn(self, LitModule)
 
     def _eval_stages(self) -> tuple[str, ...]:
         """The evaluations with a step of their own: a Lightning-style module's `test_step`
         may log other names than its `validation_step`."""
-        _lightning.check(self)
+        _lightning.check(self, LitModule)
         return ("val", "test") if _lightning.is_lightning(self) else ("val",)
 
     @contextlib.contextmanager

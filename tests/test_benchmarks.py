@@ -23,11 +23,33 @@ def test_there_are_benchmarks():
     assert {"overhead.py", "memory.py", "techniques.py"} <= set(SCRIPTS)
 
 
+# their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
+IN_GPU_CHECK = {"gpt.py", "overhead.py", "peers.py"}
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_and_smoke(script):
     helped = _run(script, "--help", timeout=120)
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "--smoke" in helped.stdout
+    if script in IN_GPU_CHECK:
+        return
     smoke = _run(script, "--smoke", timeout=300)
     assert smoke.returncode == 0, smoke.stderr[-3000:]
     assert smoke.stdout.strip(), "a smoke run prints its table"
+
+
+def test_gpu_check_smoke():
+    """`benchmarks/gpu_check.sh --smoke` runs every step of the GPU check on CPU: the GPT table,
+    the spe rows, the peers' table (the peers that are installed), and says it passed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--smoke"], capture_output=True, text=True,
+                          timeout=600, cwd=BENCHMARKS.parent, env={**env, "PYTHON": sys.executable})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    out = done.stdout
+    for part in ("== gpt:", "== overhead:", "== peers:"):
+        assert part in out, out[-3000:]
+    assert "FAILED" not in out
+    assert any(line.startswith("single ") for line in out.splitlines())  # gpt.py's table row
+    assert "spe/shuf" in out and "fitjax/peer" in out
+    assert out.rstrip().splitlines()[-1].startswith("== gpu_check: ok")

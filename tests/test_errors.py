@@ -136,3 +136,81 @@ def test_dict_batch_predict_needs_predict_step():
 
     with pytest.raises(NotImplementedError, match=r"Override `predict_step\(self, model, batch\)`"):
         quiet_trainer(strategy="single").predict(NoPredict(), _loader())
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(enable_checkpointing="no"), ValueError, r"enable_checkpointing=\.\.\.\) must be True or False, got 'no'"),
+    (dict(enable_progress_bar=0), ValueError, r"enable_progress_bar=\.\.\.\) must be True or False, got 0"),
+    (dict(enable_model_summary=None), ValueError, r"enable_model_summary=\.\.\.\) must be True or False, got None"),
+    (dict(detect_anomaly=2), ValueError, r"detect_anomaly=\.\.\.\) must be True or False, got 2"),
+    (dict(log_grad_norm="yes"), ValueError, r"log_grad_norm=\.\.\.\) must be True or False, got 'yes'"),
+    (dict(seed=2**70), ValueError, r"seed=\.\.\.\) must be an int from -2\*\*63 to 2\*\*63 - 1 .*got 1180591620717411303424"),
+    (dict(seed=True), ValueError, r"seed=\.\.\.\) must be an int .*got True"),
+    (dict(default_root_dir=5), TypeError, r"default_root_dir=\.\.\.\) takes a folder path .*got int: 5"),
+    (dict(callbacks="progress"), TypeError, r"callbacks=\.\.\.\) takes a fitjax.Callback or a list of them, got str: 'progress'"),
+    (dict(callbacks=5), TypeError, r"callbacks=\.\.\.\) takes a fitjax.Callback or a list of them, got int: 5"),
+])
+def test_every_trainer_argument_is_checked_when_the_trainer_is_made(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        fj.Trainer(**kwargs)
+
+
+def test_one_callback_is_a_list_of_it_as_in_lightning():
+    """Lightning's `Trainer(callbacks=cb)` takes one callback as well as a list."""
+    stopper = fj.EarlyStopping("val/loss")
+    assert stopper in fj.Trainer(callbacks=stopper, logger=False).callbacks
+
+
+def test_a_default_root_dir_fit_cannot_write_into_is_refused_at_once(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match=r"default_root_dir='.*a_file/runs'\) is not a folder fit can write "
+                                         r"into: '.*a_file' is a file"):
+        fj.Trainer(default_root_dir=str(tmp_path / "a_file" / "runs"))
+    trainer = fj.Trainer(default_root_dir=tmp_path / "new" / "runs", enable_progress_bar=False)
+    assert trainer.default_root_dir == str(tmp_path / "new" / "runs")
+    assert not (tmp_path / "new").exists()  # checked, not left behind: the loggers create it
+
+
+@pytest.mark.parametrize("returns, message", [
+    ("loss", r"Odd.loss must return a scalar float loss \(or `\(loss, outputs\)`\), got str: 'abc'"),
+    ("metrics", r"Odd.metrics must return a dict of name -> scalar, got str: 'abc'"),
+    ("metric", r"Odd.metrics\(\)\['acc'\] must be one scalar array per batch, got str: 'abc'"),
+])
+def test_a_str_from_loss_or_metrics_names_the_method(returns, message):
+    class Odd(_Base):
+        def loss(self, model, batch):
+            return "abc" if returns == "loss" else super().loss(model, batch)
+
+        def metrics(self, batch, outputs):
+            return {"metrics": "abc", "metric": {"acc": "abc"}}.get(returns)
+
+    with pytest.raises((TypeError, ValueError), match=message):
+        quiet_trainer(max_steps=1, strategy="single").fit(Odd(), _loader())
+
+
+def _features(d, n=64):
+    return fj.DataLoader(regression_data(n=n, d=d), batch_size=32)
+
+
+class _Mixed:
+    """Train batches whose second has another feature size."""
+
+    def __len__(self):
+        return 2
+
+    def __iter__(self):
+        yield regression_data(n=32, d=8)
+        yield regression_data(n=32, d=5)
+
+
+def test_a_batch_shaped_unlike_the_first_names_its_data_and_index():
+    built = r"is shaped unlike the first train batch, which the model and its steps were built from: " \
+            r"`batch\['x'\]` has shape \(32, 5\), in the first train batch \(32, 8\)"
+    with pytest.raises(ValueError, match=r"the validation data's batch 0 failed in the step and " + built):
+        quiet_trainer(max_steps=1, strategy="single").fit(_Base(), _features(8), _features(5))
+    with pytest.raises(ValueError, match=r"the train data's batch 1 \(epoch 0\) failed in the step and " + built):
+        quiet_trainer(max_epochs=1, strategy="single").fit(_Base(), _Mixed())
+    trainer, module = quiet_trainer(max_steps=1, strategy="single"), _Base()
+    trainer.fit(module, _features(8))
+    with pytest.raises(ValueError, match=r"the test data's batch 0 failed in the step and " + built):
+        trainer.test(module, _features(5))

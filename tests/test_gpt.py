@@ -115,3 +115,13 @@ def test_generation_writes_the_asked_length_from_a_sliding_context(single):
     assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)
     with pytest.raises(ValueError, match=r"prompts of one byte length"):
         gpt.generate(model, params, ["a", "bc"], 5)
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_left_to_train(single, tmp_path, capsys):
+    (ref, _) = single
+    last = ref.trainer.checkpoint_callback.last_model_path  # step 6 of --max-steps 6
+    capsys.readouterr()
+    run, losses = _run(tmp_path, "again", "--strategy", "single", "--devices", "1", "--resume", last)
+    assert run.trainer.global_step == 6 and losses == []
+    assert ("nothing left to train: the checkpoint is at step 6 and --max-steps is 6; pass a larger --max-steps "
+            "to train on") in capsys.readouterr().out

@@ -276,3 +276,69 @@ def test_the_sanity_check_finds_a_broken_validation_before_training():
     with pytest.raises(Exception):
         trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=32), batch_size=4), bad_val)
     assert trainer.global_step == 0 and steps.sanity == 1 and "on_train_start" not in steps.hooks
+
+
+@pytest.mark.parametrize("stage", ["train", "val", "test", "predict"])
+def test_a_fraction_that_keeps_no_batch_is_an_error(stage):
+    """trainer/test_dataloaders.py::test_error_raised_with_float_limited_eval_batches (and
+    Lightning's `_parse_num_batches`, which every stage goes through): 0.1 of 5 batches rounds
+    down to 0, and Lightning raises "You requested to check 0.1 of the `val_dataloader` but
+    0.1 * 5 < 1. ... Try at least `limit_val_batches=0.2`". A fraction 0.0 stays "none"."""
+    data = fj.DataLoader(regression_data(n=20), batch_size=4)  # 5 batches
+    trainer = quiet_trainer(strategy="single", max_steps=1, **{f"limit_{stage}_batches": 0.1})
+    run = {"train": lambda: trainer.fit(Regressor(), data), "val": lambda: trainer.fit(Regressor(), data, data),
+           "test": lambda: trainer.test(Regressor(), data), "predict": lambda: trainer.predict(Regressor(), data)}
+    with pytest.raises(ValueError, match=rf"limit_{stage}_batches=0.1\) keeps none of the 5 batches .*"
+                                         rf"0.1 \* 5 < 1.*at least limit_{stage}_batches=0.2"):
+        run[stage]()
+    assert trainer.state is None  # raised before anything was built or trained
+
+
+class ValOutputs(fj.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if not trainer.sanity_checking:
+            self.seen.append((batch_idx, {k: float(v) for k, v in outputs.items()}))
+
+
+class LitVal(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = MLP(batchnorm=False)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.model(batch["x"], train=True) - batch["y"]) ** 2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        error = abs(self.model(batch["x"], train=False) - batch["y"]).mean()
+        self.log("mae", error)
+        return {"loss": ((self.model(batch["x"], train=False) - batch["y"]) ** 2).mean()}
+
+    def configure_optimizers(self):
+        return optax.sgd(0.01)
+
+
+@pytest.mark.parametrize("module", [Regressor(batchnorm=False), LitVal()], ids=["native", "lightning"])
+def test_on_validation_batch_end_receives_what_the_step_returned(module):
+    """trainer/logging_/test_eval_loop_logging.py / callbacks/test_lambda_function.py style:
+    Lightning passes `validation_step`'s return to `on_validation_batch_end(outputs=...)` (a
+    dict with "loss" here). fitjax's outputs are the batch's values on the device: the loss and
+    every metric or logged value, each the mean over the batch's real examples; so over the
+    batches, weighted by their sizes, they give the logged `val/...` means. The last batch
+    (2 of 4 examples) is padded and its padding does not count."""
+    recorder = ValOutputs()
+    trainer = quiet_trainer(strategy="single", max_epochs=1, callbacks=[recorder])
+    val = fj.DataLoader(regression_data(n=10, seed=1), batch_size=4)
+    trainer.fit(module, fj.DataLoader(regression_data(n=16), batch_size=4), val)
+    assert [idx for idx, _ in recorder.seen] == [0, 1, 2]
+    logged = {"loss": "val/loss", "mae": "val/mae" if isinstance(module, Regressor) else "mae"}  # Lightning's key
+    for name, key in logged.items():
+        mean = sum(values[name] * size for (_, values), size in zip(recorder.seen, (4, 4, 2))) / 10
+        np.testing.assert_allclose(mean, trainer.callback_metrics[key], rtol=1e-5)
+    # the batch's own numbers, recomputed on the host from the trained weights
+    x, y = regression_data(n=10, seed=1)["x"][8:], regression_data(n=10, seed=1)["y"][8:]
+    params, _ = module.variables
+    pred = MLP(batchnorm=False).apply({"params": params}, x, train=False)
+    np.testing.assert_allclose(recorder.seen[2][1]["loss"], float(((pred - y) ** 2).mean()), rtol=1e-5)

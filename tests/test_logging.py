@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import warnings
 
 import numpy as np
 import optax
@@ -137,3 +138,74 @@ def test_a_log_step_logs_its_window_mean_at_its_step_without_waiting_for_it(tmp_
     assert 5 <= arrived <= 8
     assert seen.read_at_8 == pytest.approx(rows[7])  # read at step 8: its own window, waited for
     assert trainer.callback_metrics["train/loss"] == pytest.approx(rows[11])  # all logged by the end
+
+
+class Rows(fj.loggers.Logger):
+    """Every `log_metrics` call, in order (a real logger: the trainer calls it as any other)."""
+
+    name, version = "rows", 0
+
+    def __init__(self):
+        self.rows = []
+
+    def log_metrics(self, metrics, step):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params):
+        pass
+
+
+class Reader(fj.Callback):
+    """Reads `callback_metrics`, `checkpoint_meta` and the stage at step 8 (a log step's next)
+    and notes how many rows the logger had before and after those reads."""
+
+    def __init__(self, rows):
+        self.rows, self.at_8 = rows, None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == 8:
+            before = len(self.rows.rows)
+            loss = trainer.callback_metrics["train/loss"]
+            metas = trainer.checkpoint_meta(module), trainer.checkpoint_meta(module)
+            self.at_8 = (before, len(self.rows.rows), loss, metas, trainer.progress.last_saved)
+            with pytest.raises(AttributeError):
+                trainer.sanity_checking = True
+            with pytest.raises(AttributeError):  # frozen
+                trainer.stage.verbose = False
+            assert (trainer.stage.name, trainer.sanity_checking) == ("fit", False)
+
+
+def test_reads_write_nothing():
+    """Reading `callback_metrics` waits for the window on its way and shows its values, but the
+    loggers get its row at the loop's next write, in the same order as without the read;
+    `checkpoint_meta` is the same twice and records no save (`record_save` does)."""
+    rows = Rows()
+    reader = Reader(rows)
+    trainer = quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4, callbacks=[reader], logger=rows)
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=384), batch_size=32))  # 12 steps
+    before, after, loss, (meta, again), last_saved = reader.at_8
+    assert before == after  # the read wrote no row
+    assert meta == again and last_saved is None
+    assert meta["progress"]["last_saved"] == [0, 8, 8]  # what a save now would record
+    steps = [step for step, row in rows.rows if "train/loss" in row]
+    assert steps == [3, 7, 11]
+    assert dict(rows.rows)[7]["train/loss"] == pytest.approx(loss)  # the value read is the row logged
+    plain = Rows()
+    quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4, logger=plain).fit(
+        Regressor(batchnorm=False), fj.DataLoader(regression_data(n=384), batch_size=32))
+    assert [step for step, _ in plain.rows] == [step for step, _ in rows.rows]  # the same rows, same order
+
+
+def test_an_epoch_shorter_than_the_logging_interval_warns_as_lightning_does(tmp_path):
+    # Lightning 2.x, fit_loop.setup_data: warns when log_every_n_steps > the epoch's batches and a
+    # logger is attached (not with logger=False, not with fast_dev_run)
+    data = fj.DataLoader(regression_data(n=64), batch_size=16)  # 4 batches an epoch
+    message = (r"The number of training batches \(4\) is smaller than the logging interval "
+               r"Trainer\(log_every_n_steps=50\)\. Set a lower value for log_every_n_steps")
+    with pytest.warns(UserWarning, match=message):
+        quiet_trainer(max_epochs=1, strategy="single", logger=fj.CSVLogger(tmp_path)).fit(Regressor(), data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        quiet_trainer(max_epochs=1, strategy="single").fit(Regressor(), data)  # no logger: nothing to see
+        quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4,
+                      logger=fj.CSVLogger(tmp_path)).fit(Regressor(), data)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 from typing import Any
 
 REFERENCE_DIR = "reference"
@@ -124,14 +125,43 @@ def pages() -> dict[str, str]:
     return out
 
 
+_CODE = re.compile(r"(?<![\[\w])`(?P<text>(?:fj|fitjax)\.(?P<path>[A-Za-z_][\w.]*)(?P<call>\([^`]*\))?)`")
+
+
+def link_public_names(markdown: str, targets: dict[str, str]) -> str:
+    """Inline code naming a public object (`fj.ModelCheckpoint`, `fitjax.strategies.FSDP(...)`)
+    becomes a cross-reference to its API entry (`targets`: public name -> the entry's anchor,
+    its defining path); fenced blocks and code already linked stay.
+
+    Example:
+        >>> link_public_names("Use `fj.EMA(decay=0.9)`.", {"fitjax.EMA": "fitjax.callbacks.ema.EMA"})
+        'Use [`fj.EMA(decay=0.9)`][fitjax.callbacks.ema.EMA].'
+    """
+    out, fenced = [], False
+    for line in markdown.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced:
+            def link(match: re.Match) -> str:
+                target = targets.get(f"fitjax.{match.group('path')}")
+                return f"[`{match.group('text')}`][{target}]" if target else match.group(0)
+
+            line = _CODE.sub(link, line)
+        out.append(line)
+    return "\n".join(out)
+
+
 # mkdocs hooks ------------------------------------------------------------------------------
 
 _PAGES: dict[str, str] = {}
+_TARGETS: dict[str, str] = {}
 
 
 def on_config(config):
     _PAGES.clear()
     _PAGES.update(pages())
+    _TARGETS.clear()
+    _TARGETS.update({name: entry.target for entry in public_entries() for name in entry.names})
     modules = public_modules()
     entries = public_entries()
     top = [{e.name: e.page} for e in entries if e.name.count(".") == 1]
@@ -149,3 +179,9 @@ def on_files(files, config):
     for path, content in _PAGES.items():
         files.append(File.generated(config, path, content=content))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri.startswith(f"{REFERENCE_DIR}/"):
+        return markdown
+    return link_public_names(markdown, _TARGETS)

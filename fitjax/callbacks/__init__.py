@@ -1,8 +1,10 @@
 """Callbacks: objects with hook methods the trainer calls around steps, epochs and stages."""
 
 from fitjax.callbacks._base import Callback, CallbackList
-from fitjax.callbacks._defaults import with_defaults
+from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
+from fitjax.callbacks.device_stats import DeviceStatsMonitor
 from fitjax.callbacks.early_stopping import EarlyStopping
+from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
@@ -15,8 +17,11 @@ from fitjax.callbacks.watchdog import Watchdog
 __all__ = [
     "Callback",
     "CallbackList",
+    "DefaultCheckpoint",
+    "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",

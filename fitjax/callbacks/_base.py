@@ -8,11 +8,14 @@ may read from the trainer (never its `_private` attributes):
   the last call of the train step passed a multiple of n steps (use it, not `global_step % n`:
   one call may run several steps). `trainer.global_step`, `trainer.current_epoch`,
   `trainer.num_training_batches` read the same object.
-- `trainer.callback_metrics` (complete up to the last log step when read), `logged_metrics`,
-  `progress_bar_metrics`; `trainer.state` (the `TrainState`), `trainer.loggers`.
+- `trainer.callback_metrics` (complete up to the last log step when read; reading it writes
+  nothing to the loggers), `logged_metrics`, `progress_bar_metrics`; `trainer.state` (the
+  `TrainState`), `trainer.loggers`; `trainer.stage` (what runs now: its name,
+  `sanity_checking`, `verbose`; read-only) and `trainer.sanity_checking`.
 - `trainer.is_global_zero`, `trainer.agree(flag)` (True everywhere when True on any process:
   for decisions from host-local facts such as time), `trainer.checkpoint_meta(module)` (the
-  plain data a checkpoint stores besides the state), `trainer.received_sigterm`.
+  plain data a checkpoint stores besides the state; a read) and `trainer.record_save()` (a
+  save of the current position happens: `progress.last_saved`), `trainer.received_sigterm`.
 - A callback may set `trainer.should_stop = True` (Lightning's contract). A hook no callback overrides is never called: the
 trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost nothing unless used.
 """
@@ -117,15 +120,17 @@ def ignores_batch(hook):
     return hook
 
 
+def _overrides(cb: Callback, hook: str) -> bool:
+    # A hook set on the instance counts too (`LambdaCallback` keeps its functions there).
+    return hook in getattr(cb, "__dict__", {}) or getattr(type(cb), hook) is not getattr(Callback, hook)
+
+
 class CallbackList:
     """Calls a hook on the module first (if it has it) and then on each callback that overrides it."""
 
     def __init__(self, callbacks: list[Callback]):
         self.callbacks = list(callbacks)
-        self._overriding = {
-            name: [cb for cb in self.callbacks if getattr(type(cb), name) is not getattr(Callback, name)]
-            for name in HOOKS
-        }
+        self._overriding = {name: [cb for cb in self.callbacks if _overrides(cb, name)] for name in HOOKS}
 
     def wants(self, hook: str) -> bool:
         """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
@@ -138,7 +143,7 @@ class CallbackList:
     def needs_batch(self, hook: str) -> bool:
         """True when a callback overriding the per-batch `hook` may read its `batch` argument
         (all but those marked with `ignores_batch`, fitjax's own)."""
-        return any(not getattr(getattr(type(cb), hook), "ignores_batch", False) for cb in self._overriding[hook])
+        return any(not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
         """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it

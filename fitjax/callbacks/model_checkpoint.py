@@ -122,6 +122,7 @@ class ModelCheckpoint(Callback):
         self._warned_missing = False
         self._last_time = time.monotonic()
         self._deferred = False
+        self._listed: set[str] | None = None  # a store folder's names at fit start, and this fit's saves
 
     @property
     def best_k_models(self) -> dict[str, float]:
@@ -205,14 +206,18 @@ class ModelCheckpoint(Callback):
 
     def on_fit_start(self, trainer, module) -> None:
         directory = self.resolve_dirpath(trainer)  # here, where every process is: it may be a collective
+        _checkpoint_writer.prepare(directory)  # writable (a store: reachable): an error now, not at the first save
         if (trainer.is_global_zero and not self._resumed and self.save_top_k != 0 and directory.is_dir()
                 and any(checkpoint.is_checkpoint(p) for p in directory.iterdir())):
             warnings.warn(f"Checkpoint directory {str(directory)!r} exists and holds checkpoints: this "
                           "run saves next to them under new names ('-v1', ...) and never deletes them.",
                           stacklevel=2)
-        _checkpoint_writer.prepare(directory)  # writable: an error now rather than at the first save
         _checkpoint_writer.cleanup(directory)  # what interrupted saves and deletions left
         self._writer = _checkpoint_writer.writer()
+        # a store's folder is listed once: a name check per save would be a request on the loop's thread
+        self._listed = None
+        if _storage.is_url(directory):
+            self._listed = {p.name for p in directory.iterdir()} if directory.is_dir() else set()
         self._saved_steps, self._validated_at, self._failing = set(), None, False
         self._last_time = time.monotonic()
         self._deferred = False
@@ -317,6 +322,7 @@ class ModelCheckpoint(Callback):
             (self._kept, self.best_model_path, self.best_model_score, self.last_model_path,
              self.current_score) = before
 
+        trainer.record_save()  # the log rows so far reach the loggers before they save
         for logger in trainer.loggers:
             logger.save()
         meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
@@ -328,6 +334,8 @@ class ModelCheckpoint(Callback):
             undo()
             raise
         self._saved_steps.add(step)
+        if self._listed is not None:
+            self._listed.add(Path(path).name)
         self._last_time = time.monotonic()
         for logger in trainer.loggers:
             logger.after_save_checkpoint(self)
@@ -404,7 +412,8 @@ class ModelCheckpoint(Callback):
         version counter), so a reused `dirpath` never overwrites or skips a save."""
         name = base = self._format_name(trainer)
         version = 1
-        taken = lambda path: path.exists() or str(path) in self._kept or writer.is_queued(path)
+        exists = (lambda path: path.name in self._listed) if self._listed is not None else (lambda path: path.exists())
+        taken = lambda path: exists(path) or str(path) in self._kept or writer.is_queued(path)
         writer = _checkpoint_writer.writer()  # a save queued by another callback is not on disk yet
         while taken(self.dirpath / name):
             name, version = f"{base}-v{version}", version + 1

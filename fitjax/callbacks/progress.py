@@ -14,6 +14,7 @@ still while one call blocks (a compilation, which the bar then names).
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from typing import Any, TextIO
@@ -25,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from fitjax.callbacks._base import Callback, ignores_batch
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
+_SPEED_SAMPLES = 50  # it/s is measured over the last this many train batches
 
 __all__ = ["RichProgressBar"]
 
@@ -105,6 +107,13 @@ class RichProgressBar(Callback):
         self._eval_task = None
         self._epoch_start = 0.0
         self._epoch_first_step = 0
+        # (time, global step) at recent train batch ends, for it/s over a recent window; cleared
+        # when a step compiles or an evaluation runs, so neither counts as training time
+        self._speed_samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=_SPEED_SAMPLES)
+        self._speed_text = "- it/s"
+        self._batches_done = 0
+        self._eval_started = 0.0
+        self._eval_logged_at: dict[str, int] = {}  # key -> the global step of the evaluation that logged it
         self._last_update = 0.0
         self._printed_window = None
         self._stage = "fit"
@@ -185,6 +194,10 @@ class RichProgressBar(Callback):
         self._start_progress()
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
+        self._batches_done = 0
+        self._speed_samples.clear()
+        self._speed_samples.append((self._epoch_start, trainer.global_step))
+        self._speed_text = "- it/s"
         note = self._compile_note("train")
         if self._progress is not None:
             if self._train_task is not None:
@@ -200,7 +213,12 @@ class RichProgressBar(Callback):
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         done = batch_idx + 1
+        self._batches_done = done
         compiled = self._compiled_now()
+        if compiled:  # the compile is not training speed: the window starts after it
+            self._speed_samples.clear()
+        self._speed_samples.append((time.perf_counter(), trainer.global_step))
+        self._speed_text = self._speed()  # the speed as of this batch: a line printed later shows it
         if self._progress is not None:
             # Feeding rich more often than ~10 Hz only costs the training loop time (~30 µs an
             # update), so updates are limited by the clock.
@@ -209,7 +227,7 @@ class RichProgressBar(Callback):
             if compiled or last or (trainer.progress.crossed_batches(self.refresh_rate)
                                       and now - self._last_update >= _MIN_UPDATE_S):
                 self._last_update = now
-                self._progress.update(self._train_task, completed=done, speed=self._speed(trainer),
+                self._progress.update(self._train_task, completed=done, speed=self._speed_text,
                                       metrics=_format(_bar_values(trainer)), refresh=True)
             return
         if self.refresh_rate > 1:
@@ -229,24 +247,36 @@ class RichProgressBar(Callback):
     def _print_line(self, trainer, epoch: int, done: int, step: int) -> None:
         total = trainer.num_training_batches
         of = f"/{total}" if total is not None else ""
-        self._print(f"epoch {epoch} step {done}{of} (global {step})  "
-                    f"{self._speed(trainer)}  {_format(_bar_values(trainer))}")
+        # an evaluation that ran at or after this line's step had not run when the step did
+        values = {k: v for k, v in _bar_values(trainer).items() if self._eval_logged_at.get(k, -1) < step}
+        self._print(f"epoch {epoch} batch {done}{of} (optimizer step {step})  {self._speed_text}  {_format(values)}")
 
-    def _speed(self, trainer) -> str:
-        elapsed = max(time.perf_counter() - self._epoch_start, 1e-9)
-        return f"{(trainer.global_step - self._epoch_first_step) / elapsed:.1f} it/s"
+    def _speed(self) -> str:
+        """Optimizer steps per second over the last `_SPEED_SAMPLES` batches, compiles and
+        evaluations left out ("" until two samples exist)."""
+        if len(self._speed_samples) < 2:
+            return "- it/s"
+        (t0, step0), (t1, step1) = self._speed_samples[0], self._speed_samples[-1]
+        return f"{(step1 - step0) / max(t1 - t0, 1e-9):.1f} it/s"
 
     def on_train_epoch_end(self, trainer, module) -> None:
         elapsed = time.perf_counter() - self._epoch_start
         if self._progress is None and self.refresh_rate == 1:
             self._print_window(trainer)  # the epoch's last window, logged at its end
         values = _epoch_values(trainer, self._val_values, self._eval_keys)
-        self._print(f"Epoch {trainer.current_epoch} done in {elapsed:.1f}s (global step "
+        total = trainer.num_training_batches
+        max_steps = trainer.max_steps
+        if max_steps is not None and 0 < max_steps <= trainer.global_step and total and self._batches_done < total:
+            ended = f"stopped at max_steps={max_steps} after {self._batches_done}/{total} batches"
+        else:
+            ended = "done"
+        self._print(f"Epoch {trainer.current_epoch} {ended} in {elapsed:.1f}s (optimizer step "
                     f"{trainer.global_step})  {_format(values)}")
 
     # ---------------------------------------------------------------------------- evaluation
 
     def _eval_start(self, trainer, name: str, step: str) -> None:
+        self._eval_started = time.perf_counter()
         self._before = dict(trainer.callback_metrics)
         note = self._compile_note(step)
         if not self.is_terminal:
@@ -270,6 +300,11 @@ class RichProgressBar(Callback):
     def _eval_end(self, trainer, name: str) -> None:
         values = _logged_since(trainer, self._before)
         self._eval_keys.update(values)
+        self._eval_logged_at.update(dict.fromkeys(values, trainer.global_step))
+        # an evaluation inside an epoch is not training time: the window's samples move past it
+        paused = time.perf_counter() - self._eval_started
+        self._speed_samples = collections.deque(((t + paused, step) for t, step in self._speed_samples),
+                                                maxlen=_SPEED_SAMPLES)
         self._remove_eval_task()
         if self._progress is not None and self._train_task is not None:
             # the validation's prog_bar values, shown at once
@@ -277,7 +312,7 @@ class RichProgressBar(Callback):
         if self._stage == "fit":  # fit shows validation in the epoch line instead
             self._val_values = values
         else:
-            if getattr(trainer, "verbose_evaluation", True):  # validate/test(verbose=False): no line
+            if trainer.stage.verbose:  # validate/test(verbose=False): no line
                 self._print(f"{name} results  {_format(values)}")
             self._stop_progress()
 
@@ -289,14 +324,14 @@ class RichProgressBar(Callback):
 
     def on_validation_start(self, trainer, module) -> None:
         # Lightning's name for the few validation batches run before training
-        name = "Sanity Checking" if getattr(trainer, "sanity_checking", False) else "Validation"
+        name = "Sanity Checking" if trainer.sanity_checking else "Validation"
         self._eval_start(trainer, name, "validation")
 
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._eval_batch(trainer, batch_idx, "Validation")
 
     def on_validation_end(self, trainer, module) -> None:
-        if not getattr(trainer, "sanity_checking", False):  # a sanity check's values are not results
+        if not trainer.sanity_checking:  # a sanity check's values are not results
             self._eval_end(trainer, "Validation")
         else:
             self._remove_eval_task()
@@ -314,6 +349,11 @@ class RichProgressBar(Callback):
 
     def on_fit_end(self, trainer, module) -> None:
         self._stop_progress()
+        # Lightning's closing line (its fit loop logs it at info level)
+        if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+            self._print(f"`Trainer.fit` stopped: `max_steps={trainer.max_steps}` reached.")
+        elif trainer.max_epochs is not None and trainer.current_epoch >= trainer.max_epochs:
+            self._print(f"`Trainer.fit` stopped: `max_epochs={trainer.max_epochs}` reached.")
 
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         self._stop_progress()

@@ -5,27 +5,37 @@ in order, then command-line overrides; `--print_config`; `--trainer.*`, `--model
 read from the classes' `__init__` signatures (types from the hints, help from the docstrings), so
 an argument added to `Trainer.__init__` appears here without an edit; callbacks, loggers and the
 strategy as `class_path` / `init_args`; optional `optimizer:` / `lr_scheduler:` sections naming optax
-functions. jsonargparse does the parsing and the checking: a bad key or value exits with status 2
-and names it.
+functions. jsonargparse does the parsing and the checking; every mistake a user can make (a bad
+key or value, an object that cannot be built from the config, a checkpoint that is not there) is
+one `error:` line and exit status 2 (`fitjax.cli._errors`), `--debug` gives the traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 import types
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import jax
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, class_from_function
+from jsonargparse import ArgumentError as _ArgumentError
 
-# the package's public names (fitjax is fully imported before fitjax.cli._cli is)
-from fitjax import Callback, DataModule, LitModule, Trainer
+# from the modules that define them, not the package: `fitjax` imports `fitjax.cli`
+from fitjax.callbacks import Callback
+from fitjax.cli import _errors, _predictions
+from fitjax.data import DataModule
+from fitjax.loop import Trainer
+from fitjax.module import LitModule
 from fitjax.cli._optax import OptaxOptimizer, build_optimizer
 from fitjax.cli.schedules import OptaxSchedule
 from fitjax.strategies import initialize_distributed
+from fitjax.loggers._hparams import config_hparams
+from fitjax.loop import _resume
 from fitjax.strategies._distributed import agree
 
 __all__ = ["LightningArgumentParser", "LightningCLI", "SaveConfigCallback"]
@@ -51,6 +61,18 @@ class LightningArgumentParser(ArgumentParser):
         self.callback_keys: list[str] = []
         self.optimizer_keys: list[str] = []
         self.lr_scheduler_keys: list[str] = []
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        """One `error:` line (with the nearest known key when one is close) and exit status 2.
+
+        With `exit_on_error=False` (what `--debug` sets) the error is raised instead, traceback
+        and all, as jsonargparse does.
+        """
+        if not self.exit_on_error:
+            raise _ArgumentError(None, message) from ex
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        _errors.report_error(message, prog=prog, known=_errors.option_names(self) + _errors.option_names(parser))
 
     def add_lightning_class_args(self, cls: type, nested_key: str, *, subclass_mode: bool = False,
                                  required: bool = True) -> list[str]:
@@ -96,6 +118,9 @@ class LightningArgumentParser(ArgumentParser):
 class SaveConfigCallback(Callback):
     """Saves the resolved config as `config.yaml` in the run's log dir and logs it as hyperparameters.
 
+    The hyperparameters are the config as a user names it (`model/lr`, the chosen class under
+    `model`), without `None`s and without Trainer arguments left at their defaults.
+
     Only process 0 writes. `fit --config <log_dir>/config.yaml` runs the same run again.
 
     Args:
@@ -130,8 +155,10 @@ class SaveConfigCallback(Callback):
             log_dir.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
             hparams = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
+            defaults = {p.name: p.default for p in inspect.signature(type(trainer).__init__).parameters.values()
+                        if p.default is not inspect.Parameter.empty}
             for logger in trainer.loggers:
-                logger.log_hyperparams(hparams)
+                logger.log_hyperparams(config_hparams(hparams, defaults={"trainer": defaults}))
         self.already_saved = True
 
 
@@ -193,19 +220,45 @@ class LightningCLI:
         self._datamodule_class = datamodule_class or DataModule
         self.subclass_mode_data = datamodule_class is None or subclass_mode_data
         self.result: Any = None
+        if args is None:
+            args = sys.argv[1:]
+        self.debug = False
+        if isinstance(args, (list, tuple)):
+            args, self.debug = _errors.take_debug_flag([str(a) for a in args])
 
         parser_kwargs = parser_kwargs or {}
         main_kwargs = {k: v for k, v in parser_kwargs.items() if k not in self.subcommands()}
         sub_kwargs = {k: v for k, v in parser_kwargs.items() if k in self.subcommands()}
         self.setup_parser(run, main_kwargs, sub_kwargs)
+        if self.debug:  # parse errors raise, with their traceback
+            for parser in [self.parser, *getattr(self, "_subcommand_parsers", {}).values()]:
+                parser.exit_on_error = False
         self.parse_arguments(self.parser, args)
         self.subcommand: str | None = self.config["subcommand"] if run else None
 
-        self.before_instantiate_classes()
-        self.instantiate_classes()
-        self.after_instantiate_classes()
+        with self._user_errors("building the objects of the config"):
+            self.before_instantiate_classes()
+            self.instantiate_classes()
+            self.after_instantiate_classes()
         if self.subcommand is not None:
             self._run_subcommand(self.subcommand)
+
+    @contextlib.contextmanager
+    def _user_errors(self, doing: str):
+        """An exception while `doing` what the config asks is the user's to fix: one `error:` line, exit 2.
+
+        Only the steps that act on the config alone are wrapped (building the objects, resolving
+        `ckpt_path`, checking `--output`), never training itself: a failure there keeps its traceback.
+        """
+        try:
+            yield
+        except SystemExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - each is reported, with --debug re-raised as is
+            if self.debug:
+                raise
+            prog = self._parser(self.subcommand).prog.replace(" [options]", "")
+            _errors.report_error(str(exc) or f"{type(exc).__name__} while {doing}", prog=prog)
 
     # ------------------------------------------------------------------------------- parser
 
@@ -244,6 +297,8 @@ class LightningCLI:
             self._add_arguments(sub)
             self._subcommand_method_arguments[name] = sub.add_method_arguments(
                 self.trainer_class, name, skip=set(skip), fail_untyped=False)
+            if name == "predict":
+                _predictions.add_output_argument(sub)
             self._subcommand_parsers[name] = sub
             group.add_subcommand(name, sub, help=description)
 
@@ -310,6 +365,16 @@ class LightningCLI:
         config["callbacks"] = callbacks
         return self.trainer_class(**config)
 
+    def _where_fit_wrote(self) -> str:
+        """The line a CLI fit ends with: where its logs and checkpoints are."""
+        line = f"fit: logs in {self.trainer.log_dir}"
+        callback = self.trainer.checkpoint_callback
+        if callback is not None and callback.dirpath is not None:
+            line += f", checkpoints in {callback.dirpath}"
+            if callback.best_model_path:
+                line += f" (best: {callback.best_model_path})"
+        return line
+
     def _add_configure_optimizer_to_model(self) -> None:
         """Gives the module the optimizer of the `optimizer:` section, if the config has one."""
         if not self.auto_configure_optimizers:
@@ -341,9 +406,22 @@ class LightningCLI:
         method = getattr(self.trainer, subcommand)
         kwargs = {k: v for k, v in self.config_init[subcommand].items()
                   if k in self._subcommand_method_arguments[subcommand]}
+        output = self.config_init[subcommand].get("output") if subcommand == "predict" else None
+        with self._user_errors("checking the command's arguments"):
+            if kwargs.get("ckpt_path") is not None:
+                with warnings.catch_warnings():  # the trainer warns itself, once, when it resolves it
+                    warnings.simplefilter("ignore")
+                    _resume.resolve_ckpt_path(self.trainer, kwargs["ckpt_path"], where="--ckpt_path")
+            if output is not None:
+                _predictions.check_output(output)
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
         self.result = method(self.model, **kwargs)
+        if self.trainer.is_global_zero:
+            if subcommand == "predict":
+                print(_predictions.report(self.result, output))
+            elif subcommand == "fit":
+                print(self._where_fit_wrote())
         after = getattr(self, f"after_{subcommand}", None)
         if callable(after):
             after()

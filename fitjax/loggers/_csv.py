@@ -95,6 +95,7 @@ class CSVLogger(VersionedLogger):
         """Writes every buffered row to `metrics.csv`."""
         if self._is_writer():
             self._write(list(self._pending))
+            self._upload()  # a store's copy, when save_dir is a URL
 
     def finalize(self, status: str) -> None:
         """Writes buffered rows; safe to call twice and after an exception."""

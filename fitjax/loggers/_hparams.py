@@ -68,3 +68,41 @@ def _scalar(value: Any, *, none: Any) -> Any:
         if isinstance(item, (bool, int, float, str)):
             return item
     return str(value)
+
+
+def config_hparams(config: Mapping[str, Any], *, defaults: Mapping[str, Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """A CLI config as the hyperparameters a user reads: `model/lr`, not `model/init_args/lr`.
+
+    A `class_path` / `init_args` pair becomes the chosen class under its own key and its
+    arguments beside it; `None`s (nothing chosen) are dropped, and so are the values of a section
+    equal to that section's `defaults` (Trainer's signature: forty arguments nobody set would bury
+    the ones that were). The full config stays in `config.yaml`.
+
+    Example:
+        >>> config_hparams({"model": {"class_path": "m.Net", "init_args": {"lr": 0.1}},
+        ...                 "ckpt_path": None, "trainer": {"max_epochs": 5, "seed": 0}},
+        ...                defaults={"trainer": {"seed": 0}})
+        {'model': 'm.Net', 'model/lr': 0.1, 'trainer/max_epochs': 5}
+    """
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        section_defaults = dict(defaults).get(key, {})
+        if isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if not (k in section_defaults and v == section_defaults[k])}
+        out.update(_lifted(str(key), value))
+    return out
+
+
+def _lifted(key: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping) and "class_path" in value:
+        lifted = {key: value["class_path"]}
+        for sub_key, sub_value in (value.get("init_args") or {}).items():
+            lifted.update(_lifted(f"{key}/{sub_key}", sub_value))
+        return lifted
+    if isinstance(value, Mapping):
+        return {k: v for sub_key, sub_value in value.items() for k, v in _lifted(f"{key}/{sub_key}", sub_value).items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Mapping) for v in value):
+        return {k: v for i, item in enumerate(value) for k, v in _lifted(f"{key}/{i}", item).items()}
+    return {key: value}

@@ -96,7 +96,7 @@ class TensorBoardLogger(VersionedLogger):
             return
         check_params("TensorBoardLogger", params)
         writer = self._get_writer()
-        write_yaml(self.log_dir / "hparams.yaml", params)
+        write_yaml(self._open() / "hparams.yaml", params)
         writer.file_writer.add_summary(_session_start(flatten(params)))
         self._session_open = True
 
@@ -104,6 +104,7 @@ class TensorBoardLogger(VersionedLogger):
         """Flushes buffered events to disk."""
         if self._writer is not None:
             self._writer.flush()
+        self._upload()  # a store's copy, when save_dir is a URL
 
     def finalize(self, status: str) -> None:
         """Ends the HPARAMS session when `status` is "success", flushes and closes the event file.
@@ -121,6 +122,7 @@ class TensorBoardLogger(VersionedLogger):
                 writer.file_writer.add_summary(_session_end())
         finally:
             writer.close()
+            self._upload()
 
     def _get_writer(self) -> SummaryWriter:
         if self._writer is None:

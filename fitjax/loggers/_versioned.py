@@ -1,15 +1,23 @@
-"""The versioned run folder the file loggers share: `<save_dir>/<name>/version_<N>/`."""
+"""The versioned run folder the file loggers share: `<save_dir>/<name>/version_<N>/`.
+
+`save_dir` may be an object-store URL (`s3://bucket/runs`, `gs://bucket/runs`): the logger then
+writes into a local mirror of its folder and uploads the files that changed on `save()` (each
+checkpoint save calls it) and `finalize()`, through the one file layer (`fitjax._storage`). A
+store has no atomic create-if-absent, so there the version is the next unused one by listing.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 
+from fitjax import _storage
 from fitjax.loggers._base import Logger
 from fitjax.strategies._distributed import broadcast_str
 
@@ -85,7 +93,10 @@ class VersionedLogger(Logger):
                 f"`{owner}(process_index=...)` must be an int or None (jax.process_index()); "
                 f"got {process_index!r}."
             )
-        self._save_dir = Path(save_dir)
+        # a URL as an epath.Path; a local folder stays as given (relative paths stay relative)
+        self._save_dir = _storage.as_path(save_dir) if _storage.is_url(save_dir) else Path(save_dir)
+        self._mirror: Path | None = None  # the local copy written to, for a store URL
+        self._uploaded: dict[str, tuple[int, int]] = {}  # mirror file -> (size, mtime) last uploaded
         self._name = name
         self._explicit_version = version
         self._version = version
@@ -113,9 +124,10 @@ class VersionedLogger(Logger):
         if self._version is not None or self._explicit_version is not None:
             return  # given, restored or claimed already
         root = self._save_dir / self._name
-        version = str(claim_version(root)) if self._is_writer() else ""
+        claim = next_version if _storage.is_url(root) else claim_version  # no atomic mkdir on a store
+        version = str(claim(root)) if self._is_writer() else ""
         self._version = int(broadcast_str(version))  # a collective: every process is here
-        if self._is_writer():
+        if self._is_writer() and not _storage.is_url(root):
             self._claimed = self.log_dir
 
     @property
@@ -165,11 +177,28 @@ class VersionedLogger(Logger):
         self._purge_step = None if step is None else step + 1
 
     def _open(self) -> Path:
+        """The local folder to write files in: the log dir, or for a store its local mirror."""
         path = self.log_dir
+        if _storage.is_url(path):
+            if self._mirror is None:
+                self._mirror = Path(tempfile.mkdtemp(prefix="fitjax-logs-"))
+            path = self._mirror
         if not self._opened:
             path.mkdir(parents=True, exist_ok=True)
             self._opened = True
         return path
+
+    def _upload(self) -> None:
+        """Copies the mirror's new and changed files to the store (nothing for a local folder)."""
+        if self._mirror is None:
+            return
+        for file in sorted(p for p in self._mirror.rglob("*") if p.is_file()):
+            stat = file.stat()
+            key, seen = str(file), (stat.st_size, stat.st_mtime_ns)
+            if self._uploaded.get(key) != seen:
+                relative = file.relative_to(self._mirror).as_posix()
+                _storage.put_file(file, self.log_dir / relative)
+                self._uploaded[key] = seen
 
     def _take_purge_step(self) -> int | None:
         step, self._purge_step = self._purge_step, None

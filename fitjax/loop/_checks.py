@@ -5,12 +5,17 @@ Kept apart from `trainer.py` so that the loop reads top to bottom without them.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import warnings
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 
 from fitjax._accelerator import accelerator_devices, check_devices_match
-from fitjax.callbacks import Callback, ModelCheckpoint
+from fitjax.callbacks import Callback, DefaultCheckpoint, ModelCheckpoint
 from fitjax.module import LitModule
 
 
@@ -33,14 +38,30 @@ def check_limit(name: str, value: Any) -> int | float | None:
     return value
 
 
-def apply_limit(limit: int | float | None, total: int | None) -> int | None:
+def apply_limit(limit: int | float | None, total: int | None, *, stage: str = "train") -> int | None:
+    """The batches `limit_<stage>_batches` keeps of `total` (None: unknown length).
+
+    Lightning's rules: a fraction needs a known length and is rounded down, and a fraction of a
+    non-empty loader that keeps no batch is an error naming the smallest one that keeps one."""
     if limit is None:
         return total
-    if isinstance(limit, float):
-        if total is None:
-            raise ValueError("a fractional limit_*_batches needs data with a known length (len())")
-        return int(total * limit) if limit < 1.0 else total
-    return limit if total is None else min(limit, total)
+    if not isinstance(limit, float):
+        return limit if total is None else min(limit, total)
+    name = f"limit_{stage}_batches"
+    if total is None:
+        if limit == 1.0:
+            return None
+        raise ValueError(f"Trainer({name}={limit!r}): a fraction needs {_STAGE_DATA[stage]} with a known "
+                         f"length (len()); pass an int number of batches instead.")
+    kept = int(total * limit)
+    if kept == 0 and limit > 0 and total > 0:
+        raise ValueError(f"Trainer({name}={limit!r}) keeps none of the {total} batches of {_STAGE_DATA[stage]} "
+                         f"({limit!r} * {total} < 1); increase it to at least {name}={1.0 / total!r}.")
+    return kept
+
+
+_STAGE_DATA = {"train": "the train data", "val": "the validation data", "test": "the test data",
+               "predict": "the predict data"}
 
 
 def maybe_len(loader) -> int | None:
@@ -81,7 +102,7 @@ def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callbac
             "one of the two."
         )
     if enabled and not checkpoints:
-        checkpoints = [ModelCheckpoint()]
+        checkpoints = [DefaultCheckpoint()]  # saves spaced to cost at most 5% of the fit's time
     keys = [cb.state_key for cb in checkpoints]
     if len(set(keys)) < len(keys):  # Lightning raises too: one callback's saved state would be lost
         twin = next(key for key in keys if keys.count(key) > 1)
@@ -129,10 +150,77 @@ def fast_dev_run(value: Any) -> int:
     return int(value)
 
 
+_SEED_RANGE = (-2**63, 2**63 - 1)  # what `jax.random.key` takes (a 64-bit integer)
+
+
 def seed(value: Any) -> int:
-    if not isinstance(value, int):
-        raise ValueError(f"Trainer(seed=...) must be an int, got {value!r}")
+    low, high = _SEED_RANGE
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"Trainer(seed=...) must be an int from -2**63 to 2**63 - 1 (a 64-bit random "
+                         f"key), got {value!r}")
     return value
+
+
+def flags(**values: Any) -> None:
+    """Each `name=value` is a bool: `"no"` or 2 would otherwise read as True."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"Trainer({name}=...) must be True or False, got {value!r}")
+
+
+def callback_list(value: Any) -> list[Any]:
+    """`callbacks` as a list: None is none, one `Callback` is a list of it (as Lightning takes)."""
+    if value is None:
+        return []
+    if isinstance(value, Callback):
+        return [value]
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"Trainer(callbacks=...) takes a fitjax.Callback or a list of them, got "
+                        f"{type(value).__name__}: {value!r}")
+    return list(value)
+
+
+def root_dir(value: Any) -> str:
+    """`default_root_dir` as a str path (the working directory for None), checked to be a folder
+    fit can write into now rather than at its first log line."""
+    if value is None or value == "":
+        return os.getcwd()
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"Trainer(default_root_dir=...) takes a folder path (a str or os.PathLike) or None "
+                        f"(the working directory), got {type(value).__name__}: {value!r}")
+    path = os.path.expanduser(os.fspath(value))
+    if "://" not in path:  # an object-store URL is checked by whoever writes there
+        problem = _unwritable(path)
+        if problem:
+            raise ValueError(f"Trainer(default_root_dir={value!r}) is not a folder fit can write into: "
+                             f"{problem}. Pass a folder that exists or can be created.")
+    return path
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the folder `path` cannot be written into (None: it can). A missing folder is created
+    and removed again: only trying tells a read-only or virtual filesystem from a real one."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"{path!r} is a file"
+        return None if os.access(path, os.W_OK | os.X_OK) else f"{path!r} is not writable"
+    missing = []
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent!r} is a file"
+    try:
+        os.makedirs(path, exist_ok=True)  # another process of the run may create it at the same time
+    except OSError as err:
+        return f"creating it fails ({type(err).__name__}: {err.strerror})"
+    for folder in missing:  # the loggers create it when they first write
+        try:
+            os.rmdir(folder)
+        except OSError:  # another process of the same run uses it already
+            break
+    return None
 
 
 def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float | None:
@@ -151,6 +239,17 @@ def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int |
             "int, or set check_val_every_n_epoch."
         )
     return value
+
+
+def warn_short_epoch(trainer, num_batches: int | float | None) -> None:
+    """Lightning's warning (its fit loop's `setup_data`) when an epoch has fewer batches than
+    `log_every_n_steps`: the logs would show no point inside an epoch."""
+    if (trainer.loggers and not trainer.fast_dev_run and num_batches is not None and math.isfinite(num_batches)
+            and trainer.log_every_n_steps > num_batches):
+        warnings.warn(
+            f"The number of training batches ({int(num_batches)}) is smaller than the logging interval "
+            f"Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for log_every_n_steps "
+            "if you want to see logs for the training epoch.", stacklevel=4)
 
 
 def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> int | None:
@@ -173,3 +272,49 @@ def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> 
             )
         return None
     return max(1, int(num_batches * (1.0 if interval is None else interval)))
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltFrom:
+    """The batch a model and its steps were built from: its leaves' paths and shapes, to say
+    which batch a failing step was given that is shaped otherwise (a feature size, a key).
+
+    Only asked after a step raised: the loop pays nothing per step for it.
+    """
+
+    source: str  # e.g. "the first train batch"
+    paths: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, batch: Any, source: str) -> "BuiltFrom":
+        leaves, _ = jax.tree_util.tree_flatten_with_path(batch)
+        return cls(source, tuple(jax.tree_util.keystr(p) for p, _ in leaves),
+                   tuple(tuple(np.shape(x)) for _, x in leaves))
+
+    def explain(self, err: Exception, batch: Any, what: str) -> None:
+        """Raises a `ValueError` naming `what` (e.g. "the validation data's batch 3") when
+        `batch` (stacked micro-batches or steps in front allowed) is shaped unlike the batch the
+        model was built from; returns when it is not, for the caller to re-raise `err`."""
+        leaves, _ = jax.tree_util.tree_flatten_with_path(batch)
+        paths = tuple(jax.tree_util.keystr(p) for p, _ in leaves)
+        if paths != self.paths:
+            problem = f"its leaves are {list(paths)}, those of {self.source} {list(self.paths)}"
+        else:
+            problem = next((f"`batch{path}` has shape {np.shape(x)}, in {self.source} {shape}"
+                            for path, (_, x), shape in zip(paths, leaves, self.shapes)
+                            if not _same_example(np.shape(x), shape)), None)
+        if problem is None:
+            return
+        raise ValueError(
+            f"{what} failed in the step and is shaped unlike {self.source}, which the model and "
+            f"its steps were built from: {problem}. Give every batch of every stage the same "
+            f"feature shapes (only the batch size may differ). The step's error: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+
+
+def _same_example(shape: tuple[int, ...], built: tuple[int, ...]) -> bool:
+    """Whether a leaf's shape ends with `built`'s per-example dimensions."""
+    tail = built[1:]
+    return len(shape) >= len(built) and tuple(shape[len(shape) - len(tail):]) == tail

@@ -5,7 +5,8 @@
   the signal); `trainer.received_sigterm` is True on all and `ModelCheckpoint` saves there.
 - The requeue signal (SLURM with `auto_requeue`; SIGUSR1 by default): the same agreed stop, one
   checkpoint `<default_root_dir>/hpc_ckpt_<n>` saved by every process, then process 0 runs
-  `scontrol requeue <job id>` once that save is complete on every process. Lightning saves and
+  `scontrol requeue <job id>` once that save is complete on every process, as the last thing
+  fit does (after the exception hooks, the loggers' finalisation and teardown). Lightning saves and
   requeues inside the signal handler; here the handler only records the request, since the
   state may be half-donated to a running step.
 - A fit without `ckpt_path` resumes from the newest `hpc_ckpt_<n>` when it runs under SLURM
@@ -27,10 +28,11 @@ from typing import Any, Iterator
 
 from fitjax import checkpoint
 from fitjax.loop._resume import Preempted
+from fitjax.plugins.environments import SLURMEnvironment
 from fitjax.strategies._distributed import agree, broadcast_str
 from fitjax.strategies._stop_agreement import StopAgreement
 
-__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "stop_on_signals", "stopped"]
+__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "requeue_if_saved", "requeue_signal", "stop_on_signals", "stopped"]
 
 log = logging.getLogger("fitjax")
 
@@ -39,21 +41,31 @@ REQUEUE = "requeue"
 RESTART_COUNT_VAR = "FITJAX_RESTART_COUNT"  # set by `fitjax launch --max-restarts` in restarted processes
 
 
+def requeue_signal(environment) -> signal.Signals | None:
+    """The signal that asks for a requeue: `SLURMEnvironment(auto_requeue=True)`'s
+    `requeue_signal`; None for every other environment."""
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return environment.requeue_signal
+    return None
+
+
 @contextlib.contextmanager
-def stop_on_signals(trainer, *, requeue_signal: int | None = None) -> Iterator[StopAgreement]:
-    """While fitting, SIGTERM (and `requeue_signal`, when given) ask every process to stop after
-    an agreed step (`trainer._stopping`). The handlers only record the request: saving from a
-    handler could meet the state half-donated to a running step. Installed from the main
-    thread only (Python's rule); the previous handlers are restored after."""
+def stop_on_signals(trainer) -> Iterator[StopAgreement]:
+    """While fitting, SIGTERM (and the cluster environment's requeue signal) ask every process
+    to stop after an agreed step (`trainer._stopping`). The handlers only record the first
+    request (a SIGTERM that SLURM sends after a requeue changes nothing): saving from a handler
+    could meet the state half-donated to a running step. Installed from the main thread only
+    (Python's rule); the previous handlers are restored after."""
     agreement = StopAgreement()
     reasons = {signal.SIGTERM: "SIGTERM"}
-    if requeue_signal is not None:
-        reasons[signal.Signals(requeue_signal)] = REQUEUE
+    requeue = requeue_signal(trainer.cluster_environment)
+    if requeue is not None:
+        reasons[requeue] = REQUEUE
 
     def handler(signum, frame):
-        if signum == signal.SIGTERM:
-            trainer.received_sigterm = True
-        agreement.request(reasons[signum])
+        if agreement.requested is None:
+            trainer.received_sigterm = signum == signal.SIGTERM
+            agreement.request(reasons[signum])
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -70,13 +82,12 @@ def stop_on_signals(trainer, *, requeue_signal: int | None = None) -> Iterator[S
 
 def stopped(trainer, reason: str) -> Preempted:
     """What the agreed stop does before fit returns: SIGTERM marks `received_sigterm` on every
-    process (checkpoint callbacks save); the requeue signal saves the hpc checkpoint and
-    requeues the job. Returns the exception the loop raises."""
+    process (checkpoint callbacks save); the requeue signal saves the hpc checkpoint, and fit
+    requeues the job when it is done (`requeue_if_saved`). Returns the exception the loop raises."""
+    # the same on every process (one may have had another signal first): a save is collective
+    trainer.received_sigterm = reason == "SIGTERM"
     if reason == REQUEUE:
-        path = save_hpc_checkpoint(trainer)
-        requeue_job(trainer, path)
-    else:
-        trainer.received_sigterm = True  # a process the signal missed stops and saves too
+        trainer._requeue_from = save_hpc_checkpoint(trainer)  # requeued when fit is done
     return Preempted(f"{reason} received; stopped after step {trainer.global_step}")
 
 
@@ -111,6 +122,15 @@ def save_hpc_checkpoint(trainer) -> Path:
     return path
 
 
+def requeue_if_saved(trainer) -> None:
+    """At the very end of fit (callbacks' exception hooks, loggers and teardown done): requeue
+    the job when the requeue signal saved an hpc checkpoint. SLURM then sends SIGTERM and
+    ends this run, so nothing of fit's own work is left to race it."""
+    saved, trainer._requeue_from = trainer._requeue_from, None
+    if saved is not None:
+        requeue_job(trainer, saved)
+
+
 def requeue_job(trainer, saved: Path) -> None:
     """Process 0 runs `scontrol requeue <job id>`; SLURM then ends this job and starts it again."""
     if not trainer.is_global_zero:
@@ -135,7 +155,7 @@ def requeue_job(trainer, saved: Path) -> None:
 
 # ------------------------------------------------------------------------------ resuming
 
-def auto_resume_path(trainer, ckpt_path: Any, *, on_slurm: bool) -> Any:
+def auto_resume_path(trainer, ckpt_path: Any) -> Any:
     """`Trainer.fit(ckpt_path=...)` after Lightning's automatic choices: "hpc" is the newest
     hpc checkpoint; None under SLURM is the newest hpc checkpoint when there is one (the
     requeued job resumes with no change to its script), and None in a process `fitjax launch`
@@ -149,7 +169,7 @@ def auto_resume_path(trainer, ckpt_path: Any, *, on_slurm: bool) -> Any:
         return found
     if ckpt_path is not None:
         return ckpt_path
-    if on_slurm:
+    if SLURMEnvironment.detect():  # Lightning's test: inside a SLURM job, whichever environment runs
         found = hpc_resume_path(trainer)
         if found is not None:
             if trainer.is_global_zero:

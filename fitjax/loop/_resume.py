@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from fitjax import checkpoint
+from fitjax import _accelerator, checkpoint
 from fitjax import _checkpoint_writer
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
@@ -98,15 +98,23 @@ class Checkpoints:
             raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
         _checkpoint_writer.prepare(path.parent)
         writer = _checkpoint_writer.writer()  # the process's one writer, after the saves queued before
+        self.record_save()
         writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
         writer.wait()  # written (and its failure raised) before returning
 
     def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
         """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
-        loop's progress, the data position, callback and logger states, hyperparameters.
-        Checkpoint callbacks call it when they save; the position is recorded as last saved."""
-        self._progress.last_saved = self._progress.position
+        loop's progress (with this position as the last saved), the data position, callback and
+        logger states, hyperparameters. A read: it changes nothing (`record_save` acts)."""
         return fit_meta(self, module)
+
+    def record_save(self) -> None:
+        """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:
+        the train log window on its way is logged (its rows reach the loggers and the epoch's
+        means, which the checkpoint holds), and the position becomes the last saved one
+        (`trainer.progress.last_saved`). Whoever saves calls it, as `ModelCheckpoint` does."""
+        self._finish_train_window()
+        self._progress.last_saved = self._progress.position
 
 
 def fit_meta(trainer, module) -> dict[str, Any]:
@@ -132,7 +140,8 @@ def fit_meta(trainer, module) -> dict[str, Any]:
         "global_step": progress.global_step,
         "epoch": epoch,  # where the run resumes: this epoch, after `batches_done` batches
         "batches_done": batches,
-        "progress": progress.state_dict(),  # the whole loop position, as it was at the save
+        # the whole loop position, as it is at the save (which is then the last saved)
+        "progress": {**progress.state_dict(), "last_saved": progress.position.as_list()},
         "loader": loader_state,
         "epoch_acc": epoch_acc,
         "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
@@ -150,6 +159,8 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     """Restores `trainer.state`, the progress, callbacks and loggers from `path`; returns the
     batches of the epoch the checkpoint stopped in, from the first one not yet stepped."""
     meta = checkpoint.read_meta(path)
+    if trainer.is_global_zero:  # Lightning's line, with where the run stood
+        _accelerator.log.info(f"Restoring states from the checkpoint path at {path} {stood_at(meta)}")
     trainer.state = checkpoint.restore_state(path, trainer.state, options={"precision": trainer.precision})
     progress = trainer._progress
     progress.load_state_dict(meta.get("progress", {}))
@@ -171,6 +182,13 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
         warnings.warn(f"checkpoint {str(path)!r} holds no data position; the first {start} "
                       "batches of the epoch are replayed from the loader and dropped.", stacklevel=3)
     return trainer._epoch_batches(loader, progress.epoch, start=start, state=state)
+
+
+def stood_at(meta: dict) -> str:
+    """Where a checkpoint's run stood: "(global step S; epoch E from batch B)", the position a
+    resume continues from (a checkpoint saved at an epoch's end continues in the next epoch)."""
+    return (f"(global step {int(meta['global_step'])}; epoch {int(meta['epoch'])} from batch "
+            f"{int(meta.get('batches_done', 0))})")
 
 
 def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:

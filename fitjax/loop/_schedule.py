@@ -55,14 +55,14 @@ class Schedule:
         across = self.check_val_every_n_epoch is None
         return self._val_every is not None and self.progress.crossed_batches(self._val_every, across_epochs=across)
 
-    def _preempted(self) -> str | None:
+    def _agree_on_preemption(self) -> str | None:
         """Why every process stops now (SIGTERM, the requeue signal), or None: a signal reaches
         each process at its own step, so the processes agree on the step after the last one any
         of them had passed when the first signal came (`fitjax.strategies._stop_agreement`);
         with one process, the step during which it came."""
         return self._stopping.reached(self.global_step)
 
-    def _stop_agreed(self, *, synced: bool) -> bool:
+    def _agree_on_stop(self, *, synced: bool) -> bool:
         """`should_stop` as every process sees it; with several processes it is compared at sync
         points only (log steps, validations), so a stop takes effect there or at the epoch end."""
         if jax.process_count() == 1:

@@ -7,16 +7,19 @@ logging); it lives here so that `trainer.py` reads as the fit loop's outline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import warnings
 from typing import Any, Iterator
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
-from fitjax import _logged, checkpoint
+from fitjax import _accelerator, _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.data._checks import checked_batches
@@ -24,9 +27,13 @@ from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
+from fitjax.loop.stage import Stage
 from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
+
+_DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
+_METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Trainer method of each stage
 
 
 class EvalStages:
@@ -54,10 +61,10 @@ class EvalStages:
         name = {"val": "validate", "test": "test"}[stage]
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        self.verbose_evaluation = verbose
         loader = self._stage_loader(data, datamodule, stage=stage, method=name)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
+        before, self._stage = self._stage, Stage(name, verbose=verbose)
         self._hooks.call("setup", self, module, name)
         try:
             params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
@@ -71,6 +78,7 @@ class EvalStages:
             self._call(f"on_{hook}_end", module)
         finally:
             self._hooks.call("teardown", self, module, name)
+            self._stage = before
         for logger in self.loggers:
             logger.save()
         return [results]
@@ -83,6 +91,7 @@ class EvalStages:
         checks.check_module(module)
         loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+        before, self._stage = self._stage, Stage("predict")
         self._hooks.call("setup", self, module, "predict")
         try:
             params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
@@ -90,7 +99,11 @@ class EvalStages:
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
             for batch_idx, (batch, size) in enumerate(self._eval_batches(loader, "predict")):
-                out = self._compiled.predict_step(params, model_state, rng, batch)
+                try:
+                    out = self._compiled.predict_step(params, model_state, rng, batch)
+                except Exception as err:
+                    self._built_from.explain(err, batch, f"the predict data's batch {batch_idx}")
+                    raise
                 pieces.append((out, size))
                 if wants_batch_end:
                     self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
@@ -99,6 +112,7 @@ class EvalStages:
             self._hooks.call("on_predict_end", self, module)
         finally:
             self._hooks.call("teardown", self, module, "predict")
+            self._stage = before
         if not host:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
@@ -127,7 +141,7 @@ class EvalStages:
         if not self.num_sanity_val_steps or not self._validation_enabled(val_loader):
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
-        self.sanity_checking = True
+        before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
         try:
             self._call("on_sanity_check_start", module)
             self._count_val_batches(val_loader, limit=limit)
@@ -138,7 +152,7 @@ class EvalStages:
             self._call("on_validation_epoch_end", module, log=False)
             self._call("on_validation_end", module, log=False)
         finally:
-            self.sanity_checking = False
+            self._stage = before
         self._call("on_sanity_check_end", module)
 
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None):
@@ -156,7 +170,16 @@ class EvalStages:
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
+            if self.is_global_zero:
+                _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
+                                      f"{_resume.stood_at(checkpoint.read_meta(ckpt_path))}")
+        elif module.variables is None and isinstance(module._find_model(), nn.Module):
+            warnings.warn(f"Trainer.{_METHOD[stage]}: {type(module).__name__} was never fitted nor loaded; "
+                          "its weights are freshly initialised. Fit it first, pass ckpt_path=..., or "
+                          "load one with LitModule.load_from_checkpoint.",
+                          stacklevel=3 if stage == "predict" else 4)  # the user's call
         self._module_for_compiled = module
+        self._built_from = checks.BuiltFrom.of(first[0], f"the first batch of the {_DATA[stage]} data")
         self.state = None
         module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
         return variables
@@ -171,9 +194,13 @@ class EvalStages:
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
-            acc = eval_step(params, model_state, rng, acc, batch, mask)
+            try:
+                acc, outputs = eval_step(params, model_state, rng, acc, batch, mask)
+            except Exception as err:
+                self._built_from.explain(err, batch, f"the {_DATA[stage]} data's batch {batch_idx}")
+                raise
             if wants_batch_end:
-                self._hooks.call(hook, self, module, None, batch, batch_idx)
+                self._hooks.call(hook, self, module, outputs, batch, batch_idx)
         host = jax.device_get(acc)  # sync point: once per evaluation
         specs = self._compiled.log_specs
         return (_logged.compute(host, specs, stage=stage, epoch=True),
@@ -182,7 +209,7 @@ class EvalStages:
     def _count_val_batches(self, loader, *, limit: int | None = None) -> None:
         """`num_val_batches` for the validation about to run, set before its hooks (a progress
         bar draws its total at `on_validation_start`); None when the loader has no length."""
-        self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader))
+        self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader), stage="val")
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
                       limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
@@ -192,7 +219,7 @@ class EvalStages:
         With several processes each pads its own slice, to the loader's `local_batch_size` when
         it has one: a process's slice of the last batch may be smaller or empty, and all must
         agree on the shape (the global padded batch is then the single-process one)."""
-        limit = checks.apply_limit(limit or self.limits[stage], maybe_len(loader))
+        limit = checks.apply_limit(limit or self.limits[stage], maybe_len(loader), stage=stage)
         shards = self.strategy.num_batch_shards // jax.process_count()  # this process's devices
         local = getattr(loader, "local_batch_size", None) if jax.process_count() > 1 else None
         full = None if local is None else math.ceil(local / shards) * shards

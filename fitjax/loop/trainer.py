@@ -14,6 +14,7 @@ Sync points (where the host waits for the device) are marked; there is none per 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -23,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _log_fetch
+from fitjax import _accelerator, _determinism
 from fitjax import step as step_lib
 from fitjax.loop import _checks as checks
 from fitjax.loop import _preemption, _resume
@@ -34,6 +35,7 @@ from fitjax.loop._schedule import Schedule
 from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.progress import Progress, ProgressView
+from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
@@ -79,7 +81,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             process 0 logs and draws progress.
         plugins: a `fj.plugins.environments.ClusterEnvironment` (in a list or alone) instead of
             the detected one (SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, `fitjax launch`).
-        callbacks: extra `Callback`s (a progress bar is added when `enable_progress_bar`).
+        callbacks: extra `Callback`s, a list or one (a progress bar is added when
+            `enable_progress_bar`).
         logger: True (TensorBoard), False, a `Logger` or a list of them.
         default_root_dir: where logs (and checkpoints) go; the working directory by default.
         log_every_n_steps: log and display the train metrics' means every this many steps. The
@@ -101,8 +104,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             or sanity check — a smoke test of the code.
         enable_progress_bar: show a `RichProgressBar`.
         enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
-        enable_checkpointing: add a `ModelCheckpoint()` (a save per epoch under
-            `<logger.log_dir>/checkpoints`) unless `callbacks` has one.
+        enable_checkpointing: add a `DefaultCheckpoint()` (under `<logger.log_dir>/checkpoints`:
+            the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
+            unless `callbacks` has a `ModelCheckpoint`.
         seed: the run's base random key (parameter init and every rng stream).
         precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
             (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
@@ -199,6 +203,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
         self.seed = checks.seed(seed)
+        checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
+                     enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
+                     detect_anomaly=detect_anomaly)
         self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
@@ -214,10 +221,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.devices = checks.select_devices(devices, accelerator)
         self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
-        self.default_root_dir = os.path.expanduser(os.fspath(default_root_dir or os.getcwd()))
+        self.default_root_dir = checks.root_dir(default_root_dir)
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
-        callbacks = with_defaults(callbacks, progress_bar=enable_progress_bar,
+        callbacks = with_defaults(checks.callback_list(callbacks), progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
         callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
@@ -241,17 +248,16 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
-        self.sanity_checking = False  # True while the sanity check runs (Lightning's flag)
-        self.verbose_evaluation = True  # validate/test print their results (their `verbose=`)
-        self._fitting = False
+        self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
+        self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
-        self._window_rows = True  # the window on its way writes log rows (not at an epoch's end)
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
-        self._window: _log_fetch.Window | None = None  # the last log step's values, on their way
+        self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
+        self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
 
     # ------------------------------------------------------------------------------ properties
 
@@ -294,6 +300,17 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         return ProgressView(self._progress)
 
     @property
+    def stage(self) -> Stage:
+        """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
+        whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
+        return self._stage
+
+    @property
+    def sanity_checking(self) -> bool:
+        """True while fit's sanity check runs its validation batches (Lightning's flag)."""
+        return self._stage.sanity_checking
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken (Lightning's `trainer.global_step`)."""
         return self._progress.global_step
@@ -313,12 +330,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
         `ModelCheckpoint` read them.
 
-        Reading it completes the train log window on its way to the host, if any: the values
-        are those of every log step so far. That read waits for the device only on the first
-        read after a log step, and only when the copy has not arrived yet; the loop itself and
-        the progress bar never read it per step.
+        They include the train log window on its way to the host, if any: the values are those
+        of every log step so far. Reading waits for the device only on the first read after a
+        log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
+        the window at its next step). The loop itself and the progress bar never read it per step.
         """
-        self._finish_train_window()
+        # the window's values join the latest values now (the same update the loop makes when it
+        # logs the window); the dict itself is returned, as Lightning's callbacks update it
+        self._callback_metrics.update(self._pending_callback_metrics())
         return self._callback_metrics
 
     @property
@@ -380,14 +399,16 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        ckpt_path = _preemption.auto_resume_path(self, ckpt_path, on_slurm=False)  # "hpc", a launch restart
+        if self._validation_enabled(val_loader):  # a fraction keeping no batch: an error now, as Lightning
+            checks.apply_limit(self.limits["val"], checks.maybe_len(val_loader), stage="val")
+        ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
             logger.claim_version()
+        self._stage = Stage("fit")
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
-        self._fitting = True
         try:
             with _preemption.stop_on_signals(self), self._compile_times:
                 self._fit(module, train_loader, val_loader, ckpt_path)
@@ -399,13 +420,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
-            self._fitting = False
             self._feed = None  # the train data's copy on the devices
-            self._window = None  # values of an interrupted window are not logged
+            self._windows.clear()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
+            self._stage = Stage()
             self.profiler.describe()
             self.profiler.teardown("fit")
+            _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
         self._finalize_loggers("success")
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
@@ -416,6 +438,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
@@ -426,6 +449,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             logger.log_hyperparams(dict(module.hparams))
         self._val_every = checks.val_check_batches(self, self.num_training_batches,
                                                    validating=self._validation_enabled(val_loader))
+        checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loader)
         if not self._skip_training():
@@ -469,30 +493,42 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 step_fn = block_step
             else:
                 step_fn = train_step if chunk.full else tail_step
-            self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+            try:
+                self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+            except Exception as err:
+                self._explain_train_failure(err, chunk, batch_idx)
+                raise
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
-            if self._window is not None and self._window.ready():
-                self._finish_train_window()  # the last log step's values have arrived
+            self._read_arrived_windows()  # the log steps' values that have arrived
             if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
                 outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
             synced = self.progress.crossed(self.log_every_n_steps)
             if synced:
-                self._start_train_window()  # no wait: read at a later step (`_window`)
+                self._start_train_window()  # no wait: read at a later step (`_windows`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if (reason := self._preempted()) is not None:  # every process after the same step
+            if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
                 raise _preemption.stopped(self, reason)
-            stop = self._stop_agreed(synced=synced)
+            stop = self._agree_on_stop(synced=synced)
             if self._val_due(val_loader, stop=stop):
                 self._validate_during_fit(module, val_loader)
-                stop = self._stop_agreed(synced=True)
+                stop = self._agree_on_stop(synced=True)
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
         if ran_out and self._val_every is None and self._val_epoch_due(val_loader):
             self._validate_during_fit(module, val_loader)  # data without a length: at its end
         self._end_train_epoch(module)
+
+    def _explain_train_failure(self, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
+        """Raises naming the train batch when it is shaped unlike the one the model was built from."""
+        if chunk.on_device:  # batches of one block: shaped alike
+            return
+        inputs = chunk.inputs[0] if self.step_options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
+        first = last - chunk.num_batches + 1
+        which = f"batch {last}" if first == last else f"batches {first}-{last}"
+        self._built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""

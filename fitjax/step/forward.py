@@ -18,6 +18,7 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.step import context
+from fitjax.step._jit_rules import explain_jit_rules
 from fitjax.step.model_binding import ModelBinding
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
@@ -90,13 +91,15 @@ def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation
 
 
 def make_eval_step(module, binding: ModelBinding, stage: str = "val"):
-    """`eval_step(params, model_state, rng, acc, batch, mask) -> acc` for the evaluation `stage`
-    ("val" or "test": `context.current_stage()` while traced).
+    """`eval_step(params, model_state, rng, acc, batch, mask) -> (acc, values)` for the
+    evaluation `stage` ("val" or "test": `context.current_stage()` while traced).
 
     The loss and metrics are computed per example (`vmap` over the batch) and weighted by
     `mask`, so the padded rows of a last partial batch count for nothing and every real example
-    counts exactly once, without compiling a second shape. The batch index the user's code sees
-    counts the batches of this evaluation.
+    counts exactly once, without compiling a second shape. `values` are this batch's means over
+    its real examples (what `on_validation_batch_end` receives as `outputs`; a few scalars that
+    stay on the device unless a hook reads them). The batch index the user's code sees counts
+    the batches of this evaluation.
     """
 
     def eval_step(params, model_state, rng, acc, batch: Batch, mask: jax.Array):
@@ -112,7 +115,11 @@ def make_eval_step(module, binding: ModelBinding, stage: str = "val"):
             return step_values(module, example, outputs, loss, logged, train=False)
 
         with context.stage(stage), context.batch_index(index):
-            return acc_lib.add(acc, jax.vmap(one)(batch), mask)
+            per_example = jax.vmap(one)(batch)
+        weight = mask.astype(jnp.float32)
+        real = jnp.maximum(weight.sum(), 1.0)
+        values = {name: (jnp.asarray(per_example[name], jnp.float32) * weight).sum() / real for name in acc}
+        return acc_lib.add(acc, per_example, mask), values
 
     return eval_step
 
@@ -152,12 +159,16 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
     specs: dict[str, _logged.LogSpec] = {}
 
     def probe(rng, batch, given, train):
-        with module._mode(True), _logged.collecting():
+        with module._mode(True), _logged.collecting(), explain_jit_rules(owner, "loss"):
             params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
         with module._mode(train), _logged.collecting() as logged:
-            out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
+            with explain_jit_rules(owner, "loss"):
+                out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
             loss, outputs = split_loss(out)
-            values = module.metrics(batch, outputs)
+            no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
+            _check_loss(owner, jnp.zeros(()) if no_loss else loss)  # here: a str cannot leave the trace
+            with explain_jit_rules(owner, "metrics"):
+                values = _check_metrics(owner, module.metrics(batch, outputs))
         for name, spec in logged.specs.items():  # a name logged in both modes keeps its train spec
             specs.setdefault(name, spec)
         return loss, values, logged.values
@@ -165,8 +176,7 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
     def names(train: bool) -> tuple[str, ...]:
         loss, values, logged = jax.eval_shape(functools.partial(probe, train=train),
                                               jax.random.key(0), batch, given)
-        no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
-        values = _check_values(owner, jnp.zeros(()) if no_loss else loss, values)
+        no_loss = loss is None and not train
         for name, value in logged.items():
             if name in values:
                 raise ValueError(
@@ -180,21 +190,34 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
     return StepNames(train_names, eval_names, specs)
 
 
+def _as_array(value: Any) -> Any:
+    """Python numbers as the arrays they become when a traced function returns them."""
+    return jnp.asarray(value) if isinstance(value, (int, float)) else value
+
+
 def _check_scalar(what: str, value: Any) -> None:
-    if getattr(value, "shape", None) != ():
+    value = _as_array(value)
+    if not hasattr(value, "shape"):
+        raise TypeError(f"{what} must be one scalar array per batch, got {type(value).__name__}: {value!r}.")
+    if value.shape != ():
         raise ValueError(
-            f"{what} must be one scalar per batch, got shape {getattr(value, 'shape', value)!r}. "
+            f"{what} must be one scalar per batch, got shape {value.shape!r}. "
             "Reduce it over the batch, e.g. `.mean()`."
         )
 
 
-def _check_values(owner: str, loss: Any, values: Any) -> dict[str, Any]:
+def _check_loss(owner: str, loss: Any) -> None:
+    loss = _as_array(loss)
     if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
-        got = f"shape {loss.shape} dtype {loss.dtype}" if hasattr(loss, "shape") else repr(loss)
+        got = (f"shape {loss.shape} dtype {loss.dtype}" if hasattr(loss, "shape")
+               else f"{type(loss).__name__}: {loss!r}")
         raise ValueError(
             f"{owner}.loss must return a scalar float loss (or `(loss, outputs)`), got {got}. "
             "Reduce it over the batch, e.g. `.mean()`."
         )
+
+
+def _check_metrics(owner: str, values: Any) -> dict[str, Any]:
     values = values or {}
     if not isinstance(values, dict):
         raise TypeError(

@@ -41,13 +41,25 @@ def test_a_non_terminal_gets_plain_lines_per_log_step_and_per_epoch():
     assert "\x1b" not in text  # no escape codes in a log file
     lines = text.splitlines()
     steps = [line for line in lines if line.startswith("epoch ")]
-    assert [re.match(r"epoch (\d) step (\d)/8 \(global (\d+)\)", s).groups() for s in steps] == [
+    assert [re.match(r"epoch (\d) batch (\d)/8 \(optimizer step (\d+)\)  \d+\.\d it/s", s).groups() for s in steps] == [
         ("0", "4", "4"), ("0", "8", "8"), ("1", "4", "12"), ("1", "8", "16")]
     # the loss and the value marked prog_bar=True are shown; the unmarked metric is not
     assert all(" loss " in s and " pred_mean " in s and "mae" not in s for s in steps)
     epochs = [line for line in lines if line.startswith("Epoch ")]
     assert len(epochs) == 2 and all(re.search(r"done in .* loss \S+ .*mae .*val/loss ", e) for e in epochs)
     assert re.search(r"^Validation results  val/loss \S+", text, re.M)
+    assert "`Trainer.fit` stopped: `max_epochs=2` reached." in lines  # Lightning's closing line
+
+
+def test_a_run_ended_by_max_steps_says_so():
+    out = io.StringIO()
+    trainer = quiet_trainer(max_epochs=5, max_steps=11, strategy="single", log_every_n_steps=4,
+                            callbacks=[fj.RichProgressBar(file=out)], enable_progress_bar=True)
+    trainer.fit(Marked(), fj.DataLoader(regression_data(), batch_size=32))  # 8 batches an epoch
+    epochs = [line for line in out.getvalue().splitlines() if line.startswith("Epoch ")]
+    assert epochs[0].startswith("Epoch 0 done in ") and len(epochs) == 2
+    assert re.match(r"Epoch 1 stopped at max_steps=11 after 3/8 batches in \S+ \(optimizer step 11\)", epochs[1])
+    assert out.getvalue().splitlines()[-1] == "`Trainer.fit` stopped: `max_steps=11` reached."
 
 
 def test_validate_and_test_with_verbose_false_print_no_results_line():
@@ -125,7 +137,10 @@ def test_summary_shows_how_sharded_arrays_are_split():
 
 def test_enable_flags_add_or_remove_the_default_callbacks():
     trainer = fj.Trainer(logger=False)
-    assert {type(cb) for cb in trainer.callbacks} == {fj.RichProgressBar, fj.RichModelSummary, fj.ModelCheckpoint}
+    # the default checkpoint is a ModelCheckpoint subclass (DefaultCheckpoint: it spaces its saves)
+    assert isinstance(trainer.checkpoint_callback, fj.ModelCheckpoint)
+    assert {type(cb) for cb in trainer.callbacks} == {fj.RichProgressBar, fj.RichModelSummary,
+                                                      type(trainer.checkpoint_callback)}
     trainer = fj.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, callbacks=[fj.RichModelSummary(max_depth=1)])
     assert trainer.callbacks == []
@@ -235,11 +250,13 @@ def test_a_terminal_says_what_compiles_and_keeps_every_epoch_line():
     assert not any("compiling" in line for line in seen["after the first validation step"])
     shown = _screen(bar.console.file.getvalue())
     done = [line for line in shown if line.startswith("Epoch ") and " done " in line]
-    assert [re.match(r"Epoch (\d) done in \S+ \(global step (\d+)\)  loss ", line).groups() for line in done] == [
+    assert [re.match(r"Epoch (\d) done in \S+ \(optimizer step (\d+)\)  loss ", line).groups() for line in done] == [
         ("0", "4"), ("1", "8"), ("2", "12")]
     assert all(f"  {key} " in line for line in done for key in ("mae", "pred_mean", "val/loss", "val/mae"))
     assert max(len(line) for line in shown) <= 120
-    assert re.match(r"Epoch 2/2 .* 4/4 ", [line for line in shown if line][-1])  # the last bar stays
+    *_, last_bar, closing = [line for line in shown if line]
+    assert re.match(r"Epoch 2/2 .* 4/4 ", last_bar)  # the last bar stays
+    assert closing == "`Trainer.fit` stopped: `max_epochs=3` reached."
 
 
 def test_lightning_style_values_reach_the_epoch_lines_and_the_results():

@@ -28,5 +28,5 @@ class HangOnRank1(fj.Callback):
 
 trainer = fj.Trainer(max_epochs=100_000, strategy="dp", logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10,
-                     callbacks=[HangOnRank1(), fj.callbacks.Watchdog(timeout=5)])
+                     callbacks=[HangOnRank1(), fj.callbacks.Watchdog(timeout=3)])
 trainer.fit(Regressor(), datamodule=RegressorData())

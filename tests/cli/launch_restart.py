@@ -4,7 +4,7 @@ with no change to this script. The restarted run then trains the same fit again 
 interruption, in the same processes: OUT_DIR/params.pkl holds both runs' final parameters.
 
 Writes OUT_DIR/pid_<rank>_<restart> once training runs, OUT_DIR/ready once a checkpoint is complete
-(after which the first run's steps slow down to 0.2 s so that the kill lands mid-run)."""
+(the first run waits for it, then its steps slow down to 0.2 s so that the kill lands mid-run)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ class Marks(fj.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         (out / f"pid_{jax.process_index()}_{restart}").write_text(str(os.getpid()))
         saved = trainer.checkpoint_callback.last_model_path
-        if restart == 0 and saved and checkpoint.is_checkpoint(saved):
+        if restart == 0 and saved:  # the first run, from its first save (step 4) on
+            deadline = time.monotonic() + 60
+            while not checkpoint.is_checkpoint(saved) and time.monotonic() < deadline:
+                time.sleep(0.05)  # the save completes on the writer thread
             (out / "ready").touch()
-            time.sleep(0.2)
+            time.sleep(0.2)  # 12 steps left: >= 2.4 s for the test's kill to land mid-run
 
 
 def run(root: Path, callbacks, **kwargs) -> fj.Trainer:

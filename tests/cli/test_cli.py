@@ -103,16 +103,28 @@ def test_print_config_and_saved_config_reproduce_the_run_bitwise(tmp_path, capsy
         assert_bitwise_equal(host_params(other), host_params(first))
     assert len({cli.trainer.log_dir for cli in (first, again, from_print)}) == 3  # a new version each
     # logged as hyperparameters: the HPARAMS tab shows the config's keys
+    # as a user names them: the chosen class under its key, no Nones, no Trainer defaults
     hparams = _session_start_hparams(Path(first.trainer.log_dir))
     assert hparams["trainer/max_steps"] == 6 and hparams["model/lr"] == pytest.approx(0.02)
-    assert hparams["trainer/strategy/class_path"] == "fitjax.strategies.FSDP"
+    assert hparams["trainer/strategy"] == "fitjax.strategies.FSDP"
+    assert hparams["trainer/strategy/min_size_to_shard"] == 0
+    assert "None" not in hparams.values() and not any("class_path" in k or "init_args" in k for k in hparams)
+    assert {k for k in hparams if k.startswith("trainer/") and "/strategy" not in k} == {
+        "trainer/max_steps", "trainer/deterministic", "trainer/log_every_n_steps", "trainer/default_root_dir",
+        "trainer/enable_checkpointing", "trainer/enable_progress_bar", "trainer/enable_model_summary"}
+    # TensorBoard ticks the first five in name order: the module's and the data's come first
+    assert sorted(hparams)[:2] == ["data/batch_size", "data/seed"] and sorted(hparams)[3] == "model/lr"
 
 
-def test_every_subcommand_runs_and_reads_ckpt_path(tmp_path):
+def test_every_subcommand_runs_and_reads_ckpt_path(tmp_path, capsys):
     common = ["--trainer.default_root_dir", tmp_path]  # each run logs to a new version folder
     fit = run_cli("fit", "--trainer.max_epochs=2", *common)
     ckpt = fit.trainer.checkpoint_callback.last_model_path
     assert fit.trainer.global_step == 8 and ckpt
+    # the last line of a fit says where its logs and checkpoints went
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"fit: logs in {fit.trainer.log_dir}, checkpoints in ")
+    assert str(Path(ckpt).parent) in last
     (val,) = run_cli("validate", "--ckpt_path", ckpt, *common).result
     assert val["val/loss"] == pytest.approx(float(fit.trainer.callback_metrics["val/loss"]), rel=1e-5)
     (test,) = run_cli("test", "--ckpt_path", ckpt, *common).result
@@ -121,6 +133,17 @@ def test_every_subcommand_runs_and_reads_ckpt_path(tmp_path):
     expected = fit.trainer.predict(fit.model, datamodule=fit.datamodule)
     assert predictions.shape == (77, 1)
     np.testing.assert_allclose(predictions, expected, rtol=1e-6)
+    assert "77 rows (predictions float32[1]), not saved: pass --output FILE" in capsys.readouterr().out
+    # --output writes them, and says where and how many
+    for name in ("preds.npy", "preds.csv"):
+        run_cli("predict", "--ckpt_path", ckpt, "--output", tmp_path / name, *common)
+        out = capsys.readouterr().out
+        assert f"predict: wrote 77 rows (predictions float32[1]) to {tmp_path / name}" in out
+    np.testing.assert_allclose(np.load(tmp_path / "preds.npy"), expected, rtol=1e-6)
+    with open(tmp_path / "preds.csv") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["predictions"] and len(rows) == 78
+    np.testing.assert_allclose(np.array(rows[1:], dtype=np.float32), expected, rtol=1e-6)
 
 
 def test_subclasses_callbacks_logger_optimizer_and_schedule_from_config(tmp_path):
@@ -177,14 +200,52 @@ def test_bad_keys_and_types_exit_2_naming_them(capsys, args, expected):
     assert code == 2
     for text in expected:
         assert text in err
-    assert "Traceback" not in err
+    assert_one_error_line(err)
+
+
+def assert_one_error_line(err: str) -> str:
+    """What a user reads on a mistake: one `error:` line, then one `tip:` line, no usage, no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith("error: ") and lines[1].startswith("tip: ") and "--debug" in lines[1]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["fit", "--trainer.max_epoch=3"], "(did you mean --trainer.max_epochs?)"),
+    (["fit", "--model.lrr=0.1"], "(did you mean --model.lr?)"),
+    (["fitt"], "(did you mean fit?)"),
+])
+def test_a_near_key_is_suggested(capsys, args, expected):
+    code, _, err = exits_with(capsys, *args)
+    assert code == 2 and assert_one_error_line(err).endswith(expected)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["fit", "--trainer.strategy=fsd"], "Trainer(strategy=...) got 'fsd'"),
+    (["fit", "--trainer.strategy=FSDP", "--trainer.strategy.fsdp=3"], "FSDP(fsdp=3) does not divide the 8 devices"),
+    (["fit", "--trainer.accelerator=gpu"], "Trainer(accelerator='gpu'): JAX has no gpu backend"),
+    (["validate", "--ckpt_path=/no/such/checkpoint"], "'/no/such/checkpoint'"),
+    (["validate", "--ckpt_path=best", "--trainer.enable_checkpointing=false"], "needs a ModelCheckpoint"),
+    (["predict", "--output=predictions.txt"], "--output='predictions.txt': the file must end in one of"),
+])
+def test_objects_and_checkpoints_the_config_cannot_give_exit_2_on_one_line(capsys, args, expected):
+    code, _, err = exits_with(capsys, *args)
+    assert code == 2 and expected in assert_one_error_line(err)
+
+
+def test_debug_shows_the_traceback(capsys):
+    with pytest.raises(ValueError, match="got 'fsd'"):
+        run_cli("fit", "--trainer.strategy=fsd", "--debug")
+    with pytest.raises(Exception, match="max_epoch"):  # jsonargparse's ArgumentError, raised
+        run_cli("fit", "--trainer.max_epoch=3", "--debug")
 
 
 def test_a_bad_key_in_a_config_file_exits_2_naming_it(tmp_path, capsys):
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump({"trainer": {"max_epoch": 3}}))
     code, _, err = exits_with(capsys, "fit", "--config", config)
-    assert code == 2 and "max_epoch" in err and "Traceback" not in err
+    assert code == 2 and "max_epoch" in assert_one_error_line(err)
 
 
 def test_help_documents_trainer_model_and_data_arguments(capsys):

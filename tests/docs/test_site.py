@@ -75,3 +75,14 @@ def _has_written_signature(obj) -> bool:
         return init is not None and bool(inspect.getsource(init))
     except (OSError, TypeError):
         return False
+
+
+def test_guides_link_the_public_names_they_mention_to_their_entries(site):
+    import doctest
+
+    assert doctest.testmod(reference).failed == 0  # link_public_names' own example
+    ema = next(e for e in reference.public_entries() if e.name == "fitjax.EMA")
+    tuning = (site / "guides" / "tuning.html").read_text()
+    assert f'href="../reference/fitjax.EMA.html#{ema.target}"' in tuning  # from `fj.EMA(decay=...)`
+    trainer = (site / "guides" / "trainer.html").read_text()
+    assert 'href="../reference/fitjax.Trainer.html#fitjax.loop.trainer.Trainer"' in trainer  # a written [..][..]

@@ -3,6 +3,8 @@ reached through the same s3fs and botocore a user's AWS or MinIO bucket is."""
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import signal
 import subprocess
@@ -128,3 +130,67 @@ def test_kill_9_during_an_upload_then_last_resumes_the_newest_complete_one(bucke
     # the torn upload removed, replaced by a complete save at step 3; the top 2 kept
     assert _listed(url) == ["epoch=0-step=3", "epoch=0-step=4"]
     assert all(checkpoint.is_checkpoint(f"{url}/{n}") for n in _listed(url))
+
+
+def _logged_fit(root: str):
+    loggers = [fj.loggers.TensorBoardLogger(root), fj.loggers.CSVLogger(root, name="csv")]
+    trainer = quiet_trainer(max_epochs=2, enable_checkpointing=True, logger=loggers, log_every_n_steps=2,
+                            default_root_dir=root)
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16), fj.DataLoader(VAL, batch_size=16))
+    return trainer
+
+
+def _scalars(folder: Path) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket, tmp_path):
+    import fsspec
+
+    local = tmp_path / "local"
+    _logged_fit(str(local))
+    root = f"{bucket}/runs"
+    trainer = _logged_fit(root)
+    log_dir = f"{root}/fitjax_logs/version_0"
+    assert str(trainer.checkpoint_callback.dirpath) == f"{log_dir}/checkpoints"
+    assert _listed(f"{log_dir}/checkpoints") == ["epoch=1-step=8"]
+    fs, _ = fsspec.core.url_to_fs(root)
+    fs.get(f"{log_dir}/", str(tmp_path / "tb"), recursive=True)  # TensorBoard's reader takes local folders
+    # everything but compile times (seconds measured in each run)
+    on_s3, on_disk = ({k: v for k, v in _scalars(folder).items() if not k.startswith("compile/")}
+                      for folder in (tmp_path / "tb", local / "fitjax_logs" / "version_0"))
+    assert on_s3 == on_disk and len(on_s3["train/loss"]) == 4 and on_s3["val/loss"]
+    for name in ("fitjax_logs/version_0/hparams.yaml", "csv/version_0/hparams.yaml"):
+        assert fs.cat_file(f"{root}/{name}").decode() == (local / name).read_text()
+    rows = lambda text: [{k: v for k, v in row.items() if not k.startswith("compile/")}
+                         for row in csv.DictReader(io.StringIO(text))]
+    csv_name = "csv/version_0/metrics.csv"
+    assert rows(fs.cat_file(f"{root}/{csv_name}").decode()) == rows((local / csv_name).read_text())
+
+
+def test_no_credentials_is_one_line_naming_the_url_and_what_to_set(s3_server, tmp_path):
+    # a fresh process: s3fs keeps the credentials it found, so this one must never have had any
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE.parent)!r})
+        import fitjax as fj
+        from helpers import Regressor, quiet_trainer, regression_data
+        trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True,
+                                callbacks=[fj.ModelCheckpoint("s3://some-bucket/run")])
+        try:
+            trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=32), batch_size=16))
+        except PermissionError as error:
+            print("ERROR", error)
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    line = child.stdout.split("ERROR ", 1)[-1].strip()
+    assert line.startswith("ModelCheckpoint cannot write checkpoints to 's3://some-bucket/run': "
+                           "NoCredentialsError"), child.stdout[-2000:] + child.stderr[-2000:]
+    assert "AWS_ACCESS_KEY_ID" in line and "\n" not in line

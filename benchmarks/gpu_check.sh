@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU check: one command, under 8 minutes on one H200, printing what README's GPU figures quote.
+#
+#   bash benchmarks/gpu_check.sh            # on a GPU machine (JAX with CUDA, torch, lightning)
+#   bash benchmarks/gpu_check.sh --smoke    # on CPU with the dev extra: the same steps in seconds
+#
+# It runs, each under its own time limit so that the whole stays under 8 minutes:
+#   1. benchmarks/gpt.py --gpu      GPT-2 small's shape: tokens/s and MFU of fitjax against the
+#                                   hand-written loop (bf16-mixed, accumulation 2, clip 1.0)
+#   2. benchmarks/overhead.py       the overhead rows (clip, ema, steps_per_execution, defaults)
+#   3. benchmarks/peers.py --gpu    fitjax against Lightning 2.6 (torch on CUDA) on the tiny MLP,
+#                                   the MNIST-sized MLP and the small CNN of overhead.py
+# fitjax runs from this checkout (PYTHONPATH), not an installed copy. What the machine lacks of
+# fitjax's own dependencies travels as wheels in benchmarks/wheels/ (tensorboardX: the CUDA image
+# has tensorboard but not it) and is installed into a scratch folder, never into the system.
+# The first lines printed are the machine and the versions, so a pasted log says what it ran on.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+python="${PYTHON:-python3}"
+smoke=0
+case "${1:-}" in
+  --smoke) smoke=1 ;;
+  "") ;;
+  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; echo "  --smoke   every step on CPU in seconds (checks the script runs)"; exit 0 ;;
+  *) echo "gpu_check.sh: unknown argument ${1@Q}; use --smoke or nothing (--help)" >&2; exit 2 ;;
+esac
+
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+if ! "$python" -c "import tensorboardX" 2>/dev/null; then
+  site="${TMPDIR:-/tmp}/fitjax-gpu-check-site"
+  "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$here"/wheels/*.whl || exit 1
+  export PYTHONPATH="$PYTHONPATH:$site"
+fi
+
+status=0
+step() {  # step SECONDS NAME COMMAND...: runs one part under its limit; a failure is reported, the rest still runs
+  local limit="$1" name="$2"
+  shift 2
+  echo
+  echo "== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "== $name FAILED (exit $rc$([ "$rc" -eq 124 ] && echo ', over its time limit'))"
+    status=1
+  fi
+  echo "== $name: $((SECONDS - start))s"
+}
+
+echo "== machine"
+if command -v nvidia-smi >/dev/null; then nvidia-smi -L; fi
+"$python" - <<'EOF'
+import importlib.metadata as md
+import jax
+names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "torch", "lightning", "keras")
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "-"
+print(", ".join(f"{name} {version(name)}" for name in names))
+print(f"JAX devices: {jax.devices()}")
+EOF
+
+if [ "$smoke" -eq 1 ]; then
+  step 120 gpt "$python" "$here/gpt.py" --smoke
+  step 150 overhead "$python" "$here/overhead.py" --smoke
+  step 120 peers "$python" "$here/peers.py" --smoke
+else
+  step 240 gpt "$python" "$here/gpt.py" --gpu --repeats 2 --steps 20
+  step 120 overhead "$python" "$here/overhead.py" --repeats 2
+  step 90 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 2
+fi
+echo
+echo "== gpu_check: $([ "$status" -eq 0 ] && echo ok || echo 'a step FAILED'), ${SECONDS}s in all"
+exit "$status"

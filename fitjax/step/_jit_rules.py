@@ -1,0 +1,44 @@
+"""JAX's tracer errors from a user's traced method, re-raised with the jit rule broken and the fix.
+
+The same help for `loss` and `metrics` (traced here, in the step layer) as for Lightning's hooks
+(`training_step`, ... in `fitjax._lightning`): JAX's own message names the tracer, not the rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import jax
+
+__all__ = ["explain_jit_rules"]
+
+_JIT_RULES = (
+    (jax.errors.TracerBoolConversionError,
+     "a Python `if`/`while`/`and`/`or`/`assert` on a traced value. The step is compiled once, so a "
+     "branch cannot depend on the data; compute both sides and pick with `jnp.where(cond, a, b)`, "
+     "use `jax.lax.cond`, or branch on static facts (`self.training`, shapes, hyperparameters)"),
+    (jax.errors.TracerArrayConversionError,
+     "a traced value converted to a NumPy array (`np.asarray(x)`, `np.mean(x)`, `torch.tensor(x)`). "
+     "Inside the step values are abstract tracers, not numbers; use `jax.numpy` (`jnp.mean(x)`)"),
+    (jax.errors.TracerIntegerConversionError,
+     "`int(x)` or a Python index from a traced value. Index with arrays instead (`x[idx]`, "
+     "`jnp.take`, `jax.lax.dynamic_slice`) or keep the integer static"),
+    (jax.errors.ConcretizationTypeError,
+     "a concrete number asked of a traced value (`.item()`, `float(x)`, `.tolist()`). The step "
+     "runs as compiled code with no host round trip; return the array or `self.log(name, x)` it "
+     "(fitjax fetches logged values when it logs), and print with `jax.debug.print('{}', x)`"),
+)
+
+
+@contextlib.contextmanager
+def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
+    """Re-raises JAX's tracer errors from a user method with the jit rule broken and the fix."""
+    try:
+        yield
+    except tuple(kind for kind, _ in _JIT_RULES) as err:
+        what = next(text for kind, text in _JIT_RULES if isinstance(err, kind))
+        raise TypeError(
+            f"{owner}.{method} is traced under jax.jit (once, with abstract values) and does {what}. "
+            f"`print(x)` is fine but shows a tracer. JAX's message follows: {type(err).__name__}."
+        ) from err
