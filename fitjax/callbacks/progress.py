@@ -37,7 +37,11 @@ def _format(values: dict[str, float]) -> str:
 
 def _bar_values(trainer) -> dict[str, float]:
     """`train/` dropped from the keys: the bar is about training unless a key says otherwise."""
-    return {k.removeprefix("train/"): v for k, v in trainer.progress_bar_metrics.items()}
+    return _without_train_prefix(trainer.progress_bar_metrics)
+
+
+def _without_train_prefix(values: dict[str, float]) -> dict[str, float]:
+    return {k.removeprefix("train/"): v for k, v in values.items()}
 
 
 def _epoch_values(trainer, val_values: dict[str, float], eval_keys: set[str]) -> dict[str, float]:
@@ -237,18 +241,22 @@ class RichProgressBar(Callback):
             self._print_window(trainer)
 
     def _print_window(self, trainer) -> None:
-        """A line for the last log window, once its values have reached the host (a step or two
-        after its log step: the trainer does not wait for them)."""
-        window = trainer.progress.last_logged
-        if window is not None and window != self._printed_window:
-            self._printed_window = window
-            self._print_line(trainer, window.epoch, window.batches_done, window.step)
+        """A line for each log window not printed yet, once its values have reached the host (a
+        step or two after its log step: the trainer does not wait for them, so several can arrive
+        at once), each with the values it logged."""
+        for position, values in trainer.progress.recent_logged:
+            if self._printed_window is None or position.step > self._printed_window.step:
+                self._printed_window = position
+                self._print_line(trainer, position.epoch, position.batches_done, position.step,
+                                 bar_values=values)
 
-    def _print_line(self, trainer, epoch: int, done: int, step: int) -> None:
+    def _print_line(self, trainer, epoch: int, done: int, step: int,
+                    bar_values: dict[str, float] | None = None) -> None:
         total = trainer.num_training_batches
         of = f"/{total}" if total is not None else ""
+        shown = _bar_values(trainer) if bar_values is None else _without_train_prefix(bar_values)
         # an evaluation that ran at or after this line's step had not run when the step did
-        values = {k: v for k, v in _bar_values(trainer).items() if self._eval_logged_at.get(k, -1) < step}
+        values = {k: v for k, v in shown.items() if self._eval_logged_at.get(k, -1) < step}
         self._print(f"epoch {epoch} batch {done}{of} (optimizer step {step})  {self._speed_text}  {_format(values)}")
 
     def _speed(self) -> str:

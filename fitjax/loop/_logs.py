@@ -105,7 +105,7 @@ class Logs:
         self._write(extra, **at)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, specs))
         self._write(values, aliases=aliases, **at)
-        self._progress.last_logged = Position(window.epoch, window.batches_done, window.step)
+        self._progress.logged(Position(window.epoch, window.batches_done, window.step), self.progress_bar_metrics)
 
     def _window_rows_of(self, host: dict, extra: dict) -> tuple[HostMetrics, HostMetrics, HostMetrics]:
         """A window's host values as its rows log them: the extra values, the on-step means and

@@ -19,10 +19,13 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
 __all__ = ["Position", "Progress", "ProgressView"]
+
+_RECENT_LOGGED = 16  # log windows kept for `recent_logged` (the loop has at most 4 on their way)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,9 @@ class Progress:
             the train step (a call may run several batches and steps).
         last_logged / last_validated / last_saved: the `Position` of the last log window that
             reached the loggers, the last validation during fit, the last checkpoint.
+        recent_logged: the last few log windows that reached the loggers, oldest first, each as
+            (`Position`, the progress-bar values it logged): several can arrive at one step
+            boundary, and a plain-line progress bar prints each (not saved in checkpoints).
         epoch_end_done: the current epoch's end work (epoch metrics, `on_train_epoch_end`)
             has started: a checkpoint taken now resumes at the next epoch.
     """
@@ -72,6 +78,8 @@ class Progress:
         self.last_logged: Position | None = None
         self.last_validated: Position | None = None
         self.last_saved: Position | None = None
+        self._recent_logged: collections.deque[tuple[Position, dict[str, float]]] = collections.deque(
+            maxlen=_RECENT_LOGGED)
         self.epoch_end_done = False
 
     # ------------------------------------------------------------------- the loop's writes
@@ -97,6 +105,15 @@ class Progress:
         self.total_before = self.total_batches
         self.epoch_end_done = False
 
+    def logged(self, position: Position, bar_values: dict[str, float]) -> None:
+        """A log window ending at `position` reached the loggers, with `bar_values` for the bar."""
+        self.last_logged = position
+        self._recent_logged.append((position, dict(bar_values)))
+
+    @property
+    def recent_logged(self) -> tuple[tuple[Position, dict[str, float]], ...]:
+        return tuple(self._recent_logged)
+
     @property
     def position(self) -> Position:
         return Position(self.epoch, self.batches_done, self.global_step)
@@ -105,7 +122,8 @@ class Progress:
 
     def state_dict(self) -> dict[str, Any]:
         """The whole object as JSON-ready plain data."""
-        out = {k: v for k, v in vars(self).items() if not isinstance(v, Position) and v is not None}
+        out = {k: v for k, v in vars(self).items()
+               if not isinstance(v, Position) and v is not None and not k.startswith("_")}
         for name in ("last_logged", "last_validated", "last_saved"):
             position = getattr(self, name)
             out[name] = None if position is None else position.as_list()
@@ -173,4 +191,4 @@ class ProgressView:
         return self._progress.batches_done - 1
 
 
-_READABLE = frozenset(vars(Progress())) | {"position", "state_dict"}  # state_dict: a copy
+_READABLE = frozenset(k for k in vars(Progress()) if not k.startswith("_")) | {"position", "recent_logged", "state_dict"}  # state_dict: a copy

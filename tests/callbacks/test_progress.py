@@ -17,6 +17,7 @@ from helpers import Regressor, quiet_trainer, regression_data
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import fitjax as fj
+from fitjax import _log_fetch as fitjax_log_fetch
 
 
 class Marked(Regressor):
@@ -49,6 +50,18 @@ def test_a_non_terminal_gets_plain_lines_per_log_step_and_per_epoch():
     assert len(epochs) == 2 and all(re.search(r"done in .* loss \S+ .*mae .*val/loss ", e) for e in epochs)
     assert re.search(r"^Validation results  val/loss \S+", text, re.M)
     assert "`Trainer.fit` stopped: `max_epochs=2` reached." in lines  # Lightning's closing line
+
+
+def test_windows_arriving_together_each_get_their_line(monkeypatch):
+    # on a busy machine a log window's values can still be on their way at the next log step, so
+    # two windows reach the host at one step boundary (here: each is read only when it must be)
+    monkeypatch.setattr(fitjax_log_fetch.Window, "ready", lambda self: False)
+    steps = [line for line in _fit_with_bar().splitlines() if line.startswith("epoch ")]
+    assert [re.match(r"epoch (\d) batch (\d)/8 \(optimizer step (\d+)\)", s).groups() for s in steps] == [
+        ("0", "4", "4"), ("0", "8", "8"), ("1", "4", "12"), ("1", "8", "16")]
+    # each line shows the values of its own window, not the latest one's
+    shown = [re.search(r" pred_mean (\S+)", s).group(1) for s in steps]
+    assert len(set(shown)) == 4, steps
 
 
 def test_a_run_ended_by_max_steps_says_so():
