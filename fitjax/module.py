@@ -12,6 +12,7 @@ import optax
 from flax import nnx
 
 from fitjax import _lightning, _logged, _optimizers, checkpoint
+from fitjax.step import context
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
@@ -163,6 +164,17 @@ class LitModule:
         for name, value in dict(values).items():
             self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
                      **lightning_options)
+
+    @property
+    def dataloader_idx(self) -> int:
+        """Which of several validation (test) loaders `loss` and `metrics` are traced for.
+
+        A Python int, so `if self.dataloader_idx == 1:` may choose what to compute or log (a
+        module that reads it gets one evaluation step per loader; one that does not shares one
+        step). 0 with one loader, in training and in predict. Lightning-style hooks get it as
+        `validation_step(self, batch, batch_idx, dataloader_idx=0)`.
+        """
+        return context.current_dataloader_index()
 
     # lifecycle hooks, called before the callbacks' hooks of the same name
     def on_fit_start(self) -> None: ...

@@ -16,7 +16,7 @@ import jax
 
 from fitjax import step as step_lib
 from fitjax._typing import Batch
-from fitjax.data import as_loader, batch_size_of
+from fitjax.data import as_loader, as_loaders, batch_size_of
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
@@ -46,8 +46,8 @@ class TrainData:
                 "or datamodule=."
             )
         train = as_loader(train_data, name="train_data")
-        val = as_loader(val_data, name="val_data") if val_data is not None else None
-        return train, val
+        vals = as_loaders(val_data, name="val_data") if val_data is not None else []  # Lightning's several
+        return train, vals
 
     def _first_batch(self, train_loader) -> tuple[Batch, Iterator[Batch]]:
         """The first train batch (fit builds the state and programs from it) and the rest of the
