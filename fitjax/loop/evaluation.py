@@ -27,7 +27,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
-from fitjax.loop.stage import Stage
+from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
@@ -56,6 +56,7 @@ class EvalStages:
         """
         return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test")
 
+    @in_precision
     def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str) -> list[HostMetrics]:
         checks.check_module(module)
         name = {"val": "validate", "test": "test"}[stage]
@@ -83,6 +84,7 @@ class EvalStages:
             logger.save()
         return [results]
 
+    @in_precision
     def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
                 ckpt_path: str | os.PathLike | None = None) -> Any:
         """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in

@@ -108,8 +108,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
             unless `callbacks` has a `ModelCheckpoint`.
         seed: the run's base random key (parameter init and every rng stream).
-        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
-            (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
+        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true" or a
+            `fitjax.Precision` (see `fitjax.precision`); "16-mixed" logs `loss_scale` and
+            `skipped_steps`; "64-true" runs fit, validate, test and predict with JAX's x64 on.
         accumulate_grad_batches: micro-batches per optimizer step (their gradients summed, each
             loss divided by k, inside one jitted step). `global_step`, `max_steps`, schedules and
             `log_every_n_steps` count optimizer steps; `limit_train_batches` and
@@ -393,7 +394,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         """
         checks.check_module(module)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision,
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
         train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
@@ -410,7 +411,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
         try:
-            with _preemption.stop_on_signals(self), self._compile_times:
+            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context():
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
