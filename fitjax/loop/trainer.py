@@ -205,7 +205,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.seed = checks.seed(seed)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
                      enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
-                     detect_anomaly=detect_anomaly)
+                     detect_anomaly=detect_anomaly, deterministic=deterministic)
         self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
