@@ -26,6 +26,7 @@ import numpy as np
 
 from fitjax import _accelerator, _determinism
 from fitjax import step as step_lib
+from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _preemption, _resume
 from fitjax.loop._logs import Logs
@@ -206,7 +207,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.seed = checks.seed(seed)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
                      enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
-                     detect_anomaly=detect_anomaly)
+                     detect_anomaly=detect_anomaly, deterministic=deterministic)
         self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
@@ -259,6 +260,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
+        self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------------------------ properties
 
@@ -266,6 +268,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def logger(self) -> Logger | None:
         """The first logger (Lightning's `trainer.logger`)."""
         return self.loggers[0] if self.loggers else None
+
+    @property
+    def lightning_module(self) -> LitModule | None:
+        """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
+        `trainer.lightning_module`); None before any."""
+        return self._lightning_module
 
     @property
     def log_dir(self) -> str:
@@ -376,12 +384,15 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
     def fit(
         self,
-        module: LitModule,
+        module: LitModule | None = None,
         train_data: Any = None,
         val_data: Any = None,
         *,
         datamodule: DataModule | None = None,
         ckpt_path: str | os.PathLike | None = None,
+        model: LitModule | None = None,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
     ) -> None:
         """Trains `module` on `train_data`, validating on `val_data` (both optional with a datamodule).
 
@@ -391,12 +402,25 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         `default_root_dir`. Without it, a process `fitjax launch --max-restarts` restarted
         resumes from the newest complete checkpoint. SIGTERM stops every process after one
         agreed step, saves a checkpoint there and returns (`trainer.received_sigterm` is then True).
+
+        Lightning's spellings work too: `model=`, `train_dataloaders=`, `val_dataloaders=`, a
+        datamodule passed as `train_data` (`fit(model, dm)`), and no data at all when the module
+        defines `train_dataloader()` (and `val_dataloader()`).
         """
+        module = _arguments.either("fit", "module", module, "model", model)
+        train_data = _arguments.either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
+        val_data = _arguments.either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
+        if _arguments.is_datamodule(train_data) and datamodule is None:
+            datamodule, train_data = train_data, None
+        if module is None:
+            raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
+                            "(Lightning's `model=` works too).")
         checks.check_module(module)
+        self._lightning_module = module
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
-        train_loader, val_loader = self._fit_loaders(train_data, val_data, datamodule)
+        train_loader, val_loader = self._fit_loaders(module, train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
