@@ -99,6 +99,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_val_batches: validation batches per run: an int number or a float fraction.
         limit_test_batches: test batches: an int number or a float fraction.
         limit_predict_batches: predict batches: an int number or a float fraction.
+        overfit_batches: train on the same first n batches every epoch (an int, or a float
+            fraction of the train batches) and validate on the first n of the validation data,
+            both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
+            to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
+            place of `limit_train_batches` and `limit_val_batches`). 0: off.
         num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
             validation that fails does so before the first epoch; nothing is logged.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
@@ -164,6 +169,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
+        overfit_batches: int | float = 0.0,
         num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
@@ -204,6 +210,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
+        self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
+        if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
+            self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
         self.seed = checks.seed(seed)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
                      enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
