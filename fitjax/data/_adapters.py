@@ -25,6 +25,7 @@ imported it.
 
 from __future__ import annotations
 
+import copy
 import reprlib
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -174,6 +175,26 @@ def _describe_arrays(data: Any) -> str | None:
     return None
 
 
+def unshuffled(data: Any) -> tuple[Any, bool]:
+    """`data` drawing its batches in order: `(loader, True)` for a shuffling `fj.DataLoader` (a
+    copy with `shuffle=False`) or torch `DataLoader` (rebuilt on a `SequentialSampler`, as
+    Lightning's `overfit_batches` does); `(data, False)` for anything else, left as it is."""
+    if isinstance(data, DataLoader):
+        if not data.shuffle:
+            return data, False
+        data = copy.copy(data)
+        data.shuffle = False
+        return data, True
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None and isinstance(data, torch_data.DataLoader) and isinstance(
+            data.sampler, torch_data.RandomSampler) and data.batch_size is not None:
+        return torch_data.DataLoader(
+            data.dataset, batch_size=data.batch_size, shuffle=False, num_workers=data.num_workers,
+            collate_fn=data.collate_fn, pin_memory=data.pin_memory, drop_last=data.drop_last,
+            worker_init_fn=data.worker_init_fn), True
+    return data, False
+
+
 def as_loader(data: Any, *, name: str = "train_data") -> Iterable[Any]:
     """Turns what a user passes as data into an object the trainer iterates each epoch.
 
@@ -270,11 +291,16 @@ def as_loaders(data: Any, *, name: str) -> list[Iterable[Any]]:
       >>> len(as_loaders([a, a], name="val_data")), len(as_loaders(a, name="val_data"))
       (2, 1)
     """
+    return [as_loader(item, name=item_name) for item_name, item in each_loader(data, name=name)]
+
+
+def each_loader(data: Any, *, name: str) -> list[tuple[str, Any]]:
+    """`(name, data)` of each loader `as_loaders` makes, before `as_loader` wraps it."""
     if isinstance(data, Mapping) and data and all(_is_loader(item) for item in data.values()):
-        return [as_loader(item, name=f"{name}[{key!r}]") for key, item in data.items()]
+        return [(f"{name}[{key!r}]", item) for key, item in data.items()]
     if isinstance(data, (list, tuple)) and data and all(_is_loader(item) for item in data):
-        return [as_loader(item, name=f"{name}[{i}]") for i, item in enumerate(data)]
-    return [as_loader(data, name=name)]
+        return [(f"{name}[{i}]", item) for i, item in enumerate(data)]
+    return [(name, data)]
 
 
 def _is_loader(item: Any) -> bool:
