@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -67,6 +68,8 @@ def from_configure_optimizers(owner: str, value: Any) -> optax.GradientTransform
         return _with_scheduler(owner, value)
     if isinstance(value, dict) and value and all(_is_tx(v) for v in value.values()):
         return _per_group(owner, value)
+    if isinstance(value, (list, tuple)) and _single(value) is not None:
+        return from_configure_optimizers(owner, _single(value))
     if isinstance(value, (list, tuple)):
         raise TypeError(
             f"{owner}.configure_optimizers returned a {type(value).__name__}: {value!r}. fitjax "
@@ -80,6 +83,18 @@ def from_configure_optimizers(owner: str, value: Any) -> optax.GradientTransform
         f"{{'optimizer': tx, 'lr_scheduler': schedule}} or {{param group: tx}}, got "
         f"{type(value).__name__}: {value!r}."
     )
+
+
+def _single(value: list | tuple) -> Any:
+    """Lightning's list forms with one optimizer, as the dict form: `[tx]`, `[config]` and
+    `([tx], [scheduler])` (the shape of every torch SGD/Adam with a scheduler); None for
+    several optimizers (parameter groups need `{group: tx}`)."""
+    if len(value) == 1:
+        return value[0]
+    if (len(value) == 2 and all(isinstance(v, (list, tuple)) for v in value)
+            and len(value[0]) == 1 and len(value[1]) <= 1):
+        return {"optimizer": value[0][0], "lr_scheduler": value[1][0] if value[1] else None}
+    return None
 
 
 def _with_scheduler(owner: str, config: dict) -> optax.GradientTransformation:
@@ -113,28 +128,44 @@ def _with_scheduler(owner: str, config: dict) -> optax.GradientTransformation:
                     f"factory (`optax.adam`), got {type(optimizer).__name__}: {optimizer!r}.")
 
 
-def _driven(owner: str, tx: Any, schedule: Callable) -> optax.GradientTransformation:
-    """`tx` (built with `optax.inject_hyperparams`) with its learning rate set by `schedule`."""
+def _is_injected(state: Any) -> bool:
+    hyperparams = getattr(state, "hyperparams", None)
+    return isinstance(hyperparams, dict) and "learning_rate" in hyperparams
 
-    def set_lr(state, count):
-        hyperparams = getattr(state, "hyperparams", None)
-        if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
+
+def _driven(owner: str, tx: Any, schedule: Callable) -> optax.GradientTransformation:
+    """`tx` with its learning rate set by `schedule`: every `optax.inject_hyperparams` state in
+    it, at its top or inside a chain (`optax.chain(optax.add_decayed_weights(wd),
+    optax.inject_hyperparams(optax.sgd)(learning_rate=0.1))`, torch's `weight_decay=`), gets
+    `schedule(count)` as its rate."""
+
+    def set_lr(state):
+        found = []
+
+        def drive(inner):
+            if not _is_injected(inner):
+                return inner
+            found.append(inner)
+            hyperparams = inner.hyperparams
+            lr = jnp.asarray(schedule(inner.count), jnp.asarray(hyperparams["learning_rate"]).dtype)
+            return inner._replace(hyperparams={**hyperparams, "learning_rate": lr})
+
+        state = jax.tree.map(drive, state, is_leaf=_is_injected)
+        if not found:
             raise TypeError(
                 f"{owner}.configure_optimizers: an optax transformation fixes its learning rate "
                 "when built, so fitjax cannot drive it from 'lr_scheduler'. Pass the schedule as "
                 "the learning rate (`optax.adam(schedule)`), the factory (`'optimizer': optax.adam`), "
-                "or build it with `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)`."
+                "or build it with `optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)` (also "
+                "inside an `optax.chain`)."
             )
-        lr = jnp.asarray(schedule(count), jnp.asarray(hyperparams["learning_rate"]).dtype)
-        return state._replace(hyperparams={**hyperparams, "learning_rate": lr})
+        return state
 
     def init(params):
-        state = tx.init(params)
-        return set_lr(state, 0)
+        return set_lr(tx.init(params))
 
     def update(updates, state, params=None, **extra_args):
-        state = set_lr(state, state.count)
-        return optax.with_extra_args_support(tx).update(updates, state, params, **extra_args)
+        return optax.with_extra_args_support(tx).update(updates, set_lr(state), params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(init, update)
 

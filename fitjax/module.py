@@ -164,6 +164,14 @@ class LitModule:
             self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
                      **lightning_options)
 
+    # data hooks, as Lightning's: the trainer calls them before it asks for a stage's loaders
+    def prepare_data(self) -> None:
+        """Downloads or writes data (Lightning's hook); called before `setup`."""
+
+    def setup(self, stage: str) -> None:
+        """Builds what `stage` ("fit", "validate", "test" or "predict") needs before its data is
+        asked for: the module's own `train_dataloader()`, `val_dataloader()`, ... when defined."""
+
     # lifecycle hooks, called before the callbacks' hooks of the same name
     def on_fit_start(self) -> None: ...
     def on_fit_end(self) -> None: ...

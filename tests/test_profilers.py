@@ -8,6 +8,9 @@ import gzip
 import json
 from pathlib import Path
 
+import flax.linen as nn
+import numpy as np
+import optax
 import pytest
 from helpers import Regressor, regression_data
 
@@ -75,6 +78,43 @@ def test_jax_profiler_traces_the_chosen_steps_where_tensorboard_finds_them(tmp_p
     steps = sorted(int(e["args"]["step_num"]) for e in events if e.get("name") == "train")
     assert steps == [1, 2]
     assert "[data] next batch" in {e.get("name") for e in events}  # phases, named, while tracing
+
+
+class _Wide(fj.LitModule):
+    """A step of a few milliseconds: long enough that its device work outlasts its dispatch."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Sequential([nn.Dense(384), nn.relu, nn.Dense(384), nn.relu, nn.Dense(1)])
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizer(self):
+        return optax.sgd(1e-3)
+
+
+def test_each_traced_step_marker_spans_its_device_work(tmp_path):
+    # XProf's step-time graph and "Average Step Time" are the markers' durations: a marker around
+    # the asynchronous dispatch alone showed 0.2 ms for a 5 ms step
+    profiler = JaxProfiler(start_step=2, num_steps=3)
+    trainer = fj.Trainer(max_epochs=1, strategy="single", profiler=profiler, default_root_dir=tmp_path,
+                         log_every_n_steps=4, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    x = np.random.default_rng(0).normal(size=(1024, 64)).astype("float32")
+    trainer.fit(_Wide(), fj.DataLoader({"x": x, "y": x[:, :1]}, batch_size=128))
+    (trace,) = profiler.trace_dir.glob("*.trace.json.gz")
+    events = [e for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
+    markers = [e for e in events if e["name"] == "train"]
+    runs = [e for e in events if e["name"] == "ThunkExecutor::Execute"]  # XLA:CPU running a program
+    assert len(markers) == 3
+    for marker in markers:
+        start, end = marker["ts"], marker["ts"] + marker["dur"]
+        inside = [r for r in runs if start <= r["ts"] <= end]
+        assert inside, "no device work inside the step's marker"
+        # the work started in a step ends in it, and no earlier step's work ends in it
+        assert all(r["ts"] + r["dur"] <= end for r in inside), (marker, inside)
+        assert not [r for r in runs if r["ts"] < start < r["ts"] + r["dur"]], marker
 
 
 def test_no_profiler_leaves_the_step_data_and_hooks_as_they_are():

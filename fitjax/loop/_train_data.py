@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -17,7 +18,9 @@ import jax
 from fitjax import step as step_lib
 from fitjax._typing import Batch
 from fitjax.data import as_loader, batch_size_of
+from fitjax.data._adapters import unshuffled
 from fitjax.data._checks import checked_batches
+from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
 
@@ -26,10 +29,21 @@ __all__ = ["TrainData"]
 _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
 
 
+def _in_order(data, prefix: str):
+    data, changed = unshuffled(data)
+    if changed:  # Lightning's warning, word for word
+        warnings.warn(f"You requested to overfit but enabled {prefix} dataloader shuffling. We are turning "
+                      f"off the {prefix} dataloader shuffling for you.", UserWarning, stacklevel=4)
+    return data
+
+
 class TrainData:
     """The train data part of `Trainer`: fit's loaders, an epoch's batches and chunks."""
 
-    def _fit_loaders(self, train_data, val_data, datamodule):
+    def _fit_loaders(self, module, train_data, val_data, datamodule):
+        """fit's train and validation loaders: the data passed, else the datamodule's, else the
+        module's own `train_dataloader()` / `val_dataloader()` (Lightning's order); the module's
+        `prepare_data()` and `setup("fit")` run before its loaders are asked for."""
         if datamodule is not None:
             if train_data is not None or val_data is not None:
                 raise ValueError("Trainer.fit: pass either train_data/val_data or datamodule=, not both.")
@@ -40,11 +54,20 @@ class TrainData:
                 val_data = datamodule.val_dataloader()
             except NotImplementedError:
                 val_data = None
+        _arguments.prepare_module(module, "fit")
+        if datamodule is None:
+            if train_data is None:
+                train_data = _arguments.module_loader(module, "train_dataloader")
+            if val_data is None:
+                val_data = _arguments.module_loader(module, "val_dataloader")
         if train_data is None:
             raise ValueError(
-                "Trainer.fit needs train_data (e.g. `fj.DataLoader(arrays, batch_size=64, shuffle=True)`) "
-                "or datamodule=."
+                "Trainer.fit needs train_data (e.g. `fj.DataLoader(arrays, batch_size=64, shuffle=True)`), "
+                f"datamodule=, or a `train_dataloader()` method on {type(module).__name__}."
             )
+        if self.overfit_batches:  # the same first batches every epoch: drawn in order
+            train_data = _in_order(train_data, "train")
+            val_data = None if val_data is None else _in_order(val_data, "val")
         train = as_loader(train_data, name="train_data")
         val = as_loader(val_data, name="val_data") if val_data is not None else None
         return train, val

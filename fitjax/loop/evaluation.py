@@ -23,11 +23,12 @@ from fitjax import _accelerator, _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
 from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
 from fitjax.data._checks import checked_batches
+from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
-from fitjax.loop.stage import Stage
+from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
@@ -39,29 +40,40 @@ _METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Train
 class EvalStages:
     """The evaluation stages of `Trainer` (validate, test, predict) and fit's validations."""
 
-    def validate(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
-                 ckpt_path: str | os.PathLike | None = None, verbose: bool = True) -> list[HostMetrics]:
+    def validate(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+                 ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
+                 model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
         """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`.
 
         `ckpt_path` ("last", "best" or a checkpoint folder) evaluates those weights instead.
         `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        Lightning's spellings work too (`model=`, `dataloaders=`, a datamodule as `data`, the
+        module's own `val_dataloader()`); without a module, the last fit's from its best
+        checkpoint.
         """
-        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="val")
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="val",
+                                    model=model, dataloaders=dataloaders)
 
-    def test(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
-             ckpt_path: str | os.PathLike | None = None, verbose: bool = True) -> list[HostMetrics]:
+    def test(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+             ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
+             model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
         """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`.
 
         `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        Lightning's spellings work as in `validate` (`test_dataloader()` on the module).
         """
-        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test")
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test",
+                                    model=model, dataloaders=dataloaders)
 
-    def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str) -> list[HostMetrics]:
-        checks.check_module(module)
+    @in_precision
+    def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
+                        model=None, dataloaders=None) -> list[HostMetrics]:
         name = {"val": "validate", "test": "test"}[stage]
+        module, data, datamodule, ckpt_path = self._stage_arguments(name, module, model, data, dataloaders,
+                                                                    datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        loader = self._stage_loader(data, datamodule, stage=stage, method=name)
+        loader = self._stage_loader(module, data, datamodule, stage=stage, method=name)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
         before, self._stage = self._stage, Stage(name, verbose=verbose)
@@ -83,13 +95,19 @@ class EvalStages:
             logger.save()
         return [results]
 
-    def predict(self, module: LitModule, data: Any = None, *, datamodule: DataModule | None = None,
-                ckpt_path: str | os.PathLike | None = None) -> Any:
+    @in_precision
+    def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+                ckpt_path: str | os.PathLike | None = None, model: LitModule | None = None,
+                dataloaders: Any = None, return_predictions: bool | None = None) -> Any:
         """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
         input order, every example exactly once (the padding of a last partial batch removed).
-        With several processes, every process returns all of them (gathered from the others)."""
-        checks.check_module(module)
-        loader = self._stage_loader(data, datamodule, stage="predict", method="predict")
+        With several processes, every process returns all of them (gathered from the others).
+
+        Lightning's spellings work as in `validate` (`predict_dataloader()` on the module);
+        `return_predictions=False` returns None."""
+        module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
+                                                                    datamodule, ckpt_path)
+        loader = self._stage_loader(module, data, datamodule, stage="predict", method="predict")
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         before, self._stage = self._stage, Stage("predict")
         self._hooks.call("setup", self, module, "predict")
@@ -113,7 +131,7 @@ class EvalStages:
         finally:
             self._hooks.call("teardown", self, module, "predict")
             self._stage = before
-        if not host:
+        if not host or return_predictions is False:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
@@ -235,11 +253,28 @@ class EvalStages:
                 mask = self.strategy.shard_batch(mask) if with_mask else mask
             yield padded, (mask if with_mask else size)
 
-    def _stage_loader(self, data, datamodule, *, stage: str, method: str):
+    def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
+        """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
+        module = _arguments.either(method, "module", module, "model", model)
+        data = _arguments.either(method, "data", data, "dataloaders", dataloaders)
+        if _arguments.is_datamodule(data) and datamodule is None:
+            datamodule, data = data, None
+        module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
+        checks.check_module(module)
+        self._lightning_module = module
+        return module, data, datamodule, ckpt_path
+
+    def _stage_loader(self, module, data, datamodule, *, stage: str, method: str):
+        """The stage's data: passed, else the datamodule's, else the module's own loader; the
+        module's `prepare_data()` and `setup(stage)` run first (Lightning's order)."""
         if datamodule is not None:
             datamodule.prepare_data()
             datamodule.setup({"val": "validate"}.get(stage, stage))
             data = getattr(datamodule, f"{stage}_dataloader")()
+        _arguments.prepare_module(module, {"val": "validate"}.get(stage, stage))
         if data is None:
-            raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches) or datamodule=.")
+            data = _arguments.module_loader(module, f"{stage}_dataloader")
+        if data is None:
+            raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches), datamodule=, "
+                             f"or a `{stage}_dataloader()` method on {type(module).__name__}.")
         return as_loader(data, name="data")

@@ -30,8 +30,10 @@ class JaxProfiler(Profiler):
     `jax.profiler.StepTraceAnnotation("train", step_num=<n>)`, so the trace viewer and the
     overview page separate steps; phases the loop reports while tracing (data waits, validation,
     logging, callbacks) appear as named host ranges. Steps count calls of the train step in this
-    fit, from 0 (the first call, which also compiles: the default starts after it). The last
-    traced step is waited for before the trace stops, so its device work is in the trace.
+    fit, from 0 (the first call, which also compiles: the default starts after it). Each traced
+    step is waited for inside its marker, so a marker spans the step's device work and the
+    profile's "Average Step Time" is the step's real time (the traced steps alone lose the
+    overlap of dispatch and execution; the others run as usual).
     With several processes each traces its own into `<log dir>/process_<i>/plugins/profile/`:
     JAX names a trace file after the host, so processes sharing a host (`fitjax launch`) would
     otherwise write the same file.
@@ -78,11 +80,14 @@ class JaxProfiler(Profiler):
             if n < first or n >= end:
                 return step(*args)
             if n == first:
+                jax.block_until_ready(args)  # the steps queued before it are not its time
                 self._start_trace()
             with jax.profiler.StepTraceAnnotation("train", step_num=n):
-                out = step(*args)
+                # waited for inside the marker: a step's marker spans its device work, so the
+                # profile's step-time graph shows what a step costs, not its asynchronous dispatch
+                # (a sync per traced step only: the few steps being traced)
+                out = jax.block_until_ready(step(*args))
             if n == end - 1:
-                jax.block_until_ready(out)  # the last step's device work belongs in the trace
                 self._stop_trace()
             return out
 

@@ -1,0 +1,70 @@
+"""Lightning's spellings of the stage methods' arguments, resolved to fitjax's.
+
+`fit(model, train_dataloaders=, val_dataloaders=)`, `validate/test/predict(model=, dataloaders=)`,
+a `DataModule` passed where the data goes (`fit(model, dm)`), no model after a fit (the fitted
+one, from its best checkpoint, as Lightning), and the loaders a `LitModule` defines itself
+(`train_dataloader()`, `val_dataloader()`, ...) when no data is passed. Each name has one
+meaning: passing a value under both spellings is an error naming both.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from fitjax.data import DataModule
+
+__all__ = ["either", "is_datamodule", "module_loader", "prepare_module", "stage_module"]
+
+
+def either(method: str, name: str, value: Any, lightning_name: str, lightning_value: Any) -> Any:
+    """The value given under fitjax's `name` or Lightning's `lightning_name` (not both)."""
+    if value is not None and lightning_value is not None:
+        raise TypeError(
+            f"Trainer.{method} got both {name}= and {lightning_name}= (Lightning's name for the "
+            f"same argument); pass one of them."
+        )
+    return value if value is not None else lightning_value
+
+
+def is_datamodule(value: Any) -> bool:
+    """Whether `value`, passed where data goes, is a datamodule (Lightning's `fit(model, dm)`)."""
+    return isinstance(value, DataModule)
+
+
+def stage_module(trainer: Any, method: str, module: Any, ckpt_path: Any) -> tuple[Any, Any]:
+    """`(module, ckpt_path)` for `validate`/`test`/`predict`: without a module, the one the
+    trainer last ran, from its best checkpoint unless `ckpt_path` says otherwise (Lightning's
+    rule, with its warning)."""
+    if module is not None:
+        return module, ckpt_path
+    module = trainer.lightning_module
+    if module is None:
+        raise TypeError(
+            f"Trainer.{method}() needs the module: `trainer.{method}(module, ...)` (Lightning's "
+            f"`model=` works too). Without one it uses the module of a previous fit, and this "
+            "trainer has run none."
+        )
+    if ckpt_path is None and trainer.checkpoint_callbacks:
+        ckpt_path = "best"
+        warnings.warn(
+            f"`.{method}(ckpt_path=None)` was called without a model. The best model of the previous "
+            f"`fit` call will be used. You can pass `.{method}(ckpt_path='best')` to use the best model "
+            f"or `.{method}(ckpt_path='last')` to use the last model. If you pass a value, this warning "
+            "will be silenced.", stacklevel=4)
+    return module, ckpt_path
+
+
+def prepare_module(module: Any, stage: str) -> None:
+    """Lightning's module data hooks before a stage's loaders are asked for:
+    `prepare_data()` and `setup(stage)`."""
+    module.prepare_data()
+    module.setup(stage)
+
+
+def module_loader(module: Any, hook: str) -> Any:
+    """What the module's own `hook` (`train_dataloader`, `val_dataloader`, ...) returns; None
+    when the module does not define it."""
+    if not callable(getattr(type(module), hook, None)):
+        return None
+    return getattr(module, hook)()
