@@ -295,6 +295,21 @@ def test_a_fraction_that_keeps_no_batch_is_an_error(stage):
     assert trainer.state is None  # raised before anything was built or trained
 
 
+def test_lightnings_own_case_of_a_fraction_that_keeps_no_validation_batch():
+    """Lightning's test_error_raised_with_float_limited_eval_batches, its numbers: a validation
+    loader of 64 batches (BoringModel's), limit_val_batches = 1 / (64 + 2); Lightning matches
+    rf"{limit_val_batches} \* {dl_size} < 1. Please increase the `limit_val_batches`" and its
+    message ends "Try at least `limit_val_batches=0.015625`" (1 / 64)."""
+    dl_size, limit = 64, 1 / (64 + 2)
+    val = fj.DataLoader(regression_data(n=dl_size), batch_size=1)
+    trainer = quiet_trainer(strategy="single", max_steps=1, limit_val_batches=limit)
+    with pytest.raises(ValueError, match=rf"{limit} \* {dl_size} < 1\); increase it to at least "
+                                         r"limit_val_batches=0.015625"):
+        trainer.fit(Regressor(), fj.DataLoader(regression_data(n=16), batch_size=4), val)
+    with pytest.raises(ValueError, match=rf"{limit} \* {dl_size} < 1"):
+        trainer.validate(Regressor(), val)
+
+
 class ValOutputs(fj.Callback):
     def __init__(self):
         self.seen = []
