@@ -28,7 +28,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
-from fitjax.loop.stage import Stage
+from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
@@ -65,6 +65,7 @@ class EvalStages:
         return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test",
                                     model=model, dataloaders=dataloaders)
 
+    @in_precision
     def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
                         model=None, dataloaders=None) -> list[HostMetrics]:
         name = {"val": "validate", "test": "test"}[stage]
@@ -94,6 +95,7 @@ class EvalStages:
             logger.save()
         return [results]
 
+    @in_precision
     def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
                 ckpt_path: str | os.PathLike | None = None, model: LitModule | None = None,
                 dataloaders: Any = None, return_predictions: bool | None = None) -> Any:

@@ -99,6 +99,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_val_batches: validation batches per run: an int number or a float fraction.
         limit_test_batches: test batches: an int number or a float fraction.
         limit_predict_batches: predict batches: an int number or a float fraction.
+        overfit_batches: train on the same first n batches every epoch (an int, or a float
+            fraction of the train batches) and validate on the first n of the validation data,
+            both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
+            to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
+            place of `limit_train_batches` and `limit_val_batches`). 0: off.
         num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
             validation that fails does so before the first epoch; nothing is logged.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
@@ -109,8 +114,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
             unless `callbacks` has a `ModelCheckpoint`.
         seed: the run's base random key (parameter init and every rng stream).
-        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
-            (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
+        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true" or a
+            `fitjax.Precision` (see `fitjax.precision`); "16-mixed" logs `loss_scale` and
+            `skipped_steps`; "64-true" runs fit, validate, test and predict with JAX's x64 on.
         accumulate_grad_batches: micro-batches per optimizer step (their gradients summed, each
             loss divided by k, inside one jitted step). `global_step`, `max_steps`, schedules and
             `log_every_n_steps` count optimizer steps; `limit_train_batches` and
@@ -163,6 +169,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
+        overfit_batches: int | float = 0.0,
         num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
@@ -203,6 +210,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
+        self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
+        if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
+            self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
         self.seed = checks.seed(seed)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
                      enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
@@ -417,7 +427,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         checks.check_module(module)
         self._lightning_module = module
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision,
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
         train_loader, val_loader = self._fit_loaders(module, train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
@@ -434,7 +444,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
         try:
-            with _preemption.stop_on_signals(self), self._compile_times:
+            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context():
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)

@@ -123,14 +123,15 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
 
     def accumulate(state: TrainState, rng, batches, mask, scale):
         """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        # summed in float32, or in the parameters' dtype when wider ("64-true")
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), state.params)
 
         def body(carry, xs):
             grads_sum, model_state, acc = carry
             i, batch, keep = xs
             grads, values, new_state = grads_of(state.params, model_state, jax.random.fold_in(rng, i), batch, scale)
             # `where`, not a product: a skipped micro-batch's NaN must not leak into the sum
-            grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(jnp.float32), 0.0),
+            grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(s.dtype), 0.0),
                                      grads_sum, grads)
             model_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_state, model_state)
             weight = keep * leading_dim(batch)
