@@ -20,6 +20,7 @@ from fitjax.callbacks import (
     RichModelSummary,
     RichProgressBar,
     StochasticWeightAveraging,
+    ThroughputMonitor,
     Timer,
 )
 from fitjax.data import DataLoader, DataModule
@@ -51,6 +52,7 @@ __all__ = [
     "RichProgressBar",
     "StochasticWeightAveraging",
     "TensorBoardLogger",
+    "ThroughputMonitor",
     "Timer",
     "TrainState",
     "Trainer",
