@@ -21,6 +21,7 @@ from fitjax.callbacks import (
     RichModelSummary,
     RichProgressBar,
     StochasticWeightAveraging,
+    ThroughputMonitor,
     Timer,
 )
 from fitjax.data import DataLoader, DataModule
@@ -53,6 +54,7 @@ __all__ = [
     "RichProgressBar",
     "StochasticWeightAveraging",
     "TensorBoardLogger",
+    "ThroughputMonitor",
     "Timer",
     "TrainState",
     "Trainer",

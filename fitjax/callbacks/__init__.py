@@ -12,6 +12,7 @@ from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
+from fitjax.callbacks.throughput import ThroughputMonitor
 from fitjax.callbacks.timer import Timer
 from fitjax.callbacks.watchdog import Watchdog
 
@@ -30,6 +31,7 @@ __all__ = [
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "ThroughputMonitor",
     "Timer",
     "Watchdog",
     "summarize",

@@ -266,10 +266,11 @@ class LightningCLI:
     def subcommands() -> dict[str, set[str]]:
         """The subcommands, each with the `Trainer` method arguments that are not options."""
         return {
-            "fit": {"module", "train_data", "val_data", "datamodule"},
-            "validate": {"module", "data", "datamodule"},
-            "test": {"module", "data", "datamodule"},
-            "predict": {"module", "data", "datamodule"},
+            "fit": {"module", "train_data", "val_data", "datamodule", "model", "train_dataloaders",
+                    "val_dataloaders"},
+            "validate": {"module", "data", "datamodule", "model", "dataloaders"},
+            "test": {"module", "data", "datamodule", "model", "dataloaders"},
+            "predict": {"module", "data", "datamodule", "model", "dataloaders"},
         }
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:

@@ -257,6 +257,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.progress_bar_metrics: HostMetrics = {}
         self.num_val_batches: int | None = None
         self._compiled: step_lib.Compiled | None = None
+        self._step_flops: tuple[float | None] | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
@@ -389,6 +390,26 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
         return min(per_epoch * self.max_epochs, limited_steps)
 
+    def train_step_flops(self) -> float | None:
+        """Floating-point operations of one optimizer step on each device, as XLA counts them.
+
+        XLA's cost analysis of the train step compiled as it runs (this strategy's partitioned
+        program, precision, accumulation, clipping, optimizer: everything the step does), with
+        its loops unrolled so every micro-batch counts; divided by `steps_per_execution`. Known
+        once fit has built its step (from `on_fit_start` on, and after fit); the first read in a
+        fit compiles that program once (no step runs). None where the backend reports no FLOPs.
+        Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
+        counted.
+        """
+        if self._compiled is None or self._compiled.train_step_cost is None:
+            raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
+                               "step: read it from on_fit_start or later.")
+        if self._step_flops is None:
+            flops = self._compiled.train_step_cost().get("flops")
+            self._step_flops = (None if flops is None or flops <= 0
+                                else flops / self.step_options.steps_per_execution,)
+        return self._step_flops[0]
+
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
@@ -484,6 +505,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
