@@ -194,3 +194,43 @@ def test_no_credentials_is_one_line_naming_the_url_and_what_to_set(s3_server, tm
     assert line.startswith("ModelCheckpoint cannot write checkpoints to 's3://some-bucket/run': "
                            "NoCredentialsError"), child.stdout[-2000:] + child.stderr[-2000:]
     assert "AWS_ACCESS_KEY_ID" in line and "\n" not in line
+
+
+_CLAIMS = textwrap.dedent("""
+    import os, sys, time
+    import fitjax as fj
+
+    root, go = sys.argv[1], sys.argv[2]
+    loggers = [fj.loggers.CSVLogger(root, name="runs") for _ in range(3)]
+    print("ready", flush=True)
+    while not os.path.exists(go):  # both processes claim at the same moment
+        time.sleep(0.001)
+    for logger in loggers:
+        logger.claim_version()
+        logger.log_hyperparams({"pid": int(sys.argv[3])})
+        logger.finalize("success")
+        print(logger.version, flush=True)
+""")
+
+
+def test_two_processes_started_at_once_under_one_s3_root_claim_a_version_each(bucket, tmp_path):
+    # (by listing alone, as before, both processes took version_0, 1 and 2, each overwriting
+    # the other's hparams.yaml)
+    import fsspec
+
+    root, go = f"{bucket}/claims", tmp_path / "go"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    children = [subprocess.Popen([sys.executable, "-c", _CLAIMS, root, str(go), str(i)], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    for child in children:  # both imported fitjax and made their loggers
+        assert child.stdout.readline().strip() == "ready", child.communicate()[1][-2000:]
+    go.touch()
+    outputs = [child.communicate(timeout=120) for child in children]
+    assert all(child.returncode == 0 for child in children), [err[-2000:] for _, err in outputs]
+    versions = [[int(v) for v in out.split()] for out, _ in outputs]
+    assert sorted(versions[0] + versions[1]) == list(range(6))  # never one version for two runs
+    fs, _ = fsspec.core.url_to_fs(root)
+    assert _listed(f"{root}/runs") == [f"version_{v}" for v in range(6)]
+    for pid, mine in enumerate(versions):  # each folder holds its own run's files only
+        for v in mine:
+            assert fs.cat_file(f"{root}/runs/version_{v}/hparams.yaml").decode() == f"pid: {pid}\n"
