@@ -245,6 +245,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
+        self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -255,6 +257,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.progress_bar_metrics: HostMetrics = {}
         self.num_val_batches: list[int | None] = []
         self._compiled: step_lib.Compiled | None = None
+        self._step_flops: tuple[float | None] | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
@@ -266,6 +269,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
@@ -329,6 +333,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         return self._stage.sanity_checking
 
     @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step now (Lightning's; a `GradientAccumulationScheduler` changes
+        it at the epochs it names)."""
+        return self.step_options.accumulate_grad_batches
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken (Lightning's `trainer.global_step`)."""
         return self._progress.global_step
@@ -379,6 +389,26 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             )
         per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
         return min(per_epoch * self.max_epochs, limited_steps)
+
+    def train_step_flops(self) -> float | None:
+        """Floating-point operations of one optimizer step on each device, as XLA counts them.
+
+        XLA's cost analysis of the train step compiled as it runs (this strategy's partitioned
+        program, precision, accumulation, clipping, optimizer: everything the step does), with
+        its loops unrolled so every micro-batch counts; divided by `steps_per_execution`. Known
+        once fit has built its step (from `on_fit_start` on, and after fit); the first read in a
+        fit compiles that program once (no step runs). None where the backend reports no FLOPs.
+        Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
+        counted.
+        """
+        if self._compiled is None or self._compiled.train_step_cost is None:
+            raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
+                               "step: read it from on_fit_start or later.")
+        if self._step_flops is None:
+            flops = self._compiled.train_step_cost().get("flops")
+            self._step_flops = (None if flops is None or flops <= 0
+                                else flops / self.step_options.steps_per_execution,)
+        return self._step_flops[0]
 
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
@@ -459,6 +489,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
+            self._accumulation_steps = {}  # and the copies an accumulation schedule kept
             self._windows.clear()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
@@ -471,11 +502,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def _fit(self, module: LitModule, train_loader, val_loaders, ckpt_path=None) -> None:
         self.should_stop = False
         first, epoch_iter = self._first_batch(train_loader)
+        self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
+        self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         with self.profiler.profile("[build] state and programs"):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
@@ -508,6 +542,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if not offset:
             self._epoch_acc = {}
         self._progress.start_epoch(offset)
+        self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             self.state = self._pieces.epoch_start(self.state, self.current_epoch)
         self._call("on_train_epoch_start", module)
