@@ -157,6 +157,8 @@ BAD_ARGUMENTS = {
     **{f"limit_{stage}_batches": [(1.5, ValueError, rf"limit_{stage}_batches=\.\.\.\) takes an int number of batches "
                                                     r"or a float fraction in \[0, 1\], got 1.5")]
        for stage in ("train", "val", "test", "predict")},
+    "overfit_batches": [(-1, ValueError, r"overfit_batches=\.\.\.\) takes an int number of batches or a float fraction "
+                                         r"in \[0, 1\], got -1")],
     "num_sanity_val_steps": [(-5, ValueError, r"num_sanity_val_steps=\.\.\.\) must be an int >= -1 .*got -5")],
     "fast_dev_run": [(-1, ValueError, r"fast_dev_run=\.\.\.\) takes a bool or an int >= 0 .*got -1")],
     # a str or an int is not a bool: "no" and 2 would read as True
@@ -167,7 +169,7 @@ BAD_ARGUMENTS = {
                     "detect_anomaly", "deterministic")},
     "seed": [(2**70, ValueError, r"seed=\.\.\.\) must be an int from -2\*\*63 to 2\*\*63 - 1 .*got 1180591620717411303424"),
              (True, ValueError, r"seed=\.\.\.\) must be an int .*got True")],
-    "precision": [("x", ValueError, r"precision=\.\.\.\) got 'x'; use one of \['32-true', 'bf16-mixed', '16-mixed', 'bf16-true'\]")],
+    "precision": [("x", ValueError, r"precision=\.\.\.\) got 'x'; use one of \['32-true', 'bf16-mixed', .*\] \(Lightning's names\)")],
     "accumulate_grad_batches": [(0, ValueError, r"accumulate_grad_batches=\.\.\.\) must be a positive int, got 0")],
     "gradient_clip_val": [("a", ValueError, r"gradient_clip_val=\.\.\.\) must be a positive number or None, got 'a'")],
     "gradient_clip_algorithm": [("x", ValueError, r"gradient_clip_algorithm=\.\.\.\) got 'x'; use one of \['norm', 'value'\]")],

@@ -117,17 +117,18 @@ class EvalStages:
             wants_batch_start = self._hooks.wants("on_predict_batch_start")
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
-            for batch_idx, (batch, size) in enumerate(self._eval_batches(loader, "predict")):
+            for batch_idx, (padded, size, batch) in enumerate(self._eval_batches(loader, "predict")):
                 if wants_batch_start:
                     self._hooks.call("on_predict_batch_start", self, module, batch, batch_idx)
                 try:
-                    out = self._compiled.predict_step(params, model_state, rng, batch)
+                    out = self._compiled.predict_step(params, model_state, rng, padded)
                 except Exception as err:
-                    self._built_from.explain(err, batch, f"the predict data's batch {batch_idx}")
+                    self._built_from.explain(err, padded, f"the predict data's batch {batch_idx}")
                     raise
                 pieces.append((out, size))
-                if wants_batch_end:
-                    self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
+                if wants_batch_end:  # Lightning's: the batch's own rows, not the padding
+                    self._hooks.call("on_predict_batch_end", self, module,
+                                     _real_rows(out, batch_size_of(padded), size), batch, batch_idx)
             # sync point: one transfer at the end (from every process with several)
             host = gather_rows([out for out, _ in pieces], [size for _, size in pieces])
             self._hooks.call("on_predict_end", self, module)
@@ -217,13 +218,14 @@ class EvalStages:
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         start_hook = hook.replace("_end", "_start")
         wants_batch_end, wants_batch_start = self._hooks.wants(hook), self._hooks.wants(start_hook)
-        for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
+        batches = self._eval_batches(loader, stage, with_mask=True, limit=limit)
+        for batch_idx, (padded, mask, batch) in enumerate(batches):
             if wants_batch_start:
                 self._hooks.call(start_hook, self, module, batch, batch_idx)
             try:
-                acc, outputs = eval_step(params, model_state, rng, acc, batch, mask)
+                acc, outputs = eval_step(params, model_state, rng, acc, padded, mask)
             except Exception as err:
-                self._built_from.explain(err, batch, f"the {_DATA[stage]} data's batch {batch_idx}")
+                self._built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}")
                 raise
             if wants_batch_end:
                 self._hooks.call(hook, self, module, outputs, batch, batch_idx)
@@ -238,9 +240,10 @@ class EvalStages:
         self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader), stage="val")
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
-                      limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
+                      limit: int | None = None) -> Iterator[tuple[Batch, Any, Batch]]:
         """Batches padded to one shape (the first batch's size, rounded up to a multiple of the
-        device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`.
+        device count): `(padded, mask, batch)` with `with_mask`, else `(padded, real_size, batch)`;
+        `batch` is the batch as the loader yielded it (what the per-batch hooks get, as Lightning's).
 
         With several processes each pads its own slice, to the loader's `local_batch_size` when
         it has one: a process's slice of the last batch may be smaller or empty, and all must
@@ -259,7 +262,7 @@ class EvalStages:
             if shard:
                 padded = self.strategy.shard_batch(padded)
                 mask = self.strategy.shard_batch(mask) if with_mask else mask
-            yield padded, (mask if with_mask else size)
+            yield padded, (mask if with_mask else size), batch
 
     def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
         """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
@@ -286,3 +289,12 @@ class EvalStages:
             raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches), datamodule=, "
                              f"or a `{stage}_dataloader()` method on {type(module).__name__}.")
         return as_loader(data, name="data")
+
+
+def _real_rows(outputs: Any, padded_rows: int, size: int) -> Any:
+    """A predict batch's outputs without the rows of its padding (the last batch's): each leaf
+    with `padded_rows` rows keeps its first `size`. With several processes the outputs are
+    the global batch (every process's padded slice), left as they are."""
+    if size == padded_rows or jax.process_count() > 1:
+        return outputs
+    return jax.tree.map(lambda x: x[:size] if np.ndim(x) and np.shape(x)[0] == padded_rows else x, outputs)
