@@ -179,7 +179,8 @@ BAD_ARGUMENTS = {
 
 
 @pytest.mark.parametrize("name, value, error, message", [
-    (name, value, error, message) for name, rows in BAD_ARGUMENTS.items() for value, error, message in rows])
+    pytest.param(name, value, error, message, id=f"{name}={value!r}")
+    for name, rows in BAD_ARGUMENTS.items() for value, error, message in rows])
 def test_every_trainer_argument_is_checked_when_the_trainer_is_made(name, value, error, message):
     with pytest.raises(error, match=message):
         fj.Trainer(**{name: value})
