@@ -193,6 +193,26 @@ def test_every_trainer_argument_has_a_bad_value_in_the_table():
         f"{sorted(arguments - set(BAD_ARGUMENTS))}; rows of no argument: {sorted(set(BAD_ARGUMENTS) - arguments)}")
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda t: t.fit(5, _loader()), TypeError, r"Trainer.fit\(module=\.\.\.\) expected a fitjax.LitModule, got int: 5"),
+    (lambda t: t.test(5, _loader()), TypeError, r"Trainer.test\(module=\.\.\.\) expected a fitjax.LitModule, got int: 5"),
+    (lambda t: t.fit(_Base(), 5), TypeError, r"`train_data` must be a fj.DataLoader, .*received 5"),
+    (lambda t: t.fit(_Base(), _loader(), 5), TypeError, r"`val_data` must be a fj.DataLoader, .*received 5"),
+    (lambda t: t.fit(_Base(), datamodule=5), TypeError, r"Trainer.fit\(datamodule=\.\.\.\) takes a fj.DataModule .*got int: 5"),
+    (lambda t: t.validate(_Base(), datamodule="dm"), TypeError,
+     r"Trainer.validate\(datamodule=\.\.\.\) takes a fj.DataModule .*got str: 'dm'"),
+    (lambda t: t.fit(_Base(), _loader(), ckpt_path=5), TypeError, r"Trainer.fit\(ckpt_path=\.\.\.\) takes 'last', 'best' or a checkpoint path; got 5"),
+    (lambda t: t.validate(_Base(), _loader(), verbose=2), TypeError, r"Trainer.validate\(verbose=\.\.\.\) takes True or False, got 2"),
+    (lambda t: t.save_checkpoint(5), TypeError, r"Trainer.save_checkpoint\(filepath=\.\.\.\) takes a checkpoint folder path .*got int: 5"),
+], ids=["fit-module", "test-module", "train_data", "val_data", "fit-datamodule", "validate-datamodule", "ckpt_path",
+        "verbose", "save_checkpoint"])
+def test_the_stage_methods_check_their_arguments_before_running(call, error, message):
+    trainer = quiet_trainer(max_steps=1, strategy="single")
+    with pytest.raises(error, match=message):
+        call(trainer)
+    assert trainer.state is None  # refused before anything was built
+
+
 def test_one_callback_is_a_list_of_it_as_in_lightning():
     """Lightning's `Trainer(callbacks=cb)` takes one callback as well as a list."""
     stopper = fj.EarlyStopping("val/loss")
