@@ -25,7 +25,7 @@ from typing import Union
 
 from etils import epath
 
-__all__ = ["COMMIT", "AnyPath", "as_path", "commit", "create_new", "download", "is_url", "put_file", "put_folder", "remove",
+__all__ = ["COMMIT", "AnyPath", "as_path", "commit", "create_new", "download", "folder", "is_url", "put_file", "put_folder", "remove",
            "store_error", "upload"]
 
 AnyPath = Union[Path, epath.Path]
@@ -46,6 +46,12 @@ def as_path(path: str | os.PathLike) -> AnyPath:
     if is_url(text):
         return epath.Path(text)
     return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def folder(path: str | os.PathLike) -> AnyPath:
+    """A URL as an `epath.Path`; a local path as a `pathlib.Path`, as given (a relative one stays
+    relative, unlike `as_path`)."""
+    return as_path(path) if is_url(path) else Path(path)
 
 
 def _fs(path: AnyPath):

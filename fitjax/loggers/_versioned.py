@@ -107,7 +107,7 @@ class VersionedLogger(Logger):
                 f"got {process_index!r}."
             )
         # a URL as an epath.Path; a local folder stays as given (relative paths stay relative)
-        self._save_dir = _storage.as_path(save_dir) if _storage.is_url(save_dir) else Path(save_dir)
+        self._save_dir = _storage.folder(save_dir)
         self._mirror: Path | None = None  # the local copy written to, for a store URL
         self._uploaded: dict[str, tuple[int, int]] = {}  # mirror file -> (size, mtime) last uploaded
         self._name = name

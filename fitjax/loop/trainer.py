@@ -245,6 +245,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
+        self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -267,6 +269,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
@@ -328,6 +331,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def sanity_checking(self) -> bool:
         """True while fit's sanity check runs its validation batches (Lightning's flag)."""
         return self._stage.sanity_checking
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step now (Lightning's; a `GradientAccumulationScheduler` changes
+        it at the epochs it names)."""
+        return self.step_options.accumulate_grad_batches
 
     @property
     def global_step(self) -> int:
@@ -476,6 +485,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
+            self._accumulation_steps = {}  # and the copies an accumulation schedule kept
             self._windows.clear()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
@@ -488,6 +498,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
         first, epoch_iter = self._first_batch(train_loader)
+        self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
+        self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         with self.profiler.profile("[build] state and programs"):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
@@ -526,6 +538,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if not offset:
             self._epoch_acc = {}
         self._progress.start_epoch(offset)
+        self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             self.state = self._pieces.epoch_start(self.state, self.current_epoch)
         self._call("on_train_epoch_start", module)

@@ -234,3 +234,37 @@ def test_two_processes_started_at_once_under_one_s3_root_claim_a_version_each(bu
     for pid, mine in enumerate(versions):  # each folder holds its own run's files only
         for v in mine:
             assert fs.cat_file(f"{root}/runs/version_{v}/hparams.yaml").decode() == f"pid: {pid}\n"
+
+
+class _Data(fj.DataModule):
+    def train_dataloader(self):
+        return fj.DataLoader(DATA, batch_size=16)
+
+
+def test_cli_config_and_profiler_outputs_land_under_an_s3_root(bucket):
+    import fsspec
+    import yaml
+
+    from fitjax.cli import LightningCLI
+
+    root = f"{bucket}/cli"
+    cli = LightningCLI(Regressor, _Data, args=["fit", f"--trainer.default_root_dir={root}", "--trainer.max_steps=3",
+                                               "--trainer.profiler=simple", "--model.batchnorm=false",
+                                               "--trainer.enable_progress_bar=false"])
+    fs, _ = fsspec.core.url_to_fs(root)
+    log_dir = f"{root}/fitjax_logs/version_0"
+    assert cli.trainer.log_dir == log_dir
+    saved = yaml.safe_load(fs.cat_file(f"{log_dir}/config.yaml"))
+    assert saved["trainer"]["max_steps"] == 3 and saved["model"]["batchnorm"] is False
+    report = fs.cat_file(f"{log_dir}/fit-profile.txt").decode()
+    assert report.startswith("FIT profiler report") and "[step] dispatch" in report
+    assert not Path(root.replace("://", ":/")).exists()  # nothing under a local 's3:/...' folder
+
+    # JaxProfiler: the trace folder uploaded where TensorBoard's profile tab reads it
+    profiler = fj.profilers.JaxProfiler(start_step=1, num_steps=1)
+    trainer = quiet_trainer(max_steps=3, profiler=profiler, default_root_dir=f"{root}/jax")
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    trace = str(profiler.trace_dir)
+    assert trace.startswith(f"{root}/jax/") and "/plugins/profile/" in trace
+    names = _listed(trace)
+    assert any(n.endswith(".xplane.pb") for n in names) and any(n.endswith(".trace.json.gz") for n in names)
