@@ -298,6 +298,9 @@ def test_a_batch_shaped_unlike_the_first_names_its_data_and_index():
         quiet_trainer(max_steps=1, strategy="single").fit(_Base(), _features(8), _features(5))
     with pytest.raises(ValueError, match=r"the train data's batch 1 \(epoch 0\) failed in the step and " + built):
         quiet_trainer(max_epochs=1, strategy="single").fit(_Base(), _Mixed())
+    stacked = built.replace(r"\(32, 5\)", r"\(32, 5\) \(stacked as \(2, 32, 5\)\)")  # the micro-batches
+    with pytest.raises(ValueError, match=r"the train data's batch 1 \(epoch 0\) failed in the step and " + stacked):
+        quiet_trainer(max_epochs=1, strategy="single", accumulate_grad_batches=2).fit(_Base(), _Mixed())
     trainer, module = quiet_trainer(max_steps=1, strategy="single"), _Base()
     trainer.fit(module, _features(8))
     with pytest.raises(ValueError, match=r"the test data's batch 0 failed in the step and " + built):

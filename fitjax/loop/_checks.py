@@ -338,7 +338,7 @@ class BuiltFrom:
         if paths != self.paths:
             problem = f"its leaves are {list(paths)}, those of {self.source} {list(self.paths)}"
         else:
-            problem = next((f"`batch{path}` has shape {np.shape(x)}, in {self.source} {shape}"
+            problem = next((f"`batch{path}` has shape {_one_batch(np.shape(x), shape)}, in {self.source} {shape}"
                             for path, (_, x), shape in zip(paths, leaves, self.shapes)
                             if not _same_example(np.shape(x), shape)), None)
         if problem is None:
@@ -355,3 +355,12 @@ def _same_example(shape: tuple[int, ...], built: tuple[int, ...]) -> bool:
     """Whether a leaf's shape ends with `built`'s per-example dimensions."""
     tail = built[1:]
     return len(shape) >= len(built) and tuple(shape[len(shape) - len(tail):]) == tail
+
+
+def _one_batch(shape: tuple[int, ...], built: tuple[int, ...]) -> str:
+    """`shape` as one batch's: micro-batches or steps stacked in front (accumulation, several
+    steps per call) are said apart, so the shape compares with `built`'s."""
+    extra = len(shape) - len(built)
+    if extra <= 0:
+        return str(shape)
+    return f"{shape[extra:]} (stacked as {shape})"
