@@ -237,6 +237,13 @@ class LitModule:
         """`(params, model_state)` after `fit` (or a restore); None before the model is built."""
         return self._variables
 
+    @property
+    def variable_order(self) -> tuple[tuple[str, ...], ...]:
+        """The paths of the model's arrays (`("Dense_0", "kernel")`) in the model's own order: the
+        order a Linen model's layers created them, an NNX model's attribute order (what the model
+        summary lists first); empty before a Linen model is built."""
+        return self._binding.order if self._binding is not None else ()
+
     def _find_model(self) -> Any:
         if getattr(self, "model", None) is not None:
             return self.model

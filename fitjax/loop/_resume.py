@@ -25,6 +25,7 @@ import numpy as np
 
 from fitjax import _accelerator, checkpoint
 from fitjax import _checkpoint_writer
+from fitjax.loop import _checks as checks
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
 
@@ -87,6 +88,7 @@ class Checkpoints:
         reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
         `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
         """
+        filepath = checks.checkpoint_path("save_checkpoint", filepath)
         if weights_only:
             raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
                              "checkpoint holds the whole train state; load weights only with "

@@ -271,7 +271,7 @@ class EvalStages:
         if _arguments.is_datamodule(data) and datamodule is None:
             datamodule, data = data, None
         module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
-        checks.check_module(module)
+        checks.check_module(module, method)
         self._lightning_module = module
         return module, data, datamodule, ckpt_path
 
@@ -279,6 +279,7 @@ class EvalStages:
         """The stage's data: passed, else the datamodule's, else the module's own loader; the
         module's `prepare_data()` and `setup(stage)` run first (Lightning's order)."""
         if datamodule is not None:
+            checks.check_datamodule(method, datamodule)
             datamodule.prepare_data()
             datamodule.setup({"val": "validate"}.get(stage, stage))
             data = getattr(datamodule, f"{stage}_dataloader")()
