@@ -132,16 +132,35 @@ def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callbac
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
 
 
-def check_module(module: Any) -> None:
+def check_module(module: Any, method: str = "fit") -> None:
     if not isinstance(module, LitModule):
         raise TypeError(
-            f"expected a fitjax.LitModule, got {type(module).__name__}: {module!r}. Subclass "
-            "`fj.LitModule` and define `loss` and `configure_optimizer`."
+            f"Trainer.{method}(module=...) expected a fitjax.LitModule, got {type(module).__name__}: "
+            f"{module!r}. Subclass `fj.LitModule` and define `loss` and `configure_optimizer`."
         )
     if "training" not in vars(module):
         raise RuntimeError(
             f"{type(module).__name__}.__init__ did not call `super().__init__()`; add it as the first line."
         )
+
+
+_DATAMODULE_METHODS = ("prepare_data", "setup")
+
+
+def check_datamodule(method: str, value: Any) -> None:
+    """`datamodule=` of a stage method: a `fj.DataModule`, or an object with its methods."""
+    if not all(callable(getattr(value, name, None)) for name in _DATAMODULE_METHODS):
+        raise TypeError(f"Trainer.{method}(datamodule=...) takes a fj.DataModule (prepare_data, setup and the "
+                        f"stage's *_dataloader methods), got {type(value).__name__}: {value!r}; pass "
+                        f"loaders as the data argument instead.")
+
+
+def checkpoint_path(method: str, value: Any) -> str:
+    """A checkpoint folder path given to `method`: a str or an `os.PathLike`."""
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"Trainer.{method}(filepath=...) takes a checkpoint folder path (a str or os.PathLike; "
+                        f"a gs:// or s3:// URL works too), got {type(value).__name__}: {value!r}")
+    return os.fspath(value)
 
 
 def limit_or_unlimited(name: str, value: Any, *, unlimited: bool = True) -> int | None:
@@ -332,7 +351,7 @@ class BuiltFrom:
         if paths != self.paths:
             problem = f"its leaves are {list(paths)}, those of {self.source} {list(self.paths)}"
         else:
-            problem = next((f"`batch{path}` has shape {np.shape(x)}, in {self.source} {shape}"
+            problem = next((f"`batch{path}` has shape {_one_batch(np.shape(x), shape)}, in {self.source} {shape}"
                             for path, (_, x), shape in zip(paths, leaves, self.shapes)
                             if not _same_example(np.shape(x), shape)), None)
         if problem is None:
@@ -349,3 +368,12 @@ def _same_example(shape: tuple[int, ...], built: tuple[int, ...]) -> bool:
     """Whether a leaf's shape ends with `built`'s per-example dimensions."""
     tail = built[1:]
     return len(shape) >= len(built) and tuple(shape[len(shape) - len(tail):]) == tail
+
+
+def _one_batch(shape: tuple[int, ...], built: tuple[int, ...]) -> str:
+    """`shape` as one batch's: micro-batches or steps stacked in front (accumulation, several
+    steps per call) are said apart, so the shape compares with `built`'s."""
+    extra = len(shape) - len(built)
+    if extra <= 0:
+        return str(shape)
+    return f"{shape[extra:]} (stacked as {shape})"
