@@ -77,8 +77,12 @@ class Hooks(fj.Callback):
     def on_validation_start(self, trainer, module):
         self.seen.append(("start", trainer.sanity_checking, list(trainer.num_val_batches)))
 
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, *dataloader_idx):
+        self.seen.append(("batch_start", batch_idx, *dataloader_idx))
+
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, *dataloader_idx):
-        self.seen.append(("batch", batch_idx, *dataloader_idx))
+        assert self.seen[-1] == ("batch_start", batch_idx, *dataloader_idx)  # Lightning: the same arguments
+        self.seen[-1] = ("batch", batch_idx, *dataloader_idx)
 
     def on_validation_end(self, trainer, module):
         self.seen.append(("end",))
