@@ -29,6 +29,7 @@ from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
 from fitjax.tuner import Tuner
+from fitjax._seed import seed_everything
 
 __version__ = "0.1.0"
 
@@ -63,6 +64,7 @@ __all__ = [
     "plugins",
     "precision",
     "profilers",
+    "seed_everything",
     "strategies",
     "tuner",
 ]

@@ -165,7 +165,7 @@ class _TimedHooks:
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
         logged = None
-        if hasattr(LitModule, hook):  # the hooks a module has run first, as the list runs them
+        if hook.startswith("on_") and hasattr(LitModule, hook):  # the module's own first, as the list runs them
             with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
                 if getattr(type(module), hook) is getattr(LitModule, hook):
                     getattr(module, hook)()  # LitModule's own no-op: not worth a row
