@@ -21,6 +21,7 @@ from fitjax.callbacks import (
     RichProgressBar,
     StochasticWeightAveraging,
     Timer,
+    TQDMProgressBar,
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -51,6 +52,7 @@ __all__ = [
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "TensorBoardLogger",
     "Timer",
     "TrainState",

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["seed_everything", "seed_host"]
+__all__ = ["resolve_seed", "seed_everything", "seed_host"]
 
 _MAX_SEED = 2**32 - 1  # numpy's bound, Lightning's too
 
@@ -25,8 +25,8 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     installed), as Lightning's `seed_everything`; returns the seed.
 
     Sets `PL_GLOBAL_SEED` (and `PL_SEED_WORKERS` from `workers`) as Lightning does, so a script
-    that reads them behaves the same. `Trainer(seed=s)` calls it with `s`; the trainer's JAX key
-    is derived from the same number.
+    that reads them behaves the same. `Trainer(seed=s)` seeds the same generators (torch when
+    already imported) and derives its JAX key from the same number.
 
     Args:
         seed: an int from 0 to 2**32 - 1; None reads `PL_GLOBAL_SEED`, else 0 (with a warning).
@@ -41,12 +41,22 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         >>> a = np.random.rand(); _ = fj.seed_everything(42, verbose=False); a == np.random.rand()
         True
     """
+    seed = resolve_seed(seed, verbose=verbose)
+    if verbose:
+        logging.getLogger("fitjax").info(f"Seed set to {seed}")
+    os.environ["PL_SEED_WORKERS"] = str(int(workers))
+    seed_host(seed, import_torch=True)
+    return seed
+
+
+def resolve_seed(seed: int | None, *, verbose: bool) -> int:
+    """`seed_everything`'s seed: `seed` checked, or `PL_GLOBAL_SEED`, or 0 (warned when `verbose`)."""
     if seed is None:
         env = os.environ.get("PL_GLOBAL_SEED")
         if env is None:
             seed = 0
             if verbose:
-                warnings.warn(f"No seed found, seed set to {seed}", stacklevel=2)
+                warnings.warn(f"No seed found, seed set to {seed}", stacklevel=3)
         else:
             try:
                 seed = int(env)
@@ -55,12 +65,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(f"seed_everything(seed=...) must be an int from 0 to 2**32 - 1 (numpy's range), "
                          f"got {seed!r}.")
-    seed = int(seed)
-    if verbose:
-        logging.getLogger("fitjax").info(f"Seed set to {seed}")
-    os.environ["PL_SEED_WORKERS"] = str(int(workers))
-    seed_host(seed, import_torch=True)
-    return seed
+    return int(seed)
 
 
 def seed_host(seed: int, *, import_torch: bool) -> None:

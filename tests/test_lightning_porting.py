@@ -388,3 +388,31 @@ def test_seed_everything_and_trainer_seed_make_a_shuffling_torch_loader_repeat(m
     assert fj.seed_everything(None, verbose=False) == 7
     with pytest.raises(ValueError, match=r"seed_everything\(seed=...\) must be an int from 0 to 2\*\*32 - 1"):
         fj.seed_everything(-1)
+
+
+# ------------------------------------------------- 8: Lightning's flags, TQDMProgressBar, the CLI
+
+def test_lightnings_flags_with_no_jax_meaning_are_accepted_with_a_note(capsys):
+    capsys.readouterr()
+    trainer = quiet_trainer(max_epochs=1, benchmark=True, inference_mode=False, sync_batchnorm=True,
+                            use_distributed_sampler=False)
+    notes = [line for line in capsys.readouterr().out.splitlines() if "has no effect under JAX" in line]
+    assert [n.split(")")[0] for n in notes] == ["Trainer(benchmark=True", "Trainer(inference_mode=False",
+                                                 "Trainer(sync_batchnorm=True", "Trainer(use_distributed_sampler=False"]
+    trainer.fit(Regressor(), _loader())  # and the run is the same as without them
+    assert trainer.global_step == 4
+    quiet_trainer(benchmark=None, inference_mode=True, sync_batchnorm=False)  # Lightning's defaults: silent
+    assert "has no effect" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"Trainer\(benchmark=...\) must be True or False, got 'yes'"):
+        quiet_trainer(benchmark="yes")
+
+
+def test_tqdm_progress_bar_takes_lightnings_arguments_and_draws(capsys):
+    bar = fj.TQDMProgressBar(refresh_rate=2, process_position=0, leave=True)
+    trainer = fj.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                         callbacks=[bar])
+    assert [cb for cb in trainer.callbacks if isinstance(cb, fj.RichProgressBar)] == [bar]  # not a second bar
+    trainer.fit(Regressor(), _loader())
+    assert "Epoch 0" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"enable_progress_bar=False"):
+        fj.TQDMProgressBar(refresh_rate=0)

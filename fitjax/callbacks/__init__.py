@@ -12,6 +12,7 @@ from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
 from fitjax.callbacks.timer import Timer
+from fitjax.callbacks.tqdm_progress import TQDMProgressBar
 from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "RichModelSummary",
     "RichProgressBar",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "Timer",
     "Watchdog",
     "summarize",

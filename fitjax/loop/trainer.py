@@ -136,6 +136,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
         deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
+        benchmark, inference_mode, sync_batchnorm, use_distributed_sampler: Lightning's flags with
+            no JAX meaning, accepted so Lightning configs run; a value other than Lightning's
+            default logs one line saying what JAX does instead (XLA picks its kernels when it
+            compiles; eval computes no gradients; BatchNorm over a sharded batch is already
+            global; the strategy splits the batches).
 
     Example:
         >>> import fitjax as fj
@@ -181,6 +186,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
+        benchmark: bool | None = None,
+        inference_mode: bool = True,
+        sync_batchnorm: bool = False,
+        use_distributed_sampler: bool = True,
     ):
         # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
         self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
@@ -206,6 +215,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
+        _arguments.lightning_flags(benchmark=benchmark, inference_mode=inference_mode, sync_batchnorm=sync_batchnorm,
+                                   use_distributed_sampler=use_distributed_sampler)
         self.seed = 0 if seed is None else checks.seed(seed)
         if seed is not None:  # Lightning's `seed_everything(seed)`: Python, numpy, torch (when imported)
             _seed.seed_host(seed % 2**32, import_torch=False)
