@@ -253,6 +253,43 @@ def test_host_hooks_call_the_model_with_the_current_weights_in_lightnings_mode(t
     assert [e.step for e in events.Histograms("probe")] == [0, 1, 2]
 
 
+class Wide(nn.Module):
+    """Wide enough for fsdp to shard its kernel over the 8 devices."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        return nn.Dense(1)(nn.relu(nn.Dense(64)(x)))
+
+
+class ShardedCalls(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = Wide()
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        return ((self(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return optax.adam(1e-2)
+
+    def on_train_epoch_end(self):
+        x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+        self.seen.append((np.asarray(self(x)), jax.device_get(self.trainer.state.params), x))
+
+
+@pytest.mark.parametrize("strategy", ["single", "fsdp"])
+def test_host_calls_see_sharded_weights_as_the_single_device_run(strategy):
+    module = ShardedCalls()
+    sharding = fj.strategies.FSDP(min_size_to_shard=0) if strategy == "fsdp" else strategy
+    quiet_trainer(max_epochs=2, strategy=sharding).fit(module, _loader())
+    for out, params, x in module.seen:
+        expected = Wide().apply({"params": params}, x)
+        np.testing.assert_allclose(out, np.asarray(expected), rtol=1e-5, atol=1e-6)
+    if strategy == "fsdp":  # the kernel is sharded, and the host call read it as it is
+        assert not module.trainer.state.params["Dense_1"]["kernel"].sharding.is_fully_replicated
+
+
 def test_reading_the_run_inside_a_traced_hook_or_calling_optimizers_names_the_fitjax_form():
     class EpochInStep(HostCalls):
         def training_step(self, batch, batch_idx):

@@ -187,7 +187,7 @@ class LightningCLI:
         auto_configure_optimizers: add the `optimizer:` / `lr_scheduler:` sections.
         seed_everything_default: the default of `--seed_everything` (Lightning's): an int runs
             `fj.seed_everything(seed)` before the classes are built (Python, numpy, torch) and
-            is the trainer's `seed` unless `--trainer.seed` is given; True seeds with
+            is the trainer's `seed` unless `--trainer.seed` is given; True does the same with
             `PL_GLOBAL_SEED` or 0; False seeds nothing. The seed used is stored in the config.
 
     After construction: `cli.config` (parsed), `cli.config_init` (objects), `cli.trainer`,
@@ -350,6 +350,7 @@ class LightningCLI:
     def _set_seed(self) -> None:
         """Lightning's `--seed_everything`: seeds the host's generators before anything is built
         and records the seed used in the config (and as the trainer's seed when it has none)."""
+        self._trainer_seed = None
         config = self.config.get(str(self.subcommand), self.config)
         seed = config.get("seed_everything")
         if seed is False or seed is None:
@@ -357,9 +358,8 @@ class LightningCLI:
         # torch is seeded when imported (the module's and datamodule's files are, by now), not imported: ~3 s
         seed = _seed.resolve_seed(None if seed is True else seed, verbose=False)
         _seed.seed_host(seed, import_torch=False)
-        config["seed_everything"] = seed
-        if config.get("trainer") is not None and config["trainer"].get("seed") is None:
-            config["trainer"]["seed"] = seed
+        config["seed_everything"] = seed  # a rerun of the saved config seeds the same
+        self._trainer_seed = seed  # the trainer's key too, unless the config gives trainer.seed
 
     # ------------------------------------------------------------------------------ objects
 
@@ -383,6 +383,8 @@ class LightningCLI:
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Builds the trainer from the `trainer` group, the extra callbacks and the config saver."""
         config = {**dict(self._get(self.config_init, "trainer")), **kwargs}
+        if config.get("seed") is None and getattr(self, "_trainer_seed", None) is not None:
+            config["seed"] = self._trainer_seed
         parser = self._parser(self.subcommand)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]

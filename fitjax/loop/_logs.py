@@ -159,10 +159,10 @@ class Logs:
 
     def _log_train_epoch(self) -> None:
         """Logs the train epoch's means: the windows read so far and the steps since the last log step."""
-        self._fold_latest_step()
         self._finish_train_window()
         self._start_train_window(log_rows=False)  # the steps since the last log step
         self._finish_train_window()
+        self._fold_latest_step()  # newer than the windows, older than the epoch's means
         specs = self._compiled.log_specs
         self._log(_logged.compute(self._epoch_acc, specs, stage="train", epoch=True),
                   aliases=_logged.plain_names(self._epoch_acc, specs, epoch=True))
