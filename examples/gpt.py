@@ -16,11 +16,13 @@ mesh axes of `fj.strategies.FSDP`, so the same code runs on one device, data-par
 FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
 warmup-cosine, gradient clipping at 1.0, gradient accumulation, periodic checkpoints, exact resume.
 
-Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the validation loss),
-`perf/tokens_per_sec`, `perf/flops_per_sec` (achieved model FLOP/s: 6 × matmul parameters + the
-attention's 12 × layers × context × width per token, PaLM's count) and `perf/mfu` when
-`--peak-tflops` names the device's peak (peak is device-specific: a CPU has no standard one, so on a
-CPU only the achieved FLOP/s is reported). Every `--sample-every` steps a few generated lines are
+Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the validation loss) and
+`fj.ThroughputMonitor`'s `train/device/items_per_sec` (tokens per second on each device),
+`train/device/flops_per_sec` (XLA's FLOP count of the compiled step; it agrees with PaLM's
+6 × matmul parameters + 12 × layers × context × width per token, `flops_per_token`) and
+`train/device/mfu` on a chip with a known peak (H100, H200, A100, L4, TPU v4-v6e) or with
+`--peak-tflops` (a CPU has no standard peak, so on a CPU only the achieved FLOP/s is reported).
+Every `--sample-every` steps a few generated lines are
 printed: temperature sampling by plain re-runs of the model over the last `context` tokens (one
 forward pass per new byte, no KV cache: simple, and cheap next to training at these sizes).
 """
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import time
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -268,40 +269,6 @@ def generate(model: GPT, params, prompts: Sequence[str], length: int, *, tempera
 
 # ------------------------------------------------------------------------------------- callbacks
 
-class Throughput(fj.Callback):
-    """Logs `perf/tokens_per_sec`, `perf/flops_per_sec` and (with a peak) `perf/mfu` every `every` steps.
-
-    Waits for the step at each window's end (one host sync per window, not per step) so the time
-    is the steps' own; a window with validation in it is not measured. The first window (with the
-    compilation) is skipped.
-    """
-
-    def __init__(self, *, tokens_per_step: int, flops_per_token: int, every: int, peak_flops: float | None = None):
-        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
-        self.every, self.peak_flops = every, peak_flops
-        self.history: list[tuple[int, dict[str, float]]] = []
-        self._mark: tuple[int, float] | None = None
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if not trainer.progress.crossed(self.every):
-            return
-        jax.block_until_ready(outputs)  # sync point: once per window
-        now, step = time.perf_counter(), trainer.global_step
-        if self._mark is not None and step > self._mark[0]:
-            tokens_per_sec = (step - self._mark[0]) * self.tokens_per_step / (now - self._mark[1])
-            values = {"perf/tokens_per_sec": tokens_per_sec,
-                      "perf/flops_per_sec": tokens_per_sec * self.flops_per_token}
-            if self.peak_flops:
-                values["perf/mfu"] = values["perf/flops_per_sec"] / self.peak_flops
-            self.history.append((step, values))
-            for logger in trainer.loggers:
-                logger.log_metrics(values, step=step)
-        self._mark = (step, now)
-
-    def on_validation_start(self, trainer, module) -> None:
-        self._mark = None
-
-
 class Perplexity(fj.Callback):
     """Logs `val/ppl` = exp(`val/loss`) after each validation."""
 
@@ -387,7 +354,7 @@ class Run:
     trainer: fj.Trainer
     module: GPTModule
     metrics: dict[str, float]
-    throughput: Throughput
+    throughput: fj.ThroughputMonitor
     samples: Samples
 
 
@@ -399,10 +366,11 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
     val_loader = fj.DataLoader(val, batch_size=global_batch)
     module = GPTModule(layers=args.layers, width=args.width, heads=args.heads, context=args.context,
                        lr=args.lr, warmup=args.warmup, total_steps=args.max_steps)
-    shape = dict(layers=args.layers, width=args.width, context=args.context)
-    throughput = Throughput(tokens_per_step=global_batch * args.accumulate * args.context,
-                            flops_per_token=flops_per_token(**shape), every=args.log_every,
-                            peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
+    # a row holds `context + 1` bytes: `context` of them are trained on (inputs, shifted targets)
+    throughput = fj.ThroughputMonitor(batch_size_fn=lambda batch: batch["tokens"].shape[0],
+                                      length_fn=lambda batch: batch["tokens"].shape[0] * args.context,
+                                      window_size=2 * args.log_every * args.accumulate,
+                                      peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None)
     samples = Samples(every=args.sample_every, length=args.sample_length)
     started = _StartStep()
     checkpoints = fj.ModelCheckpoint(every_n_train_steps=args.ckpt_every, save_last=True,
@@ -429,13 +397,13 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
               f"{args.max_steps}; pass a larger --max-steps to train on (or leave out --resume to start over).")
     (metrics,) = trainer.validate(module, val_loader)
     metrics = {**metrics, "val/ppl": float(np.exp(metrics["val/loss"]))}
-    speed = [v["perf/tokens_per_sec"] for _, v in throughput.history]
-    if speed:
-        metrics["perf/tokens_per_sec"] = float(np.median(speed))
-        metrics["perf/flops_per_sec"] = metrics["perf/tokens_per_sec"] * throughput.flops_per_token
+    speed = {k: v for k, v in throughput.metrics.items() if k.endswith("_per_sec") or k.endswith("mfu")}
+    metrics.update(speed)  # the last log step's rates (over its window)
+    scope = "train/" if "train/items_per_sec" in speed else "train/device/"  # all devices, else the one
+    tokens, flops = speed.get(scope + "items_per_sec"), speed.get(scope + "flops_per_sec")
     print(f"validation loss {metrics['val/loss']:.4f}  perplexity {metrics['val/ppl']:.3f}  "
-          + (f"{metrics['perf/tokens_per_sec']:.0f} tokens/s  "
-             f"{metrics['perf/flops_per_sec'] / 1e9:.2f} GFLOP/s achieved  " if speed else "")
+          + (f"{tokens:.0f} tokens/s  " if tokens else "")
+          + (f"{flops / 1e9:.2f} GFLOP/s achieved  " if flops else "")
           + f"(logs: {trainer.log_dir})")
     return Run(trainer, module, metrics, throughput, samples)
 

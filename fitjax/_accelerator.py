@@ -105,9 +105,10 @@ def check_devices_match(accelerator: str, devices: Sequence[jax.Device]) -> None
         )
 
 
-def banner(devices: Sequence[jax.Device], strategy: Any, precision: str, environment: Any = None) -> str:
+def banner(devices: Sequence[jax.Device], strategy: Any, precision: Any, environment: Any = None) -> str:
     """One line: platform, devices used of available, processes (the cluster environment and this
-    process's rank), strategy and mesh, precision.
+    process's rank), strategy and mesh, precision (a name or a `Precision`: "64-true" adds that
+    JAX's x64 is on for the run).
 
     Example (8 virtual CPU devices, `strategy="dp"`):
         fitjax: cpu, 8/8 devices used, 1 process (LightningEnvironment, rank 0), strategy DataParallel (mesh data=8), precision 32-true
@@ -121,4 +122,5 @@ def banner(devices: Sequence[jax.Device], strategy: Any, precision: str, environ
     shape = " ".join(f"{axis}={size}" for axis, size in mesh.shape.items()) if mesh is not None else "none"
     return (f"fitjax: {kind}, {len(devices)}/{available} devices used, "
             f"{processes} process{'es' if processes != 1 else ''}{where}, strategy {type(strategy).__name__} "
-            f"(mesh {shape}), precision {precision}")
+            f"(mesh {shape}), precision {getattr(precision, 'name', precision)}"
+            f"{' (x64 enabled)' if getattr(precision, 'x64', False) else ''}")

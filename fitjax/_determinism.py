@@ -30,9 +30,8 @@ _GPU_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
 def enforce(deterministic: bool) -> bool:
-    """Applies (or checks) the settings above; returns `deterministic` as a bool."""
-    if not isinstance(deterministic, bool):
-        raise ValueError(f"Trainer(deterministic=...) must be a bool, got {deterministic!r}")
+    """Applies (or checks) the settings above; returns `deterministic` (a bool, checked by the
+    Trainer with its other flags)."""
     if not deterministic:
         return False
     impl = jax.config.jax_default_prng_impl

@@ -25,7 +25,7 @@ import jax
 
 from fitjax import _logged
 from fitjax.step import context
-from fitjax.step._jit_rules import explain_jit_rules
+from fitjax.step._jit_rules import defined_at, explain_jit_rules
 
 __all__ = [
     "check",
@@ -159,8 +159,8 @@ def loss(module: Any, model: Any, batch: Any) -> Any:
     if not hasattr(out, "shape") or out.shape != ():
         raise ValueError(
             f"{owner}.{hook} must return the loss (a scalar array) or a dict with a 'loss' entry, "
-            f"got {type(out).__name__}: {out!r}. fitjax differentiates that loss; there is no "
-            "`None` return to skip a step under jit (multiply the loss by 0 instead)."
+            f"got {type(out).__name__}: {out!r}{defined_at(module, hook)}. fitjax differentiates that "
+            "loss; there is no `None` return to skip a step under jit (multiply the loss by 0 instead)."
         )
     return out, None
 

@@ -25,7 +25,8 @@ from typing import Union
 
 from etils import epath
 
-__all__ = ["COMMIT", "AnyPath", "as_path", "download", "is_url", "put_file", "remove", "store_error", "upload"]
+__all__ = ["COMMIT", "AnyPath", "as_path", "commit", "create_new", "download", "folder", "is_url", "put_file", "put_folder", "remove",
+           "store_error", "upload"]
 
 AnyPath = Union[Path, epath.Path]
 COMMIT = "commit_success.txt"  # Orbax's own name for the marker it writes on gs://
@@ -47,6 +48,12 @@ def as_path(path: str | os.PathLike) -> AnyPath:
     return Path(os.path.abspath(os.path.expanduser(text)))
 
 
+def folder(path: str | os.PathLike) -> AnyPath:
+    """A URL as an `epath.Path`; a local path as a `pathlib.Path`, as given (a relative one stays
+    relative, unlike `as_path`)."""
+    return as_path(path) if is_url(path) else Path(path)
+
+
 def _fs(path: AnyPath):
     import fsspec  # noqa: PLC0415 - only for stores
 
@@ -61,10 +68,42 @@ def _fs(path: AnyPath):
 
 def upload(local: Path, target: AnyPath) -> None:
     """Copies the folder `local` to the store folder `target`, then writes `target/COMMIT`."""
+    put_folder(local, target)
+    commit(target)
+
+
+def commit(target: AnyPath) -> None:
+    """Writes `target/COMMIT`: the store folder `target` is complete (call it last)."""
+    fs, root = _fs(target)
+    fs.pipe_file(f"{root}/{COMMIT}", uuid.uuid4().hex.encode())
+
+
+def put_folder(local: Path, target: AnyPath) -> None:
+    """Copies every file under the local folder `local` to the same place under `target`."""
     fs, root = _fs(target)
     for file in sorted(p for p in local.rglob("*") if p.is_file()):
         fs.put_file(str(file), f"{root}/{file.relative_to(local).as_posix()}")
-    fs.pipe_file(f"{root}/{COMMIT}", uuid.uuid4().hex.encode())  # last: the checkpoint is complete
+
+
+def create_new(target: AnyPath, data: bytes = b"") -> bool:
+    """Creates the store object `target` only if there is none: True if this call created it,
+    False if it existed. The store decides (S3's conditional `PUT` with `If-None-Match: *`), so
+    of several processes creating one object at once exactly one gets True.
+
+    Raises `NotImplementedError` for a filesystem without exclusive creation.
+    """
+    fs, root = _fs(target)
+    try:
+        fs.pipe_file(root, data, mode="create")
+    except FileExistsError:
+        return False
+    except (TypeError, ValueError) as error:  # a filesystem without mode="create"
+        raise NotImplementedError(f"{type(fs).__name__} cannot create {os.fspath(target)!r} exclusively") from error
+    except OSError as error:  # s3fs reports S3's 412 Precondition Failed as an OSError
+        if "precondition" in str(error).lower() or "412" in str(error):
+            return False
+        raise
+    return True
 
 
 def put_file(local: Path, target: AnyPath) -> None:

@@ -13,6 +13,12 @@
   carry it, and is logged as `loss_scale` together with `skipped_steps`.
 - `"bf16-true"`: parameters, optimizer state and compute all bfloat16 (half the memory; plain SGD
   updates smaller than a bfloat16 ulp are lost — use it for inference-like fine-tuning).
+- `"16-true"`: the same in float16 (Lightning's `model.half()`), without loss scaling: a loss
+  whose gradients overflow float16 gives non-finite parameters (use "16-mixed" to train).
+- `"64-true"`: parameters, optimizer state, inputs and compute all float64 (Lightning's
+  `model.double()`). JAX computes in 64 bits only with `jax_enable_x64`, so the trainer turns it
+  on while it runs (`fit`, `validate`, `test`, `predict`, inside `Precision.context()`) and back
+  off after: the fit banner says "x64 enabled". The loss and metrics are logged as float32.
 
 The outputs of a Linen model's top-level call are cast back to float32, so a softmax in `loss`
 runs in float32; an NNX model's outputs keep the compute dtype — cast logits with
@@ -39,8 +45,11 @@ _DTYPES = {
     "bf16-mixed": (jnp.bfloat16, jnp.float32),
     "16-mixed": (jnp.float16, jnp.float32),
     "bf16-true": (jnp.bfloat16, jnp.bfloat16),
+    "16-true": (jnp.float16, jnp.float16),
+    "64-true": (jnp.float64, jnp.float64),
 }
-_ALIASES = {"32": "32-true", 32: "32-true", "bf16": "bf16-mixed", "16": "16-mixed", 16: "16-mixed"}
+_ALIASES = {"32": "32-true", 32: "32-true", "bf16": "bf16-mixed", "16": "16-mixed", 16: "16-mixed",
+            "64": "64-true", 64: "64-true"}  # Lightning's short names
 
 
 @flax.struct.dataclass
@@ -63,7 +72,7 @@ class Precision:
     """A precision policy; `Trainer(precision="bf16-mixed")` builds one from the name.
 
     Args:
-        name: one of "32-true", "bf16-mixed", "16-mixed", "bf16-true".
+        name: one of "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true".
         init_scale: the first loss scale ("16-mixed" only; torch's GradScaler default).
         growth_interval: finite steps in a row after which the scale doubles.
         min_scale: the scale never halves below this.
@@ -114,6 +123,19 @@ class Precision:
     def is_default(self) -> bool:
         return self.name == "32-true"
 
+    @property
+    def x64(self) -> bool:
+        """Whether the policy computes in 64 bits (JAX's `jax_enable_x64` on while it runs)."""
+        return self.compute_dtype == jnp.float64
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """What the trainer runs its stages inside: 64-bit JAX for "64-true", else nothing.
+
+        Arrays made inside keep float64 after it, but a jitted function called outside it
+        computes in 32 bits again (JAX keys its caches on the flag), so every use of the float64
+        state goes through a trainer stage."""
+        return jax.enable_x64(True) if self.x64 else contextlib.nullcontext()
+
     # ------------------------------------------------------------------- casts (traced in the step)
 
     def cast_compute(self, tree: PyTree) -> PyTree:
@@ -126,7 +148,7 @@ class Precision:
 
     def float32_outputs(self) -> contextlib.AbstractContextManager:
         """While tracing inside it, a Linen model's top-level call returns float32 outputs."""
-        if self.compute_dtype == jnp.float32:
+        if self.compute_dtype in (jnp.float32, jnp.float64):  # float64 outputs stay float64
             return contextlib.nullcontext()
         return nn.intercept_methods(_root_outputs_to_float32)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import flax.linen as nn
 import numpy as np
 import optax
@@ -119,17 +122,6 @@ def test_module_without_super_init_or_model():
         quiet_trainer(max_steps=1, strategy="single").fit(TorchModel(), _loader())
 
 
-def test_bad_trainer_arguments_name_the_argument():
-    with pytest.raises(ValueError, match=r"max_epochs=\.\.\.\) must be an int >= 0, -1 \(no limit\) or None, got -3"):
-        fj.Trainer(max_epochs=-3)
-    with pytest.raises(ValueError, match=r"limit_train_batches=\.\.\.\) takes an int number of batches or a float fraction in \[0, 1\], got 1.5"):
-        fj.Trainer(limit_train_batches=1.5)
-    with pytest.raises(ValueError, match=r"devices=99\) asks for more devices than the 8 available"):
-        fj.Trainer(devices=99)
-    with pytest.raises(TypeError, match=r"callbacks=\.\.\.\) items must be fitjax.Callback instances, got str"):
-        fj.Trainer(callbacks=["progress"])
-
-
 def test_dict_batch_predict_needs_predict_step():
     class NoPredict(_Base):
         pass
@@ -138,21 +130,66 @@ def test_dict_batch_predict_needs_predict_step():
         quiet_trainer(strategy="single").predict(NoPredict(), _loader())
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(enable_checkpointing="no"), ValueError, r"enable_checkpointing=\.\.\.\) must be True or False, got 'no'"),
-    (dict(enable_progress_bar=0), ValueError, r"enable_progress_bar=\.\.\.\) must be True or False, got 0"),
-    (dict(enable_model_summary=None), ValueError, r"enable_model_summary=\.\.\.\) must be True or False, got None"),
-    (dict(detect_anomaly=2), ValueError, r"detect_anomaly=\.\.\.\) must be True or False, got 2"),
-    (dict(log_grad_norm="yes"), ValueError, r"log_grad_norm=\.\.\.\) must be True or False, got 'yes'"),
-    (dict(seed=2**70), ValueError, r"seed=\.\.\.\) must be an int from -2\*\*63 to 2\*\*63 - 1 .*got 1180591620717411303424"),
-    (dict(seed=True), ValueError, r"seed=\.\.\.\) must be an int .*got True"),
-    (dict(default_root_dir=5), TypeError, r"default_root_dir=\.\.\.\) takes a folder path .*got int: 5"),
-    (dict(callbacks="progress"), TypeError, r"callbacks=\.\.\.\) takes a fitjax.Callback or a list of them, got str: 'progress'"),
-    (dict(callbacks=5), TypeError, r"callbacks=\.\.\.\) takes a fitjax.Callback or a list of them, got int: 5"),
-])
-def test_every_trainer_argument_is_checked_when_the_trainer_is_made(kwargs, error, message):
+# One bad value (at least) per `Trainer` argument, with the error it gets when the Trainer is made:
+# the argument named, the value received, what is allowed. A new argument needs its row here.
+BAD_ARGUMENTS = {
+    "max_epochs": [(-3, ValueError, r"max_epochs=\.\.\.\) must be an int >= 0, -1 \(no limit\) or None, got -3"),
+                   (1.5, ValueError, r"max_epochs=\.\.\.\) must be an int >= 0, .*got 1.5")],
+    "max_steps": [(True, ValueError, r"max_steps=\.\.\.\) must be an int >= 0, -1 \(no limit\) or None, got True")],
+    "max_time": [("x", ValueError, r"max_time=\.\.\.\)='x' is not a valid duration: expected a string 'DD:HH:MM:SS'")],
+    "min_epochs": [(-2, ValueError, r"min_epochs=\.\.\.\) must be an int >= 0 or None, got -2")],
+    "min_steps": [("1", ValueError, r"min_steps=\.\.\.\) must be an int >= 0 or None, got '1'")],
+    "accelerator": [("x", ValueError, r"accelerator=\.\.\.\) must be one of 'auto', 'cpu', 'gpu', 'tpu', 'cuda'; got 'x'")],
+    "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'ddp', 'dp', 'fsdp', 'single'\]")],
+    "devices": [(99, ValueError, r"devices=99\) asks for more devices than the 8 available"),
+                ("x", ValueError, r"devices=\.\.\.\) takes 'auto', a positive int or a list of jax devices, got 'x'")],
+    "num_nodes": [(0, ValueError, r"num_nodes=\.\.\.\) must be a positive int \(machines\) or None .*got 0")],
+    "plugins": [(5, ValueError, r"plugins=\.\.\.\) got 5; fitjax takes cluster environments there")],
+    "callbacks": [("progress", TypeError, r"callbacks=\.\.\.\) takes a fitjax.Callback or a list of them, got str: 'progress'"),
+                  (5, TypeError, r"callbacks=\.\.\.\) takes a fitjax.Callback or a list of them, got int: 5"),
+                  (["progress"], TypeError, r"callbacks=\.\.\.\) items must be fitjax.Callback instances, got str")],
+    "logger": [("yes", TypeError, r"logger=\.\.\.\)` must be True .*got 'yes' \(str\)")],
+    "default_root_dir": [(5, TypeError, r"default_root_dir=\.\.\.\) takes a folder path .*got int: 5")],
+    "log_every_n_steps": [(0, ValueError, r"log_every_n_steps=\.\.\.\) must be a positive int or None, got 0")],
+    "val_check_interval": [("1", ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches or "
+                                              r"a float fraction of an epoch in \(0, 1\], got '1'")],
+    "check_val_every_n_epoch": [(0, ValueError, r"check_val_every_n_epoch=\.\.\.\) must be a positive int or None, got 0")],
+    **{f"limit_{stage}_batches": [(1.5, ValueError, rf"limit_{stage}_batches=\.\.\.\) takes an int number of batches "
+                                                    r"or a float fraction in \[0, 1\], got 1.5")]
+       for stage in ("train", "val", "test", "predict")},
+    "overfit_batches": [(-1, ValueError, r"overfit_batches=\.\.\.\) takes an int number of batches or a float fraction "
+                                         r"in \[0, 1\], got -1")],
+    "num_sanity_val_steps": [(-5, ValueError, r"num_sanity_val_steps=\.\.\.\) must be an int >= -1 .*got -5")],
+    "fast_dev_run": [(-1, ValueError, r"fast_dev_run=\.\.\.\) takes a bool or an int >= 0 .*got -1")],
+    # a str or an int is not a bool: "no" and 2 would read as True
+    **{flag: [("no", ValueError, rf"{flag}=\.\.\.\) must be True or False, got 'no'"),
+              (2, ValueError, rf"{flag}=\.\.\.\) must be True or False, got 2"),
+              (None, ValueError, rf"{flag}=\.\.\.\) must be True or False, got None")]
+       for flag in ("enable_progress_bar", "enable_model_summary", "enable_checkpointing", "log_grad_norm",
+                    "detect_anomaly", "deterministic")},
+    "seed": [(2**70, ValueError, r"seed=\.\.\.\) must be an int from -2\*\*63 to 2\*\*63 - 1 .*got 1180591620717411303424"),
+             (True, ValueError, r"seed=\.\.\.\) must be an int .*got True")],
+    "precision": [("x", ValueError, r"precision=\.\.\.\) got 'x'; use one of \['32-true', 'bf16-mixed', .*\] \(Lightning's names\)")],
+    "accumulate_grad_batches": [(0, ValueError, r"accumulate_grad_batches=\.\.\.\) must be a positive int, got 0")],
+    "gradient_clip_val": [("a", ValueError, r"gradient_clip_val=\.\.\.\) must be a positive number or None, got 'a'")],
+    "gradient_clip_algorithm": [("x", ValueError, r"gradient_clip_algorithm=\.\.\.\) got 'x'; use one of \['norm', 'value'\]")],
+    "steps_per_execution": [(True, ValueError, r"steps_per_execution=\.\.\.\) must be a positive int, got True")],
+    "profiler": [(5, ValueError, r"profiler=\.\.\.\) must be None, 'simple' .*got 5")],
+}
+
+
+@pytest.mark.parametrize("name, value, error, message", [
+    (name, value, error, message) for name, rows in BAD_ARGUMENTS.items() for value, error, message in rows])
+def test_every_trainer_argument_is_checked_when_the_trainer_is_made(name, value, error, message):
     with pytest.raises(error, match=message):
-        fj.Trainer(**kwargs)
+        fj.Trainer(**{name: value})
+
+
+def test_every_trainer_argument_has_a_bad_value_in_the_table():
+    arguments = set(inspect.signature(fj.Trainer.__init__).parameters) - {"self"}
+    assert set(BAD_ARGUMENTS) == arguments, (
+        f"Trainer arguments without a row in BAD_ARGUMENTS (check them in fitjax/loop/_checks.py): "
+        f"{sorted(arguments - set(BAD_ARGUMENTS))}; rows of no argument: {sorted(set(BAD_ARGUMENTS) - arguments)}")
 
 
 def test_one_callback_is_a_list_of_it_as_in_lightning():
@@ -166,17 +203,25 @@ def test_a_default_root_dir_fit_cannot_write_into_is_refused_at_once(tmp_path):
     with pytest.raises(ValueError, match=r"default_root_dir='.*a_file/runs'\) is not a folder fit can write "
                                          r"into: '.*a_file' is a file"):
         fj.Trainer(default_root_dir=str(tmp_path / "a_file" / "runs"))
+    if Path("/proc/self").is_dir():  # a folder no one can create (even root): in /proc, on Linux
+        with pytest.raises(ValueError, match=r"default_root_dir='/proc/fitjax_runs'\) is not a folder fit can "
+                                             r"write into: creating it fails \(FileNotFoundError"):
+            fj.Trainer(default_root_dir="/proc/fitjax_runs")
     trainer = fj.Trainer(default_root_dir=tmp_path / "new" / "runs", enable_progress_bar=False)
     assert trainer.default_root_dir == str(tmp_path / "new" / "runs")
     assert not (tmp_path / "new").exists()  # checked, not left behind: the loggers create it
 
 
 @pytest.mark.parametrize("returns, message", [
-    ("loss", r"Odd.loss must return a scalar float loss \(or `\(loss, outputs\)`\), got str: 'abc'"),
-    ("metrics", r"Odd.metrics must return a dict of name -> scalar, got str: 'abc'"),
-    ("metric", r"Odd.metrics\(\)\['acc'\] must be one scalar array per batch, got str: 'abc'"),
+    ("loss", r"Odd.loss must return a scalar float loss \(or `\(loss, outputs\)`\), got str: 'abc'.*"
+             r"\(Odd.loss is defined at .*test_errors.py:\d+\)"),
+    ("metrics", r"Odd.metrics must return a dict of name -> scalar, got str: 'abc' "
+                r"\(Odd.metrics is defined at .*test_errors.py:\d+\)"),
+    ("metric", r"Odd.metrics\(\)\['acc'\] must be one scalar array per batch, got str: 'abc' "
+               r"\(Odd.metrics is defined at .*test_errors.py:\d+\)"),
 ])
-def test_a_str_from_loss_or_metrics_names_the_method(returns, message):
+def test_a_str_from_loss_or_metrics_names_the_method_and_its_file(returns, message):
+    """The error names the user's method and where it is, not the fitjax frame that traced it."""
     class Odd(_Base):
         def loss(self, model, batch):
             return "abc" if returns == "loss" else super().loss(model, batch)
@@ -184,8 +229,30 @@ def test_a_str_from_loss_or_metrics_names_the_method(returns, message):
         def metrics(self, batch, outputs):
             return {"metrics": "abc", "metric": {"acc": "abc"}}.get(returns)
 
-    with pytest.raises((TypeError, ValueError), match=message):
+    with pytest.raises((TypeError, ValueError), match=message) as raised:
         quiet_trainer(max_steps=1, strategy="single").fit(Odd(), _loader())
+    assert "forward.py" not in str(raised.value)
+
+
+@pytest.mark.parametrize("hook", ["training_step", "validation_step"])
+def test_a_str_from_a_lightning_step_names_the_hook_and_its_file(hook):
+    class Odd(fj.LitModule):
+        def __init__(self):
+            super().__init__()
+            self.model = nn.Dense(1)
+
+        def training_step(self, batch, batch_idx):
+            return "abc" if hook == "training_step" else ((self.model(batch["x"]) - batch["y"]) ** 2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            return "abc"
+
+        def configure_optimizers(self):
+            return optax.sgd(0.1)
+
+    with pytest.raises(ValueError, match=rf"Odd.{hook} must return the loss .*got str: 'abc' "
+                                         rf"\(Odd.{hook} is defined at .*test_errors.py:\d+\)"):
+        quiet_trainer(max_steps=1, strategy="single").fit(Odd(), _loader(), _loader())
 
 
 def _features(d, n=64):
@@ -214,3 +281,5 @@ def test_a_batch_shaped_unlike_the_first_names_its_data_and_index():
     trainer.fit(module, _features(8))
     with pytest.raises(ValueError, match=r"the test data's batch 0 failed in the step and " + built):
         trainer.test(module, _features(5))
+    with pytest.raises(ValueError, match=r"the predict data's batch 0 failed in the step and " + built):
+        trainer.predict(module, _features(5))

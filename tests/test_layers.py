@@ -1,9 +1,10 @@
 """Every fitjax module imports only from its own layer or below (DESIGN.md's layers), and no
 chain of imports leads back to where it started.
 
-The imports are read from the source (every `import`, also those inside functions), so the test
-needs no import side effects and catches a lazy import as well as a top-level one. The checks'
-self-tests feed them real source files with a real violation.
+The imports are read from the source (every `import`, also those inside functions, and a module
+named in a string for `importlib`), so the test needs no import side effects and catches a lazy
+import as well as a top-level one. The checks' self-tests feed them real source files with a real
+violation.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def _layer(module: str) -> int:
 
 def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[str]:
     """The fitjax modules `name` imports (a name imported from a package counts as the package
-    unless it is a module of its own)."""
+    unless it is a module of its own), and those it names in a string ("fitjax.cli._cli"): a
+    module imported by name when first used (`importlib.import_module`, `LazyModule`) is an
+    import all the same."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -83,6 +86,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path] = MODULES) -> set[s
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 found.add(sub if sub in modules else base)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value \
+                and node.value in modules:  # imported by name: `importlib.import_module`, a lazy table
+            found.add(node.value)
     return found
 
 
@@ -164,8 +170,12 @@ def test_the_checks_catch_a_real_cycle_and_a_real_upward_import(tmp_path):
         "step/train.py": "import jax\n\ndef late():\n    from fitjax.loop import trainer\n",
         "loop/__init__.py": "",
         "loop/trainer.py": "from fitjax.step import train\n",
+        # a package that imports a module by name when first used, which imports the package
+        "cli/__init__.py": "import importlib\n_LAZY = {'CLI': 'fitjax.cli._cli'}\n\n"
+                           "def __getattr__(name):\n    return importlib.import_module(_LAZY[name])\n",
+        "cli/_cli.py": "from fitjax import cli\n",
     })
-    assert _cycles(modules) == [["fitjax._lightning", "fitjax.module"],
+    assert _cycles(modules) == [["fitjax._lightning", "fitjax.module"], ["fitjax.cli", "fitjax.cli._cli"],
                                 ["fitjax.loop.trainer", "fitjax.step.train"]]
     assert _upward_imports(modules) == ["fitjax.step.train (step) imports fitjax.loop.trainer (loop)"]
 

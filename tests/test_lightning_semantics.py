@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -294,6 +295,21 @@ def test_a_fraction_that_keeps_no_batch_is_an_error(stage):
     assert trainer.state is None  # raised before anything was built or trained
 
 
+def test_lightnings_own_case_of_a_fraction_that_keeps_no_validation_batch():
+    """Lightning's test_error_raised_with_float_limited_eval_batches, its numbers: a validation
+    loader of 64 batches (BoringModel's), limit_val_batches = 1 / (64 + 2); Lightning matches
+    rf"{limit_val_batches} \* {dl_size} < 1. Please increase the `limit_val_batches`" and its
+    message ends "Try at least `limit_val_batches=0.015625`" (1 / 64)."""
+    dl_size, limit = 64, 1 / (64 + 2)
+    val = fj.DataLoader(regression_data(n=dl_size), batch_size=1)
+    trainer = quiet_trainer(strategy="single", max_steps=1, limit_val_batches=limit)
+    with pytest.raises(ValueError, match=rf"{limit} \* {dl_size} < 1\); increase it to at least "
+                                         r"limit_val_batches=0.015625"):
+        trainer.fit(Regressor(), fj.DataLoader(regression_data(n=16), batch_size=4), val)
+    with pytest.raises(ValueError, match=rf"{limit} \* {dl_size} < 1"):
+        trainer.validate(Regressor(), val)
+
+
 class ValOutputs(fj.Callback):
     def __init__(self):
         self.seen = []
@@ -342,3 +358,45 @@ def test_on_validation_batch_end_receives_what_the_step_returned(module):
     params, _ = module.variables
     pred = MLP(batchnorm=False).apply({"params": params}, x, train=False)
     np.testing.assert_allclose(recorder.seen[2][1]["loss"], float(((pred - y) ** 2).mean()), rtol=1e-5)
+
+
+class BatchEnds(fj.Callback):
+    """The shapes the per-batch end hooks of validation, test and predict receive."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _note(self, stage, outputs, batch, batch_idx):
+        self.seen.append((stage, batch_idx, jax.tree.map(np.shape, outputs), np.shape(batch["x"])))
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._note("val", outputs, batch, batch_idx)
+
+    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._note("test", outputs, batch, batch_idx)
+
+    def on_predict_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._note("predict", {"pred": outputs}, batch, batch_idx)
+        self.predicted = getattr(self, "predicted", []) + [np.asarray(outputs)]
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp"])
+def test_eval_and_predict_batch_hooks_get_the_batch_and_its_real_rows(strategy):
+    """Lightning 2.6, 10 examples in batches of 4, a Linear(8, 1) module whose validation_step /
+    test_step return {"loss": ...} and predict_step the predictions, a callback printing shapes:
+    on_validation_batch_end and on_test_batch_end get batches (4, 8), (4, 8), (2, 8) and outputs
+    {"loss": ()}; on_predict_batch_end gets batches (4, 8), (4, 8), (2, 8) and outputs (4, 1),
+    (4, 1), (2, 1). fitjax pads the last batch to one compiled shape (8 devices with "dp"): the
+    hooks still see the loader's batch and, for predict, only its real rows."""
+    seen = BatchEnds()
+    trainer = quiet_trainer(strategy=strategy, max_epochs=1, num_sanity_val_steps=0, callbacks=[seen])
+    module = Regressor(batchnorm=False)
+    data = fj.DataLoader(regression_data(n=10, seed=1), batch_size=4 if strategy == "single" else 8)
+    trainer.fit(module, fj.DataLoader(regression_data(n=16), batch_size=8), data)
+    trainer.test(module, data)
+    predictions = trainer.predict(module, data)
+    sizes = [4, 4, 2] if strategy == "single" else [8, 2]
+    scalars = {"loss": (), "mae": ()}
+    assert seen.seen == [(stage, i, scalars, (size, 8)) for stage in ("val", "test") for i, size in enumerate(sizes)] + [
+        ("predict", i, {"pred": (size, 1)}, (size, 8)) for i, size in enumerate(sizes)]
+    np.testing.assert_array_equal(np.concatenate(seen.predicted), predictions)  # the rows predict returns

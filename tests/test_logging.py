@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import warnings
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -210,3 +211,97 @@ def test_an_epoch_shorter_than_the_logging_interval_warns_as_lightning_does(tmp_
         quiet_trainer(max_epochs=1, strategy="single").fit(Regressor(), data)  # no logger: nothing to see
         quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=4,
                       logger=fj.CSVLogger(tmp_path)).fit(Regressor(), data)
+
+
+def _host_leaves(state):
+    """The state's leaves as host arrays (random keys as their key data)."""
+    return [np.array(jax.random.key_data(leaf) if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+                     else leaf) for leaf in jax.tree.leaves(state)]
+
+
+class ReadEverything(fj.Callback):
+    """At every batch and epoch end of fit, reads every public read of the trainer (metrics,
+    the checkpoint meta, stop and preemption flags, the progress and its queries, the stage) and
+    checks, around those reads, that the loggers' files, `logged_metrics`, the progress bar's
+    values and the train state are what they were before them."""
+
+    def __init__(self, folder):
+        self.folder, self.reads = folder, 0
+
+    def _files(self):
+        return {str(p): p.read_bytes() for p in sorted(self.folder.rglob("*")) if p.is_file()}
+
+    def _read(self, trainer, module):
+        files = self._files()
+        logged, bar = dict(trainer.logged_metrics), dict(trainer.progress_bar_metrics)
+        state = trainer.state
+        leaves = _host_leaves(state)  # a copy: the next step donates the state
+        progress = trainer.progress.state_dict()
+        for _ in range(2):  # a second read of each is the same as the first
+            metrics = dict(trainer.callback_metrics)
+            meta = trainer.checkpoint_meta(module)
+            flags = (trainer.should_stop, trainer.received_sigterm, trainer.sanity_checking,
+                     trainer.stage, trainer.progress.crossed(2), trainer.progress.last_saved,
+                     trainer.progress.last_logged, trainer.estimated_stepping_batches, trainer.log_dir,
+                     trainer.num_training_batches, trainer.global_step, trainer.current_epoch)
+            assert trainer.checkpoint_meta(module) == meta and dict(trainer.callback_metrics) == metrics
+        assert self._files() == files
+        assert (trainer.logged_metrics, trainer.progress_bar_metrics) == (logged, bar)
+        assert trainer.progress.state_dict() == progress and trainer.state is state
+        for leaf, before in zip(_host_leaves(trainer.state), leaves, strict=True):
+            np.testing.assert_array_equal(leaf, before)
+        assert flags[:2] == (False, False)
+        self.reads += 1
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._read(trainer, module)
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if not trainer.sanity_checking:
+            self._read(trainer, module)
+
+    def on_train_epoch_end(self, trainer, module):
+        self._read(trainer, module)
+
+    def on_validation_epoch_end(self, trainer, module):
+        if not trainer.sanity_checking:
+            self._read(trainer, module)
+
+
+def _fit_logging_to_files(root, callbacks):
+    loggers = [fj.TensorBoardLogger(root, name="tb"), fj.CSVLogger(root, name="csv")]
+    trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=3, logger=loggers,
+                            callbacks=callbacks, val_check_interval=5)
+    trainer.fit(Logging(lr=0.07), fj.DataLoader(regression_data(n=160), batch_size=16),  # 10 steps/epoch
+                fj.DataLoader(regression_data(n=48, seed=1), batch_size=16))
+    events = EventAccumulator(str(root / "tb" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"] if not tag.startswith("compile/")}
+    with open(root / "csv" / "version_0" / "metrics.csv") as f:
+        rows = [_no_compile_times(row) for row in csv.DictReader(f)]
+    return trainer, scalars, rows
+
+
+def _no_compile_times(values):
+    """`values` without the compile times: wall seconds of the programs XLA compiled, which
+    differ from run to run (and a process's second fit finds some compiled already)."""
+    return {key: value for key, value in values.items() if not key.startswith("compile/")}
+
+
+def test_reading_between_steps_changes_no_file_no_logged_value_and_no_state(tmp_path):
+    """Issue 24, item 2: reads are reads. A callback that reads everything a callback can read
+    at every batch and epoch end (`callback_metrics` waits for the log window on its way) leaves
+    the same TensorBoard scalars, the same metrics.csv, the same `logged_metrics` and
+    `callback_metrics` and bitwise the same weights as a run that reads nothing."""
+    reader = ReadEverything(tmp_path / "read")
+    read, read_scalars, read_csv = _fit_logging_to_files(tmp_path / "read", [reader])
+    plain, plain_scalars, plain_csv = _fit_logging_to_files(tmp_path / "plain", [])
+    assert reader.reads == 20 + 2 + 4 * 3 + 4  # batches, epochs, validation batches, validations
+    assert read_scalars == plain_scalars and read_csv == plain_csv
+    assert len(read_scalars["train/loss"]) == 6  # the windows were logged: steps 2, 5, 8, ...
+    assert _no_compile_times(read.logged_metrics) == _no_compile_times(plain.logged_metrics)
+    assert read.callback_metrics == plain.callback_metrics
+    assert read.progress.state_dict() == plain.progress.state_dict()
+    for a, b in zip(_host_leaves(read.state), _host_leaves(plain.state), strict=True):
+        np.testing.assert_array_equal(a, b)

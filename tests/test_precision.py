@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -80,8 +82,113 @@ def test_loss_scale_is_part_of_the_checkpointed_state(tmp_path):
 
 
 def test_unknown_precision_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"'64-true'.*'32-true', 'bf16-mixed', '16-mixed', 'bf16-true'"):
-        fj.Trainer(precision="64-true")
+    with pytest.raises(ValueError, match=r"'8-true'.*'32-true', 'bf16-mixed', '16-mixed', 'bf16-true', "
+                                         r"'16-true', '64-true'"):
+        fj.Trainer(precision="8-true")
     with pytest.raises(ValueError, match="growth_interval"):
         fj.Precision("16-mixed", growth_interval=0)
     assert fj.Precision("bf16").name == "bf16-mixed"  # Lightning's short aliases
+    assert fj.Precision(64).name == fj.Precision("64").name == "64-true"
+
+
+# "64-true" and "16-true" against Lightning 2.6 (torch CPU, /work/lvenv): a 3->1 Linear with weights
+# [[0.125, -0.25, 0.375]] and bias 0.0625 (exact in float32, so both start from the same numbers),
+# x = sin(arange(48).reshape(16, 3) * 0.7), y = cos(arange(16) * 0.3)[:, None] as float64 tensors,
+# MSE, SGD(lr=0.1, momentum=0.9), batch 4 unshuffled, max_epochs=3, `L.Trainer(precision=p)`;
+# the weights and bias after fit (`.double()` for 16-true):
+LIGHTNING_TRUE = {
+    "64-true": ([0.28483292243545316, -0.24136583057239475, 0.2283746316253325], -0.23574742820757735),
+    "16-true": ([0.28466796875, -0.24169921875, 0.2283935546875], -0.2357177734375),
+}
+
+
+class _Linear(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1, kernel_init=lambda *_: jnp.asarray([[0.125], [-0.25], [0.375]]),
+                        bias_init=lambda *_: jnp.asarray([0.0625]))(x)
+
+
+class _LinearFit(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = _Linear()
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def predict_step(self, model, batch):
+        return model(batch["x"])
+
+    def configure_optimizer(self):
+        return optax.sgd(0.1, momentum=0.9)
+
+
+def _true_data(n=16):
+    return {"x": np.sin(np.arange(3 * n).reshape(n, 3) * 0.7), "y": np.cos(np.arange(n) * 0.3)[:, None]}
+
+
+def _fit_true(precision, *, strategy="single", batch_size=4, **kwargs):
+    trainer = quiet_trainer(max_epochs=3, strategy=strategy, precision=precision, **kwargs)
+    module = _LinearFit()
+    trainer.fit(module, fj.DataLoader(_true_data(), batch_size=batch_size))
+    return trainer, module
+
+
+def _weights(trainer):
+    dense = jax.device_get(trainer.state.params["Dense_0"])
+    return np.asarray(dense["kernel"], np.float64).ravel(), float(dense["bias"][0])
+
+
+def test_64_true_computes_in_float64_and_matches_lightning_to_float64_precision(capsys):
+    trainer, module = _fit_true("64-true")
+    assert "precision 64-true (x64 enabled)" in capsys.readouterr().out  # the fit banner
+    assert {x.dtype for x in jax.tree.leaves((trainer.state.params, trainer.state.opt_state)) if x.ndim} == {
+        jnp.dtype(jnp.float64)}
+    kernel, bias = _weights(trainer)
+    np.testing.assert_allclose(kernel, LIGHTNING_TRUE["64-true"][0], rtol=1e-14)
+    np.testing.assert_allclose(bias, LIGHTNING_TRUE["64-true"][1], rtol=1e-14)
+    # "32-true" is 1e-7 away from the same numbers: the float64 above is real
+    kernel32, _ = _weights(_fit_true("32-true")[0])
+    assert np.abs(kernel32 - LIGHTNING_TRUE["64-true"][0]).max() > 1e-9
+    # x64 was on for the run only; predict turns it on again and returns float64
+    assert not jax.config.jax_enable_x64 and jnp.ones(1).dtype == jnp.float32
+    out = trainer.predict(module, fj.DataLoader({"x": _true_data()["x"]}, batch_size=4))
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, _true_data()["x"] @ kernel[:, None] + bias, rtol=1e-13)
+    assert not jax.config.jax_enable_x64
+
+
+def test_16_true_keeps_float16_and_matches_lightning_to_float16_precision():
+    trainer, _ = _fit_true("16-true")
+    assert {x.dtype for x in jax.tree.leaves((trainer.state.params, trainer.state.opt_state)) if x.ndim} == {
+        jnp.dtype(jnp.float16)}
+    assert trainer.state.loss_scale is None  # "16-true" has no loss scaling, as Lightning's
+    kernel, bias = _weights(trainer)
+    # float16's spacing near 0.25 is 2.4e-4; the two run the same float16 operations in other orders
+    np.testing.assert_allclose(kernel, LIGHTNING_TRUE["16-true"][0], atol=1e-3)
+    np.testing.assert_allclose(bias, LIGHTNING_TRUE["16-true"][1], atol=1e-3)
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_64_true_under_dp_and_fsdp_equals_one_device(strategy):
+    strategy_obj = fj.strategies.FSDP(min_size_to_shard=1) if strategy == "fsdp" else strategy
+    single, _ = _fit_true("64-true", batch_size=8)
+    sharded, _ = _fit_true("64-true", strategy=strategy_obj, batch_size=8, accumulate_grad_batches=2)
+    plain, _ = _fit_true("64-true", batch_size=8, accumulate_grad_batches=2)
+    assert_trees_close(sharded.state.params, plain.state.params, rtol=1e-13, atol=1e-15)
+    assert {x.dtype for x in jax.tree.leaves(sharded.state.params)} == {jnp.dtype(jnp.float64)}
+    assert not np.allclose(_weights(single)[0], _weights(plain)[0], rtol=1e-6)  # accumulation changed it
+
+
+def test_64_true_resumes_bitwise(tmp_path):
+    full, _ = _fit_true("64-true")
+    cut = quiet_trainer(max_steps=5, precision="64-true", strategy="single", enable_checkpointing=True,
+                        callbacks=[fj.ModelCheckpoint(tmp_path, save_last=True)])
+    cut.fit(_LinearFit(), fj.DataLoader(_true_data(), batch_size=4))
+    resumed = quiet_trainer(max_epochs=3, precision="64-true", strategy="single", enable_checkpointing=True,
+                            callbacks=[fj.ModelCheckpoint(tmp_path, save_last=True)])
+    resumed.fit(_LinearFit(), fj.DataLoader(_true_data(), batch_size=4), ckpt_path="last")
+    assert_trees_close((resumed.state.params, resumed.state.opt_state), (full.state.params, full.state.opt_state),
+                       rtol=0, atol=0)
+    assert {x.dtype for x in jax.tree.leaves(resumed.state.params)} == {jnp.dtype(jnp.float64)}

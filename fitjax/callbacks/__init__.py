@@ -1,6 +1,7 @@
 """Callbacks: objects with hook methods the trainer calls around steps, epochs and stages."""
 
 from fitjax.callbacks._base import Callback, CallbackList
+from fitjax.callbacks.accumulation import GradientAccumulationScheduler
 from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
 from fitjax.callbacks.device_stats import DeviceStatsMonitor
 from fitjax.callbacks.early_stopping import EarlyStopping
@@ -11,6 +12,7 @@ from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
+from fitjax.callbacks.throughput import ThroughputMonitor
 from fitjax.callbacks.timer import Timer
 from fitjax.callbacks.tqdm_progress import TQDMProgressBar
 from fitjax.callbacks.watchdog import Watchdog
@@ -22,6 +24,7 @@ __all__ = [
     "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",
@@ -30,6 +33,7 @@ __all__ = [
     "RichProgressBar",
     "StochasticWeightAveraging",
     "TQDMProgressBar",
+    "ThroughputMonitor",
     "Timer",
     "Watchdog",
     "summarize",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import tempfile
 import types
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ from jsonargparse import ArgumentError as _ArgumentError
 
 # from the modules that define them, not the package: `fitjax` imports `fitjax.cli`
 from fitjax import _seed
+from fitjax import _storage
 from fitjax.callbacks import Callback
 from fitjax.cli import _errors, _predictions
 from fitjax.data import DataModule
@@ -122,7 +124,8 @@ class SaveConfigCallback(Callback):
     The hyperparameters are the config as a user names it (`model/lr`, the chosen class under
     `model`), without `None`s and without Trainer arguments left at their defaults.
 
-    Only process 0 writes. `fit --config <log_dir>/config.yaml` runs the same run again.
+    Only process 0 writes. `fit --config <log_dir>/config.yaml` runs the same run again. A log dir
+    on a store (`s3://...`) gets the file through the loggers' file layer.
 
     Args:
         parser: the parser that parsed `config` (it knows how to dump it).
@@ -144,7 +147,7 @@ class SaveConfigCallback(Callback):
     def setup(self, trainer: Trainer, module: LitModule, stage: str) -> None:
         if self.already_saved:
             return
-        log_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        log_dir = _storage.folder(trainer.log_dir or trainer.default_root_dir)
         path = log_dir / self.config_filename
         # every process raises together: one alone would leave the others in a collective
         if agree(jax.process_index() == 0 and not self.overwrite and path.exists()):
@@ -153,8 +156,15 @@ class SaveConfigCallback(Callback):
                 "Delete it, pick another log dir, or pass `LightningCLI(save_config_kwargs={'overwrite': True})`."
             )
         if jax.process_index() == 0:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite, multifile=self.multifile)
+            if _storage.is_url(log_dir):  # written locally (one file, or several with multifile), then uploaded
+                with tempfile.TemporaryDirectory(prefix="fitjax-config-") as local:
+                    self.parser.save(self.config, Path(local) / self.config_filename, skip_unset=False,
+                                     multifile=self.multifile)
+                    _storage.put_folder(Path(local), log_dir)
+            else:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                self.parser.save(self.config, path, skip_unset=False, overwrite=self.overwrite,
+                                 multifile=self.multifile)
             hparams = yaml.safe_load(self.parser.dump(self.config, skip_unset=False))
             defaults = {p.name: p.default for p in inspect.signature(type(trainer).__init__).parameters.values()
                         if p.default is not inspect.Parameter.empty}

@@ -25,6 +25,7 @@ imported it.
 
 from __future__ import annotations
 
+import copy
 import reprlib
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -172,6 +173,26 @@ def _describe_arrays(data: Any) -> str | None:
         )
         return f"a {type(data).__name__} of arrays ({listing})"
     return None
+
+
+def unshuffled(data: Any) -> tuple[Any, bool]:
+    """`data` drawing its batches in order: `(loader, True)` for a shuffling `fj.DataLoader` (a
+    copy with `shuffle=False`) or torch `DataLoader` (rebuilt on a `SequentialSampler`, as
+    Lightning's `overfit_batches` does); `(data, False)` for anything else, left as it is."""
+    if isinstance(data, DataLoader):
+        if not data.shuffle:
+            return data, False
+        data = copy.copy(data)
+        data.shuffle = False
+        return data, True
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None and isinstance(data, torch_data.DataLoader) and isinstance(
+            data.sampler, torch_data.RandomSampler) and data.batch_size is not None:
+        return torch_data.DataLoader(
+            data.dataset, batch_size=data.batch_size, shuffle=False, num_workers=data.num_workers,
+            collate_fn=data.collate_fn, pin_memory=data.pin_memory, drop_last=data.drop_last,
+            worker_init_fn=data.worker_init_fn), True
+    return data, False
 
 
 def as_loader(data: Any, *, name: str = "train_data") -> Iterable[Any]:

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 _PLUGIN = "hparams"
 _SESSION_START_TAG = "_hparams_/session_start_info"
 _SESSION_END_TAG = "_hparams_/session_end_info"
+_EXPERIMENT_TAG = "_hparams_/experiment"
+# HParamInfo.differs (field 7 of TensorBoard's api.proto; tensorboardX's copy predates it): TensorBoard
+# sorts the hyperparameters that differ first and ticks the first five of them.
+_DIFFERS_TRUE = b"\x38\x01"
+# Logged as scalars, not offered as the run's result columns in the HPARAMS table.
+_NOT_RESULTS = ("compile/", "epoch")
 # tensorboardX names event files by the second and opens them with "wb": a second writer in the same
 # folder within the same second would erase the first file. A per-process counter keeps names
 # distinct and, zero-padded, in the order TensorBoard must read them.
@@ -39,11 +45,17 @@ class TensorBoardLogger(VersionedLogger):
     beside the last value of each of its metrics. Nothing is created until the first write, and
     nothing at all on processes other than 0.
 
-    Two things TensorBoard does shape what is written. It takes the first "experiment" summary it
-    finds as the table's columns for every run, hiding what later runs added, so none is written
-    and TensorBoard builds the columns from all runs. It keeps the first end status of a run
-    folder, so only a successful end is written: a failed or interrupted run shows "Unknown" and
-    can still end as "Success" when it is resumed into the same folder.
+    The HPARAMS table ticks the first five hyperparameters and the first five metrics it is given,
+    so when the run ends an "experiment" summary orders them: the user's hyperparameters first
+    (a module's `save_hyperparameters`, the CLI's `model/...` and `data/...` arguments; the CLI's
+    `trainer/...` arguments and chosen class paths after them), then the results: `val/...`,
+    the train epoch means, the other train values, `test/...`; compile times and `epoch` stay
+    scalars, not result columns. TensorBoard takes the first experiment summary it finds as the
+    columns of every run in its log dir (as with Lightning's logger): runs of one script share
+    them; a column that only a later run has shows in that run's `hparams.yaml` and scalars.
+    TensorBoard keeps the first end status of a run folder, so only a successful end is written:
+    a failed or interrupted run shows "Unknown" and can still end as "Success" when it is resumed
+    into the same folder.
 
     Args:
         save_dir: Root folder of all experiments.
@@ -78,6 +90,8 @@ class TensorBoardLogger(VersionedLogger):
         self._flush_secs = flush_secs
         self._writer: SummaryWriter | None = None
         self._session_open = False  # a session start is in the file and its end is not
+        self._hparams: dict[str, Scalar] = {}  # the session's hyperparameters, flattened
+        self._tags: dict[str, None] = {}  # every metric key logged, in first-logged order
 
     @property
     def experiment(self) -> Any:
@@ -93,6 +107,7 @@ class TensorBoardLogger(VersionedLogger):
         if not self._is_writer() or not metrics:
             return
         self._get_writer().file_writer.add_summary(_scalars(metrics), global_step=int(step))
+        self._tags.update(dict.fromkeys(metrics))
         self._note_step(int(step))
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
@@ -106,7 +121,9 @@ class TensorBoardLogger(VersionedLogger):
         check_params("TensorBoardLogger", params)
         writer = self._get_writer()
         write_yaml(self._open() / "hparams.yaml", params)
-        writer.file_writer.add_summary(_session_start(flatten(params)))
+        flat = flatten(params)
+        self._hparams = self._hparams or flat  # the session's: TensorBoard keeps the first start
+        writer.file_writer.add_summary(_session_start(flat))
         self._session_open = True
 
     def save(self) -> None:
@@ -126,6 +143,8 @@ class TensorBoardLogger(VersionedLogger):
             return
         writer, self._writer = self._writer, None
         try:
+            if self._hparams:  # the table's columns, once the run's metrics are known
+                writer.file_writer.add_summary(_experiment(self._hparams, list(self._tags)))
             if self._session_open and status == "success":
                 self._session_open = False
                 writer.file_writer.add_summary(_session_end())
@@ -172,6 +191,42 @@ def _session_start(hparams: Mapping[str, Scalar]) -> Summary:
         else:
             start.hparams[key].string_value = value
     return _plugin_summary(_SESSION_START_TAG, session_start_info=start)
+
+
+def _experiment(hparams: Mapping[str, Scalar], tags: list[str]) -> Summary:
+    """The HPARAMS table's columns: the user's hyperparameters marked as differing (TensorBoard
+    sorts those first), the results in `_result_order`."""
+    from tensorboardX.proto.api_pb2 import (DATA_TYPE_BOOL, DATA_TYPE_FLOAT64, DATA_TYPE_STRING, Experiment,
+                                            HParamInfo, MetricInfo, MetricName)
+
+    infos = []
+    for key, value in hparams.items():
+        kind = (DATA_TYPE_BOOL if isinstance(value, bool) else
+                DATA_TYPE_FLOAT64 if isinstance(value, (int, float)) else DATA_TYPE_STRING)
+        info = HParamInfo(name=key, type=kind)
+        if _is_users(key, hparams):
+            info.ParseFromString(info.SerializeToString() + _DIFFERS_TRUE)  # kept as an unknown field
+        infos.append(info)
+    results = sorted((t for t in tags if not t.startswith(_NOT_RESULTS)), key=_result_order)
+    experiment = Experiment(hparam_infos=infos, metric_infos=[MetricInfo(name=MetricName(tag=t)) for t in results])
+    return _plugin_summary(_EXPERIMENT_TAG, experiment=experiment)
+
+
+def _is_users(key: str, hparams: Mapping[str, Scalar]) -> bool:
+    """A hyperparameter the user set on their module or data: not one of the CLI's `trainer/...`
+    arguments, nor the class path a CLI section chose (`model` beside `model/lr`)."""
+    top = key.split("/", 1)[0]
+    return top != "trainer" and not any(other.startswith(key + "/") for other in hparams)
+
+
+def _result_order(tag: str) -> int:
+    """Validation results, then the train epoch means, other train values, test results, the rest
+    (a stable sort: first-logged order within each)."""
+    if tag.startswith("val"):
+        return 0
+    if tag.startswith("train"):
+        return 1 if tag.endswith("_epoch") else 2
+    return 3 if tag.startswith("test") else 4
 
 
 def _session_end() -> Summary:

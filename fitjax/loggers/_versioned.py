@@ -2,8 +2,9 @@
 
 `save_dir` may be an object-store URL (`s3://bucket/runs`, `gs://bucket/runs`): the logger then
 writes into a local mirror of its folder and uploads the files that changed on `save()` (each
-checkpoint save calls it) and `finalize()`, through the one file layer (`fitjax._storage`). A
-store has no atomic create-if-absent, so there the version is the next unused one by listing.
+checkpoint save calls it) and `finalize()`, through the one file layer (`fitjax._storage`). On a
+store the version folder is claimed by creating `<version folder>/.fitjax-claim` only if absent
+(S3's conditional `PUT`): as `mkdir` on disk, exactly one of several runs gets each version.
 """
 
 from __future__ import annotations
@@ -38,9 +39,13 @@ def next_version(root: Path) -> int:
     return max(taken, default=-1) + 1
 
 
+CLAIM = ".fitjax-claim"  # on a store, the object whose creation claims its version folder
+
+
 def claim_version(root: Path) -> int:
     """The next unused `version_<N>` in `root`, claimed by creating its folder: `mkdir` either
-    creates it or fails, so two runs started at once in one folder never share a version.
+    creates it or fails, so two runs started at once in one folder never share a version. On a
+    store (`root` a URL) the claim is `version_<N>/.fitjax-claim`, created only if absent.
 
     Example:
         >>> import tempfile
@@ -48,14 +53,22 @@ def claim_version(root: Path) -> int:
         >>> claim_version(root), claim_version(root)
         (0, 1)
     """
-    root.mkdir(parents=True, exist_ok=True)
+    on_store = _storage.is_url(root)
+    if not on_store:
+        root.mkdir(parents=True, exist_ok=True)
     version = next_version(root)
     while True:
+        folder = root / f"version_{version}"
         try:
-            (root / f"version_{version}").mkdir()
-            return version
-        except FileExistsError:  # another run claimed it between the listing and here
-            version += 1
+            if on_store:
+                if _storage.create_new(folder / CLAIM, str(os.getpid()).encode()):
+                    return version
+            else:
+                folder.mkdir()
+                return version
+        except FileExistsError:
+            pass
+        version += 1  # another run claimed it between the listing and here
 
 
 class VersionedLogger(Logger):
@@ -94,7 +107,7 @@ class VersionedLogger(Logger):
                 f"got {process_index!r}."
             )
         # a URL as an epath.Path; a local folder stays as given (relative paths stay relative)
-        self._save_dir = _storage.as_path(save_dir) if _storage.is_url(save_dir) else Path(save_dir)
+        self._save_dir = _storage.folder(save_dir)
         self._mirror: Path | None = None  # the local copy written to, for a store URL
         self._uploaded: dict[str, tuple[int, int]] = {}  # mirror file -> (size, mtime) last uploaded
         self._name = name
@@ -124,10 +137,9 @@ class VersionedLogger(Logger):
         if self._version is not None or self._explicit_version is not None:
             return  # given, restored or claimed already
         root = self._save_dir / self._name
-        claim = next_version if _storage.is_url(root) else claim_version  # no atomic mkdir on a store
-        version = str(claim(root)) if self._is_writer() else ""
+        version = str(claim_version(root)) if self._is_writer() else ""
         self._version = int(broadcast_str(version))  # a collective: every process is here
-        if self._is_writer() and not _storage.is_url(root):
+        if self._is_writer():
             self._claimed = self.log_dir
 
     @property
@@ -170,7 +182,11 @@ class VersionedLogger(Logger):
             )
         if self._claimed is not None and version != self._version:
             with contextlib.suppress(OSError):  # holds files already: kept
-                self._claimed.rmdir()
+                if _storage.is_url(self._claimed):
+                    if [p.name for p in self._claimed.iterdir()] == [CLAIM]:
+                        (self._claimed / CLAIM).unlink()
+                else:
+                    self._claimed.rmdir()
             self._claimed = None
         self._version = version
         self._last_step = step

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from fitjax._accelerator import accelerator_devices, check_devices_match
-from fitjax.callbacks import Callback, DefaultCheckpoint, ModelCheckpoint
+from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
 from fitjax.module import LitModule
 
 
@@ -90,6 +90,24 @@ def select_devices(devices: Any, accelerator: str = "auto") -> list[jax.Device]:
     raise ValueError(
         f"Trainer(devices=...) takes 'auto', a positive int or a list of jax devices, got {devices!r}"
     )
+
+
+def accumulation_schedule(callbacks: list[Callback], accumulate_grad_batches: int
+                          ) -> GradientAccumulationScheduler | None:
+    """The callbacks' `GradientAccumulationScheduler` (one at most), checked against the
+    Trainer's own `accumulate_grad_batches` as Lightning checks it."""
+    schedulers = [cb for cb in callbacks if isinstance(cb, GradientAccumulationScheduler)]
+    if not schedulers:
+        return None
+    if len(schedulers) > 1:
+        raise ValueError(f"Trainer(callbacks=...) holds {len(schedulers)} GradientAccumulationSchedulers; "
+                         "pass one, with every epoch's factor in its `scheduling`.")
+    if accumulate_grad_batches != 1:
+        raise ValueError(
+            "You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
+            f"callback (Trainer(accumulate_grad_batches={accumulate_grad_batches!r})). Either remove "
+            "`accumulate_grad_batches` from the Trainer or remove the callback.")
+    return schedulers[0]
 
 
 def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callback]:

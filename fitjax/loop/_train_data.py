@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -17,6 +18,8 @@ import jax
 from fitjax import step as step_lib
 from fitjax._typing import Batch
 from fitjax.data import as_loader, batch_size_of
+from fitjax.data._adapters import unshuffled
+from fitjax.data import _device_blocks
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -25,6 +28,14 @@ from fitjax.loop._checks import maybe_len as _maybe_len
 __all__ = ["TrainData"]
 
 _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
+
+
+def _in_order(data, prefix: str):
+    data, changed = unshuffled(data)
+    if changed:  # Lightning's warning, word for word
+        warnings.warn(f"You requested to overfit but enabled {prefix} dataloader shuffling. We are turning "
+                      f"off the {prefix} dataloader shuffling for you.", UserWarning, stacklevel=4)
+    return data
 
 
 class TrainData:
@@ -55,9 +66,34 @@ class TrainData:
                 "Trainer.fit needs train_data (e.g. `fj.DataLoader(arrays, batch_size=64, shuffle=True)`), "
                 f"datamodule=, or a `train_dataloader()` method on {type(module).__name__}."
             )
+        if self.overfit_batches:  # the same first batches every epoch: drawn in order
+            train_data = _in_order(train_data, "train")
+            val_data = None if val_data is None else _in_order(val_data, "val")
         train = as_loader(train_data, name="train_data")
         val = as_loader(val_data, name="val_data") if val_data is not None else None
         return train, val
+
+    def _set_epoch_accumulation(self, train_loader) -> None:
+        """With an accumulation schedule: the step options, train steps and device feed of the
+        current epoch's count (`train_loader` None: before the steps are built). Each count's
+        steps are made once per fit and kept, so every count compiles once."""
+        if self._accumulation is None:
+            return
+        k = self._accumulation.get_accumulate_grad_batches(self.current_epoch)
+        if k == self.step_options.accumulate_grad_batches:
+            return
+        options = dataclasses.replace(self.step_options, accumulate_grad_batches=k)
+        self.step_options = options
+        if train_loader is None:
+            return
+        kept = self._accumulation_steps  # count -> (train steps, device feed), made once each
+        kept.setdefault(self._compiled.options.accumulate_grad_batches, (self._compiled.train_steps(), self._feed))
+        if k not in kept:
+            feed = self._feed and _device_blocks.feed_for(train_loader, self.strategy, options=options,
+                                                          params=self.state.params)  # blocks of whole k-calls
+            kept[k] = (self._compiled.train_steps_for(options), feed)
+        steps, self._feed = kept[k]
+        self._compiled = self._compiled.with_options(options, steps)
 
     def _first_batch(self, train_loader) -> tuple[Batch, Iterator[Batch]]:
         """The first train batch (fit builds the state and programs from it) and the rest of the

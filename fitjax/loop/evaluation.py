@@ -28,7 +28,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule
-from fitjax.loop.stage import Stage
+from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies._distributed import gather_rows
 
 __all__ = ["EvalStages"]
@@ -65,6 +65,7 @@ class EvalStages:
         return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test",
                                     model=model, dataloaders=dataloaders)
 
+    @in_precision
     def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
                         model=None, dataloaders=None) -> list[HostMetrics]:
         name = {"val": "validate", "test": "test"}[stage]
@@ -98,6 +99,7 @@ class EvalStages:
             logger.save()
         return [results]
 
+    @in_precision
     def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
                 ckpt_path: str | os.PathLike | None = None, model: LitModule | None = None,
                 dataloaders: Any = None, return_predictions: bool | None = None) -> Any:
@@ -125,15 +127,16 @@ class EvalStages:
             self._hooks.call("on_predict_start", self, module)
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
-            for batch_idx, (batch, size) in enumerate(self._eval_batches(loader, "predict")):
+            for batch_idx, (padded, size, batch) in enumerate(self._eval_batches(loader, "predict")):
                 try:
-                    out = self._compiled.predict_step(params, model_state, rng, batch)
+                    out = self._compiled.predict_step(params, model_state, rng, padded)
                 except Exception as err:
-                    self._built_from.explain(err, batch, f"the predict data's batch {batch_idx}")
+                    self._built_from.explain(err, padded, f"the predict data's batch {batch_idx}")
                     raise
                 pieces.append((out, size))
-                if wants_batch_end:
-                    self._hooks.call("on_predict_batch_end", self, module, out, batch, batch_idx)
+                if wants_batch_end:  # Lightning's: the batch's own rows, not the padding
+                    self._hooks.call("on_predict_batch_end", self, module,
+                                     _real_rows(out, batch_size_of(padded), size), batch, batch_idx)
             # sync point: one transfer at the end (from every process with several)
             host = gather_rows([out for out, _ in pieces], [size for _, size in pieces])
             self._hooks.call("on_predict_end", self, module)
@@ -225,11 +228,12 @@ class EvalStages:
         acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
-        for batch_idx, (batch, mask) in enumerate(self._eval_batches(loader, stage, with_mask=True, limit=limit)):
+        batches = self._eval_batches(loader, stage, with_mask=True, limit=limit)
+        for batch_idx, (padded, mask, batch) in enumerate(batches):
             try:
-                acc, outputs = eval_step(params, model_state, rng, acc, batch, mask)
+                acc, outputs = eval_step(params, model_state, rng, acc, padded, mask)
             except Exception as err:
-                self._built_from.explain(err, batch, f"the {_DATA[stage]} data's batch {batch_idx}")
+                self._built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}")
                 raise
             if wants_batch_end:
                 self._hooks.call(hook, self, module, outputs, batch, batch_idx)
@@ -244,9 +248,10 @@ class EvalStages:
         self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader), stage="val")
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
-                      limit: int | None = None) -> Iterator[tuple[Batch, Any]]:
+                      limit: int | None = None) -> Iterator[tuple[Batch, Any, Batch]]:
         """Batches padded to one shape (the first batch's size, rounded up to a multiple of the
-        device count): `(batch, mask)` with `with_mask`, else `(batch, real_size)`.
+        device count): `(padded, mask, batch)` with `with_mask`, else `(padded, real_size, batch)`;
+        `batch` is the batch as the loader yielded it (what the per-batch hooks get, as Lightning's).
 
         With several processes each pads its own slice, to the loader's `local_batch_size` when
         it has one: a process's slice of the last batch may be smaller or empty, and all must
@@ -265,7 +270,7 @@ class EvalStages:
             if shard:
                 padded = self.strategy.shard_batch(padded)
                 mask = self.strategy.shard_batch(mask) if with_mask else mask
-            yield padded, (mask if with_mask else size)
+            yield padded, (mask if with_mask else size), batch
 
     def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
         """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
@@ -293,3 +298,12 @@ class EvalStages:
             raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches), datamodule=, "
                              f"or a `{stage}_dataloader()` method on {type(module).__name__}.")
         return as_loader(data, name="data")
+
+
+def _real_rows(outputs: Any, padded_rows: int, size: int) -> Any:
+    """A predict batch's outputs without the rows of its padding (the last batch's): each leaf
+    with `padded_rows` rows keeps its first `size`. With several processes the outputs are
+    the global batch (every process's padded slice), left as they are."""
+    if size == padded_rows or jax.process_count() > 1:
+        return outputs
+    return jax.tree.map(lambda x: x[:size] if np.ndim(x) and np.shape(x)[0] == padded_rows else x, outputs)

@@ -13,8 +13,22 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Callable
 
-__all__ = ["Stage"]
+__all__ = ["Stage", "in_precision"]
+
+
+def in_precision(method: Callable) -> Callable:
+    """A Trainer stage method run inside its precision's context (`Precision.context()`: 64-bit
+    JAX for "64-true", nothing otherwise)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.step_options.precision.context():
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,6 +100,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_val_batches: validation batches per run: an int number or a float fraction.
         limit_test_batches: test batches: an int number or a float fraction.
         limit_predict_batches: predict batches: an int number or a float fraction.
+        overfit_batches: train on the same first n batches every epoch (an int, or a float
+            fraction of the train batches) and validate on the first n of the validation data,
+            both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
+            to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
+            place of `limit_train_batches` and `limit_val_batches`). 0: off.
         num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
             validation that fails does so before the first epoch; nothing is logged.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
@@ -112,8 +117,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         seed: the run's base random key (parameter init and every rng stream); default 0. When
             given, also seeds Python's `random`, numpy's and torch's (when imported) global
             generators, as `fj.seed_everything(seed)` (a torch `DataLoader(shuffle=True)`'s order).
-        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true" or a `fitjax.Precision`
-            (see `fitjax.precision`); "16-mixed" logs `loss_scale` and `skipped_steps`.
+        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true" or a
+            `fitjax.Precision` (see `fitjax.precision`); "16-mixed" logs `loss_scale` and
+            `skipped_steps`; "64-true" runs fit, validate, test and predict with JAX's x64 on.
         accumulate_grad_batches: micro-batches per optimizer step (their gradients summed, each
             loss divided by k, inside one jitted step). `global_step`, `max_steps`, schedules and
             `log_every_n_steps` count optimizer steps; `limit_train_batches` and
@@ -171,6 +177,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
+        overfit_batches: int | float = 0.0,
         num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
@@ -215,6 +222,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
+        self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
+        if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
+            self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
         _arguments.lightning_flags(benchmark=benchmark, inference_mode=inference_mode, sync_batchnorm=sync_batchnorm,
                                    use_distributed_sampler=use_distributed_sampler)
         self.seed = 0 if seed is None else checks.seed(seed)
@@ -222,7 +232,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             _seed.seed_host(seed % 2**32, import_torch=False)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
                      enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
-                     detect_anomaly=detect_anomaly)
+                     detect_anomaly=detect_anomaly, deterministic=deterministic)
         self.step_options = step_lib.StepOptions.create(
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
@@ -251,6 +261,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
+        self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -261,6 +273,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.progress_bar_metrics: HostMetrics = {}
         self.num_val_batches: int | None = None
         self._compiled: step_lib.Compiled | None = None
+        self._step_flops: tuple[float | None] | None = None
         self._module_for_compiled: LitModule | None = None
         self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
@@ -272,6 +285,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._latest_step: dict | None = None  # the last train step's values, on the device (`callback_metrics`)
@@ -337,6 +351,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         return self._stage.sanity_checking
 
     @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step now (Lightning's; a `GradientAccumulationScheduler` changes
+        it at the epochs it names)."""
+        return self.step_options.accumulate_grad_batches
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps taken (Lightning's `trainer.global_step`)."""
         return self._progress.global_step
@@ -399,6 +419,26 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             return params, self.state.model_state, self.state.rng
         return module._own_variables()
 
+    def train_step_flops(self) -> float | None:
+        """Floating-point operations of one optimizer step on each device, as XLA counts them.
+
+        XLA's cost analysis of the train step compiled as it runs (this strategy's partitioned
+        program, precision, accumulation, clipping, optimizer: everything the step does), with
+        its loops unrolled so every micro-batch counts; divided by `steps_per_execution`. Known
+        once fit has built its step (from `on_fit_start` on, and after fit); the first read in a
+        fit compiles that program once (no step runs). None where the backend reports no FLOPs.
+        Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
+        counted.
+        """
+        if self._compiled is None or self._compiled.train_step_cost is None:
+            raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
+                               "step: read it from on_fit_start or later.")
+        if self._step_flops is None:
+            flops = self._compiled.train_step_cost().get("flops")
+            self._step_flops = (None if flops is None or flops <= 0
+                                else flops / self.step_options.steps_per_execution,)
+        return self._step_flops[0]
+
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
@@ -447,7 +487,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._lightning_module = module
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.precision,
+            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
         train_loader, val_loader = self._fit_loaders(module, train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
@@ -464,7 +504,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
         try:
-            with _preemption.stop_on_signals(self), self._compile_times, module._mode(True):  # Lightning's train mode
+            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context(), \
+                    module._mode(True):  # Lightning's train mode for the host hooks
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
@@ -475,6 +516,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
+            self._accumulation_steps = {}  # and the copies an accumulation schedule kept
             self._windows.clear()  # values of an interrupted window are not logged
             self._latest_step = self._latest_step_host = None
             self._hooks.call("teardown", self, module, "fit")
@@ -489,10 +531,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self.should_stop = False
         self._latest_step = self._latest_step_host = None
         first, epoch_iter = self._first_batch(train_loader)
+        self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
+        self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         with self.profiler.profile("[build] state and programs"):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
         self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
@@ -525,6 +570,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if not offset:
             self._epoch_acc = {}
         self._progress.start_epoch(offset)
+        self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             self.state = self._pieces.epoch_start(self.state, self.current_epoch)
         self._call("on_train_epoch_start", module)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 # Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
+from fitjax import _storage
 from fitjax._logged import Logged, collecting
 from fitjax.module import LitModule
 
@@ -52,7 +52,7 @@ class Profiler:
     """
 
     def __init__(self, dirpath: str | os.PathLike[str] | None = None, filename: str | None = None) -> None:
-        self._dirpath_arg = Path(dirpath) if dirpath is not None else None
+        self._dirpath_arg = _storage.folder(dirpath) if dirpath is not None else None
         self.dirpath = self._dirpath_arg
         self.filename = filename
         self._stage: str | None = None
@@ -83,10 +83,11 @@ class Profiler:
     def setup(self, stage: str, log_dir: str | os.PathLike[str] | None = None) -> None:
         """Called when `stage` ("fit", "validate", ...) starts; `log_dir` is the run's folder."""
         self._stage = stage
-        self.dirpath = self._dirpath_arg or (Path(log_dir) if log_dir is not None else None)
+        self.dirpath = self._dirpath_arg or (_storage.folder(log_dir) if log_dir is not None else None)
 
     def describe(self) -> None:
-        """Prints the report and writes it to `<dirpath>/<stage>-<filename>.txt` (process 0)."""
+        """Prints the report and writes it to `<dirpath>/<stage>-<filename>.txt` (process 0); a
+        `dirpath` on a store (`s3://...`) is written through the file layer loggers use."""
         text = self.summary()
         if not text:
             return
@@ -96,7 +97,8 @@ class Profiler:
             return
         print(text, flush=True)
         if self.dirpath is not None:
-            self.dirpath.mkdir(parents=True, exist_ok=True)
+            if not _storage.is_url(self.dirpath):  # a store has no folders to make
+                self.dirpath.mkdir(parents=True, exist_ok=True)
             (self.dirpath / f"{self._stage or 'fit'}-{self.filename or 'profile'}.txt").write_text(text + "\n")
 
     def teardown(self, stage: str) -> None:

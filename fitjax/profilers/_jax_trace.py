@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 
+from fitjax import _storage
 from fitjax.profilers._base import Profiler
 
 __all__ = ["JaxProfiler"]
@@ -36,7 +39,9 @@ class JaxProfiler(Profiler):
     overlap of dispatch and execution; the others run as usual).
     With several processes each traces its own into `<log dir>/process_<i>/plugins/profile/`:
     JAX names a trace file after the host, so processes sharing a host (`fitjax launch`) would
-    otherwise write the same file.
+    otherwise write the same file. Under a store URL (`default_root_dir="s3://bucket/runs"`)
+    the trace is written into a local folder and uploaded through the loggers' file layer
+    when the last traced step ends.
 
     Args:
         dirpath: Folder the trace goes under (as `<dirpath>/plugins/profile/...`); default the
@@ -54,7 +59,7 @@ class JaxProfiler(Profiler):
         super().__init__(dirpath, None)
         self.start_step = _check_count("start_step", start_step, 0)
         self.num_steps = _check_count("num_steps", num_steps, 1)
-        self.trace_dir: Path | None = None  # the run folder of the trace, once written
+        self.trace_dir: _storage.AnyPath | None = None  # the run folder of the trace, once written
         self._calls = 0
         self._tracing = False
 
@@ -105,6 +110,9 @@ class JaxProfiler(Profiler):
         root = self.dirpath or Path.cwd()
         if jax.process_count() > 1:  # one file name per host: a folder per process keeps them apart
             root = root / f"process_{jax.process_index()}"
+        self._target = root  # where the trace ends up
+        if _storage.is_url(root):  # jax.profiler writes local files: staged, uploaded at the end
+            root = Path(tempfile.mkdtemp(prefix="fitjax-trace-"))
         before = set((root / "plugins" / "profile").glob("*"))
         self._root, self._before = root, before
         jax.profiler.start_trace(str(root))
@@ -117,3 +125,8 @@ class JaxProfiler(Profiler):
         jax.profiler.stop_trace()
         new = sorted(set((self._root / "plugins" / "profile").glob("*")) - self._before)
         self.trace_dir = new[-1] if new else None
+        if _storage.is_url(self._target):
+            _storage.put_folder(self._root, self._target)  # the staging folder holds this trace only
+            shutil.rmtree(self._root, ignore_errors=True)
+            if self.trace_dir is not None:
+                self.trace_dir = self._target / self.trace_dir.relative_to(self._root).as_posix()

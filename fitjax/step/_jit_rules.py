@@ -1,4 +1,5 @@
-"""JAX's tracer errors from a user's traced method, re-raised with the jit rule broken and the fix.
+"""JAX's tracer errors from a user's traced method, re-raised with the jit rule broken and the fix;
+and where a user's method is, for the errors about what it returned.
 
 The same help for `loss` and `metrics` (traced here, in the step layer) as for Lightning's hooks
 (`training_step`, ... in `fitjax._lightning`): JAX's own message names the tracer, not the rule.
@@ -7,11 +8,12 @@ The same help for `loss` and `metrics` (traced here, in the step layer) as for L
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Iterator
 
 import jax
 
-__all__ = ["explain_jit_rules"]
+__all__ = ["defined_at", "explain_jit_rules"]
 
 _JIT_RULES = (
     (jax.errors.TracerBoolConversionError,
@@ -42,3 +44,12 @@ def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
             f"{owner}.{method} is traced under jax.jit (once, with abstract values) and does {what}. "
             f"`print(x)` is fine but shows a tracer. JAX's message follows: {type(err).__name__}."
         ) from err
+
+
+def defined_at(module: object, method: str) -> str:
+    """`" (defined at <file>:<line>)"` for `type(module).<method>`: an error about what the
+    method returned points at the user's code, not at the fitjax frame that checked it
+    (empty when the source is unknown, e.g. a builtin)."""
+    function = inspect.unwrap(getattr(type(module), method, None) or (lambda: None))
+    code = getattr(function, "__code__", None)
+    return "" if code is None else f" ({type(module).__name__}.{method} is defined at {code.co_filename}:{code.co_firstlineno})"

@@ -18,7 +18,7 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.step import context
-from fitjax.step._jit_rules import explain_jit_rules
+from fitjax.step._jit_rules import defined_at, explain_jit_rules
 from fitjax.step.model_binding import ModelBinding
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
@@ -166,9 +166,9 @@ def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> St
                 out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
             loss, outputs = split_loss(out)
             no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
-            _check_loss(owner, jnp.zeros(()) if no_loss else loss)  # here: a str cannot leave the trace
+            _check_loss(owner, jnp.zeros(()) if no_loss else loss, defined_at(module, "loss"))  # a str cannot leave the trace
             with explain_jit_rules(owner, "metrics"):
-                values = _check_metrics(owner, module.metrics(batch, outputs))
+                values = _check_metrics(owner, module.metrics(batch, outputs), defined_at(module, "metrics"))
         for name, spec in logged.specs.items():  # a name logged in both modes keeps its train spec
             specs.setdefault(name, spec)
         return loss, values, logged.values
@@ -195,40 +195,40 @@ def _as_array(value: Any) -> Any:
     return jnp.asarray(value) if isinstance(value, (int, float)) else value
 
 
-def _check_scalar(what: str, value: Any) -> None:
+def _check_scalar(what: str, value: Any, where: str = "") -> None:
     value = _as_array(value)
     if not hasattr(value, "shape"):
-        raise TypeError(f"{what} must be one scalar array per batch, got {type(value).__name__}: {value!r}.")
+        raise TypeError(f"{what} must be one scalar array per batch, got {type(value).__name__}: {value!r}{where}.")
     if value.shape != ():
         raise ValueError(
             f"{what} must be one scalar per batch, got shape {value.shape!r}. "
-            "Reduce it over the batch, e.g. `.mean()`."
+            f"Reduce it over the batch, e.g. `.mean()`{where}."
         )
 
 
-def _check_loss(owner: str, loss: Any) -> None:
+def _check_loss(owner: str, loss: Any, where: str = "") -> None:
     loss = _as_array(loss)
     if not hasattr(loss, "shape") or loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
         got = (f"shape {loss.shape} dtype {loss.dtype}" if hasattr(loss, "shape")
                else f"{type(loss).__name__}: {loss!r}")
         raise ValueError(
             f"{owner}.loss must return a scalar float loss (or `(loss, outputs)`), got {got}. "
-            "Reduce it over the batch, e.g. `.mean()`."
+            f"Reduce it over the batch, e.g. `.mean()`{where}."
         )
 
 
-def _check_metrics(owner: str, values: Any) -> dict[str, Any]:
+def _check_metrics(owner: str, values: Any, where: str = "") -> dict[str, Any]:
     values = values or {}
     if not isinstance(values, dict):
         raise TypeError(
             f"{owner}.metrics must return a dict of name -> scalar, got {type(values).__name__}: "
-            f"{values!r}."
+            f"{values!r}{where}."
         )
     for name, value in values.items():
         if not isinstance(name, str) or name == "loss":
             raise ValueError(
                 f"{owner}.metrics returned the key {name!r}; keys must be strings other than 'loss' "
-                "(the loss is logged for you)."
+                f"(the loss is logged for you){where}."
             )
-        _check_scalar(f"{owner}.metrics()[{name!r}]", value)
+        _check_scalar(f"{owner}.metrics()[{name!r}]", value, where)
     return values

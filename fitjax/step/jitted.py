@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -22,7 +23,7 @@ from fitjax.step import context, xla_cpu, forward, train
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
-__all__ = ["Compiled", "block_sharding", "build", "check_optimizer"]
+__all__ = ["Compiled", "block_sharding", "build", "check_optimizer", "train_step_cost"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,13 +48,32 @@ class Compiled:
     shard_inputs: Callable[[Any, bool], Any] | None = None
     #: one full call on `(block, base)`, its batches picked from a block on the device
     block_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
+    #: `() -> dict`: XLA's cost analysis of one full call of the train step, per device
+    #: (`train_step_cost`); compiles a program when called
+    train_step_cost: Callable[[], dict[str, float]] | None = None
     options: StepOptions = StepOptions()
+    #: `options -> {train_step, train_tail_step, block_step, shard_inputs, reset_metrics}` jitted
+    #: for other options (another `accumulate_grad_batches`) on the same state and shardings
+    train_steps_for: Callable[[StepOptions], dict[str, Any]] | None = None
+
+    def with_options(self, options: StepOptions, steps: dict[str, Any] | None = None) -> "Compiled":
+        """These programs with the train steps for `options` (`steps`: made before by
+        `train_steps_for(options)`, reused so that nothing compiles again)."""
+        steps = steps if steps is not None else self.train_steps_for(options)
+        return dataclasses.replace(self, options=options, **steps)
+
+    def train_steps(self) -> dict[str, Any]:
+        """The train step functions, as `train_steps_for` returns them."""
+        return {name: getattr(self, name) for name in _TRAIN_STEPS}
 
     def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """The eval step and its value names for "val" or "test"."""
         if stage == "test" and self.test_step is not None:
             return self.test_step, self.test_metric_names
         return self.eval_step, self.eval_metric_names
+
+
+_TRAIN_STEPS = ("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics", "train_step_cost")
 
 
 def block_sharding(strategy: Strategy) -> NamedSharding:
@@ -127,9 +147,16 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
-    steps = dict.fromkeys(("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics"))
+    steps = dict.fromkeys(_TRAIN_STEPS)
     if train_stage:
-        steps = _train_steps(module, binding, tx, options, train_names, strategy, shardings, manual=manual)
+        def train_steps_for(other: StepOptions) -> dict[str, Any]:
+            made = _train_steps(module, binding, tx, other, train_names, strategy, shardings, manual=manual)
+            make = made.pop("make")
+            made["train_step_cost"] = lambda: train_step_cost(
+                make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
+            return made
+
+        steps = {**train_steps_for(options), "train_steps_for": train_steps_for}
     evaluators = {}
     for stage_name in ("val", "test"):
         evaluators[stage_name] = strategy.jit(
@@ -173,8 +200,9 @@ def _train_steps(module, binding, tx, options: StepOptions, train_names, strateg
                                 donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
         return xla_cpu.step(jit, platform=strategy.platform)
 
-    def make(single: bool) -> Callable:
-        return train.make_train_step(module, binding, tx, options, train_names, manual=manual, single=single)
+    def make(single: bool, unrolled: bool = False) -> Callable:
+        return train.make_train_step(module, binding, tx, options, train_names, manual=manual, single=single,
+                                     unrolled=unrolled)
 
     full_leading = 1 if spe > 1 else 0
     full = make(single=False)
@@ -194,7 +222,38 @@ def _train_steps(module, binding, tx, options: StepOptions, train_names, strateg
     zero_metrics = strategy.jit(lambda: acc_lib.zeros(train_names), in_shardings=(),
                                 out_shardings=shardings.metrics)
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
-            "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics())}
+            "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
+            "make": make}
+
+
+def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: StepOptions, abstract_state,
+                    abstract_batch) -> dict[str, float]:
+    """XLA's cost analysis (`flops`, `bytes accessed`, ...) of one full call of `step_fn` on
+    batches shaped like `abstract_batch` (this process's), as compiled for one device of the
+    strategy's mesh: the partitioned program each device runs.
+
+    `step_fn` is the train step with its scans unrolled (`make_train_step(unrolled=True)`):
+    XLA's cost analysis counts a loop body once, so the program that runs (a scan over
+    micro-batches and steps) would report one micro-batch's FLOPs. Compiled once per call of
+    this function, with the step's own shardings and nothing donated.
+    """
+    k, spe = options.accumulate_grad_batches, options.steps_per_execution
+    lead = ((spe,) if spe > 1 else ()) + ((k,) if k > 1 else ())
+    processes = jax.process_count()
+
+    def global_stacked(x):  # this process's batch -> the step's global inputs, stacked in front
+        return jax.ShapeDtypeStruct((*lead, x.shape[0] * processes, *x.shape[1:]), x.dtype)
+
+    inputs = jax.tree.map(global_stacked, abstract_batch)
+    batch_sharding = stacked_sharding(strategy.batch_sharding, len(lead))
+    in_shardings = jax.tree.map(lambda _: batch_sharding, inputs)
+    if k > 1:
+        inputs, in_shardings = (inputs, jax.ShapeDtypeStruct(lead, jnp.bool_)), (in_shardings, strategy.replicated)
+    jitted = strategy.jit(step_fn, in_shardings=(shardings, in_shardings), out_shardings=(shardings, strategy.replicated))
+    cost = jitted.lower(abstract_state, inputs).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
+        cost = cost[0] if cost else {}
+    return {key: float(value) for key, value in (cost or {}).items() if isinstance(value, (int, float))}
 
 
 def _put(tree, sharding):

@@ -113,9 +113,14 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 def make_train_step(module, binding, tx: optax.GradientTransformation, options: StepOptions,
-                    metric_names: tuple[str, ...], *, manual: bool = False, single: bool = False) -> Callable:
+                    metric_names: tuple[str, ...], *, manual: bool = False, single: bool = False,
+                    unrolled: bool = False) -> Callable:
     """`train_step(state, inputs) -> (state, values)`: `steps_per_execution` optimizer steps
-    (one with `single=True`: an epoch's leftovers); `values` are the last step's."""
+    (one with `single=True`: an epoch's leftovers); `values` are the last step's.
+
+    `unrolled`: the scans over micro-batches and steps fully unrolled, the same computation as
+    one straight program. Only for XLA's cost analysis, which counts a loop's body once
+    whatever its trip count (measured: a 4-step `lax.scan` reports one step's FLOPs)."""
     policy = options.precision
     k = options.accumulate_grad_batches
     user_names = tuple(n for n in metric_names if n != "grad_norm")
@@ -123,14 +128,15 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
 
     def accumulate(state: TrainState, rng, batches, mask, scale):
         """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
+        # summed in float32, or in the parameters' dtype when wider ("64-true")
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), state.params)
 
         def body(carry, xs):
             grads_sum, model_state, acc = carry
             i, batch, keep = xs
             grads, values, new_state = grads_of(state.params, model_state, jax.random.fold_in(rng, i), batch, scale)
             # `where`, not a product: a skipped micro-batch's NaN must not leak into the sum
-            grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(jnp.float32), 0.0),
+            grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(s.dtype), 0.0),
                                      grads_sum, grads)
             model_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_state, model_state)
             weight = keep * leading_dim(batch)
@@ -138,7 +144,8 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             return (grads_sum, model_state, acc), (values, weight)
 
         (grads, model_state, acc), (values, weights) = jax.lax.scan(
-            body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask))
+            body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask),
+            unroll=k if unrolled else 1)
         total = jnp.maximum(weights.sum(), 1.0)
         means = jax.tree.map(lambda v: (v.astype(jnp.float32) * weights).sum() / total, values)
         return grads, means, model_state, acc, weights.sum()
@@ -194,7 +201,8 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
         return train_step
 
     def train_step(state, inputs):
-        state, values = jax.lax.scan(one_step, state, inputs)
+        state, values = jax.lax.scan(one_step, state, inputs,
+                                     unroll=options.steps_per_execution if unrolled else 1)
         last = {name: v[-1] for name, v in values.items() if name != ANOMALY_KEY}
         if ANOMALY_KEY in values:
             last[ANOMALY_KEY] = values[ANOMALY_KEY]  # [steps, 3]: which step went bad

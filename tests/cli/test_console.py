@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,10 +52,43 @@ def test_console_command_exits_2_on_a_bad_value_without_a_traceback(tmp_path):
 
 
 def test_digits_example_trains_through_the_console_command_with_its_config(tmp_path):
-    out = run("-m", "fitjax.cli", "fit", "--config", "examples/configs/digits.yaml", "--trainer.max_steps=4",
-              "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path}",
+    out = run("-m", "fitjax.cli", "fit", "--config", "examples/configs/digits.yaml", "--trainer.max_epochs=1",
+              "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={tmp_path}",
               "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false")
     assert out.returncode == 0, out.stderr[-4000:]
     saved = (tmp_path / "fitjax_logs" / "version_0" / "config.yaml").read_text()
-    assert "class_path: examples.digits.DigitsClassifier" in saved and "max_steps: 4" in saved
+    assert "class_path: examples.digits.DigitsClassifier" in saved and "limit_train_batches: 4" in saved
     assert list((tmp_path / "fitjax_logs" / "version_0" / "checkpoints").glob("*step=4"))
+
+    # TensorBoard served on 127.0.0.1: its HPARAMS tab shows (ticks) the first five
+    # hyperparameters, those marked as differing sorted first, and the first five metrics
+    experiment = _served_hparams_experiment(tmp_path / "fitjax_logs")
+    hparams = sorted(experiment["hparamInfos"], key=lambda h: (not h.get("differs", False), h["name"]))
+    assert "model/lr" in [h["name"] for h in hparams[:5]], hparams
+    metrics = [m["name"]["tag"] for m in experiment["metricInfos"]]
+    assert metrics[:2] == ["val/loss", "val/acc"] or metrics[:2] == ["val/acc", "val/loss"], metrics
+    assert not [m for m in metrics if m.startswith("compile/") or m == "epoch"], metrics
+
+
+def _served_hparams_experiment(logdir) -> dict:
+    """What a TensorBoard server started on 127.0.0.1 serves to its HPARAMS tab."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/data/plugin/hparams/experiment",
+                                     data=json.dumps({"experimentName": ""}).encode(),
+                                     headers={"Content-Type": "application/json", "X-XSRF-Protected": "1"})
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                return json.loads(urllib.request.urlopen(request, timeout=10).read())
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.5)
+    finally:
+        server.kill()
+        server.wait()

@@ -53,8 +53,13 @@ def test_hparams_land_in_the_run_folder_itself_with_their_values_and_status(tmp_
     run_dir = tmp_path / "exp" / "version_0"
     assert [p for p in run_dir.iterdir() if p.is_dir()] == []  # no add_hparams-style sub-run
     content = _hparams_content(run_dir)
-    # No experiment summary: TensorBoard would use the first one found as every run's columns.
-    assert set(content) == {metadata.SESSION_START_INFO_TAG, metadata.SESSION_END_INFO_TAG}
+    assert set(content) == {metadata.SESSION_START_INFO_TAG, metadata.SESSION_END_INFO_TAG, metadata.EXPERIMENT_TAG}
+    # the columns: the hyperparameters marked as differing (TensorBoard ticks the first five of
+    # those), the validation results before the train values
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    assert {h.name: h.differs for h in experiment.hparam_infos} == dict.fromkeys(
+        ["lr", "use_ema", "act", "model/width", "model/sizes", "seed"], True)
+    assert [m.name.tag for m in experiment.metric_infos] == ["val/loss", "train/loss"]
 
     start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
     values = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
@@ -93,8 +98,10 @@ def _hparams_table(logdir: Path) -> tuple[api_pb2.Experiment, api_pb2.ListSessio
 
 
 def test_hparams_table_shows_every_run_with_its_final_metric_values(tmp_path):
+    # two runs of one script: the same hyperparameters with other values (TensorBoard takes the
+    # first run's experiment summary as every run's columns)
     runs = [
-        ({"lr": 0.1}, [{"train/loss": 1.0}, {"train/loss": 0.4}]),
+        ({"lr": 0.1, "wd": 0.0}, [{"train/loss": 1.0}, {"train/loss": 0.4, "val/acc": 0.8}]),
         ({"lr": 0.01, "wd": 0.5}, [{"train/loss": 1.0}, {"train/loss": 0.6, "val/acc": 0.9}]),
     ]
     for params, rows in runs:
@@ -105,9 +112,8 @@ def test_hparams_table_shows_every_run_with_its_final_metric_values(tmp_path):
         logger.finalize("success")
 
     experiment, groups = _hparams_table(tmp_path / "fitjax_logs")
-    # Columns from all runs, including what only the second run has.
     assert [h.name for h in experiment.hparam_infos] == ["lr", "wd"]
-    assert [m.name.tag for m in experiment.metric_infos] == ["train/loss", "val/acc"]
+    assert [m.name.tag for m in experiment.metric_infos] == ["val/acc", "train/loss"]  # results first
     table = {
         g.name: (
             {k: v.number_value for k, v in g.hparams.items()},
@@ -116,7 +122,7 @@ def test_hparams_table_shows_every_run_with_its_final_metric_values(tmp_path):
         for g in groups.session_groups
     }
     assert table == {
-        "version_0": ({"lr": 0.1}, {"train/loss": (0.4, 1)}),
+        "version_0": ({"lr": 0.1, "wd": 0.0}, {"train/loss": (0.4, 1), "val/acc": (0.8, 1)}),
         "version_1": ({"lr": 0.01, "wd": 0.5}, {"train/loss": (0.6, 1), "val/acc": (0.9, 1)}),
     }
 

@@ -194,3 +194,77 @@ def test_no_credentials_is_one_line_naming_the_url_and_what_to_set(s3_server, tm
     assert line.startswith("ModelCheckpoint cannot write checkpoints to 's3://some-bucket/run': "
                            "NoCredentialsError"), child.stdout[-2000:] + child.stderr[-2000:]
     assert "AWS_ACCESS_KEY_ID" in line and "\n" not in line
+
+
+_CLAIMS = textwrap.dedent("""
+    import os, sys, time
+    import fitjax as fj
+
+    root, go = sys.argv[1], sys.argv[2]
+    loggers = [fj.loggers.CSVLogger(root, name="runs") for _ in range(3)]
+    print("ready", flush=True)
+    while not os.path.exists(go):  # both processes claim at the same moment
+        time.sleep(0.001)
+    for logger in loggers:
+        logger.claim_version()
+        logger.log_hyperparams({"pid": int(sys.argv[3])})
+        logger.finalize("success")
+        print(logger.version, flush=True)
+""")
+
+
+def test_two_processes_started_at_once_under_one_s3_root_claim_a_version_each(bucket, tmp_path):
+    # (by listing alone, as before, both processes took version_0, 1 and 2, each overwriting
+    # the other's hparams.yaml)
+    import fsspec
+
+    root, go = f"{bucket}/claims", tmp_path / "go"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    children = [subprocess.Popen([sys.executable, "-c", _CLAIMS, root, str(go), str(i)], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    for child in children:  # both imported fitjax and made their loggers
+        assert child.stdout.readline().strip() == "ready", child.communicate()[1][-2000:]
+    go.touch()
+    outputs = [child.communicate(timeout=120) for child in children]
+    assert all(child.returncode == 0 for child in children), [err[-2000:] for _, err in outputs]
+    versions = [[int(v) for v in out.split()] for out, _ in outputs]
+    assert sorted(versions[0] + versions[1]) == list(range(6))  # never one version for two runs
+    fs, _ = fsspec.core.url_to_fs(root)
+    assert _listed(f"{root}/runs") == [f"version_{v}" for v in range(6)]
+    for pid, mine in enumerate(versions):  # each folder holds its own run's files only
+        for v in mine:
+            assert fs.cat_file(f"{root}/runs/version_{v}/hparams.yaml").decode() == f"pid: {pid}\n"
+
+
+class _Data(fj.DataModule):
+    def train_dataloader(self):
+        return fj.DataLoader(DATA, batch_size=16)
+
+
+def test_cli_config_and_profiler_outputs_land_under_an_s3_root(bucket):
+    import fsspec
+    import yaml
+
+    from fitjax.cli import LightningCLI
+
+    root = f"{bucket}/cli"
+    cli = LightningCLI(Regressor, _Data, args=["fit", f"--trainer.default_root_dir={root}", "--trainer.max_steps=3",
+                                               "--trainer.profiler=simple", "--model.batchnorm=false",
+                                               "--trainer.enable_progress_bar=false"])
+    fs, _ = fsspec.core.url_to_fs(root)
+    log_dir = f"{root}/fitjax_logs/version_0"
+    assert cli.trainer.log_dir == log_dir
+    saved = yaml.safe_load(fs.cat_file(f"{log_dir}/config.yaml"))
+    assert saved["trainer"]["max_steps"] == 3 and saved["model"]["batchnorm"] is False
+    report = fs.cat_file(f"{log_dir}/fit-profile.txt").decode()
+    assert report.startswith("FIT profiler report") and "[step] dispatch" in report
+    assert not Path(root.replace("://", ":/")).exists()  # nothing under a local 's3:/...' folder
+
+    # JaxProfiler: the trace folder uploaded where TensorBoard's profile tab reads it
+    profiler = fj.profilers.JaxProfiler(start_step=1, num_steps=1)
+    trainer = quiet_trainer(max_steps=3, profiler=profiler, default_root_dir=f"{root}/jax")
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    trace = str(profiler.trace_dir)
+    assert trace.startswith(f"{root}/jax/") and "/plugins/profile/" in trace
+    names = _listed(trace)
+    assert any(n.endswith(".xplane.pb") for n in names) and any(n.endswith(".trace.json.gz") for n in names)
