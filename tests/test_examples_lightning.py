@@ -36,11 +36,11 @@ def test_lightning_imagenet_example_under_lightning_cli_and_test_from_the_best_c
     # Lightning's imagenet.py as written: the module's own setup/loaders (torch DataLoaders), SGD
     # with weight decay + a step-decay scheduler as `[optimizer], [scheduler]`, LightningCLI with
     # benchmark=True, TQDMProgressBar, ModelCheckpoint(monitor="val_acc1") and seed_everything_default
-    cli = lightning_imagenet.main(["fit", "--trainer.max_epochs=3", "--trainer.enable_progress_bar=false",
+    cli = lightning_imagenet.main(["fit", "--trainer.max_epochs=5", "--trainer.enable_progress_bar=false",
                                    "--trainer.enable_model_summary=false", f"--trainer.default_root_dir={tmp_path}"])
     best = cli.trainer.checkpoint_callback
     assert cli.config["fit"]["seed_everything"] == 42 and cli.trainer.seed == 42
-    assert float(best.best_model_score) >= 0.85
+    assert float(best.best_model_score) >= 0.85  # 0.924 measured (epoch 4)
     [results] = cli.trainer.test(ckpt_path="best")  # no model, no data: the fitted module's own loaders
     assert results["test_acc1"] == float(best.best_model_score)  # the test split is the val split
 
