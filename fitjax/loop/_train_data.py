@@ -48,6 +48,7 @@ class TrainData:
         if datamodule is not None:
             if train_data is not None or val_data is not None:
                 raise ValueError("Trainer.fit: pass either train_data/val_data or datamodule=, not both.")
+            checks.check_datamodule("fit", datamodule)
             datamodule.prepare_data()
             datamodule.setup("fit")
             train_data = datamodule.train_dataloader()

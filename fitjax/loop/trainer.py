@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import math
 import os
+import time
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -93,7 +94,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             the progress bar a step or two later; reading `callback_metrics` waits for them.
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
             (float, rounded down to batches: an epoch may end without one); default once per
-            epoch, at its end. Lightning's rules and errors (see docs/porting.md).
+            epoch, at its end. Lightning's rules and errors (see docs/porting.md). Or a duration
+            ("DD:HH:MM:SS", a `datetime.timedelta` or a dict of its arguments, Lightning 2.6):
+            validate after the first train step that ends that long after the last validation
+            ended (or training started), and not at epoch ends.
         check_val_every_n_epoch: validate in every n-th epoch; None: an int `val_check_interval`
             counts batches over the whole run.
         limit_train_batches: train batches per epoch: an int number or a float fraction.
@@ -282,6 +286,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
+        self._last_val_time = 0.0  # when fit's last validation ended (time.monotonic)
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
@@ -553,6 +558,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loader)
         if not self._skip_training():
+            self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
             while not self._done_training():
                 self._train_epoch(module, train_loader, val_loader, epoch_iter)
@@ -613,13 +619,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
                 raise _preemption.stopped(self, reason)
             stop = self._agree_on_stop(synced=synced)
-            if self._val_due(val_loader, stop=stop):
+            if self._val_due(val_loader, stop=stop, synced=synced):
                 self._validate_during_fit(module, val_loader)
                 stop = self._agree_on_stop(synced=True)
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
-        if ran_out and self._val_every is None and self._val_epoch_due(val_loader):
+        if ran_out and self._val_every is None and self._val_epoch_due(val_loader) and not self._time_based_validation():
             self._validate_during_fit(module, val_loader)  # data without a length: at its end
         self._end_train_epoch(module)
 
