@@ -151,14 +151,18 @@ BAD_ARGUMENTS = {
     "logger": [("yes", TypeError, r"logger=\.\.\.\)` must be True .*got 'yes' \(str\)")],
     "default_root_dir": [(5, TypeError, r"default_root_dir=\.\.\.\) takes a folder path .*got int: 5")],
     "log_every_n_steps": [(0, ValueError, r"log_every_n_steps=\.\.\.\) must be a positive int or None, got 0")],
-    "val_check_interval": [("1", ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches or "
-                                              r"a float fraction of an epoch in \(0, 1\], got '1'")],
+    "val_check_interval": [(1.5, ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches, "
+                                            r"a float fraction of an epoch in \(0, 1\] or a duration .*got 1.5"),
+                           ("1", ValueError, r"val_check_interval=\.\.\.\)='1' is not a valid duration: expected a "
+                                             r"string 'DD:HH:MM:SS'")],
     "check_val_every_n_epoch": [(0, ValueError, r"check_val_every_n_epoch=\.\.\.\) must be a positive int or None, got 0")],
     **{f"limit_{stage}_batches": [(1.5, ValueError, rf"limit_{stage}_batches=\.\.\.\) takes an int number of batches "
                                                     r"or a float fraction in \[0, 1\], got 1.5")]
        for stage in ("train", "val", "test", "predict")},
     "overfit_batches": [(-1, ValueError, r"overfit_batches=\.\.\.\) takes an int number of batches or a float fraction "
                                          r"in \[0, 1\], got -1")],
+    "reload_dataloaders_every_n_epochs": [(-1, ValueError, r"reload_dataloaders_every_n_epochs=\.\.\.\) must be an "
+                                                           r"int >= 0 or None, got -1")],
     "num_sanity_val_steps": [(-5, ValueError, r"num_sanity_val_steps=\.\.\.\) must be an int >= -1 .*got -5")],
     "fast_dev_run": [(-1, ValueError, r"fast_dev_run=\.\.\.\) takes a bool or an int >= 0 .*got -1")],
     # a str or an int is not a bool: "no" and 2 would read as True

@@ -109,6 +109,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
             to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
             place of `limit_train_batches` and `limit_val_batches`). 0: off.
+        reload_dataloaders_every_n_epochs: ask the datamodule's (or the module's)
+            `train_dataloader()` and `val_dataloader()` again every n epochs, at the start of the
+            epoch (Lightning's); loaders passed to `fit` directly are kept. 0: never.
         num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
             validation that fails does so before the first epoch; nothing is logged.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
@@ -182,6 +185,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
         overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
         num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
@@ -227,6 +231,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
         self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
+        self.reload_dataloaders_every_n_epochs = checks.limit_or_unlimited(
+            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, unlimited=False)
         if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
             self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
         _arguments.lightning_flags(benchmark=benchmark, inference_mode=inference_mode, sync_batchnorm=sync_batchnorm,
@@ -287,6 +293,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
         self._last_val_time = 0.0  # when fit's last validation ended (time.monotonic)
+        self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
@@ -560,7 +567,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if not self._skip_training():
             self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
+            loaded_at = self.current_epoch  # when the loaders were last asked for
             while not self._done_training():
+                if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
+                    train_loader, val_loader = self._reload_loaders(train_loader, val_loader)
+                    loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(module, train_loader, val_loader, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             self._end_pieces(module, train_loader)
