@@ -151,8 +151,10 @@ BAD_ARGUMENTS = {
     "logger": [("yes", TypeError, r"logger=\.\.\.\)` must be True .*got 'yes' \(str\)")],
     "default_root_dir": [(5, TypeError, r"default_root_dir=\.\.\.\) takes a folder path .*got int: 5")],
     "log_every_n_steps": [(0, ValueError, r"log_every_n_steps=\.\.\.\) must be a positive int or None, got 0")],
-    "val_check_interval": [("1", ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches or "
-                                              r"a float fraction of an epoch in \(0, 1\], got '1'")],
+    "val_check_interval": [(1.5, ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches, "
+                                            r"a float fraction of an epoch in \(0, 1\] or a duration .*got 1.5"),
+                           ("1", ValueError, r"val_check_interval=\.\.\.\)='1' is not a valid duration: expected a "
+                                             r"string 'DD:HH:MM:SS'")],
     "check_val_every_n_epoch": [(0, ValueError, r"check_val_every_n_epoch=\.\.\.\) must be a positive int or None, got 0")],
     **{f"limit_{stage}_batches": [(1.5, ValueError, rf"limit_{stage}_batches=\.\.\.\) takes an int number of batches "
                                                     r"or a float fraction in \[0, 1\], got 1.5")]

@@ -6,6 +6,7 @@ Kept apart from `trainer.py` so that the loop reads top to bottom without them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import warnings
@@ -16,6 +17,7 @@ import numpy as np
 
 from fitjax._accelerator import accelerator_devices, check_devices_match
 from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
+from fitjax.callbacks.timer import parse_duration
 from fitjax.module import LitModule
 
 
@@ -260,14 +262,23 @@ def _unwritable(path: str) -> str | None:
     return None
 
 
-def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float | None:
+def val_check_interval(value: Any, check_val_every_n_epoch: int | None
+                       ) -> int | float | datetime.timedelta | None:
+    """The checked `val_check_interval`: an int, a float, None, or (Lightning 2.6's time-based
+    form: "DD:HH:MM:SS", a `timedelta` or a dict of its arguments) a positive `timedelta`."""
+    if isinstance(value, (str, dict, datetime.timedelta)):
+        interval = parse_duration(value, where="Trainer(val_check_interval=...)")
+        if interval.total_seconds() <= 0:
+            raise ValueError(f"Trainer(val_check_interval={value!r}) must be a positive duration.")
+        return interval
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float))
         or value <= 0 or (isinstance(value, float) and value > 1)
     ):
         raise ValueError(
-            "Trainer(val_check_interval=...) takes an int number of train batches or a float "
-            f"fraction of an epoch in (0, 1], got {value!r}"
+            "Trainer(val_check_interval=...) takes an int number of train batches, a float "
+            "fraction of an epoch in (0, 1] or a duration ('DD:HH:MM:SS', a datetime.timedelta or a "
+            f"dict such as {{'minutes': 30}}), got {value!r}"
         )
     if check_val_every_n_epoch is None and isinstance(value, float):
         raise ValueError(
@@ -293,6 +304,8 @@ def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> 
     """Validate every this many train batches; None: at the end of each epoch (data without a
     length, default interval). Lightning's `FitLoop.setup_data` rules and errors."""
     interval, per_epoch = trainer.val_check_interval, trainer.check_val_every_n_epoch is not None
+    if isinstance(interval, datetime.timedelta):  # time-based: the loop's clock decides (`_val_due`)
+        return None
     if isinstance(interval, int):
         if validating and per_epoch and num_batches is not None and interval > num_batches:
             raise ValueError(

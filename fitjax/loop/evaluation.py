@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 import warnings
 from typing import Any, Iterator
 
@@ -154,6 +155,7 @@ class EvalStages:
         self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
         self._log(results, aliases=aliases)
         self._progress.last_validated = self._progress.position
+        self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
