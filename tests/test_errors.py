@@ -161,6 +161,8 @@ BAD_ARGUMENTS = {
        for stage in ("train", "val", "test", "predict")},
     "overfit_batches": [(-1, ValueError, r"overfit_batches=\.\.\.\) takes an int number of batches or a float fraction "
                                          r"in \[0, 1\], got -1")],
+    "reload_dataloaders_every_n_epochs": [(-1, ValueError, r"reload_dataloaders_every_n_epochs=\.\.\.\) must be an "
+                                                           r"int >= 0 or None, got -1")],
     "num_sanity_val_steps": [(-5, ValueError, r"num_sanity_val_steps=\.\.\.\) must be an int >= -1 .*got -5")],
     "fast_dev_run": [(-1, ValueError, r"fast_dev_run=\.\.\.\) takes a bool or an int >= 0 .*got -1")],
     # a str or an int is not a bool: "no" and 2 would read as True
