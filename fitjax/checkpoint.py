@@ -341,6 +341,9 @@ def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
         )
     module = cls(**hparams)
     module._set_variables(*restore_variables(path, module._get_binding().initial_variables()))
+    hook = getattr(module, "on_load_checkpoint", None)
+    if callable(hook):  # Lightning's `load_from_checkpoint` calls it too
+        hook(meta)
     return module
 
 

@@ -184,6 +184,20 @@ class LitModule:
     def on_test_epoch_start(self) -> None: ...
     def on_test_epoch_end(self) -> None: ...
 
+    # checkpoint hooks, as Lightning's: called after the callbacks' on save, before them on load
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Adds what the module wants kept to a checkpoint being saved (Lightning's hook).
+
+        `checkpoint` is the checkpoint's plain-data item (JSON: the loop position, `hparams`,
+        `callbacks`, ...; the arrays are the train state's, saved by Orbax): keys added to it
+        are saved and handed back to `on_load_checkpoint`. Values must be JSON data.
+        """
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Reads back what `on_save_checkpoint` added, when a fit resumes from a checkpoint,
+        `validate/test/predict(ckpt_path=...)` or `load_from_checkpoint` loads one (Lightning's
+        hook; called before the callbacks' `on_load_checkpoint`)."""
+
     # ------------------------------------------------------------------------ hyperparameters
 
     def save_hyperparameters(self, *names: str, ignore: str | tuple[str, ...] = ()) -> None:
@@ -222,6 +236,13 @@ class LitModule:
     def variables(self) -> tuple[PyTree, PyTree] | None:
         """`(params, model_state)` after `fit` (or a restore); None before the model is built."""
         return self._variables
+
+    @property
+    def variable_order(self) -> tuple[tuple[str, ...], ...]:
+        """The paths of the model's arrays (`("Dense_0", "kernel")`) in the model's own order: the
+        order a Linen model's layers created them, an NNX model's attribute order (what the model
+        summary lists first); empty before a Linen model is built."""
+        return self._binding.order if self._binding is not None else ()
 
     def _find_model(self) -> Any:
         if getattr(self, "model", None) is not None:

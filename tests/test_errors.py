@@ -151,14 +151,18 @@ BAD_ARGUMENTS = {
     "logger": [("yes", TypeError, r"logger=\.\.\.\)` must be True .*got 'yes' \(str\)")],
     "default_root_dir": [(5, TypeError, r"default_root_dir=\.\.\.\) takes a folder path .*got int: 5")],
     "log_every_n_steps": [(0, ValueError, r"log_every_n_steps=\.\.\.\) must be a positive int or None, got 0")],
-    "val_check_interval": [("1", ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches or "
-                                              r"a float fraction of an epoch in \(0, 1\], got '1'")],
+    "val_check_interval": [(1.5, ValueError, r"val_check_interval=\.\.\.\) takes an int number of train batches, "
+                                            r"a float fraction of an epoch in \(0, 1\] or a duration .*got 1.5"),
+                           ("1", ValueError, r"val_check_interval=\.\.\.\)='1' is not a valid duration: expected a "
+                                             r"string 'DD:HH:MM:SS'")],
     "check_val_every_n_epoch": [(0, ValueError, r"check_val_every_n_epoch=\.\.\.\) must be a positive int or None, got 0")],
     **{f"limit_{stage}_batches": [(1.5, ValueError, rf"limit_{stage}_batches=\.\.\.\) takes an int number of batches "
                                                     r"or a float fraction in \[0, 1\], got 1.5")]
        for stage in ("train", "val", "test", "predict")},
     "overfit_batches": [(-1, ValueError, r"overfit_batches=\.\.\.\) takes an int number of batches or a float fraction "
                                          r"in \[0, 1\], got -1")],
+    "reload_dataloaders_every_n_epochs": [(-1, ValueError, r"reload_dataloaders_every_n_epochs=\.\.\.\) must be an "
+                                                           r"int >= 0 or None, got -1")],
     "num_sanity_val_steps": [(-5, ValueError, r"num_sanity_val_steps=\.\.\.\) must be an int >= -1 .*got -5")],
     "fast_dev_run": [(-1, ValueError, r"fast_dev_run=\.\.\.\) takes a bool or an int >= 0 .*got -1")],
     # a str or an int is not a bool: "no" and 2 would read as True
@@ -179,7 +183,8 @@ BAD_ARGUMENTS = {
 
 
 @pytest.mark.parametrize("name, value, error, message", [
-    (name, value, error, message) for name, rows in BAD_ARGUMENTS.items() for value, error, message in rows])
+    pytest.param(name, value, error, message, id=f"{name}={value!r}")
+    for name, rows in BAD_ARGUMENTS.items() for value, error, message in rows])
 def test_every_trainer_argument_is_checked_when_the_trainer_is_made(name, value, error, message):
     with pytest.raises(error, match=message):
         fj.Trainer(**{name: value})
@@ -190,6 +195,26 @@ def test_every_trainer_argument_has_a_bad_value_in_the_table():
     assert set(BAD_ARGUMENTS) == arguments, (
         f"Trainer arguments without a row in BAD_ARGUMENTS (check them in fitjax/loop/_checks.py): "
         f"{sorted(arguments - set(BAD_ARGUMENTS))}; rows of no argument: {sorted(set(BAD_ARGUMENTS) - arguments)}")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda t: t.fit(5, _loader()), TypeError, r"Trainer.fit\(module=\.\.\.\) expected a fitjax.LitModule, got int: 5"),
+    (lambda t: t.test(5, _loader()), TypeError, r"Trainer.test\(module=\.\.\.\) expected a fitjax.LitModule, got int: 5"),
+    (lambda t: t.fit(_Base(), 5), TypeError, r"`train_data` must be a fj.DataLoader, .*received 5"),
+    (lambda t: t.fit(_Base(), _loader(), 5), TypeError, r"`val_data` must be a fj.DataLoader, .*received 5"),
+    (lambda t: t.fit(_Base(), datamodule=5), TypeError, r"Trainer.fit\(datamodule=\.\.\.\) takes a fj.DataModule .*got int: 5"),
+    (lambda t: t.validate(_Base(), datamodule="dm"), TypeError,
+     r"Trainer.validate\(datamodule=\.\.\.\) takes a fj.DataModule .*got str: 'dm'"),
+    (lambda t: t.fit(_Base(), _loader(), ckpt_path=5), TypeError, r"Trainer.fit\(ckpt_path=\.\.\.\) takes 'last', 'best' or a checkpoint path; got 5"),
+    (lambda t: t.validate(_Base(), _loader(), verbose=2), TypeError, r"Trainer.validate\(verbose=\.\.\.\) takes True or False, got 2"),
+    (lambda t: t.save_checkpoint(5), TypeError, r"Trainer.save_checkpoint\(filepath=\.\.\.\) takes a checkpoint folder path .*got int: 5"),
+], ids=["fit-module", "test-module", "train_data", "val_data", "fit-datamodule", "validate-datamodule", "ckpt_path",
+        "verbose", "save_checkpoint"])
+def test_the_stage_methods_check_their_arguments_before_running(call, error, message):
+    trainer = quiet_trainer(max_steps=1, strategy="single")
+    with pytest.raises(error, match=message):
+        call(trainer)
+    assert trainer.state is None  # refused before anything was built
 
 
 def test_one_callback_is_a_list_of_it_as_in_lightning():
@@ -277,6 +302,9 @@ def test_a_batch_shaped_unlike_the_first_names_its_data_and_index():
         quiet_trainer(max_steps=1, strategy="single").fit(_Base(), _features(8), _features(5))
     with pytest.raises(ValueError, match=r"the train data's batch 1 \(epoch 0\) failed in the step and " + built):
         quiet_trainer(max_epochs=1, strategy="single").fit(_Base(), _Mixed())
+    stacked = built.replace(r"\(32, 5\)", r"\(32, 5\) \(stacked as \(2, 32, 5\)\)")  # the micro-batches
+    with pytest.raises(ValueError, match=r"the train data's batch 1 \(epoch 0\) failed in the step and " + stacked):
+        quiet_trainer(max_epochs=1, strategy="single", accumulate_grad_batches=2).fit(_Base(), _Mixed())
     trainer, module = quiet_trainer(max_steps=1, strategy="single"), _Base()
     trainer.fit(module, _features(8))
     with pytest.raises(ValueError, match=r"the test data's batch 0 failed in the step and " + built):

@@ -380,22 +380,21 @@ class BatchEnds(fj.Callback):
         self.predicted = getattr(self, "predicted", []) + [np.asarray(outputs)]
 
 
-@pytest.mark.parametrize("strategy", ["single", "dp"])
-def test_eval_and_predict_batch_hooks_get_the_batch_and_its_real_rows(strategy):
+def test_eval_and_predict_batch_hooks_get_the_batch_and_its_real_rows():
     """Lightning 2.6, 10 examples in batches of 4, a Linear(8, 1) module whose validation_step /
     test_step return {"loss": ...} and predict_step the predictions, a callback printing shapes:
     on_validation_batch_end and on_test_batch_end get batches (4, 8), (4, 8), (2, 8) and outputs
     {"loss": ()}; on_predict_batch_end gets batches (4, 8), (4, 8), (2, 8) and outputs (4, 1),
-    (4, 1), (2, 1). fitjax pads the last batch to one compiled shape (8 devices with "dp"): the
-    hooks still see the loader's batch and, for predict, only its real rows."""
+    (4, 1), (2, 1). fitjax pads every batch here to a multiple of the 8 devices ("dp"): the hooks
+    still see the loader's batch and, for predict, only its real rows."""
     seen = BatchEnds()
-    trainer = quiet_trainer(strategy=strategy, max_epochs=1, num_sanity_val_steps=0, callbacks=[seen])
+    trainer = quiet_trainer(strategy="dp", max_epochs=1, num_sanity_val_steps=0, callbacks=[seen])
     module = Regressor(batchnorm=False)
-    data = fj.DataLoader(regression_data(n=10, seed=1), batch_size=4 if strategy == "single" else 8)
+    data = fj.DataLoader(regression_data(n=10, seed=1), batch_size=4)
     trainer.fit(module, fj.DataLoader(regression_data(n=16), batch_size=8), data)
     trainer.test(module, data)
     predictions = trainer.predict(module, data)
-    sizes = [4, 4, 2] if strategy == "single" else [8, 2]
+    sizes = [4, 4, 2]
     scalars = {"loss": (), "mae": ()}
     assert seen.seen == [(stage, i, scalars, (size, 8)) for stage in ("val", "test") for i, size in enumerate(sizes)] + [
         ("predict", i, {"pred": (size, 1)}, (size, 8)) for i, size in enumerate(sizes)]

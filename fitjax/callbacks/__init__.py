@@ -1,6 +1,7 @@
 """Callbacks: objects with hook methods the trainer calls around steps, epochs and stages."""
 
 from fitjax.callbacks._base import Callback, CallbackList
+from fitjax.callbacks.accumulation import GradientAccumulationScheduler
 from fitjax.callbacks._defaults import DefaultCheckpoint, with_defaults
 from fitjax.callbacks.device_stats import DeviceStatsMonitor
 from fitjax.callbacks.early_stopping import EarlyStopping
@@ -22,6 +23,7 @@ __all__ = [
     "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateMonitor",
     "ModelCheckpoint",

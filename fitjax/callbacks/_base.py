@@ -14,7 +14,7 @@ may read from the trainer (never its `_private` attributes):
   `sanity_checking`, `verbose`; read-only) and `trainer.sanity_checking`.
 - `trainer.is_global_zero`, `trainer.agree(flag)` (True everywhere when True on any process:
   for decisions from host-local facts such as time), `trainer.checkpoint_meta(module)` (the
-  plain data a checkpoint stores besides the state; a read) and `trainer.record_save()` (a
+  plain data a checkpoint stores besides the state, after the `on_save_checkpoint` hooks) and `trainer.record_save()` (a
   save of the current position happens: `progress.last_saved`), `trainer.received_sigterm`.
 - A callback may set `trainer.should_stop = True` (Lightning's contract). A hook no callback overrides is never called: the
 trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost nothing unless used.
@@ -37,12 +37,13 @@ HOOKS = (
     "on_train_batch_start", "on_train_batch_end",
     "on_validation_start", "on_validation_end",
     "on_validation_epoch_start", "on_validation_epoch_end",
-    "on_validation_batch_end",
+    "on_validation_batch_start", "on_validation_batch_end",
     "on_test_start", "on_test_end",
     "on_test_epoch_start", "on_test_epoch_end",
-    "on_test_batch_end",
+    "on_test_batch_start", "on_test_batch_end",
     "on_predict_start", "on_predict_end",
-    "on_predict_batch_end",
+    "on_predict_batch_start", "on_predict_batch_end",
+    "on_save_checkpoint", "on_load_checkpoint",
     "on_exception",
 )  # fmt: skip
 
@@ -79,16 +80,34 @@ class Callback:
     def on_validation_end(self, trainer, module) -> None: ...
     def on_validation_epoch_start(self, trainer, module) -> None: ...
     def on_validation_epoch_end(self, trainer, module) -> None: ...
+    def on_validation_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None: ...
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_test_start(self, trainer, module) -> None: ...
     def on_test_end(self, trainer, module) -> None: ...
     def on_test_epoch_start(self, trainer, module) -> None: ...
     def on_test_epoch_end(self, trainer, module) -> None: ...
+    def on_test_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None: ...
     def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_predict_start(self, trainer, module) -> None: ...
     def on_predict_end(self, trainer, module) -> None: ...
+    def on_predict_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None: ...
     def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_exception(self, trainer, module, exception: BaseException) -> None: ...
+
+    def on_save_checkpoint(self, trainer, module, checkpoint: dict[str, Any]) -> None:
+        """Called when a checkpoint is saved, with its plain-data item (Lightning's hook).
+
+        `checkpoint` is the JSON item saved beside the arrays (the loop position, `callbacks`
+        with every `state_dict()`, `hparams`, ...); keys added to it are saved with it and
+        handed back to `on_load_checkpoint` when a fit resumes from it. Values must be JSON
+        data (numbers, strings, lists, dicts): the arrays of the run are the train state's,
+        which Orbax saves. Callbacks are called in order, then the module's own hook.
+        """
+
+    def on_load_checkpoint(self, trainer, module, checkpoint: dict[str, Any]) -> None:
+        """Called when a fit resumes from a checkpoint (or `validate/test/predict` load one),
+        with the plain-data item `on_save_checkpoint` saw, before `load_state_dict` (Lightning's
+        order: the module's hook first, then the callbacks')."""
 
     def step_pieces(self) -> tuple:
         """Pieces this callback adds around the jitted train step (`fitjax.step.pieces.StatePiece`).

@@ -55,8 +55,8 @@ class DeviceStatsMonitor(Callback):
     `DeviceStatsMonitor.on_train_batch_end/bytes_in_use`, `.../peak_bytes_in_use`,
     `.../bytes_limit` on a GPU or TPU (JAX's names for them), and `.../cpu_rss_bytes`,
     `.../cpu_percent`, ... for the host. Stats are those of the first device this process trains on.
-    Train hooks log on the steps `log_every_n_steps` selects (at the logger's step of that train
-    row); validation and test batch ends every `log_every_n_steps` batches.
+    Train hooks (batch start and end) log on the steps `log_every_n_steps` selects (at the logger's step of that train
+    row); validation and test batch starts and ends every `log_every_n_steps` batches.
 
     Args:
         cpu_stats: None (default) logs host stats only where the device keeps no allocator stats
@@ -116,9 +116,19 @@ class DeviceStatsMonitor(Callback):
             self._log(trainer, "on_train_batch_end", max(trainer.global_step - 1, 0))
 
     @ignores_batch
+    def on_validation_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
+        if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
+            self._log(trainer, "on_validation_batch_start", trainer.global_step)
+
+    @ignores_batch
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(trainer, "on_validation_batch_end", trainer.global_step)
+
+    @ignores_batch
+    def on_test_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
+        if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
+            self._log(trainer, "on_test_batch_start", trainer.global_step)
 
     @ignores_batch
     def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:

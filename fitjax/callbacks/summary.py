@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import jax
@@ -85,6 +86,14 @@ def _rows(tree: PyTree, collection: str) -> list[SummaryRow]:
     return rows
 
 
+def _in_order(rows: list[SummaryRow], order: Sequence[tuple[str, ...]]) -> list[SummaryRow]:
+    """`rows` sorted by where their path comes in `order` (a stable sort: unknown paths last)."""
+    if not order:
+        return rows
+    place = {path: i for i, path in enumerate(order)}
+    return sorted(rows, key=lambda row: place.get((*filter(None, row.module.split("/")), row.name), len(place)))
+
+
 def _group(rows: list[SummaryRow], depth: int) -> list[SummaryRow]:
     groups: dict[tuple[str, str], list[SummaryRow]] = {}
     for row in rows:
@@ -136,7 +145,7 @@ def _state_rows(model_state: PyTree, kinds: dict[tuple[str, ...], str] | None) -
 
 
 def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = None,
-              model: Any = None) -> ModelSummary:
+              model: Any = None, order: Sequence[tuple[str, ...]] = ()) -> ModelSummary:
     """Rows and totals for a model's `params` and `model_state` (nested dicts of arrays).
 
     Args:
@@ -146,6 +155,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = No
         max_depth: sum the rows of each module at this depth of the path (None: every array).
         model: the `flax.nnx.Module` the state belongs to, so that each state row shows its
             submodule and its kind (`batch_stats`, `RngCount`, ...); ignored for Linen.
+        order: the arrays' paths in the model's own order (`LitModule.variable_order`): the rows
+            follow it (trainable arrays first); default the keys' sorted order.
 
     Example:
         >>> import jax.numpy as jnp
@@ -153,8 +164,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = No
         >>> s.trainable_count, s.trainable_bytes
         (16, 64)
     """
-    trainable = _rows(params, "params")
-    other = _state_rows(model_state, _nnx_kinds(model))
+    trainable = _in_order(_rows(params, "params"), order)
+    other = _in_order(_state_rows(model_state, _nnx_kinds(model)), order)
     rows = trainable + other
     if max_depth is not None:
         rows = _group(rows, max_depth)
@@ -248,7 +259,7 @@ class RichModelSummary(Callback):
             return
         state = trainer.state
         self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth,
-                                 model=getattr(module, "model", None))
+                                 model=getattr(module, "model", None), order=module.variable_order)
         self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})
         if not self.console.is_terminal and "width" not in self._console_kwargs:
             self.console.width = max(self.console.width, 160)  # logs have no width: don't squash the table

@@ -6,6 +6,7 @@ Kept apart from `trainer.py` so that the loop reads top to bottom without them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import warnings
@@ -15,7 +16,8 @@ import jax
 import numpy as np
 
 from fitjax._accelerator import accelerator_devices, check_devices_match
-from fitjax.callbacks import Callback, DefaultCheckpoint, ModelCheckpoint
+from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
+from fitjax.callbacks.timer import parse_duration
 from fitjax.module import LitModule
 
 
@@ -92,6 +94,24 @@ def select_devices(devices: Any, accelerator: str = "auto") -> list[jax.Device]:
     )
 
 
+def accumulation_schedule(callbacks: list[Callback], accumulate_grad_batches: int
+                          ) -> GradientAccumulationScheduler | None:
+    """The callbacks' `GradientAccumulationScheduler` (one at most), checked against the
+    Trainer's own `accumulate_grad_batches` as Lightning checks it."""
+    schedulers = [cb for cb in callbacks if isinstance(cb, GradientAccumulationScheduler)]
+    if not schedulers:
+        return None
+    if len(schedulers) > 1:
+        raise ValueError(f"Trainer(callbacks=...) holds {len(schedulers)} GradientAccumulationSchedulers; "
+                         "pass one, with every epoch's factor in its `scheduling`.")
+    if accumulate_grad_batches != 1:
+        raise ValueError(
+            "You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
+            f"callback (Trainer(accumulate_grad_batches={accumulate_grad_batches!r})). Either remove "
+            "`accumulate_grad_batches` from the Trainer or remove the callback.")
+    return schedulers[0]
+
+
 def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callback]:
     """Adds the default `ModelCheckpoint` when enabled, and puts checkpoint callbacks last so
     that the states they save include every other callback's update of the same hook."""
@@ -112,16 +132,35 @@ def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callbac
     return [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)] + checkpoints
 
 
-def check_module(module: Any) -> None:
+def check_module(module: Any, method: str = "fit") -> None:
     if not isinstance(module, LitModule):
         raise TypeError(
-            f"expected a fitjax.LitModule, got {type(module).__name__}: {module!r}. Subclass "
-            "`fj.LitModule` and define `loss` and `configure_optimizer`."
+            f"Trainer.{method}(module=...) expected a fitjax.LitModule, got {type(module).__name__}: "
+            f"{module!r}. Subclass `fj.LitModule` and define `loss` and `configure_optimizer`."
         )
     if "training" not in vars(module):
         raise RuntimeError(
             f"{type(module).__name__}.__init__ did not call `super().__init__()`; add it as the first line."
         )
+
+
+_DATAMODULE_METHODS = ("prepare_data", "setup")
+
+
+def check_datamodule(method: str, value: Any) -> None:
+    """`datamodule=` of a stage method: a `fj.DataModule`, or an object with its methods."""
+    if not all(callable(getattr(value, name, None)) for name in _DATAMODULE_METHODS):
+        raise TypeError(f"Trainer.{method}(datamodule=...) takes a fj.DataModule (prepare_data, setup and the "
+                        f"stage's *_dataloader methods), got {type(value).__name__}: {value!r}; pass "
+                        f"loaders as the data argument instead.")
+
+
+def checkpoint_path(method: str, value: Any) -> str:
+    """A checkpoint folder path given to `method`: a str or an `os.PathLike`."""
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"Trainer.{method}(filepath=...) takes a checkpoint folder path (a str or os.PathLike; "
+                        f"a gs:// or s3:// URL works too), got {type(value).__name__}: {value!r}")
+    return os.fspath(value)
 
 
 def limit_or_unlimited(name: str, value: Any, *, unlimited: bool = True) -> int | None:
@@ -223,14 +262,23 @@ def _unwritable(path: str) -> str | None:
     return None
 
 
-def val_check_interval(value: Any, check_val_every_n_epoch: int | None) -> int | float | None:
+def val_check_interval(value: Any, check_val_every_n_epoch: int | None
+                       ) -> int | float | datetime.timedelta | None:
+    """The checked `val_check_interval`: an int, a float, None, or (Lightning 2.6's time-based
+    form: "DD:HH:MM:SS", a `timedelta` or a dict of its arguments) a positive `timedelta`."""
+    if isinstance(value, (str, dict, datetime.timedelta)):
+        interval = parse_duration(value, where="Trainer(val_check_interval=...)")
+        if interval.total_seconds() <= 0:
+            raise ValueError(f"Trainer(val_check_interval={value!r}) must be a positive duration.")
+        return interval
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, (int, float))
         or value <= 0 or (isinstance(value, float) and value > 1)
     ):
         raise ValueError(
-            "Trainer(val_check_interval=...) takes an int number of train batches or a float "
-            f"fraction of an epoch in (0, 1], got {value!r}"
+            "Trainer(val_check_interval=...) takes an int number of train batches, a float "
+            "fraction of an epoch in (0, 1] or a duration ('DD:HH:MM:SS', a datetime.timedelta or a "
+            f"dict such as {{'minutes': 30}}), got {value!r}"
         )
     if check_val_every_n_epoch is None and isinstance(value, float):
         raise ValueError(
@@ -256,6 +304,8 @@ def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> 
     """Validate every this many train batches; None: at the end of each epoch (data without a
     length, default interval). Lightning's `FitLoop.setup_data` rules and errors."""
     interval, per_epoch = trainer.val_check_interval, trainer.check_val_every_n_epoch is not None
+    if isinstance(interval, datetime.timedelta):  # time-based: the loop's clock decides (`_val_due`)
+        return None
     if isinstance(interval, int):
         if validating and per_epoch and num_batches is not None and interval > num_batches:
             raise ValueError(
@@ -301,7 +351,7 @@ class BuiltFrom:
         if paths != self.paths:
             problem = f"its leaves are {list(paths)}, those of {self.source} {list(self.paths)}"
         else:
-            problem = next((f"`batch{path}` has shape {np.shape(x)}, in {self.source} {shape}"
+            problem = next((f"`batch{path}` has shape {_one_batch(np.shape(x), shape)}, in {self.source} {shape}"
                             for path, (_, x), shape in zip(paths, leaves, self.shapes)
                             if not _same_example(np.shape(x), shape)), None)
         if problem is None:
@@ -318,3 +368,12 @@ def _same_example(shape: tuple[int, ...], built: tuple[int, ...]) -> bool:
     """Whether a leaf's shape ends with `built`'s per-example dimensions."""
     tail = built[1:]
     return len(shape) >= len(built) and tuple(shape[len(shape) - len(tail):]) == tail
+
+
+def _one_batch(shape: tuple[int, ...], built: tuple[int, ...]) -> str:
+    """`shape` as one batch's: micro-batches or steps stacked in front (accumulation, several
+    steps per call) are said apart, so the shape compares with `built`'s."""
+    extra = len(shape) - len(built)
+    if extra <= 0:
+        return str(shape)
+    return f"{shape[extra:]} (stacked as {shape})"

@@ -15,6 +15,7 @@ nothing is replayed, skipped or run twice.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ import numpy as np
 
 from fitjax import _accelerator, checkpoint
 from fitjax import _checkpoint_writer
+from fitjax.loop import _checks as checks
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
 
@@ -86,6 +88,7 @@ class Checkpoints:
         reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
         `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
         """
+        filepath = checks.checkpoint_path("save_checkpoint", filepath)
         if weights_only:
             raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
                              "checkpoint holds the whole train state; load weights only with "
@@ -135,7 +138,7 @@ def fit_meta(trainer, module) -> dict[str, Any]:
         loader_state = trainer._positions.state_after(done)
         epoch_acc = {k: np.asarray(v, np.float64).tolist() for k, v in trainer._epoch_acc.items()}
     hparams, not_saved = checkpoint.jsonable(dict(module.hparams))
-    return {
+    meta = {
         "format": 2,
         "global_step": progress.global_step,
         "epoch": epoch,  # where the run resumes: this epoch, after `batches_done` batches
@@ -153,6 +156,36 @@ def fit_meta(trainer, module) -> dict[str, Any]:
         # what validation used (an EMA's average): what evaluating or loading this checkpoint uses
         "eval_params": pieces_lib.eval_params_key(trainer.step_options.pieces),
     }
+    # Lightning's order: the callbacks' hooks, then the module's; what they add is saved with it
+    for cb in trainer._hooks.overriding("on_save_checkpoint"):
+        cb.on_save_checkpoint(trainer, module, meta)
+    module.on_save_checkpoint(meta)
+    _check_plain(meta, module)
+    return meta
+
+
+def _check_plain(meta: dict[str, Any], module) -> None:
+    """Raises naming the keys whose values are not JSON data (an `on_save_checkpoint` hook's)."""
+    bad = []
+    for key, value in meta.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            bad.append(key)
+    if bad:
+        raise TypeError(
+            f"a checkpoint's plain-data item holds values that are not JSON data under {bad} "
+            f"(added by an on_save_checkpoint hook of {type(module).__name__} or a callback?): store "
+            "numbers, strings, lists and dicts there (`array.tolist()` for a small array); arrays "
+            "that belong to the run go in the train state.")
+
+
+def call_load_hooks(trainer, module, meta: dict[str, Any]) -> None:
+    """The `on_load_checkpoint` hooks with a checkpoint's plain-data item: the module's, then
+    the callbacks' (Lightning's order)."""
+    module.on_load_checkpoint(meta)
+    for cb in trainer._hooks.overriding("on_load_checkpoint"):
+        cb.on_load_checkpoint(trainer, module, meta)
 
 
 def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
@@ -170,6 +203,7 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     progress.epoch = int(meta["epoch"])
     trainer._resume_at = start = int(meta["batches_done"])
     trainer._epoch_acc = {k: np.asarray(v, np.float64) for k, v in meta["epoch_acc"].items()}
+    call_load_hooks(trainer, module, meta)
     states = meta["callbacks"]
     for cb in trainer.callbacks:
         if cb.state_key in states:

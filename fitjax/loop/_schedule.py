@@ -8,6 +8,9 @@ scheduling: these are asked by the loop only (callbacks ask `trainer.progress.cr
 
 from __future__ import annotations
 
+import datetime
+import time
+
 import jax
 
 __all__ = ["Schedule"]
@@ -43,7 +46,7 @@ class Schedule:
         n = self.check_val_every_n_epoch
         return self._validation_enabled(val_loader) and (n is None or (self.current_epoch + 1) % n == 0)
 
-    def _val_due(self, val_loader, *, stop: bool) -> bool:
+    def _val_due(self, val_loader, *, stop: bool, synced: bool = True) -> bool:
         """Lightning's `_should_check_val_fx`, after each call of the train step: every
         `val_check_interval` batches (counted in the epoch, or over the run when
         check_val_every_n_epoch is None; a float: that fraction of the epoch's batches, rounded
@@ -52,8 +55,23 @@ class Schedule:
             return False
         if stop and self._can_stop_early():
             return True
+        if isinstance(self.val_check_interval, datetime.timedelta):
+            return self._val_time_due(synced)
         across = self.check_val_every_n_epoch is None
         return self._val_every is not None and self.progress.crossed_batches(self._val_every, across_epochs=across)
+
+    def _val_time_due(self, synced: bool) -> bool:
+        """Lightning 2.6's time-based `val_check_interval`: validate after the first call of the
+        train step that ends `val_check_interval` or more after the last validation ended (or
+        training started). A host clock read per call, no device sync; with several processes
+        their clocks are agreed on at the sync points (log steps) only."""
+        due = time.monotonic() - self._last_val_time >= self.val_check_interval.total_seconds()
+        if jax.process_count() == 1:
+            return due
+        return synced and self.agree(due)
+
+    def _time_based_validation(self) -> bool:
+        return isinstance(self.val_check_interval, datetime.timedelta)
 
     def _agree_on_preemption(self) -> str | None:
         """Why every process stops now (SIGTERM, the requeue signal), or None: a signal reaches

@@ -19,6 +19,7 @@ from fitjax import step as step_lib
 from fitjax._typing import Batch
 from fitjax.data import as_loader, batch_size_of
 from fitjax.data._adapters import unshuffled
+from fitjax.data import _device_blocks
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -44,9 +45,11 @@ class TrainData:
         """fit's train and validation loaders: the data passed, else the datamodule's, else the
         module's own `train_dataloader()` / `val_dataloader()` (Lightning's order); the module's
         `prepare_data()` and `setup("fit")` run before its loaders are asked for."""
+        from_hooks = (train_data is None, val_data is None)
         if datamodule is not None:
             if train_data is not None or val_data is not None:
                 raise ValueError("Trainer.fit: pass either train_data/val_data or datamodule=, not both.")
+            checks.check_datamodule("fit", datamodule)
             datamodule.prepare_data()
             datamodule.setup("fit")
             train_data = datamodule.train_dataloader()
@@ -65,12 +68,64 @@ class TrainData:
                 "Trainer.fit needs train_data (e.g. `fj.DataLoader(arrays, batch_size=64, shuffle=True)`), "
                 f"datamodule=, or a `train_dataloader()` method on {type(module).__name__}."
             )
+        # where `reload_dataloaders_every_n_epochs` asks again: the hooks the loaders came from
+        source = datamodule if datamodule is not None else module
+        self._loader_hooks = {
+            "train": getattr(source, "train_dataloader", None) if from_hooks[0] else None,
+            "val": getattr(source, "val_dataloader", None) if from_hooks[1] and val_data is not None else None,
+        }
+        return self._as_fit_loaders(train_data, val_data)
+
+    def _as_fit_loaders(self, train_data, val_data):
         if self.overfit_batches:  # the same first batches every epoch: drawn in order
             train_data = _in_order(train_data, "train")
             val_data = None if val_data is None else _in_order(val_data, "val")
         train = as_loader(train_data, name="train_data")
         val = as_loader(val_data, name="val_data") if val_data is not None else None
         return train, val
+
+    def _reload_due(self, loaded_at: int) -> bool:
+        n = self.reload_dataloaders_every_n_epochs
+        return bool(n) and self.current_epoch - loaded_at >= n and any(self._loader_hooks.values())
+
+    def _reload_loaders(self, train_loader, val_loader):
+        """The loaders asked for again from the hooks they came from (Lightning's
+        `reload_dataloaders_every_n_epochs`), with the epoch's batch count and device feed."""
+        hooks = self._loader_hooks
+        train_data = hooks["train"]() if hooks["train"] else train_loader
+        val_data = hooks["val"]() if hooks["val"] else val_loader
+        train, val = self._as_fit_loaders(train_data, val_data)
+        self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train))
+        self._val_every = checks.val_check_batches(self, self.num_training_batches,
+                                                   validating=self._validation_enabled(val))
+        if self._feed is not None or train is not train_loader:
+            self._feed = _device_blocks.feed_for(train, self.strategy, options=self.step_options,
+                                                 params=self.state.params)
+            # another schedule count's kept feed held the old data: those counts read from the host
+            self._accumulation_steps = {k: (steps, None) for k, (steps, _) in self._accumulation_steps.items()}
+        return train, val
+
+    def _set_epoch_accumulation(self, train_loader) -> None:
+        """With an accumulation schedule: the step options, train steps and device feed of the
+        current epoch's count (`train_loader` None: before the steps are built). Each count's
+        steps are made once per fit and kept, so every count compiles once."""
+        if self._accumulation is None:
+            return
+        k = self._accumulation.get_accumulate_grad_batches(self.current_epoch)
+        if k == self.step_options.accumulate_grad_batches:
+            return
+        options = dataclasses.replace(self.step_options, accumulate_grad_batches=k)
+        self.step_options = options
+        if train_loader is None:
+            return
+        kept = self._accumulation_steps  # count -> (train steps, device feed), made once each
+        kept.setdefault(self._compiled.options.accumulate_grad_batches, (self._compiled.train_steps(), self._feed))
+        if k not in kept:
+            feed = self._feed and _device_blocks.feed_for(train_loader, self.strategy, options=options,
+                                                          params=self.state.params)  # blocks of whole k-calls
+            kept[k] = (self._compiled.train_steps_for(options), feed)
+        steps, self._feed = kept[k]
+        self._compiled = self._compiled.with_options(options, steps)
 
     def _first_batch(self, train_loader) -> tuple[Batch, Iterator[Batch]]:
         """The first train batch (fit builds the state and programs from it) and the rest of the

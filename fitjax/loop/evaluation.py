@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import time
 import warnings
 from typing import Any, Iterator
 
@@ -114,9 +115,12 @@ class EvalStages:
         try:
             params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
             self._hooks.call("on_predict_start", self, module)
+            wants_batch_start = self._hooks.wants("on_predict_batch_start")
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
             for batch_idx, (padded, size, batch) in enumerate(self._eval_batches(loader, "predict")):
+                if wants_batch_start:
+                    self._hooks.call("on_predict_batch_start", self, module, batch, batch_idx)
                 try:
                     out = self._compiled.predict_step(params, model_state, rng, padded)
                 except Exception as err:
@@ -151,6 +155,7 @@ class EvalStages:
         self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
         self._log(results, aliases=aliases)
         self._progress.last_validated = self._progress.position
+        self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
@@ -189,9 +194,11 @@ class EvalStages:
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
+            meta = checkpoint.read_meta(ckpt_path)
+            _resume.call_load_hooks(self, module, meta)
             if self.is_global_zero:
                 _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
-                                      f"{_resume.stood_at(checkpoint.read_meta(ckpt_path))}")
+                                      f"{_resume.stood_at(meta)}")
         elif module.variables is None and isinstance(module._find_model(), nn.Module):
             warnings.warn(f"Trainer.{_METHOD[stage]}: {type(module).__name__} was never fitted nor loaded; "
                           "its weights are freshly initialised. Fit it first, pass ckpt_path=..., or "
@@ -211,9 +218,12 @@ class EvalStages:
         eval_step, names = self._compiled.evaluator(stage)
         acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
-        wants_batch_end = self._hooks.wants(hook)
+        start_hook = hook.replace("_end", "_start")
+        wants_batch_end, wants_batch_start = self._hooks.wants(hook), self._hooks.wants(start_hook)
         batches = self._eval_batches(loader, stage, with_mask=True, limit=limit)
         for batch_idx, (padded, mask, batch) in enumerate(batches):
+            if wants_batch_start:
+                self._hooks.call(start_hook, self, module, batch, batch_idx)
             try:
                 acc, outputs = eval_step(params, model_state, rng, acc, padded, mask)
             except Exception as err:
@@ -263,7 +273,7 @@ class EvalStages:
         if _arguments.is_datamodule(data) and datamodule is None:
             datamodule, data = data, None
         module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
-        checks.check_module(module)
+        checks.check_module(module, method)
         self._lightning_module = module
         return module, data, datamodule, ckpt_path
 
@@ -271,6 +281,7 @@ class EvalStages:
         """The stage's data: passed, else the datamodule's, else the module's own loader; the
         module's `prepare_data()` and `setup(stage)` run first (Lightning's order)."""
         if datamodule is not None:
+            checks.check_datamodule(method, datamodule)
             datamodule.prepare_data()
             datamodule.setup({"val": "validate"}.get(stage, stage))
             data = getattr(datamodule, f"{stage}_dataloader")()

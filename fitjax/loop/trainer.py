@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import math
 import os
+import time
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -92,7 +93,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             the progress bar a step or two later; reading `callback_metrics` waits for them.
         val_check_interval: validate every this many train batches (int) or fraction of an epoch
             (float, rounded down to batches: an epoch may end without one); default once per
-            epoch, at its end. Lightning's rules and errors (see docs/porting.md).
+            epoch, at its end. Lightning's rules and errors (see docs/porting.md). Or a duration
+            ("DD:HH:MM:SS", a `datetime.timedelta` or a dict of its arguments, Lightning 2.6):
+            validate after the first train step that ends that long after the last validation
+            ended (or training started), and not at epoch ends.
         check_val_every_n_epoch: validate in every n-th epoch; None: an int `val_check_interval`
             counts batches over the whole run.
         limit_train_batches: train batches per epoch: an int number or a float fraction.
@@ -104,6 +108,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
             to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
             place of `limit_train_batches` and `limit_val_batches`). 0: off.
+        reload_dataloaders_every_n_epochs: ask the datamodule's (or the module's)
+            `train_dataloader()` and `val_dataloader()` again every n epochs, at the start of the
+            epoch (Lightning's); loaders passed to `fit` directly are kept. 0: never.
         num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
             validation that fails does so before the first epoch; nothing is logged.
         fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
@@ -170,6 +177,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
         overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
         num_sanity_val_steps: int = 2,
         fast_dev_run: bool | int = False,
         enable_progress_bar: bool = True,
@@ -211,6 +219,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
             logger = False
         self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
+        self.reload_dataloaders_every_n_epochs = checks.limit_or_unlimited(
+            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, unlimited=False)
         if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
             self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
         self.seed = checks.seed(seed)
@@ -245,6 +255,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
+        self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -264,9 +276,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
+        self._last_val_time = 0.0  # when fit's last validation ended (time.monotonic)
+        self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
         self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
@@ -328,6 +343,12 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def sanity_checking(self) -> bool:
         """True while fit's sanity check runs its validation batches (Lightning's flag)."""
         return self._stage.sanity_checking
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step now (Lightning's; a `GradientAccumulationScheduler` changes
+        it at the epochs it names)."""
+        return self.step_options.accumulate_grad_batches
 
     @property
     def global_step(self) -> int:
@@ -476,6 +497,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
+            self._accumulation_steps = {}  # and the copies an accumulation schedule kept
             self._windows.clear()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
@@ -488,6 +510,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
         first, epoch_iter = self._first_batch(train_loader)
+        self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
+        self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         with self.profiler.profile("[build] state and programs"):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
@@ -509,8 +533,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loader)
         if not self._skip_training():
+            self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
+            loaded_at = self.current_epoch  # when the loaders were last asked for
             while not self._done_training():
+                if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
+                    train_loader, val_loader = self._reload_loaders(train_loader, val_loader)
+                    loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(module, train_loader, val_loader, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             self._end_pieces(module, train_loader)
@@ -526,6 +555,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if not offset:
             self._epoch_acc = {}
         self._progress.start_epoch(offset)
+        self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             self.state = self._pieces.epoch_start(self.state, self.current_epoch)
         self._call("on_train_epoch_start", module)
@@ -567,13 +597,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
                 raise _preemption.stopped(self, reason)
             stop = self._agree_on_stop(synced=synced)
-            if self._val_due(val_loader, stop=stop):
+            if self._val_due(val_loader, stop=stop, synced=synced):
                 self._validate_during_fit(module, val_loader)
                 stop = self._agree_on_stop(synced=True)
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
-        if ran_out and self._val_every is None and self._val_epoch_due(val_loader):
+        if ran_out and self._val_every is None and self._val_epoch_due(val_loader) and not self._time_based_validation():
             self._validate_during_fit(module, val_loader)  # data without a length: at its end
         self._end_train_epoch(module)
 

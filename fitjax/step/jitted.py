@@ -52,12 +52,28 @@ class Compiled:
     #: (`train_step_cost`); compiles a program when called
     train_step_cost: Callable[[], dict[str, float]] | None = None
     options: StepOptions = StepOptions()
+    #: `options -> {train_step, train_tail_step, block_step, shard_inputs, reset_metrics}` jitted
+    #: for other options (another `accumulate_grad_batches`) on the same state and shardings
+    train_steps_for: Callable[[StepOptions], dict[str, Any]] | None = None
+
+    def with_options(self, options: StepOptions, steps: dict[str, Any] | None = None) -> "Compiled":
+        """These programs with the train steps for `options` (`steps`: made before by
+        `train_steps_for(options)`, reused so that nothing compiles again)."""
+        steps = steps if steps is not None else self.train_steps_for(options)
+        return dataclasses.replace(self, options=options, **steps)
+
+    def train_steps(self) -> dict[str, Any]:
+        """The train step functions, as `train_steps_for` returns them."""
+        return {name: getattr(self, name) for name in _TRAIN_STEPS}
 
     def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """The eval step and its value names for "val" or "test"."""
         if stage == "test" and self.test_step is not None:
             return self.test_step, self.test_metric_names
         return self.eval_step, self.eval_metric_names
+
+
+_TRAIN_STEPS = ("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics", "train_step_cost")
 
 
 def block_sharding(strategy: Strategy) -> NamedSharding:
@@ -131,13 +147,16 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
         given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
-    steps = dict.fromkeys(("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics"))
+    steps = dict.fromkeys(_TRAIN_STEPS)
     if train_stage:
-        steps = _train_steps(module, binding, tx, options, train_names, strategy, shardings, manual=manual)
-        make = steps.pop("make")
-        steps["train_step_cost"] = lambda: train_step_cost(
-            make(single=False, unrolled=True), strategy, shardings, options, abstract_state,
-            abstract_batch)
+        def train_steps_for(other: StepOptions) -> dict[str, Any]:
+            made = _train_steps(module, binding, tx, other, train_names, strategy, shardings, manual=manual)
+            make = made.pop("make")
+            made["train_step_cost"] = lambda: train_step_cost(
+                make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
+            return made
+
+        steps = {**train_steps_for(options), "train_steps_for": train_steps_for}
     evaluators = {}
     for stage_name in ("val", "test"):
         evaluators[stage_name] = strategy.jit(

@@ -9,6 +9,7 @@ kind of model it holds.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -24,6 +25,8 @@ _TRANSIENT_COLLECTIONS = ("intermediates",)
 class ModelBinding(abc.ABC):
     """Initialises a model and calls `fn(bound_model, *args)` on given params and state."""
 
+    #: The arrays' paths (collection left out) in the model's own order; known after `init`.
+    order: tuple[tuple[str, ...], ...] = ()
     #: Flax sharding annotations, `{("params", *path): names per dimension}`; known after `init`.
     annotations: dict[tuple[str, ...], tuple] = {}
 
@@ -56,6 +59,8 @@ class LinenBinding(ModelBinding):
         params_rng, rng = jax.random.split(rng)
         variables = nn.init(fn, self.model)({"params": params_rng, **self._rngs(rng)}, *args)
         # Static metadata, recorded while tracing; the strategy reads it, the arrays go unboxed.
+        # The variables' order is the order the layers created them (jit's output sorts the keys).
+        self.order = tuple(dict.fromkeys(path[1:] for path in _paths_in_order(variables)))
         self.annotations, variables = _unbox_linen(variables)
         params = variables.pop("params", {})
         state = {k: v for k, v in variables.items() if k not in _TRANSIENT_COLLECTIONS}
@@ -81,6 +86,7 @@ class NNXBinding(ModelBinding):
     def __init__(self, model: nnx.Module):
         self.model = model
         self.graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self.order = tuple(_nnx_paths_in_order(model))  # NNX's states sort the attributes
         self.annotations = {**_nnx_annotations("params", params), **_nnx_annotations("model_state", rest)}
         self._initial = (nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
 
@@ -106,6 +112,29 @@ class NNXBinding(ModelBinding):
         nnx.replace_by_pure_dict(param_state, params)
         nnx.replace_by_pure_dict(rest_state, model_state)
         nnx.update(self.model, param_state, rest_state)
+
+
+def _paths_in_order(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The key paths of a nested dict's leaves, in the dicts' own order."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _paths_in_order(value, (*path, str(key)))
+        else:
+            yield (*path, str(key))
+
+
+def _nnx_paths_in_order(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """An NNX model's variables' paths in the order its attributes were set."""
+    if isinstance(node, nnx.Variable):
+        yield path
+    elif isinstance(node, (nnx.Module, Mapping)):
+        items = vars(node).items() if isinstance(node, nnx.Module) else node.items()
+        for key, value in items:
+            if not str(key).startswith("_"):
+                yield from _nnx_paths_in_order(value, (*path, str(key)))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _nnx_paths_in_order(value, (*path, str(i)))
 
 
 def _unbox_linen(variables) -> tuple[dict[tuple[str, ...], tuple], dict]:

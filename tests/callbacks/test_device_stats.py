@@ -37,7 +37,8 @@ def test_a_fit_logs_the_stats_to_csv_and_tensorboard_at_log_steps(tmp_path):
     _fit(tmp_path, [fj.DeviceStatsMonitor()])
     with (tmp_path / "csv" / "version_0" / "metrics.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    for hook in ("on_train_batch_start", "on_train_batch_end", "on_validation_batch_end"):
+    for hook in ("on_train_batch_start", "on_train_batch_end", "on_validation_batch_start",
+                 "on_validation_batch_end"):
         logged = [r for r in rows if r.get(f"DeviceStatsMonitor.{hook}/cpu_rss_bytes")]
         assert logged, hook
         for row in logged:

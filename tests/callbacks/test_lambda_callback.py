@@ -7,6 +7,7 @@ hook, a fit interrupted by an exception, then validate, test and predict; every 
 from __future__ import annotations
 
 import doctest
+import tempfile
 from functools import partial
 
 import pytest
@@ -41,11 +42,14 @@ for _hook in _base.HOOKS:
 def _run(*callbacks):
     data = fj.DataLoader(regression_data(n=32), batch_size=16)
     module = FailsInSecondEpoch()
-    quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=2, callbacks=list(callbacks)).fit(module, data, data)
-    trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=2, callbacks=list(callbacks))
-    with pytest.raises(Boom):  # the second epoch raises: on_exception
-        trainer.fit(module, data, data)
-    trainer.validate(module, data)
+    with tempfile.TemporaryDirectory() as folder:  # a checkpoint: on_save_checkpoint, then on_load_checkpoint
+        saving = fj.ModelCheckpoint(folder, save_last=True, save_top_k=0)
+        quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=2, enable_checkpointing=True,
+                      callbacks=[*callbacks, saving]).fit(module, data, data)
+        trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=2, callbacks=list(callbacks))
+        with pytest.raises(Boom):  # the second epoch raises: on_exception
+            trainer.fit(module, data, data)
+        trainer.validate(module, data, ckpt_path=saving.last_model_path)
     trainer.test(module, data)
     trainer.predict(module, data)
 

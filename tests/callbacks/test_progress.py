@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 import rich.live
+import flax.linen as linen
 from flax import nnx
 from helpers import Regressor, quiet_trainer, regression_data
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -136,6 +137,38 @@ def test_model_summary_at_fit_start_for_linen_and_nnx():
         assert summary.summary.other_count > 0  # BatchNorm statistics (and NNX rng counters)
         assert all(name in text for name in names) and "Trainable params" in text
         assert "replicated" in text  # dp over 8 devices: the sharding column is shown
+
+
+class _Unsorted(linen.Module):
+    @linen.compact
+    def __call__(self, x, train: bool = False):
+        x = linen.Dense(4, name="zeta")(x)
+        x = linen.BatchNorm(use_running_average=not train, name="norm")(x)
+        return linen.Dense(1, name="alpha")(x)
+
+
+class _UnsortedNNX(nnx.Module):
+    def __init__(self):
+        self.zeta = nnx.Linear(8, 4, rngs=nnx.Rngs(0))
+        self.norm = nnx.BatchNorm(4, rngs=nnx.Rngs(0))
+        self.alpha = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+
+    def __call__(self, x, train: bool = False):
+        return self.alpha(self.norm(self.zeta(x)))
+
+
+@pytest.mark.parametrize("net", [_Unsorted, _UnsortedNNX], ids=["linen", "nnx"])
+def test_the_summary_lists_layers_in_the_models_order_not_alphabetically(net):
+    module = Regressor()
+    module.model = net()
+    summary = fj.RichModelSummary(file=io.StringIO())
+    quiet_trainer(max_steps=1, strategy="single", callbacks=[summary], enable_model_summary=True).fit(
+        module, fj.DataLoader(regression_data(n=32), batch_size=16))
+    params = [(r.module, r.name) for r in summary.summary.rows if r.collection == "params"]
+    assert params == [("zeta", "kernel"), ("zeta", "bias"), ("norm", "scale"), ("norm", "bias"),
+                      ("alpha", "kernel"), ("alpha", "bias")]
+    stats = [(r.module, r.name) for r in summary.summary.rows if r.collection == "batch_stats"]
+    assert stats == [("norm", "mean"), ("norm", "var")]
 
 
 def test_summary_shows_how_sharded_arrays_are_split():
