@@ -10,6 +10,7 @@ from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
+from fitjax.callbacks.spike import SpikeDetection, TrainingSpikeException
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
 from fitjax.callbacks.throughput import ThroughputMonitor
@@ -30,9 +31,11 @@ __all__ = [
     "ModelSummary",
     "RichModelSummary",
     "RichProgressBar",
+    "SpikeDetection",
     "StochasticWeightAveraging",
     "ThroughputMonitor",
     "Timer",
+    "TrainingSpikeException",
     "Watchdog",
     "summarize",
     "with_defaults",
