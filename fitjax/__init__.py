@@ -20,9 +20,11 @@ from fitjax.callbacks import (
     ModelCheckpoint,
     RichModelSummary,
     RichProgressBar,
+    SpikeDetection,
     StochasticWeightAveraging,
     ThroughputMonitor,
     Timer,
+    TQDMProgressBar,
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -31,6 +33,7 @@ from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
 from fitjax.tuner import Tuner
+from fitjax._seed import seed_everything
 
 __version__ = "0.1.0"
 
@@ -52,7 +55,9 @@ __all__ = [
     "Precision",
     "RichModelSummary",
     "RichProgressBar",
+    "SpikeDetection",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "TensorBoardLogger",
     "ThroughputMonitor",
     "Timer",
@@ -67,6 +72,7 @@ __all__ = [
     "plugins",
     "precision",
     "profilers",
+    "seed_everything",
     "strategies",
     "tuner",
 ]

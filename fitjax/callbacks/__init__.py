@@ -10,10 +10,12 @@ from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
+from fitjax.callbacks.spike import SpikeDetection, TrainingSpikeException
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
 from fitjax.callbacks.throughput import ThroughputMonitor
 from fitjax.callbacks.timer import Timer
+from fitjax.callbacks.tqdm_progress import TQDMProgressBar
 from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
@@ -30,9 +32,12 @@ __all__ = [
     "ModelSummary",
     "RichModelSummary",
     "RichProgressBar",
+    "SpikeDetection",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
+    "TrainingSpikeException",
     "Watchdog",
     "summarize",
     "with_defaults",

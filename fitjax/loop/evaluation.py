@@ -79,6 +79,10 @@ class EvalStages:
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
+
+    def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
         loaders = self._stage_loaders(module, data, datamodule, stage=stage, method=name)
         _lightning.check_dataloader_idx(module, stage, several=len(loaders) > 1)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
@@ -118,6 +122,13 @@ class EvalStages:
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            host = self._predict(module, data, datamodule, ckpt_path)
+        if not host or return_predictions is False:
+            return None
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    def _predict(self, module, data, datamodule, ckpt_path) -> list:
         loader = self._stage_loaders(module, data, datamodule, stage="predict", method="predict", several=False)[0]
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         before, self._stage = self._stage, Stage("predict")
@@ -146,9 +157,7 @@ class EvalStages:
         finally:
             self._hooks.call("teardown", self, module, "predict")
             self._stage = before
-        if not host or return_predictions is False:
-            return None
-        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+        return host
 
     def _validate_during_fit(self, module: LitModule, val_loaders) -> None:
         self._finish_train_window()  # callbacks of validation see every train value up to now
@@ -156,6 +165,10 @@ class EvalStages:
             self._validate_in_fit(module, val_loaders)
 
     def _validate_in_fit(self, module: LitModule, val_loaders) -> None:
+        with module._mode(False):  # Lightning's eval mode during validation, train mode after it
+            self._validation_run(module, val_loaders)
+
+    def _validation_run(self, module: LitModule, val_loaders) -> None:
         self._count_val_batches(val_loaders)
         self._call("on_validation_start", module)
         self._call("on_validation_epoch_start", module)
@@ -177,7 +190,9 @@ class EvalStages:
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
+        mode = module._mode(False)  # Lightning's eval mode
         try:
+            mode.__enter__()
             self._call("on_sanity_check_start", module)
             self._count_val_batches(val_loaders, limit=limit)
             self._call("on_validation_start", module, log=False)
@@ -187,6 +202,7 @@ class EvalStages:
             self._call("on_validation_epoch_end", module, log=False)
             self._call("on_validation_end", module, log=False)
         finally:
+            mode.__exit__(None, None, None)
             self._stage = before
         self._call("on_sanity_check_end", module)
 
@@ -297,6 +313,7 @@ class EvalStages:
         module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
         checks.check_module(module, method)
         self._lightning_module = module
+        module.trainer = self
         return module, data, datamodule, ckpt_path
 
     def _stage_loaders(self, module, data, datamodule, *, stage: str, method: str, several: bool = True) -> list:

@@ -18,6 +18,9 @@ Beyond the per-step `update`, a piece may (each optional, each costing nothing w
   compiled once (the epoch is an array), with the state's shardings;
 - `learning_rate(extra)`: impose the learning rate of each update (a traced scalar, NaN: the
   optimizer's own; see `fitjax.step.learning_rate`);
+- `guard(extra, loss, step)`: judge each optimizer step's loss before its update is kept: it
+  returns the piece's new state and whether to keep the update (a traced bool); a step not kept
+  leaves the parameters, optimizer state and model state as they were (`SpikeGuard`);
 - `ends_training(epochs_done)` / `final_params(extra, params)`: replace the parameters when
   training ends, and with `recompute_model_state` have the loop recompute the model state
   (BatchNorm statistics) with one pass over the train data (`fitjax.step.running_stats`).
@@ -34,8 +37,9 @@ from fitjax._typing import PyTree
 from fitjax.state import TrainState
 from fitjax.step import learning_rate as lr_lib
 
-__all__ = ["ExponentialMovingAverage", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
-           "eval_params", "eval_params_key", "init_extras", "learning_rate", "module_params", "update_extras"]
+__all__ = ["ExponentialMovingAverage", "SpikeGuard", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
+           "eval_params", "eval_params_key", "guard", "init_extras", "learning_rate", "module_params",
+           "update_extras"]
 
 
 class StatePiece:
@@ -80,6 +84,15 @@ class StatePiece:
         """The learning rate imposed on the next update (traced float32 scalar, NaN: the
         optimizer's own), or None when this piece never imposes one (static)."""
         return None
+
+    def guard(self, extra: PyTree, loss: jax.Array, step: jax.Array) -> tuple[PyTree, jax.Array]:
+        """`(new state, keep)`: whether optimizer step `step`'s update (its loss `loss`, a traced
+        float32 scalar) is kept (traced bool). Only called for pieces that override it."""
+        return extra, jnp.asarray(True)
+
+    @property
+    def has_guard(self) -> bool:
+        return type(self).guard is not StatePiece.guard
 
     def ends_training(self, epochs_done: int) -> bool:
         """Whether `final_params` replaces the parameters when training stops after
@@ -202,6 +215,68 @@ class StochasticAverage(StatePiece):
         return jax.tree.map(lambda a, p: jnp.where(some, a.astype(p.dtype), p), extra["average"], params)
 
 
+class SpikeGuard(StatePiece):
+    """Lightning's loss-spike rule, judged inside the step (`fj.callbacks.SpikeDetection`).
+
+    State: the last `window` accepted losses (a ring), how many were accepted, the last accepted
+    one (`last`, 0 at first), the batch index in the epoch (reset by `epoch_start`), the first
+    spike's `[batch, epoch, step]` (-1: none) and the count of skipped steps. A step's loss is
+    a spike when the batch index is at least `warmup` and either it is not finite (with
+    `finite_only`) or it is no better than `last` (mode "min": higher) and differs from the
+    running mean by at least `atol` and by at least `rtol` times it (each None: no bound).
+    A spike's loss does not join the statistics, nor does a non-finite one.
+
+    With `skip_update` a spike's update is dropped and counted; otherwise the first spike is
+    recorded and every later update is dropped too, so that the state stays the one before the
+    spike until the host reads the record (at a log step) and stops the run.
+    """
+
+    def __init__(self, name: str, *, mode: str, window: int, warmup: int, atol: float | None,
+                 rtol: float | None, finite_only: bool, skip_update: bool, batches_per_step: int):
+        self.name, self.mode, self.window, self.warmup = name, mode, int(window), int(warmup)
+        self.atol, self.rtol, self.finite_only = atol, rtol, bool(finite_only)
+        self.skip_update, self.batches_per_step = bool(skip_update), int(batches_per_step)
+
+    def init(self, params: PyTree) -> PyTree:
+        del params
+        zero = jnp.zeros((), jnp.int32)
+        return {"losses": jnp.zeros((self.window,), jnp.float32), "count": zero, "last": jnp.zeros((), jnp.float32),
+                "batch": zero, "epoch": zero, "spike": jnp.full((3,), -1, jnp.int32), "skipped": zero}
+
+    def update(self, extra: PyTree, params: PyTree, step: jax.Array) -> PyTree:
+        return extra  # judged in `guard`, before the update is kept
+
+    def epoch_start(self, extra: PyTree, params: PyTree, opt_state: PyTree, epoch: jax.Array) -> PyTree:
+        return {**extra, "batch": jnp.zeros((), jnp.int32), "epoch": epoch.astype(jnp.int32)}
+
+    def guard(self, extra: PyTree, loss: jax.Array, step: jax.Array) -> tuple[PyTree, jax.Array]:
+        loss = loss.astype(jnp.float32)
+        batch = extra["batch"] + (self.batches_per_step - 1)  # Lightning's: the step's last batch
+        filled = jnp.minimum(extra["count"], self.window)
+        running = jnp.where(filled > 0, extra["losses"].sum() / filled.astype(jnp.float32), jnp.nan)
+        finite = jnp.isfinite(loss)
+        better = loss - extra["last"] <= 0.0 if self.mode == "min" else loss - extra["last"] >= 0.0
+        off = jnp.abs(loss - running)
+        far = jnp.asarray(True)
+        if self.atol is not None:
+            far = far & (off >= abs(self.atol))
+        if self.rtol is not None:
+            far = far & (off >= jnp.abs(self.rtol * running))
+        judged = (~finite) if self.finite_only else jnp.asarray(False)
+        spike = (batch >= self.warmup) & (judged | (~better & far))
+        accept = ~spike & finite
+        slot = extra["count"] % self.window
+        losses = jnp.where(accept, extra["losses"].at[slot].set(loss), extra["losses"])
+        first = spike & (extra["spike"][0] < 0)
+        record = jnp.where(first, jnp.stack([batch, extra["epoch"], step.astype(jnp.int32)]), extra["spike"])
+        new = {**extra, "losses": losses, "count": extra["count"] + accept.astype(jnp.int32),
+               "last": jnp.where(accept, loss, extra["last"]), "batch": extra["batch"] + self.batches_per_step,
+               "spike": record, "skipped": extra["skipped"] + spike.astype(jnp.int32)}
+        halted = extra["spike"][0] >= 0
+        keep = ~spike if self.skip_update else ~(spike | halted)
+        return new, keep
+
+
 def check_pieces(pieces: Sequence[StatePiece]) -> tuple[StatePiece, ...]:
     """The pieces as a tuple; raises when two share a name or one is not a `StatePiece`."""
     seen = set()
@@ -226,6 +301,20 @@ def update_extras(pieces: Sequence[StatePiece], extras, params: PyTree, step: ja
     if not pieces:
         return extras
     return {**extras, **{piece.name: piece.update(extras[piece.name], params, step) for piece in pieces}}
+
+
+def guard(pieces: Sequence[StatePiece], extras, loss: jax.Array, step: jax.Array):
+    """`(extras, keep)` after the pieces that judge a step's loss (`StatePiece.guard`) saw it;
+    None when no piece does (static: the step is then the plain one)."""
+    guards = [piece for piece in pieces if piece.has_guard]
+    if not guards:
+        return None
+    keep = jnp.asarray(True)
+    extras = dict(extras)
+    for piece in guards:
+        extras[piece.name], kept = piece.guard(extras[piece.name], loss, step)
+        keep = keep & kept
+    return extras, keep
 
 
 def epoch_start(pieces: Sequence[StatePiece], extras, params: PyTree, opt_state: PyTree, epoch: jax.Array):

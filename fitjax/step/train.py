@@ -8,6 +8,7 @@
         updates = (clip ∘ user optimizer)(grads) # clipping is an optax transform chained first;
                                                  # at the learning rate a piece imposes (SWA), if any
         skip the update if the grads are not finite (16-mixed), adjust the scale
+        keep the state the step started from if a piece judges its loss bad (SpikeDetection)
         flag a non-finite loss, grads or params (detect_anomaly)
 
 `gradients` is the only place the user's loss is differentiated. Under manual optimization
@@ -189,7 +190,14 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             grads_bad = ~finite if state.loss_scale is None else jnp.asarray(False)  # scaling handles it
             values = {**values, ANOMALY_KEY: jnp.stack(
                 [~jnp.isfinite(values["loss"]), grads_bad, ~_all_finite(params)])}
-        extras = pieces.update_extras(options.pieces, state.extras, params, state.step)  # EMA, ...
+        extras = state.extras
+        guarded = pieces.guard(options.pieces, extras, values["loss"], state.step)  # SpikeDetection
+        if guarded is not None:  # a step judged bad keeps the state it started from
+            extras, keep = guarded
+            keep_new = lambda new, old: jax.tree.map(lambda n, o: jnp.where(keep, n, o), new, old)  # noqa: E731
+            params, opt_state = keep_new(params, state.params), keep_new(opt_state, state.opt_state)
+            model_state = keep_new(model_state, state.model_state)
+        extras = pieces.update_extras(options.pieces, extras, params, state.step)  # EMA, ...
         new_state = state.replace(step=state.step + 1, params=params, model_state=model_state,
                                   opt_state=opt_state, metrics=acc, loss_scale=ls, extras=extras)
         return new_state, values
