@@ -115,7 +115,8 @@ class EvalStages:
         try:
             params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
             self._hooks.call("on_predict_start", self, module)
-            wants_batch_start = self._hooks.wants("on_predict_batch_start")
+            wants_batch_start = (self._hooks.wants("on_predict_batch_start")
+                                 or module._overrides("on_predict_batch_start"))
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
             for batch_idx, (padded, size, batch) in enumerate(self._eval_batches(loader, "predict")):
@@ -219,7 +220,8 @@ class EvalStages:
         acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         start_hook = hook.replace("_end", "_start")
-        wants_batch_end, wants_batch_start = self._hooks.wants(hook), self._hooks.wants(start_hook)
+        wants_batch_end = self._hooks.wants(hook)
+        wants_batch_start = self._hooks.wants(start_hook) or module._overrides(start_hook)
         batches = self._eval_batches(loader, stage, with_mask=True, limit=limit)
         for batch_idx, (padded, mask, batch) in enumerate(batches):
             if wants_batch_start:
