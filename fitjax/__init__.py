@@ -24,6 +24,7 @@ from fitjax.callbacks import (
     StochasticWeightAveraging,
     ThroughputMonitor,
     Timer,
+    TQDMProgressBar,
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
@@ -32,6 +33,7 @@ from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
 from fitjax.tuner import Tuner
+from fitjax._seed import seed_everything
 
 __version__ = "0.1.0"
 
@@ -55,6 +57,7 @@ __all__ = [
     "RichProgressBar",
     "SpikeDetection",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "TensorBoardLogger",
     "ThroughputMonitor",
     "Timer",
@@ -69,6 +72,7 @@ __all__ = [
     "plugins",
     "precision",
     "profilers",
+    "seed_everything",
     "strategies",
     "tuner",
 ]

@@ -23,13 +23,15 @@ renaming them to a temporary name first (atomic), then removing the files: a kil
 a folder `cleanup()` recognises, never a half-deleted checkpoint under its real name. A state that
 is not fully addressable from this process (several processes) is handed to Orbax's
 `AsyncCheckpointer` on the caller's thread, after the queue is drained (one Orbax save at a time),
-which copies this process's shards to the host before returning.
+which copies this process's shards to the host before returning; for a store URL each process
+stages and uploads its part, and process 0 commits once all are up (`_save_shards`).
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import queue
 import shutil
@@ -64,6 +66,7 @@ class CheckpointWriter:
         self._queued: dict[str, int] = {}  # paths queued or being written -> how many times
         self._failures: list[tuple[str, BaseException, Callable[[], None] | None]] = []
         self._host: tuple[Any, Any, dict[str, str]] | None = None  # (state, host tree, key impls)
+        self._sharded_saves = 0  # multi-process saves so far: names their barriers (same on every process)
 
     # ------------------------------------------------------------------------------ saving
 
@@ -94,12 +97,8 @@ class CheckpointWriter:
             write = functools.partial(_write, path, args)
         else:
             self.wait()  # Orbax's multi-process save starts here, on this thread: alone
-            saver = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
-            saver.save(path, args=checkpoint.save_args(state, meta))  # this process's shards now on the host
-
-            def write():
-                saver.wait_until_finished()
-                saver.close()
+            write = _save_shards(path, checkpoint.save_args(state, meta), self._sharded_saves)
+            self._sharded_saves += 1
 
         doomed = [_storage.as_path(old) for old in delete if str(_storage.as_path(old)) != str(path)]
         with self._idle:
@@ -193,6 +192,73 @@ def _write(path: _storage.AnyPath, args: Any) -> None:
         _storage.upload(stage / path.name, path)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[], None]:
+    """Starts Orbax's multi-process save of `args` (this process's shards copied to the host
+    before it returns); returns what finishes it, to run on the writer's thread.
+
+    On a store URL every process stages its part in a local folder of its own, as Orbax does for
+    hosts without a shared disk (`primary_host=None`: each process creates, writes and renames
+    its own folder; zarr, one file per chunk, rather than OCDBT, whose manifests process 0 would
+    merge from every process's files), uploads it, and waits for the others at a barrier;
+    process 0 then writes `COMMIT` last. The union of the parts is the whole checkpoint (every
+    part holds the same metadata and the chunks of the shards its process writes).
+    """
+    if not _storage.is_url(path):
+        saver = ocp.AsyncCheckpointer(ocp.CompositeCheckpointHandler())
+        saver.save(path, args=args)
+
+        def finish() -> None:
+            saver.wait_until_finished()
+            saver.close()
+
+        return finish
+    _quiet_orbax_staging()
+    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    local = ocp.options.MultiprocessingOptions(primary_host=None)  # each process its own folder and rename
+    # folders made before the save returns (local mkdirs): made in the background, the
+    # checkpoint's folder and its items' folders race (each process makes both here)
+    made_now = ocp.options.AsyncOptions(create_directories_asynchronously=False)
+    handler = ocp.CompositeCheckpointHandler(
+        **{checkpoint.STATE_ITEM: ocp.StandardCheckpointHandler(use_ocdbt=False, multiprocessing_options=local),
+           checkpoint.META_ITEM: ocp.JsonCheckpointHandler(multiprocessing_options=local)},
+        composite_options=ocp.CompositeOptions(multiprocessing_options=local, async_options=made_now))
+    saver = ocp.AsyncCheckpointer(handler, async_options=made_now, multiprocessing_options=local)
+    saver.save(stage / path.name, args=args)
+
+    def finish() -> None:
+        try:
+            saver.wait_until_finished()
+            saver.close()
+            _storage.put_folder(stage / path.name, path)  # this process's chunks, and the metadata
+            # barriers of the distributed client, safe on this thread (no device collective)
+            barrier = ocp.multihost.get_barrier_sync_fn()
+            barrier(key=f"fitjax-uploaded-{number}", timeout_ms=600_000)
+            if jax.process_index() == 0:
+                _storage.commit(path)  # last: every process's part is on the store
+            # and no process counts the save done (a resume lists the store) before it is committed
+            barrier(key=f"fitjax-committed-{number}", timeout_ms=600_000)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+    return finish
+
+
+class _StagingNotes(logging.Filter):
+    """Drops the two warnings Orbax logs at every save of this layout, per process ("Global
+    object size logging disabled for `primary_host=None`", "Skipping merge of OCDBT
+    checkpoints"): they describe the choice made, not a problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return "primary_host=None" not in text and "Skipping merge of OCDBT" not in text
+
+
+def _quiet_orbax_staging() -> None:
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _StagingNotes) for f in absl.filters):
+        absl.addFilter(_StagingNotes())
 
 
 def prepare(directory: _storage.AnyPath) -> None:

@@ -34,8 +34,10 @@ __all__ = [
     "is_lightning",
     "is_manual",
     "loss",
+    "manual_optimization_error",
     "predict_fn",
     "resolve_spec",
+    "tracing",
 ]
 
 _HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -89,11 +91,28 @@ def check_log_options(owner: str, name: str, options: dict) -> None:
 
 # ----------------------------------------------------------------------- calling the user's hooks
 
+def tracing() -> bool:
+    """Whether a Lightning-style hook is being traced into a step right now."""
+    return _HOOK.get() is not None
+
+
+def manual_optimization_error(owner: str, call: str) -> TypeError:
+    """The error for Lightning's manual optimization calls, naming fitjax's form."""
+    return TypeError(
+        f"{owner}.{call}: fitjax has no optimizer objects to step by hand; the whole update is "
+        "one jitted step. With `automatic_optimization = False`, `training_step` returns "
+        "`{param group: loss}` (e.g. `{'generator': g_loss, 'discriminator': d_loss}`) and each "
+        "top-level group of the params is updated by the gradient of its own loss, with the "
+        "optimizer `configure_optimizers` gives it (`{group: tx}`); see docs/porting.md, "
+        "*Manual optimization*."
+    )
+
+
 def _model_attribute(module: Any) -> str:
-    if "model" in vars(module):
-        return "model"
-    model = module._get_binding().model
-    return next(name for name, value in vars(module).items() if value is model)
+    name = module._model_attribute_name()
+    if name is None:
+        module._find_model()  # raises, naming what it found
+    return name
 
 
 @contextlib.contextmanager

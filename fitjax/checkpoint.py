@@ -166,8 +166,14 @@ def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[P
                         and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())):
                     files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
                              if f.is_file()]  # written by the save: when it ran
-                    found.append((path, problem, max(f.stat().st_mtime for f in files or [path])))
+                    found.append((path, problem, max(_mtime(f) for f in files or [path])))
     return found
+
+
+def _mtime(path: _storage.AnyPath) -> float:
+    """When `path` was last modified (`os.stat_result.st_mtime`; a store's `epath` stat: `mtime`)."""
+    stat = path.stat()
+    return float(getattr(stat, "st_mtime", None) or getattr(stat, "mtime", 0.0) or 0.0)
 
 
 def latest_checkpoint(directories: list[str | os.PathLike]) -> Path | None:

@@ -11,7 +11,9 @@ import flax.linen as nn
 import optax
 from flax import nnx
 
-from fitjax import _lightning, _logged, _optimizers, checkpoint
+import jax
+
+from fitjax import _host_model, _lightning, _logged, _optimizers, checkpoint
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
@@ -52,6 +54,7 @@ class LitModule:
 
     def __init__(self) -> None:
         self.training: bool = False
+        self.trainer: Any = None  # the Trainer running this module (set by fit/validate/test/predict)
         self._hparams = AttributeDict()
         self._binding: ModelBinding | None = None
         self._variables: tuple[PyTree, PyTree] | None = None
@@ -92,13 +95,68 @@ class LitModule:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Lightning's `forward`: `self(x)` calls it; by default `self.model(*args, **kwargs)`.
 
-        Meant for Lightning-style hooks, where `self.model` is the bound model while they are
-        traced; outside a step a Linen model is unbound and cannot be called.
+        Inside the traced Lightning-style hooks `self.model` is the bound model. In host hooks
+        (`on_train_epoch_end`, a callback's hooks) and after fit, `self.model(...)` and `self(x)`
+        run the model with the current weights, jitted once per shape, in train or eval mode as
+        `self.training` says (see `fitjax._host_model`).
         """
         return self.model(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        if _lightning.tracing() or not self._needs_host_model():
+            return self.forward(*args, **kwargs)
+        with _host_model.installed(self, self._own_variables):  # host code outside the trainer's hooks
+            return self.forward(*args, **kwargs)
+
+    # ------------------------------------------------------- the run, as Lightning's module sees it
+
+    @property
+    def logger(self) -> Any:
+        """The trainer's first logger (Lightning's `self.logger`); None without a trainer or logger.
+        `self.logger.experiment` is the logger's own object (TensorBoard: the tensorboardX
+        `SummaryWriter`, for `add_image` and the like)."""
+        return None if self.trainer is None else self.trainer.logger
+
+    @property
+    def loggers(self) -> list:
+        """The trainer's loggers (Lightning's `self.loggers`); [] without a trainer."""
+        return [] if self.trainer is None else list(self.trainer.loggers)
+
+    @property
+    def current_epoch(self) -> int:
+        """The trainer's current epoch (0 without a trainer), for host hooks (see `global_step`)."""
+        self._host_only("current_epoch")
+        return 0 if self.trainer is None else self.trainer.current_epoch
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (0 without a trainer), for host hooks. Inside the traced
+        `training_step` it is an error: the value would be frozen when the step is traced;
+        `batch_idx` there is the global step, traced."""
+        self._host_only("global_step")
+        return 0 if self.trainer is None else self.trainer.global_step
+
+    def _host_only(self, name: str) -> None:
+        if _lightning.tracing():
+            raise TypeError(
+                f"{type(self).__name__}.{name} was read inside a traced hook, which runs once, when "
+                f"the step is compiled: the value would be frozen there. In training_step, "
+                f"`batch_idx` is the global step (a traced int32); an epoch-dependent value belongs in "
+                f"an optax schedule (a function of the step) or is computed from `batch_idx` and "
+                f"`self.trainer.num_training_batches`. Host hooks (on_train_epoch_end, ...) may read it."
+            )
+
+    def optimizers(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's manual optimization handle; fitjax's form is a dict of losses (raises)."""
+        raise _lightning.manual_optimization_error(type(self).__name__, "optimizers()")
+
+    def lr_schedulers(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's scheduler handles; schedules are optax functions of the step (raises)."""
+        raise _lightning.manual_optimization_error(type(self).__name__, "lr_schedulers()")
+
+    def manual_backward(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's manual backward; fitjax differentiates the returned losses (raises)."""
+        raise _lightning.manual_optimization_error(type(self).__name__, "manual_backward(loss)")
 
     def predict_step(self, model: Any, batch: Batch) -> Any:
         """What `Trainer.predict` returns per batch; by default `model(inputs)`.
@@ -255,12 +313,19 @@ class LitModule:
         summary lists first); empty before a Linen model is built."""
         return self._binding.order if self._binding is not None else ()
 
+    def _model_attribute_name(self) -> str | None:
+        """The attribute holding the flax model: `model`, else the one flax module attribute."""
+        if vars(self).get("model") is not None:
+            return "model"
+        found = [name for name, v in vars(self).items()
+                 if isinstance(_host_model.unwrap(v), (nn.Module, nnx.Module))]
+        return found[0] if len(found) == 1 else None
+
     def _find_model(self) -> Any:
-        if getattr(self, "model", None) is not None:
-            return self.model
+        name = self._model_attribute_name()
+        if name is not None:
+            return _host_model.unwrap(vars(self)[name])
         found = [v for v in vars(self).values() if isinstance(v, (nn.Module, nnx.Module))]
-        if len(found) == 1:
-            return found[0]
         raise AttributeError(
             f"{type(self).__name__} has no model: assign a flax.linen or flax.nnx module to "
             f"`self.model` in __init__ (found {len(found)} flax modules among its attributes)."
@@ -272,6 +337,18 @@ class LitModule:
                 self._find_model(), rng_streams=tuple(self.rng_streams), owner=type(self).__name__
             )
         return self._binding
+
+    def _needs_host_model(self) -> bool:
+        """Whether the flax model attribute is a Linen module with no weights bound (host code)."""
+        name = self._model_attribute_name()
+        model = vars(self).get(name) if name is not None else None
+        return isinstance(model, nn.Module) and model.scope is None
+
+    def _own_variables(self) -> tuple[PyTree, PyTree, Any] | None:
+        """`(params, model_state, rng)` of the module's own weights (after fit or a restore)."""
+        if self._variables is None:
+            return None
+        return (*self._variables, jax.random.PRNGKey(0))
 
     def _set_variables(self, params: PyTree, model_state: PyTree) -> None:
         self._variables = (params, model_state)

@@ -22,13 +22,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._determinism", "fitjax._lazy",
-                "fitjax._accelerator", "fitjax.plugins", "fitjax._storage"]),
+                "fitjax._accelerator", "fitjax.plugins", "fitjax._storage", "fitjax._seed"]),
     ("step", ["fitjax.step"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint", "fitjax._checkpoint_writer"]),
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
-    ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers"]),
+    ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers",
+                "fitjax._host_model"]),
     ("loop", ["fitjax.loop", "fitjax._log_fetch", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]

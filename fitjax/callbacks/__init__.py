@@ -15,6 +15,7 @@ from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
 from fitjax.callbacks.swa import StochasticWeightAveraging
 from fitjax.callbacks.throughput import ThroughputMonitor
 from fitjax.callbacks.timer import Timer
+from fitjax.callbacks.tqdm_progress import TQDMProgressBar
 from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RichProgressBar",
     "SpikeDetection",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
     "TrainingSpikeException",

@@ -19,7 +19,7 @@ import tempfile
 import types
 import warnings
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, NoReturn, Union
 
 import jax
 import yaml
@@ -27,6 +27,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, class_from
 from jsonargparse import ArgumentError as _ArgumentError
 
 # from the modules that define them, not the package: `fitjax` imports `fitjax.cli`
+from fitjax import _seed
 from fitjax import _storage
 from fitjax.callbacks import Callback
 from fitjax.cli import _errors, _predictions
@@ -194,6 +195,10 @@ class LightningCLI:
             None reads `sys.argv[1:]`.
         run: run the subcommand; with False there are no subcommands and only the objects are built.
         auto_configure_optimizers: add the `optimizer:` / `lr_scheduler:` sections.
+        seed_everything_default: the default of `--seed_everything` (Lightning's): an int runs
+            `fj.seed_everything(seed)` before the classes are built (Python, numpy, torch) and
+            is the trainer's `seed` unless `--trainer.seed` is given; True does the same with
+            `PL_GLOBAL_SEED` or 0; False seeds nothing. The seed used is stored in the config.
 
     After construction: `cli.config` (parsed), `cli.config_init` (objects), `cli.trainer`,
     `cli.model`, `cli.datamodule`, and `cli.result` (what the subcommand returned).
@@ -217,7 +222,12 @@ class LightningCLI:
         args: ArgsType = None,
         run: bool = True,
         auto_configure_optimizers: bool = True,
+        seed_everything_default: bool | int = True,
     ) -> None:
+        if not isinstance(seed_everything_default, (bool, int)):
+            raise TypeError(f"LightningCLI(seed_everything_default=...) takes True, False or an int, "
+                            f"got {seed_everything_default!r}.")
+        self.seed_everything_default = seed_everything_default
         self.save_config_callback = save_config_callback
         self.save_config_kwargs = save_config_kwargs or {}
         self.trainer_class = trainer_class
@@ -246,6 +256,7 @@ class LightningCLI:
         self.parse_arguments(self.parser, args)
         self.subcommand: str | None = self.config["subcommand"] if run else None
 
+        self._set_seed()
         with self._user_errors("building the objects of the config"):
             self.before_instantiate_classes()
             self.instantiate_classes()
@@ -280,7 +291,7 @@ class LightningCLI:
                     "val_dataloaders"},
             "validate": {"module", "data", "datamodule", "model", "dataloaders"},
             "test": {"module", "data", "datamodule", "model", "dataloaders"},
-            "predict": {"module", "data", "datamodule", "model", "dataloaders"},
+            "predict": {"module", "data", "datamodule", "model", "dataloaders", "return_predictions"},
         }
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -314,6 +325,10 @@ class LightningCLI:
             group.add_subcommand(name, sub, help=description)
 
     def _add_arguments(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--seed_everything", type=Union[bool, int], default=self.seed_everything_default,
+                            help="An int runs seed_everything with it before the classes are built (and is "
+                                 "the trainer's seed unless --trainer.seed is given); True: PL_GLOBAL_SEED "
+                                 "or 0; False: no seeding.")
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.set_defaults({f"trainer.{k}": v for k, v in self.trainer_defaults.items() if k != "callbacks"})
         parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
@@ -342,6 +357,20 @@ class LightningCLI:
     def _get(self, config: Namespace, key: str, default: Any = None) -> Any:
         return config.get(str(self.subcommand), config).get(key, default)
 
+    def _set_seed(self) -> None:
+        """Lightning's `--seed_everything`: seeds the host's generators before anything is built
+        and records the seed used in the config (and as the trainer's seed when it has none)."""
+        self._trainer_seed = None
+        config = self.config.get(str(self.subcommand), self.config)
+        seed = config.get("seed_everything")
+        if seed is False or seed is None:
+            return
+        # torch is seeded when imported (the module's and datamodule's files are, by now), not imported: ~3 s
+        seed = _seed.resolve_seed(None if seed is True else seed, verbose=False)
+        _seed.seed_host(seed, import_torch=False)
+        config["seed_everything"] = seed  # a rerun of the saved config seeds the same
+        self._trainer_seed = seed  # the trainer's key too, unless the config gives trainer.seed
+
     # ------------------------------------------------------------------------------ objects
 
     def before_instantiate_classes(self) -> None:
@@ -364,6 +393,8 @@ class LightningCLI:
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """Builds the trainer from the `trainer` group, the extra callbacks and the config saver."""
         config = {**dict(self._get(self.config_init, "trainer")), **kwargs}
+        if config.get("seed") is None and getattr(self, "_trainer_seed", None) is not None:
+            config["seed"] = self._trainer_seed
         parser = self._parser(self.subcommand)
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]

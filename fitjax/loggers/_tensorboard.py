@@ -93,6 +93,15 @@ class TensorBoardLogger(VersionedLogger):
         self._hparams: dict[str, Scalar] = {}  # the session's hyperparameters, flattened
         self._tags: dict[str, None] = {}  # every metric key logged, in first-logged order
 
+    @property
+    def experiment(self) -> Any:
+        """The tensorboardX `SummaryWriter` of this run (Lightning's `logger.experiment`), for
+        what the logger has no method for: `add_image`, `add_histogram`, `add_figure`, ...
+        On processes that do not write (all but process 0) a stand-in whose methods do nothing."""
+        if not self._is_writer():
+            return _NoWriter()
+        return self._get_writer()
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Writes one scalar point per key at `step`, all in one event."""
         if not self._is_writer() or not metrics:
@@ -155,6 +164,13 @@ class TensorBoardLogger(VersionedLogger):
                 filename_suffix=f".{os.getpid()}.{next(_WRITER_COUNT):06d}",
             )
         return self._writer
+
+
+class _NoWriter:
+    """`experiment` on a process that does not write: every method call does nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
 
 
 def _scalars(metrics: Mapping[str, float]) -> Summary:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from fitjax import _accelerator
 from fitjax.data import DataModule
 
-__all__ = ["either", "is_datamodule", "module_loader", "prepare_module", "stage_module"]
+__all__ = ["either", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
 
 
 def either(method: str, name: str, value: Any, lightning_name: str, lightning_value: Any) -> Any:
@@ -68,3 +69,27 @@ def module_loader(module: Any, hook: str) -> Any:
     if not callable(getattr(type(module), hook, None)):
         return None
     return getattr(module, hook)()
+
+
+# Lightning's Trainer flags that have no JAX meaning: (Lightning's default, what JAX does instead)
+_NO_JAX_MEANING = {
+    "benchmark": (None, "XLA picks (and on GPU autotunes) its kernels when it compiles each step; "
+                        "there is no cuDNN benchmark switch"),
+    "inference_mode": (True, "evaluation and predict run jitted functions that compute no gradients; "
+                             "there is no autograd mode to switch"),
+    "sync_batchnorm": (False, "a jitted step over a batch sharded on the devices normalises over the "
+                              "whole global batch already (BatchNorm is synced, whatever the flag)"),
+    "use_distributed_sampler": (True, "the strategy splits each batch over the devices; each process "
+                                      "loads its own part (`fj.DataLoader` does it); no sampler is replaced"),
+}
+
+
+def lightning_flags(**flags: Any) -> None:
+    """Accepts Lightning's flags with no JAX meaning; says, once per flag set to something other
+    than Lightning's default, what JAX does instead (the "fitjax" logger, INFO)."""
+    for name, value in flags.items():
+        default, instead = _NO_JAX_MEANING[name]
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"Trainer({name}=...) must be True or False, got {value!r}")
+        if value is not None and value != default:
+            _accelerator.log.info(f"Trainer({name}={value!r}) has no effect under JAX: {instead}.")

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import numpy as np
+
 from fitjax import _log_fetch, _logged
+from fitjax import step as step_lib
 from fitjax import metrics as acc_lib
 from fitjax._typing import HostMetrics
 from fitjax.loop.progress import Position
@@ -127,11 +131,38 @@ class Logs:
                 pending.update({**extra, **aliases, **values})  # `_write`'s order of updates
         return pending
 
+    def _latest_step_metrics(self) -> HostMetrics:
+        """The last train step's on-step values under their logged keys (Lightning's
+        `callback_metrics` after every step); read from the device now, once per step, only
+        when someone asks (`callback_metrics`). The loop only keeps a reference per step."""
+        outputs = self._latest_step
+        if outputs is None:
+            return {}
+        cached = self._latest_step_host
+        if cached is not None and cached[0] is outputs:
+            return cached[1]
+        host = jax.device_get({k: v for k, v in outputs.items() if k != step_lib.train.ANOMALY_KEY})
+        acc = {k: np.array([v, 1.0]) for k, v in host.items() if np.ndim(v) == 0}
+        specs = self._compiled.log_specs
+        on_step = _logged.keep(acc, specs, "on_step")
+        values = {**_logged.plain_names(on_step, specs, epoch=False),
+                  **_logged.compute(on_step, specs, stage="train", epoch=False)}
+        self._latest_step_host = (outputs, values)
+        return values
+
+    def _fold_latest_step(self) -> None:
+        """The last step's values join `callback_metrics` for good (before the epoch's means,
+        which Lightning writes over the plain names of values logged on step and on epoch)."""
+        if self._latest_step is not None:
+            self._callback_metrics.update(self._latest_step_metrics())
+        self._latest_step = self._latest_step_host = None
+
     def _log_train_epoch(self) -> None:
         """Logs the train epoch's means: the windows read so far and the steps since the last log step."""
         self._finish_train_window()
         self._start_train_window(log_rows=False)  # the steps since the last log step
         self._finish_train_window()
+        self._fold_latest_step()  # newer than the windows, older than the epoch's means
         specs = self._compiled.log_specs
         self._log(_logged.compute(self._epoch_acc, specs, stage="train", epoch=True),
                   aliases=_logged.plain_names(self._epoch_acc, specs, epoch=True))

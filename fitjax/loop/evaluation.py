@@ -74,6 +74,10 @@ class EvalStages:
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
+
+    def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
         loader = self._stage_loader(module, data, datamodule, stage=stage, method=name)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
@@ -108,6 +112,13 @@ class EvalStages:
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            host = self._predict(module, data, datamodule, ckpt_path)
+        if not host or return_predictions is False:
+            return None
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    def _predict(self, module, data, datamodule, ckpt_path) -> list:
         loader = self._stage_loader(module, data, datamodule, stage="predict", method="predict")
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         before, self._stage = self._stage, Stage("predict")
@@ -137,9 +148,7 @@ class EvalStages:
         finally:
             self._hooks.call("teardown", self, module, "predict")
             self._stage = before
-        if not host or return_predictions is False:
-            return None
-        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+        return host
 
     def _validate_during_fit(self, module: LitModule, val_loader) -> None:
         self._finish_train_window()  # callbacks of validation see every train value up to now
@@ -147,6 +156,10 @@ class EvalStages:
             self._validate_in_fit(module, val_loader)
 
     def _validate_in_fit(self, module: LitModule, val_loader) -> None:
+        with module._mode(False):  # Lightning's eval mode during validation, train mode after it
+            self._validation_run(module, val_loader)
+
+    def _validation_run(self, module: LitModule, val_loader) -> None:
         self._count_val_batches(val_loader)
         self._call("on_validation_start", module)
         self._call("on_validation_epoch_start", module)
@@ -167,7 +180,9 @@ class EvalStages:
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
+        mode = module._mode(False)  # Lightning's eval mode
         try:
+            mode.__enter__()
             self._call("on_sanity_check_start", module)
             self._count_val_batches(val_loader, limit=limit)
             self._call("on_validation_start", module, log=False)
@@ -177,6 +192,7 @@ class EvalStages:
             self._call("on_validation_epoch_end", module, log=False)
             self._call("on_validation_end", module, log=False)
         finally:
+            mode.__exit__(None, None, None)
             self._stage = before
         self._call("on_sanity_check_end", module)
 
@@ -277,6 +293,7 @@ class EvalStages:
         module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
         checks.check_module(module, method)
         self._lightning_module = module
+        module.trainer = self
         return module, data, datamodule, ckpt_path
 
     def _stage_loader(self, module, data, datamodule, *, stage: str, method: str):

@@ -25,11 +25,12 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism
+from fitjax import _accelerator, _determinism, _seed
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _preemption, _resume
+from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._resume import Checkpoints
@@ -120,7 +121,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         enable_checkpointing: add a `DefaultCheckpoint()` (under `<logger.log_dir>/checkpoints`:
             the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
             unless `callbacks` has a `ModelCheckpoint`.
-        seed: the run's base random key (parameter init and every rng stream).
+        seed: the run's base random key (parameter init and every rng stream); default 0. When
+            given, also seeds Python's `random`, numpy's and torch's (when imported) global
+            generators, as `fj.seed_everything(seed)` (a torch `DataLoader(shuffle=True)`'s order).
         precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true" or a
             `fitjax.Precision` (see `fitjax.precision`); "16-mixed" logs `loss_scale` and
             `skipped_steps`; "64-true" runs fit, validate, test and predict with JAX's x64 on.
@@ -146,6 +149,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
         deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
+        benchmark, inference_mode, sync_batchnorm, use_distributed_sampler: Lightning's flags with
+            no JAX meaning, accepted so Lightning configs run; a value other than Lightning's
+            default logs one line saying what JAX does instead (XLA picks its kernels when it
+            compiles; eval computes no gradients; BatchNorm over a sharded batch is already
+            global; the strategy splits the batches).
 
     Example:
         >>> import fitjax as fj
@@ -183,7 +191,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         enable_progress_bar: bool = True,
         enable_model_summary: bool = True,
         enable_checkpointing: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
         precision: Any = "32-true",
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
@@ -193,6 +201,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
+        benchmark: bool | None = None,
+        inference_mode: bool = True,
+        sync_batchnorm: bool = False,
+        use_distributed_sampler: bool = True,
     ):
         # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
         self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
@@ -223,7 +235,11 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, unlimited=False)
         if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
             self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
-        self.seed = checks.seed(seed)
+        _arguments.lightning_flags(benchmark=benchmark, inference_mode=inference_mode, sync_batchnorm=sync_batchnorm,
+                                   use_distributed_sampler=use_distributed_sampler)
+        self.seed = 0 if seed is None else checks.seed(seed)
+        if seed is not None:  # Lightning's `seed_everything(seed)`: Python, numpy, torch (when imported)
+            _seed.seed_host(seed % 2**32, import_torch=False)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
                      enable_checkpointing=enable_checkpointing, log_grad_norm=log_grad_norm,
                      detect_anomaly=detect_anomaly, deterministic=deterministic)
@@ -251,7 +267,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
-        self._hooks = CallbackList(callbacks)
+        self._hooks = HostHooks(CallbackList(callbacks), self._host_variables)
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
@@ -284,6 +300,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
+        self._latest_step: dict | None = None  # the last train step's values, on the device (`callback_metrics`)
+        self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
@@ -370,6 +388,8 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
         `ModelCheckpoint` read them.
 
+        As in Lightning, the values logged on step are the last train step's after every step
+        (kept on the device by the loop and read here, once per step, when someone reads them).
         They include the train log window on its way to the host, if any: the values are those
         of every log step so far. Reading waits for the device only on the first read after a
         log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
@@ -378,6 +398,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # the window's values join the latest values now (the same update the loop makes when it
         # logs the window); the dict itself is returned, as Lightning's callbacks update it
         self._callback_metrics.update(self._pending_callback_metrics())
+        self._callback_metrics.update(self._latest_step_metrics())  # newer than any window
         return self._callback_metrics
 
     @property
@@ -401,6 +422,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             )
         per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
         return min(per_epoch * self.max_epochs, limited_steps)
+
+    def _host_variables(self, module: LitModule) -> tuple | None:
+        """`(params, model_state, rng)` host calls of the model use now: the train state's (its
+        eval parameters outside train mode), else the module's own; None before either exists."""
+        if self.state is not None and self._module_for_compiled is module:
+            params = self.state.params if module.training else self._eval_params()
+            return params, self.state.model_state, self.state.rng
+        return module._own_variables()
 
     def train_step_flops(self) -> float | None:
         """Floating-point operations of one optimizer step on each device, as XLA counts them.
@@ -468,6 +497,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                             "(Lightning's `model=` works too).")
         checks.check_module(module)
         self._lightning_module = module
+        module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
@@ -484,9 +514,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._stage = Stage("fit")
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
-        hooks, self._hooks = self._hooks, self.profiler.wrap_hooks(self._hooks)  # unchanged when off
+        hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
         try:
-            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context():
+            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context(), \
+                    module._mode(True):  # Lightning's train mode for the host hooks
                 self._fit(module, train_loader, val_loader, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
@@ -499,6 +530,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self._feed = None  # the train data's copy on the devices
             self._accumulation_steps = {}  # and the copies an accumulation schedule kept
             self._windows.clear()  # values of an interrupted window are not logged
+            self._latest_step = self._latest_step_host = None
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
             self._stage = Stage()
@@ -509,10 +541,10 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
 
     def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
         self.should_stop = False
+        self._latest_step = self._latest_step_host = None
         first, epoch_iter = self._first_batch(train_loader)
         self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
         self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
-        module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         with self.profiler.profile("[build] state and programs"):
             self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
@@ -584,6 +616,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             except Exception as err:
                 self._explain_train_failure(err, chunk, batch_idx)
                 raise
+            self._latest_step = outputs  # a reference: read only if `callback_metrics` is
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
             self._read_arrived_windows()  # the log steps' values that have arrived
             if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode

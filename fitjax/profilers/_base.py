@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -154,6 +155,13 @@ class PassThroughProfiler(Profiler):
         pass
 
 
+def _module_hook(hook: str) -> bool:
+    """Whether `hook` is one of the module's no-argument `on_*` hooks the callback list runs
+    first (not `setup(stage)` nor `on_save_checkpoint(checkpoint)`, which take arguments)."""
+    method = getattr(LitModule, hook, None) if hook.startswith("on_") else None
+    return method is not None and len(inspect.signature(method).parameters) == 1
+
+
 class _TimedHooks:
     """Stands in for the loop's callback list: the same calls in the same order, each timed as
     "[LitModule]<class>.<hook>" or "[Callback]<class>.<hook>". Everything else is the list's."""
@@ -167,8 +175,8 @@ class _TimedHooks:
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
         logged = None
-        after = hook in LitModule.BATCH_HOOKS  # called after the callbacks', with their arguments
-        if hasattr(LitModule, hook) and not after:  # the hooks a module has run first, as the list runs them
+        after = hook in LitModule.BATCH_HOOKS  # the module's after the callbacks', with their arguments
+        if _module_hook(hook) and not after:  # the module's own first, as the list runs them
             with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
                 if getattr(type(module), hook) is getattr(LitModule, hook):
                     getattr(module, hook)()  # LitModule's own no-op: not worth a row

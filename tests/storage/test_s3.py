@@ -268,3 +268,23 @@ def test_cli_config_and_profiler_outputs_land_under_an_s3_root(bucket):
     assert trace.startswith(f"{root}/jax/") and "/plugins/profile/" in trace
     names = _listed(trace)
     assert any(n.endswith(".xplane.pb") for n in names) and any(n.endswith(".trace.json.gz") for n in names)
+
+
+def test_two_launched_processes_save_one_fsdp_state_to_s3_and_resume_last_bitwise(bucket, tmp_path):
+    # each process stages its shards locally, uploads them, the two meet at a barrier and
+    # process 0 writes commit_success.txt last (launch_s3_fsdp.py: a straight 6-step fit, then
+    # 3 steps saved to the store every step and a resume from "last" to step 6)
+    import json
+
+    url = f"{bucket}/fsdp"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "fitjax.cli", "launch", "--nproc", "2", "--devices-per-process", "4",
+                           str(HERE / "launch_s3_fsdp.py"), url, str(tmp_path)], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    (straight_losses, straight_params), (resumed_losses, resumed_params) = runs["straight"], runs["resumed"]
+    assert len(resumed_losses) == 6 and resumed_losses == straight_losses  # bitwise, step by step
+    assert resumed_params == straight_params
+    assert _listed(url) == ["epoch=1-step=5", "epoch=1-step=6"]  # top 2 of the resumed run
+    assert all(checkpoint.is_checkpoint(f"{url}/{name}") for name in _listed(url))

@@ -1,0 +1,34 @@
+"""The hooks' view of the model: while a hook of the module or a callback runs, the module's
+flax model is a `fitjax._host_model.HostModel` over the weights the trainer holds now, so
+`self(z)` in `on_train_epoch_end` or `pl_module(x)` in a callback runs as in Lightning.
+
+Installing it costs two attribute writes per hook call; nothing is compiled or read until host
+code calls the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fitjax import _host_model
+
+__all__ = ["HostHooks"]
+
+
+class HostHooks:
+    """Stands in for the loop's callback list: each `call` runs with the host model installed."""
+
+    def __init__(self, hooks: Any, variables: Callable[[Any], Any]) -> None:
+        self._hooks = hooks
+        self._variables = variables  # module -> (params, model_state, rng) now, or None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hooks, name)
+
+    def wrapped(self, wrap: Callable[[Any], Any]) -> "HostHooks":
+        """The same, around `wrap(the list)` (a profiler's timed hooks)."""
+        return HostHooks(wrap(self._hooks), self._variables)
+
+    def call(self, hook: str, trainer, module, *args: Any) -> Any:
+        with _host_model.installed(module, lambda: self._variables(module)):
+            return self._hooks.call(hook, trainer, module, *args)
