@@ -148,7 +148,8 @@ def test_eval_batch_start_hooks_and_loading_a_checkpoint_for_eval_or_a_module(tm
                                                         "cb.on_predict_batch_start 1", "module.on_predict_batch_start 1"]
 
     calls.clear()  # the same order in a fit whose profiler times each hook
-    quiet_trainer(max_steps=2, num_sanity_val_steps=0, profiler="simple", callbacks=[Recorder(calls)]).fit(
+    quiet_trainer(max_steps=2, num_sanity_val_steps=0, profiler="simple", default_root_dir=tmp_path,
+                  callbacks=[Recorder(calls)]).fit(
         Keeping(calls), _loader(), _loader())
     assert [c for c in calls if "batch_start" in c] == [
         "cb.on_validation_batch_start 0", "module.on_validation_batch_start 0",
