@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import queue
 import shutil
@@ -213,6 +214,7 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
             saver.close()
 
         return finish
+    _quiet_orbax_staging()
     stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
     local = ocp.options.MultiprocessingOptions(primary_host=None)  # each process its own folder and rename
     # folders made before the save returns (local mkdirs): made in the background, the
@@ -241,6 +243,22 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
             shutil.rmtree(stage, ignore_errors=True)
 
     return finish
+
+
+class _StagingNotes(logging.Filter):
+    """Drops the two warnings Orbax logs at every save of this layout, per process ("Global
+    object size logging disabled for `primary_host=None`", "Skipping merge of OCDBT
+    checkpoints"): they describe the choice made, not a problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return "primary_host=None" not in text and "Skipping merge of OCDBT" not in text
+
+
+def _quiet_orbax_staging() -> None:
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _StagingNotes) for f in absl.filters):
+        absl.addFilter(_StagingNotes())
 
 
 def prepare(directory: _storage.AnyPath) -> None:

@@ -254,6 +254,17 @@ class LitModule:
     def on_test_epoch_start(self) -> None: ...
     def on_test_epoch_end(self) -> None: ...
 
+    # per-batch hooks of evaluation, as Lightning's: called after the callbacks' of the same name
+    BATCH_HOOKS = frozenset({"on_validation_batch_start", "on_test_batch_start", "on_predict_batch_start"})
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+
+    def _overrides(self, hook: str) -> bool:
+        """Whether this module's class defines `hook` itself (the loop calls only those)."""
+        return getattr(type(self), hook, None) is not getattr(LitModule, hook, None)
+
     # checkpoint hooks, as Lightning's: called after the callbacks' on save, before them on load
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Adds what the module wants kept to a checkpoint being saved (Lightning's hook).

@@ -290,6 +290,36 @@ def test_host_calls_see_sharded_weights_as_the_single_device_run(strategy):
         assert not module.trainer.state.params["Dense_1"]["kernel"].sharding.is_fully_replicated
 
 
+class NNXCalls(fj.LitModule):
+    """An NNX model: its object holds the weights of the last sync, the host call the trainer's."""
+
+    def __init__(self):
+        super().__init__()
+        from flax import nnx
+
+        self.model = nnx.Linear(8, 1, rngs=nnx.Rngs(0))
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        return ((self.model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizers(self):
+        return optax.sgd(0.05)
+
+    def on_train_epoch_end(self):
+        x = np.ones((2, 8), np.float32)
+        self.seen.append((np.asarray(self.model(x)), jax.device_get(self.trainer.state.params), x))
+
+
+def test_host_calls_of_an_nnx_model_use_the_current_weights():
+    module = NNXCalls()
+    quiet_trainer(max_epochs=2).fit(module, _loader())
+    (first, params0, x), (second, params1, _) = module.seen
+    for out, params in ((first, params0), (second, params1)):
+        np.testing.assert_allclose(out, x @ params["kernel"] + params["bias"], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(first, second)  # the weights moved, and the host call saw it mid-fit
+
+
 def test_reading_the_run_inside_a_traced_hook_or_calling_optimizers_names_the_fitjax_form():
     class EpochInStep(HostCalls):
         def training_step(self, batch, batch_idx):

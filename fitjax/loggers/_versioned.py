@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,13 @@ def claim_version(root: Path) -> int:
         folder = root / f"version_{version}"
         try:
             if on_store:
-                if _storage.create_new(folder / CLAIM, str(os.getpid()).encode()):
+                try:
+                    if _storage.create_new(folder / CLAIM, str(os.getpid()).encode()):
+                        return version
+                except NotImplementedError as error:  # a filesystem without exclusive creation
+                    warnings.warn(f"{error}: version_{version} under {str(root)!r} is the next unused one "
+                                  "by listing, which two runs started at the same moment can both pick.",
+                                  stacklevel=2)
                     return version
             else:
                 folder.mkdir()

@@ -136,7 +136,8 @@ class EvalStages:
         try:
             params, model_state, rng = self._eval_variables(module, loader, "predict", ckpt_path)
             self._hooks.call("on_predict_start", self, module)
-            wants_batch_start = self._hooks.wants("on_predict_batch_start")
+            wants_batch_start = (self._hooks.wants("on_predict_batch_start")
+                                 or module._overrides("on_predict_batch_start"))
             wants_batch_end = self._hooks.wants("on_predict_batch_end")
             pieces = []
             for batch_idx, (padded, size, batch) in enumerate(self._eval_batches(loader, "predict")):
@@ -245,7 +246,7 @@ class EvalStages:
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
         wants_batch_end = self._hooks.wants(hook)
         start_hook = hook.replace("_end", "_start")
-        wants_batch_start = self._hooks.wants(start_hook)
+        wants_batch_start = self._hooks.wants(start_hook) or module._overrides(start_hook)
         several = len(loaders) > 1
         evaluated = Evaluated({}, {}, {})
         for dataloader_idx, loader in enumerate(loaders):

@@ -149,11 +149,13 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
         deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
-        benchmark, inference_mode, sync_batchnorm, use_distributed_sampler: Lightning's flags with
-            no JAX meaning, accepted so Lightning configs run; a value other than Lightning's
-            default logs one line saying what JAX does instead (XLA picks its kernels when it
-            compiles; eval computes no gradients; BatchNorm over a sharded batch is already
-            global; the strategy splits the batches).
+        benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
+            accepted so Lightning configs run. This and the next three log one line saying what
+            JAX does instead when set to other than Lightning's default.
+        inference_mode: Lightning's flag, no JAX meaning (eval computes no gradients).
+        sync_batchnorm: Lightning's flag, no JAX meaning (BatchNorm over a batch sharded on the
+            devices is global already).
+        use_distributed_sampler: Lightning's flag, no JAX meaning (the strategy splits batches).
 
     Example:
         >>> import fitjax as fj

@@ -175,7 +175,8 @@ class _TimedHooks:
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
         logged = None
-        if _module_hook(hook):  # the module's own first, as the list runs them
+        after = hook in LitModule.BATCH_HOOKS  # the module's after the callbacks', with their arguments
+        if _module_hook(hook) and not after:  # the module's own first, as the list runs them
             with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
                 if getattr(type(module), hook) is getattr(LitModule, hook):
                     getattr(module, hook)()  # LitModule's own no-op: not worth a row
@@ -185,4 +186,7 @@ class _TimedHooks:
         for cb in self._hooks.overriding(hook):
             with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
                 getattr(cb, hook)(trainer, module, *args)
+        if after and module._overrides(hook):
+            with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
+                getattr(module, hook)(*args)
         return logged if logged is not None and logged.values else None

@@ -10,8 +10,8 @@ fitted on 2 batches with 2 validation batches, then a new Trainer fitted with
   callback adds "cb_extra"), `module.on_save_checkpoint` (sees "cb_extra"; adds "mod_extra");
 - the resume: `cb.setup`, `module.on_load_checkpoint` (both extras back), `cb.on_load_checkpoint`,
   `cb.load_state_dict({'n': 1})`, `cb.on_fit_start`, `cb.on_train_start`;
-- per validation batch i: `cb.on_validation_batch_start i`, (the module's hook, the step),
-  `cb.on_validation_batch_end i`; `on_test_batch_start i` and `on_predict_batch_start i` before
+- per validation batch i: `cb.on_validation_batch_start i`, `module.on_validation_batch_start i`,
+  (the step), `cb.on_validation_batch_end i`; `on_test_batch_start i` and `on_predict_batch_start i` before
   each test and predict step.
 """
 
@@ -83,6 +83,12 @@ class Keeping(Regressor):
                           f"cb={checkpoint.get('cb_extra')}")
         self.vocabulary = checkpoint.get("mod_extra")
 
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):  # Lightning's signature
+        self.calls.append(f"module.on_validation_batch_start {batch_idx}")
+
+    def on_predict_batch_start(self, batch, batch_idx):
+        self.calls.append(f"module.on_predict_batch_start {batch_idx}")
+
 
 def _loader():
     return fj.DataLoader(regression_data(n=64), batch_size=32)  # 2 batches
@@ -101,8 +107,10 @@ def test_save_and_resume_call_the_hooks_in_lightnings_order_and_resume_exactly(t
     trainer.fit(Keeping(calls), _loader(), _loader())
     save = ["cb.state_dict", "cb.on_save_checkpoint callbacks=True", "module.on_save_checkpoint cb_extra={'a': 1}"]
     assert calls == ["cb.setup", "cb.on_fit_start", "cb.on_train_start",
-                     "cb.on_validation_batch_start 0", "cb.on_validation_batch_end 0",
-                     "cb.on_validation_batch_start 1", "cb.on_validation_batch_end 1", *save]
+                     "cb.on_validation_batch_start 0", "module.on_validation_batch_start 0",
+                     "cb.on_validation_batch_end 0",
+                     "cb.on_validation_batch_start 1", "module.on_validation_batch_start 1",
+                     "cb.on_validation_batch_end 1", *save]
     saved = fj.checkpoint.read_meta(trainer.checkpoint_callback.last_model_path)
     assert saved["cb_extra"] == {"a": 1} and saved["mod_extra"] == [1, 2]
 
@@ -136,7 +144,16 @@ def test_eval_batch_start_hooks_and_loading_a_checkpoint_for_eval_or_a_module(tm
 
     calls.clear()
     trainer.predict(Keeping(calls), _loader(), ckpt_path=path)
-    assert [c for c in calls if "batch_start" in c] == ["cb.on_predict_batch_start 0", "cb.on_predict_batch_start 1"]
+    assert [c for c in calls if "batch_start" in c] == ["cb.on_predict_batch_start 0", "module.on_predict_batch_start 0",
+                                                        "cb.on_predict_batch_start 1", "module.on_predict_batch_start 1"]
+
+    calls.clear()  # the same order in a fit whose profiler times each hook
+    quiet_trainer(max_steps=2, num_sanity_val_steps=0, profiler="simple", default_root_dir=tmp_path,
+                  callbacks=[Recorder(calls)]).fit(
+        Keeping(calls), _loader(), _loader())
+    assert [c for c in calls if "batch_start" in c] == [
+        "cb.on_validation_batch_start 0", "module.on_validation_batch_start 0",
+        "cb.on_validation_batch_start 1", "module.on_validation_batch_start 1"]
 
     loaded = Keeping.load_from_checkpoint(path)
     assert loaded.vocabulary == [1, 2]

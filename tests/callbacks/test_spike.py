@@ -147,3 +147,21 @@ def test_skip_update_resumes_exactly(tmp_path):
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fj.SpikeDetection(**kwargs)
+
+
+def test_the_rule_reads_nothing_per_step(monkeypatch):
+    from jax._src import array as jax_array
+
+    def host_reads(steps, callbacks):
+        reads = []
+        original = jax_array.ArrayImpl._value
+        with monkeypatch.context() as patch:
+            patch.setattr(jax_array.ArrayImpl, "_value", property(lambda self: reads.append(1) or original.fget(self)))
+            quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=50, callbacks=callbacks).fit(
+                Scaled(), _scaled(n=16 * steps))
+        return len(reads)
+
+    # what the rule adds is read at the epoch's end: as much for 32 steps as for 16
+    added = [host_reads(steps, [fj.SpikeDetection(skip_update=True)]) - host_reads(steps, [])
+             for steps in (16, 32)]
+    assert added[0] == added[1] > 0

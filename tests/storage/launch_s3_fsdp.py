@@ -16,7 +16,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from helpers import LossHistory, Regressor, quiet_trainer, regression_data  # noqa: E402
+from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 import fitjax as fj  # noqa: E402
@@ -37,8 +37,9 @@ def fit(steps, *, save, ckpt_path=None):
     return history.losses, [np.asarray(x).tolist() for x in jax.tree.leaves(whole)]
 
 
-straight = fit(6, save=False)
-first, _ = fit(3, save=True)
-rest, params = fit(6, save=True, ckpt_path="last")
+with persistent_compile_cache(out / "xla"):  # each program compiled once for the three fits
+    straight = fit(6, save=False)
+    first, _ = fit(3, save=True)
+    rest, params = fit(6, save=True, ckpt_path="last")
 if jax.process_index() == 0:
     (out / "runs.json").write_text(json.dumps({"straight": straight, "resumed": [first + rest, params]}))
