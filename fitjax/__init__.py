@@ -11,6 +11,7 @@ _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read 
 from fitjax import callbacks, checkpoint, cli, data, loggers, plugins, precision, profilers, strategies, tuner
 from fitjax.callbacks import (
     EMA,
+    BasePredictionWriter,
     Callback,
     DeviceStatsMonitor,
     EarlyStopping,
@@ -38,6 +39,7 @@ from fitjax._seed import seed_everything
 __version__ = "0.1.0"
 
 __all__ = [
+    "BasePredictionWriter",
     "CSVLogger",
     "Callback",
     "DataLoader",

@@ -9,6 +9,7 @@ from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
+from fitjax.callbacks.prediction_writer import BasePredictionWriter
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.spike import SpikeDetection, TrainingSpikeException
 from fitjax.callbacks.summary import ModelSummary, RichModelSummary, summarize
@@ -19,6 +20,7 @@ from fitjax.callbacks.tqdm_progress import TQDMProgressBar
 from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
+    "BasePredictionWriter",
     "Callback",
     "CallbackList",
     "DefaultCheckpoint",

@@ -123,12 +123,14 @@ class EvalStages:
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
         with module._mode(False):  # Lightning's eval mode, for what the hooks run
-            host = self._predict(module, data, datamodule, ckpt_path)
+            host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
-    def _predict(self, module, data, datamodule, ckpt_path) -> list:
+    def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
+        """Every batch's predictions on the host; `keep=False`: none is held (a writer callback
+        streams them to disk), so a data set larger than host memory can be predicted."""
         loader = self._stage_loaders(module, data, datamodule, stage="predict", method="predict", several=False)[0]
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         before, self._stage = self._stage, Stage("predict")
@@ -148,7 +150,8 @@ class EvalStages:
                 except Exception as err:
                     self._built_from.explain(err, padded, f"the predict data's batch {batch_idx}")
                     raise
-                pieces.append((out, size))
+                if keep:
+                    pieces.append((out, size))
                 if wants_batch_end:  # Lightning's: the batch's own rows, not the padding
                     self._hooks.call("on_predict_batch_end", self, module,
                                      _real_rows(out, batch_size_of(padded), size), batch, batch_idx)
