@@ -225,6 +225,13 @@ class BackboneFinetuning(BaseFinetuning):
                              "optax.inject_hyperparams or a learning_rate schedule, or give backbone_initial_ratio_lr.")
         super().on_fit_start(trainer, module)
 
+    def on_train_epoch_start(self, trainer, module) -> None:
+        if self.verbose:  # Lightning's line, with the rates as fractions of the base rate when it is unknown
+            row = self.table[min(trainer.current_epoch, len(self.table) - 1)]
+            base = self._optimizer.param_groups[0]["lr"]
+            log.info("Current lr: %s, Backbone lr: %s", round(base, self.rounding),
+                     round(base * row["backbone"], self.rounding))
+
     def freeze_before_training(self, pl_module) -> None:
         self.previous_backbone_lr = None
         self.freeze("backbone", train_bn=self.train_bn)
