@@ -11,6 +11,8 @@ jits one pure step; what differs is only who calls the user's code inside it.
 before this one) in `training_step`, the index of the batch within the evaluation in
 `validation_step` / `test_step`, and 0 in `predict_step`. Python control flow on it
 (`if batch_idx == 0:`) fails at the first trace; use `jnp.where` / `jax.lax.cond`.
+`dataloader_idx` (several validation or test loaders) is a Python int: the evaluation step of a
+hook that takes it is traced once per loader, so `if dataloader_idx == 1:` works as in Lightning.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fitjax.step._jit_rules import defined_at, explain_jit_rules
 
 __all__ = [
     "check",
+    "check_dataloader_idx",
     "check_log_options",
     "explain_jit_rules",
     "is_lightning",
@@ -37,10 +40,12 @@ __all__ = [
     "manual_optimization_error",
     "predict_fn",
     "resolve_spec",
+    "takes_dataloader_idx",
     "tracing",
 ]
 
 _HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
+_EVAL_STEPS = ("validation_step", "test_step")
 
 _HOOK: contextvars.ContextVar[str | None] = contextvars.ContextVar("fitjax_hook", default=None)
 
@@ -129,13 +134,46 @@ def _calling(module: Any, model: Any, hook: str) -> Iterator[None]:
         setattr(module, name, previous)
 
 
+def _positional(method: Callable) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(method).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def takes_dataloader_idx(method: Callable) -> bool:
+    """Lightning's test: a parameter named `dataloader_idx`, or a third positional one."""
+    return "dataloader_idx" in inspect.signature(method).parameters or len(_positional(method)) >= 3
+
+
 def _call_hook(module: Any, hook: str, batch: Any) -> Any:
     method = getattr(module, hook)
-    positional = [p for p in inspect.signature(method).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 2:  # (batch, batch_idx[, dataloader_idx=0]); Lightning allows (batch)
+    positional = _positional(method)
+    if hook in _EVAL_STEPS and takes_dataloader_idx(method):
+        # a Python int: `if dataloader_idx == 1:` picks what to log (a step traced per loader)
+        return method(batch, context.current_batch_index(), dataloader_idx=context.current_dataloader_index())
+    if len(positional) >= 2:  # (batch, batch_idx); Lightning allows (batch)
         return method(batch, context.current_batch_index())
     return method(batch)
+
+
+def check_dataloader_idx(module: Any, stage: str, *, several: bool) -> None:
+    """Lightning's errors, before a step is traced: several loaders need `dataloader_idx` in
+    the evaluation hook; one loader needs it to have a default, if the hook takes it."""
+    hook = {"val": "validation_step", "test": "test_step"}[stage]
+    if not is_lightning(module) or not _defines(module, hook):
+        return
+    method = getattr(module, hook)
+    owner, data = type(module).__name__, {"val": "validation", "test": "test"}[stage]
+    if several and not takes_dataloader_idx(method):
+        raise RuntimeError(
+            f"You passed several {data} loaders, but {owner}.{hook}() has no `dataloader_idx` argument. "
+            f"Add `dataloader_idx=0` to its signature: `def {hook}(self, batch, batch_idx, dataloader_idx=0)`."
+        )
+    param = inspect.signature(method).parameters.get("dataloader_idx")
+    if not several and param is not None and param.default is inspect.Parameter.empty:
+        raise RuntimeError(
+            f"You passed one {data} loader, but {owner}.{hook}() requires `dataloader_idx`. Remove the "
+            "argument or give it a default value, i.e. `dataloader_idx=0`."
+        )
 
 
 def loss(module: Any, model: Any, batch: Any) -> Any:

@@ -21,8 +21,8 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 
-__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "plain_names",
-           "record"]
+__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "loader_count",
+           "loader_suffix", "of_loader", "plain_names", "record"]
 
 REDUCE_FX = ("mean",)
 
@@ -145,3 +145,27 @@ def host_values(logged: Logged, *, owner: str, hook: str) -> dict[str, float]:
                 f"scalar array), got {value!r}."
             ) from None
     return out
+
+
+# ------------------------------------------------------------------- several evaluation loaders
+
+_LOADER_MARK = "/dataloader_idx_"
+
+
+def loader_suffix(dataloader_idx: int) -> str:
+    """Lightning's suffix of the keys an evaluation of several loaders logs for one of them."""
+    return f"{_LOADER_MARK}{dataloader_idx}"
+
+
+def loader_count(values: dict[str, Any]) -> int:
+    """How many loaders the keys of `values` name (0: none has a loader suffix)."""
+    found = [key.rsplit(_LOADER_MARK, 1)[1] for key in values if _LOADER_MARK in key]
+    return max((int(i) + 1 for i in found if i.isdigit()), default=0)
+
+
+def of_loader(values: dict[str, Any], dataloader_idx: int, *, strip: bool = False) -> dict[str, Any]:
+    """Lightning's values of one loader: its own keys and those of no loader (logged outside
+    the steps), not the other loaders'; `strip`: its keys without the suffix (a results table)."""
+    own = loader_suffix(dataloader_idx)
+    return {(key.removesuffix(own) if strip else key): value for key, value in values.items()
+            if _LOADER_MARK not in key or key.endswith(own)}

@@ -14,6 +14,7 @@ from flax import nnx
 import jax
 
 from fitjax import _host_model, _lightning, _logged, _optimizers, checkpoint
+from fitjax.step import context
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
 from fitjax._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
@@ -221,6 +222,17 @@ class LitModule:
         for name, value in dict(values).items():
             self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
                      **lightning_options)
+
+    @property
+    def dataloader_idx(self) -> int:
+        """Which of several validation (test) loaders `loss` and `metrics` are traced for.
+
+        A Python int, so `if self.dataloader_idx == 1:` may choose what to compute or log (a
+        module that reads it gets one evaluation step per loader; one that does not shares one
+        step). 0 with one loader, in training and in predict. Lightning-style hooks get it as
+        `validation_step(self, batch, batch_idx, dataloader_idx=0)`.
+        """
+        return context.current_dataloader_index()
 
     # data hooks, as Lightning's: the trainer calls them before it asks for a stage's loaders
     def prepare_data(self) -> None:

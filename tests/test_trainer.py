@@ -113,7 +113,7 @@ def test_num_val_batches_is_known_when_validation_starts():
     trainer = quiet_trainer(max_epochs=2, callbacks=[seen], num_sanity_val_steps=2)
     trainer.fit(Regressor(), fj.DataLoader(regression_data(n=64), batch_size=32), val)
     trainer.validate(Regressor(), val)
-    assert seen.at_start == [(True, 2), (False, 4), (False, 4), (False, 4)]
+    assert seen.at_start == [(True, [2]), (False, [4]), (False, [4]), (False, [4])]  # a count per loader
 
 
 def test_predict_returns_every_example_once_in_input_order():

@@ -116,21 +116,25 @@ class DeviceStatsMonitor(Callback):
             self._log(trainer, "on_train_batch_end", max(trainer.global_step - 1, 0))
 
     @ignores_batch
-    def on_validation_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
+    def on_validation_batch_start(self, trainer, module, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(trainer, "on_validation_batch_start", trainer.global_step)
 
     @ignores_batch
-    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(trainer, "on_validation_batch_end", trainer.global_step)
 
     @ignores_batch
-    def on_test_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
+    def on_test_batch_start(self, trainer, module, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(trainer, "on_test_batch_start", trainer.global_step)
 
     @ignores_batch
-    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(trainer, "on_test_batch_end", trainer.global_step)

@@ -271,7 +271,7 @@ class ModelCheckpoint(Callback):
         if every != 1:
             due = every is not None and trainer.current_epoch + 1 >= every
             return due and self._validated_at is None
-        if not trainer.num_val_batches:
+        if not any(n is None or n > 0 for n in trainer.num_val_batches):  # Lightning: sum(...) == 0
             return True
         return trainer.val_check_interval in (None, 1.0)
 

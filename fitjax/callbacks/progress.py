@@ -23,6 +23,7 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from fitjax import _logged
 from fitjax.callbacks._base import Callback, ignores_batch
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
@@ -57,6 +58,21 @@ def _epoch_values(trainer, val_values: dict[str, float], eval_keys: set[str]) ->
                   if "/" not in k and k.endswith("_epoch") and k not in eval_keys})
     ordered = {"loss": train.pop("loss")} if "loss" in train else {}
     return {**ordered, **train, **val_values}
+
+
+def _eval_total(trainer, name: str, dataloader_idx: int) -> int | None:
+    """The batches of a validation's loader (None: unknown, or a test)."""
+    counts = trainer.num_val_batches if name != "Test" else []
+    return counts[dataloader_idx] if dataloader_idx < len(counts) else None
+
+
+def _results_lines(values: dict[str, float]) -> list[tuple[str, dict[str, float]]]:
+    """`validate`/`test`'s results: one line, or one per loader as Lightning's table has one
+    column per loader (its keys without the `/dataloader_idx_<i>` suffix)."""
+    count = _logged.loader_count(values)
+    if not count:
+        return [("", values)]
+    return [(f" (DataLoader {i})", _logged.of_loader(values, i, strip=True)) for i in range(count)]
 
 
 def _logged_since(trainer, before: dict[str, float] | None) -> dict[str, float]:
@@ -109,6 +125,8 @@ class RichProgressBar(Callback):
         self._progress: Progress | None = None
         self._train_task = None
         self._eval_task = None
+        self._eval_description = ""
+        self._eval_loader = 0  # the loader the evaluation bar counts (Lightning: a bar per loader)
         self._epoch_start = 0.0
         self._epoch_first_step = 0
         # (time, global step) at recent train batch ends, for it/s over a recent window; cleared
@@ -287,21 +305,27 @@ class RichProgressBar(Callback):
         self._eval_started = time.perf_counter()
         self._before = dict(trainer.callback_metrics)
         note = self._compile_note(step)
+        self._eval_description, self._eval_loader = name, 0
         if not self.is_terminal:
             return
         self._start_progress()
-        total = trainer.num_val_batches if name != "Test" else None
-        self._eval_task = self._progress.add_task(name, total=total, speed="", metrics=note)
+        self._eval_task = self._progress.add_task(name, total=_eval_total(trainer, name, 0), speed="", metrics=note)
         self._progress.refresh()  # drawn before the first batch, which may compile for seconds
 
-    def _eval_batch(self, trainer, batch_idx: int, name: str) -> None:
+    def _eval_batch(self, trainer, batch_idx: int, name: str, dataloader_idx: int) -> None:
         compiled = self._compiled_now()
         if self._progress is None or self._eval_task is None:
             return
         now = time.perf_counter()
+        if dataloader_idx != self._eval_loader:  # the next loader: a bar of its own, as Lightning
+            self._eval_loader = dataloader_idx
+            self._progress.remove_task(self._eval_task)
+            self._eval_task = self._progress.add_task(self._eval_description, speed="", metrics="",
+                                                      total=_eval_total(trainer, name, dataloader_idx))
+            compiled = True  # drawn at once
         if compiled or now - self._last_update >= _MIN_UPDATE_S:
             self._last_update = now
-            total = trainer.num_val_batches if name != "Test" else None  # known once it runs
+            total = _eval_total(trainer, name, dataloader_idx)  # known once it runs
             self._progress.update(self._eval_task, completed=batch_idx + 1, total=total, metrics="",
                                   refresh=True)
 
@@ -321,7 +345,8 @@ class RichProgressBar(Callback):
             self._val_values = values
         else:
             if trainer.stage.verbose:  # validate/test(verbose=False): no line
-                self._print(f"{name} results  {_format(values)}")
+                for title, shown in _results_lines(values):
+                    self._print(f"{name} results{title}  {_format(shown)}")
             self._stop_progress()
 
     def _remove_eval_task(self) -> None:
@@ -335,8 +360,9 @@ class RichProgressBar(Callback):
         name = "Sanity Checking" if trainer.sanity_checking else "Validation"
         self._eval_start(trainer, name, "validation")
 
-    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._eval_batch(trainer, batch_idx, "Validation")
+    def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self._eval_batch(trainer, batch_idx, "Validation", dataloader_idx)
 
     def on_validation_end(self, trainer, module) -> None:
         if not trainer.sanity_checking:  # a sanity check's values are not results
@@ -347,8 +373,9 @@ class RichProgressBar(Callback):
     def on_test_start(self, trainer, module) -> None:
         self._eval_start(trainer, "Test", "test")
 
-    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._eval_batch(trainer, batch_idx, "Test")
+    def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        self._eval_batch(trainer, batch_idx, "Test", dataloader_idx)
 
     def on_test_end(self, trainer, module) -> None:
         self._eval_end(trainer, "Test")

@@ -84,7 +84,7 @@ class Watchdog(Callback):
             self._last = None  # the first validation compiles its step: not a hang
 
     @ignores_batch
-    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self._thread is not None and self._step:
             self._last = time.monotonic()
 

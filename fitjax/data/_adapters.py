@@ -275,3 +275,40 @@ def _torch_loader(loader: Any, *, name: str) -> _Batches:
     if hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict"):
         return _StatefulBatches(loader, name=name, epoch_target=target)  # torchdata's loaders
     return _Batches(loader, name=name, epoch_target=target)
+
+
+def as_loaders(data: Any, *, name: str) -> list[Iterable[Any]]:
+    """Several evaluation loaders as Lightning takes them, or one: each through `as_loader`.
+
+    A list, tuple or dict is several loaders when each of its items is a loader (a
+    `fj.DataLoader`, a torch or grain loader, a list of batches, any other iterable that is not
+    itself a batch); a dict's loaders are taken in its order (Lightning's `dataloader_idx`).
+    Anything else is one loader, so a list of batches stays one loader.
+
+    Example:
+      >>> import numpy as np
+      >>> a = [{"x": np.zeros((4, 2))}]
+      >>> len(as_loaders([a, a], name="val_data")), len(as_loaders(a, name="val_data"))
+      (2, 1)
+    """
+    return [as_loader(item, name=item_name) for item_name, item in each_loader(data, name=name)]
+
+
+def each_loader(data: Any, *, name: str) -> list[tuple[str, Any]]:
+    """`(name, data)` of each loader `as_loaders` makes, before `as_loader` wraps it."""
+    if isinstance(data, Mapping) and data and all(_is_loader(item) for item in data.values()):
+        return [(f"{name}[{key!r}]", item) for key, item in data.items()]
+    if isinstance(data, (list, tuple)) and data and all(_is_loader(item) for item in data):
+        return [(f"{name}[{i}]", item) for i, item in enumerate(data)]
+    return [(name, data)]
+
+
+def _is_loader(item: Any) -> bool:
+    """Whether an item of a list/tuple/dict is a loader rather than a batch: a batch is an
+    array, a dict or tuple, or a list of arrays (torch's `[x, y]`); a list of batches (dicts,
+    tuples, lists) is a loader, as is any other iterable object."""
+    if isinstance(item, (Mapping, tuple, str, bytes)) or _array_kind(item) is not None:
+        return False
+    if isinstance(item, list):
+        return bool(item) and all(isinstance(batch, (Mapping, list, tuple)) for batch in item)
+    return isinstance(item, Iterable)

@@ -14,7 +14,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -50,7 +50,7 @@ def _length(loader: Any) -> int | None:
 
 # ---------------------------------------------------------------------------- at fit start
 
-def check_fit_data(train: Any, val: Any = None, *, shards: int, processes: int = 1,
+def check_fit_data(train: Any, val: Sequence[Any] = (), *, shards: int, processes: int = 1,
                    limit: int | float | None = None, max_steps: int | None = None,
                    accumulate: int = 1) -> None:
     """What the loaders' sizes tell before the first step: raises or warns naming the numbers.
@@ -62,7 +62,7 @@ def check_fit_data(train: Any, val: Any = None, *, shards: int, processes: int =
 
     Args:
       train: the train loader (what `as_loader` returned).
-      val: the validation loader, or None.
+      val: the validation loaders (none, one or several).
       shards: how many pieces a global batch is split into (`strategy.num_batch_shards`).
       processes: the number of processes feeding the devices.
       limit: `Trainer(limit_train_batches=...)`.
@@ -83,11 +83,12 @@ def check_fit_data(train: Any, val: Any = None, *, shards: int, processes: int =
     else:
         _check_sizes(train, length, shards=shards, processes=processes, limit=limit,
                      max_batches=None if max_steps is None else max_steps * accumulate)
-    if val is not None and _length(val) == 0:
-        warnings.warn(
-            f"`{_name(val, 'val')}` has no batches (its length is 0): each validation will see no "
-            "example and log nothing. Pass data with at least one batch, or no val_data.",
-            UserWarning, stacklevel=3)
+    for loader in val:
+        if _length(loader) == 0:
+            warnings.warn(
+                f"`{_name(loader, 'val')}` has no batches (its length is 0): each validation will see "
+                "no example and log nothing from it. Pass data with at least one batch, or no val_data.",
+                UserWarning, stacklevel=3)
 
 
 def _batch_sizes(loader: Any) -> tuple[int, int, bool, bool] | None:

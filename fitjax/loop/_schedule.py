@@ -39,19 +39,19 @@ class Schedule:
             or (self.should_stop and self._can_stop_early())
         )
 
-    def _validation_enabled(self, val_loader) -> bool:
-        return val_loader is not None and self.limits["val"] != 0
+    def _validation_enabled(self, val_loaders) -> bool:
+        return bool(val_loaders) and self.limits["val"] != 0
 
-    def _val_epoch_due(self, val_loader) -> bool:
+    def _val_epoch_due(self, val_loaders) -> bool:
         n = self.check_val_every_n_epoch
-        return self._validation_enabled(val_loader) and (n is None or (self.current_epoch + 1) % n == 0)
+        return self._validation_enabled(val_loaders) and (n is None or (self.current_epoch + 1) % n == 0)
 
-    def _val_due(self, val_loader, *, stop: bool, synced: bool = True) -> bool:
+    def _val_due(self, val_loaders, *, stop: bool, synced: bool = True) -> bool:
         """Lightning's `_should_check_val_fx`, after each call of the train step: every
         `val_check_interval` batches (counted in the epoch, or over the run when
         check_val_every_n_epoch is None; a float: that fraction of the epoch's batches, rounded
         down, so an epoch may end without one), and at a stop request that will be obeyed."""
-        if not self._val_epoch_due(val_loader):
+        if not self._val_epoch_due(val_loaders):
             return False
         if stop and self._can_stop_early():
             return True

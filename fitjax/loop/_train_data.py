@@ -18,7 +18,7 @@ import jax
 from fitjax import step as step_lib
 from fitjax._typing import Batch
 from fitjax.data import as_loader, batch_size_of
-from fitjax.data._adapters import unshuffled
+from fitjax.data._adapters import each_loader, unshuffled
 from fitjax.data import _device_blocks
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _arguments
@@ -79,22 +79,23 @@ class TrainData:
     def _as_fit_loaders(self, train_data, val_data):
         if self.overfit_batches:  # the same first batches every epoch: drawn in order
             train_data = _in_order(train_data, "train")
-            val_data = None if val_data is None else _in_order(val_data, "val")
         train = as_loader(train_data, name="train_data")
-        val = as_loader(val_data, name="val_data") if val_data is not None else None
-        return train, val
+        vals = [] if val_data is None else [  # one loader or several (Lightning's list or dict)
+            as_loader(_in_order(data, "val") if self.overfit_batches else data, name=name)
+            for name, data in each_loader(val_data, name="val_data")]
+        return train, vals
 
     def _reload_due(self, loaded_at: int) -> bool:
         n = self.reload_dataloaders_every_n_epochs
         return bool(n) and self.current_epoch - loaded_at >= n and any(self._loader_hooks.values())
 
-    def _reload_loaders(self, train_loader, val_loader):
+    def _reload_loaders(self, train_loader, val_loaders):
         """The loaders asked for again from the hooks they came from (Lightning's
         `reload_dataloaders_every_n_epochs`), with the epoch's batch count and device feed."""
         hooks = self._loader_hooks
         train_data = hooks["train"]() if hooks["train"] else train_loader
-        val_data = hooks["val"]() if hooks["val"] else val_loader
-        train, val = self._as_fit_loaders(train_data, val_data)
+        train, val = self._as_fit_loaders(train_data, hooks["val"]() if hooks["val"] else None)
+        val = val if hooks["val"] else val_loaders
         self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train))
         self._val_every = checks.val_check_batches(self, self.num_training_batches,
                                                    validating=self._validation_enabled(val))

@@ -20,9 +20,9 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
-from fitjax import _accelerator, _logged, checkpoint
+from fitjax import _accelerator, _lightning, _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
-from fitjax.data import DataModule, as_loader, batch_size_of, pad_batch
+from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, pad_batch
 from fitjax.data._checks import checked_batches
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -32,7 +32,7 @@ from fitjax.module import LitModule
 from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies._distributed import gather_rows
 
-__all__ = ["EvalStages"]
+__all__ = ["EvalStages", "Evaluated"]
 
 _DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
 _METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Trainer method of each stage
@@ -44,9 +44,13 @@ class EvalStages:
     def validate(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
                  ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
                  model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
-        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`.
+        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`, with
+        what the module's hooks logged during the validation (`on_validation_epoch_end`).
 
-        `ckpt_path` ("last", "best" or a checkpoint folder) evaluates those weights instead.
+        `data` may be several loaders (a list, tuple or dict of them): Lightning's result, one
+        dict per loader, each with its own `<key>/dataloader_idx_<i>` values and the values
+        logged outside the steps. `ckpt_path` ("last", "best" or a checkpoint folder) evaluates
+        those weights instead.
         `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
         Lightning's spellings work too (`model=`, `dataloaders=`, a datamodule as `data`, the
         module's own `val_dataloader()`); without a module, the last fit's from its best
@@ -58,7 +62,8 @@ class EvalStages:
     def test(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
              ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
              model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
-        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`.
+        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`
+        (one dict per loader, as `validate`).
 
         `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
         Lightning's spellings work as in `validate` (`test_dataloader()` on the module).
@@ -78,27 +83,32 @@ class EvalStages:
             return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
-        loader = self._stage_loader(module, data, datamodule, stage=stage, method=name)
+        loaders = self._stage_loaders(module, data, datamodule, stage=stage, method=name)
+        _lightning.check_dataloader_idx(module, stage, several=len(loaders) > 1)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
         before, self._stage = self._stage, Stage(name, verbose=verbose)
         self._hooks.call("setup", self, module, name)
         try:
-            params, model_state, rng = self._eval_variables(module, loader, stage, ckpt_path)
+            params, model_state, rng = self._eval_variables(module, loaders[0], stage, ckpt_path)
             if stage == "val":
-                self._count_val_batches(loader)
+                self._count_val_batches(loaders)
+            earlier = dict(self._callback_metrics)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
-            results, aliases = self._evaluate(module, loader, params, model_state, rng, stage=stage)
-            self._log(results, aliases=aliases)
+            evaluated = self._evaluate(module, loaders, params, model_state, rng, stage=stage)
+            self._log(evaluated.values, aliases=evaluated.aliases)
             self._call(f"on_{hook}_epoch_end", module)
             self._call(f"on_{hook}_end", module)
+            logged = {k: v for k, v in self._callback_metrics.items() if earlier.get(k) is not v}
         finally:
             self._hooks.call("teardown", self, module, name)
             self._stage = before
         for logger in self.loggers:
             logger.save()
-        return [results]
+        if len(loaders) == 1:
+            return [logged]
+        return [_logged.of_loader(logged, i) for i in range(len(loaders))]
 
     @in_precision
     def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
@@ -119,7 +129,7 @@ class EvalStages:
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
     def _predict(self, module, data, datamodule, ckpt_path) -> list:
-        loader = self._stage_loader(module, data, datamodule, stage="predict", method="predict")
+        loader = self._stage_loaders(module, data, datamodule, stage="predict", method="predict", several=False)[0]
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
         before, self._stage = self._stage, Stage("predict")
         self._hooks.call("setup", self, module, "predict")
@@ -150,33 +160,34 @@ class EvalStages:
             self._stage = before
         return host
 
-    def _validate_during_fit(self, module: LitModule, val_loader) -> None:
+    def _validate_during_fit(self, module: LitModule, val_loaders) -> None:
         self._finish_train_window()  # callbacks of validation see every train value up to now
         with self.profiler.profile("[loop] validation"):
-            self._validate_in_fit(module, val_loader)
+            self._validate_in_fit(module, val_loaders)
 
-    def _validate_in_fit(self, module: LitModule, val_loader) -> None:
+    def _validate_in_fit(self, module: LitModule, val_loaders) -> None:
         with module._mode(False):  # Lightning's eval mode during validation, train mode after it
-            self._validation_run(module, val_loader)
+            self._validation_run(module, val_loaders)
 
-    def _validation_run(self, module: LitModule, val_loader) -> None:
-        self._count_val_batches(val_loader)
+    def _validation_run(self, module: LitModule, val_loaders) -> None:
+        self._count_val_batches(val_loaders)
         self._call("on_validation_start", module)
         self._call("on_validation_epoch_start", module)
-        results, aliases = self._evaluate(
-            module, val_loader, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
+        evaluated = self._evaluate(
+            module, val_loaders, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
         )
-        self.progress_bar_metrics.update(_logged.for_progress_bar(results, self._compiled.log_specs))
-        self._log(results, aliases=aliases)
+        self.progress_bar_metrics.update(evaluated.progress_bar)
+        self._log(evaluated.values, aliases=evaluated.aliases)
         self._progress.last_validated = self._progress.position
         self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
-    def _sanity_check(self, module: LitModule, val_loader) -> None:
-        """Lightning's sanity check: `num_sanity_val_steps` validation batches before training,
-        with the validation hooks (`trainer.sanity_checking` is True); nothing is logged."""
-        if not self.num_sanity_val_steps or not self._validation_enabled(val_loader):
+    def _sanity_check(self, module: LitModule, val_loaders) -> None:
+        """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
+        before training, with the validation hooks (`trainer.sanity_checking` is True); nothing
+        is logged."""
+        if not self.num_sanity_val_steps or not self._validation_enabled(val_loaders):
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
@@ -184,10 +195,10 @@ class EvalStages:
         try:
             mode.__enter__()
             self._call("on_sanity_check_start", module)
-            self._count_val_batches(val_loader, limit=limit)
+            self._count_val_batches(val_loaders, limit=limit)
             self._call("on_validation_start", module, log=False)
             self._call("on_validation_epoch_start", module, log=False)
-            self._evaluate(module, val_loader, self._eval_params(), self.state.model_state, self.state.rng,
+            self._evaluate(module, val_loaders, self._eval_params(), self.state.model_state, self.state.rng,
                            stage="val", limit=limit)
             self._call("on_validation_epoch_end", module, log=False)
             self._call("on_validation_end", module, log=False)
@@ -227,37 +238,47 @@ class EvalStages:
         module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
         return variables
 
-    def _evaluate(self, module, loader, params, model_state, rng, *, stage: str, limit: int | None = None
-                  ) -> tuple[HostMetrics, HostMetrics]:
-        """Loss and metrics over the whole of `loader` (its first `limit` batches), each example
-        counted once; and the plain names Lightning adds to `callback_metrics` (see
-        `_logged.plain_names`)."""
-        eval_step, names = self._compiled.evaluator(stage)
-        acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
+    def _evaluate(self, module, loaders, params, model_state, rng, *, stage: str, limit: int | None = None
+                  ) -> Evaluated:
+        """Loss and metrics over the whole of each loader (its first `limit` batches), each
+        example counted once; with several loaders each key gets Lightning's
+        `/dataloader_idx_<i>` suffix."""
         hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
-        start_hook = hook.replace("_end", "_start")
         wants_batch_end = self._hooks.wants(hook)
+        start_hook = hook.replace("_end", "_start")
         wants_batch_start = self._hooks.wants(start_hook) or module._overrides(start_hook)
-        batches = self._eval_batches(loader, stage, with_mask=True, limit=limit)
-        for batch_idx, (padded, mask, batch) in enumerate(batches):
-            if wants_batch_start:
-                self._hooks.call(start_hook, self, module, batch, batch_idx)
-            try:
-                acc, outputs = eval_step(params, model_state, rng, acc, padded, mask)
-            except Exception as err:
-                self._built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}")
-                raise
-            if wants_batch_end:
-                self._hooks.call(hook, self, module, outputs, batch, batch_idx)
-        host = jax.device_get(acc)  # sync point: once per evaluation
-        specs = self._compiled.log_specs
-        return (_logged.compute(host, specs, stage=stage, epoch=True),
-                _logged.plain_names(host, specs, epoch=True))
+        several = len(loaders) > 1
+        evaluated = Evaluated({}, {}, {})
+        for dataloader_idx, loader in enumerate(loaders):
+            # Lightning passes `dataloader_idx` to the batch hooks only with several loaders
+            extra, which = ((dataloader_idx,), f" (loader {dataloader_idx})") if several else ((), "")
+            eval_step, names, specs = self._compiled.evaluator(stage, dataloader_idx)
+            acc = jax.device_put(acc_lib.zeros(names), self.strategy.replicated)
+            batches = self._eval_batches(loader, stage, with_mask=True, limit=limit)
+            for batch_idx, (padded, mask, batch) in enumerate(batches):
+                if wants_batch_start:
+                    self._hooks.call(start_hook, self, module, batch, batch_idx, *extra)
+                try:
+                    acc, outputs = eval_step(params, model_state, rng, acc, padded, mask)
+                except Exception as err:
+                    self._built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}{which}")
+                    raise
+                if wants_batch_end:
+                    self._hooks.call(hook, self, module, outputs, batch, batch_idx, *extra)
+            host = jax.device_get(acc)  # sync point: once per loader of an evaluation
+            values = _logged.compute(host, specs, stage=stage, epoch=True)
+            suffix = _logged.loader_suffix(dataloader_idx) if several else ""
+            evaluated.values.update({k + suffix: v for k, v in values.items()})
+            evaluated.aliases.update({k + suffix: v for k, v in _logged.plain_names(host, specs, epoch=True).items()})
+            evaluated.progress_bar.update({k + suffix: v for k, v in _logged.for_progress_bar(values, specs).items()})
+        return evaluated
 
-    def _count_val_batches(self, loader, *, limit: int | None = None) -> None:
-        """`num_val_batches` for the validation about to run, set before its hooks (a progress
-        bar draws its total at `on_validation_start`); None when the loader has no length."""
-        self.num_val_batches = checks.apply_limit(limit or self.limits["val"], maybe_len(loader), stage="val")
+    def _count_val_batches(self, loaders, *, limit: int | None = None) -> None:
+        """`num_val_batches` (one count per loader, Lightning's list) for the validation about to
+        run, set before its hooks (a progress bar draws its total at `on_validation_start`);
+        None for a loader without a length."""
+        self.num_val_batches = [checks.apply_limit(limit or self.limits["val"], maybe_len(loader), stage="val")
+                                for loader in loaders]
 
     def _eval_batches(self, loader, stage: str, *, with_mask: bool = False, shard: bool = True,
                       limit: int | None = None) -> Iterator[tuple[Batch, Any, Batch]]:
@@ -296,9 +317,10 @@ class EvalStages:
         module.trainer = self
         return module, data, datamodule, ckpt_path
 
-    def _stage_loader(self, module, data, datamodule, *, stage: str, method: str):
-        """The stage's data: passed, else the datamodule's, else the module's own loader; the
-        module's `prepare_data()` and `setup(stage)` run first (Lightning's order)."""
+    def _stage_loaders(self, module, data, datamodule, *, stage: str, method: str, several: bool = True) -> list:
+        """The stage's loaders (several where `several`: a list, tuple or dict of them): passed,
+        else the datamodule's, else the module's own; the module's `prepare_data()` and
+        `setup(stage)` run first (Lightning's order)."""
         if datamodule is not None:
             checks.check_datamodule(method, datamodule)
             datamodule.prepare_data()
@@ -310,7 +332,17 @@ class EvalStages:
         if data is None:
             raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches), datamodule=, "
                              f"or a `{stage}_dataloader()` method on {type(module).__name__}.")
-        return as_loader(data, name="data")
+        return as_loaders(data, name="data") if several else [as_loader(data, name="data")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluated:
+    """An evaluation's values under their logged keys, the plain names Lightning adds to
+    `callback_metrics` (see `_logged.plain_names`) and the values a progress bar shows."""
+
+    values: HostMetrics
+    aliases: HostMetrics
+    progress_bar: HostMetrics
 
 
 def _real_rows(outputs: Any, padded_rows: int, size: int) -> Any:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _seed
+from fitjax import _accelerator, _determinism, _lightning, _seed
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -283,7 +283,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._callback_metrics: HostMetrics = {}
         self.logged_metrics: HostMetrics = {}
         self.progress_bar_metrics: HostMetrics = {}
-        self.num_val_batches: int | None = None
+        self.num_val_batches: list[int | None] = []
         self._compiled: step_lib.Compiled | None = None
         self._step_flops: tuple[float | None] | None = None
         self._module_for_compiled: LitModule | None = None
@@ -479,7 +479,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         """Trains `module` on `train_data`, validating on `val_data` (both optional with a datamodule).
 
         Data may be a `fj.DataLoader`, a torch `DataLoader`, a grain dataset, or any re-iterable
-        of batches (pytrees of arrays). `ckpt_path` ("last", "best" or a checkpoint folder)
+        of batches (pytrees of arrays). `val_data` may be several loaders (a list, tuple or dict
+        of them, as Lightning takes them): each validation runs them in turn and their values are
+        logged as `<key>/dataloader_idx_<i>`. `ckpt_path` ("last", "best" or a checkpoint folder)
         resumes exactly where that checkpoint stopped; "hpc" from the newest `hpc_ckpt_<n>` in
         `default_root_dir`. Without it, a process `fitjax launch --max-restarts` restarted
         resumes from the newest complete checkpoint. SIGTERM stops every process after one
@@ -503,12 +505,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
-        train_loader, val_loader = self._fit_loaders(module, train_data, val_data, datamodule)
-        check_fit_data(train_loader, val_loader, shards=self.strategy.num_batch_shards,
+        train_loader, val_loaders = self._fit_loaders(module, train_data, val_data, datamodule)
+        check_fit_data(train_loader, val_loaders, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        if self._validation_enabled(val_loader):  # a fraction keeping no batch: an error now, as Lightning
-            checks.apply_limit(self.limits["val"], checks.maybe_len(val_loader), stage="val")
+        if self._validation_enabled(val_loaders):  # a fraction keeping no batch: an error now, as Lightning
+            for loader in val_loaders:
+                checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
+            _lightning.check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -520,7 +524,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         try:
             with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context(), \
                     module._mode(True):  # Lightning's train mode for the host hooks
-                self._fit(module, train_loader, val_loader, ckpt_path)
+                self._fit(module, train_loader, val_loaders, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
             stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
@@ -541,7 +545,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
         self._finalize_loggers("success")
 
-    def _fit(self, module: LitModule, train_loader, val_loader, ckpt_path=None) -> None:
+    def _fit(self, module: LitModule, train_loader, val_loaders, ckpt_path=None) -> None:
         self.should_stop = False
         self._latest_step = self._latest_step_host = None
         first, epoch_iter = self._first_batch(train_loader)
@@ -562,19 +566,19 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
         self._val_every = checks.val_check_batches(self, self.num_training_batches,
-                                                   validating=self._validation_enabled(val_loader))
+                                                   validating=self._validation_enabled(val_loaders))
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
-        self._sanity_check(module, val_loader)
+        self._sanity_check(module, val_loaders)
         if not self._skip_training():
             self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
             while not self._done_training():
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
-                    train_loader, val_loader = self._reload_loaders(train_loader, val_loader)
+                    train_loader, val_loaders = self._reload_loaders(train_loader, val_loaders)
                     loaded_at, epoch_iter = self.current_epoch, None
-                self._train_epoch(module, train_loader, val_loader, epoch_iter)
+                self._train_epoch(module, train_loader, val_loaders, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             self._end_pieces(module, train_loader)
             self._sync_module(module)
@@ -583,7 +587,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             self._sync_module(module)
         self._call("on_fit_end", module)
 
-    def _train_epoch(self, module: LitModule, train_loader, val_loader, epoch_iter) -> None:
+    def _train_epoch(self, module: LitModule, train_loader, val_loaders, epoch_iter) -> None:
         """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
         offset, self._resume_at = self._resume_at, 0  # > 0 for an epoch resumed mid-way
         if not offset:
@@ -632,14 +636,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
                 raise _preemption.stopped(self, reason)
             stop = self._agree_on_stop(synced=synced)
-            if self._val_due(val_loader, stop=stop, synced=synced):
-                self._validate_during_fit(module, val_loader)
+            if self._val_due(val_loaders, stop=stop, synced=synced):
+                self._validate_during_fit(module, val_loaders)
                 stop = self._agree_on_stop(synced=True)
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
-        if ran_out and self._val_every is None and self._val_epoch_due(val_loader) and not self._time_based_validation():
-            self._validate_during_fit(module, val_loader)  # data without a length: at its end
+        if ran_out and self._val_every is None and self._val_epoch_due(val_loaders) and not self._time_based_validation():
+            self._validate_during_fit(module, val_loaders)  # data without a length: at its end
         self._end_train_epoch(module)
 
     def _explain_train_failure(self, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:

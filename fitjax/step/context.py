@@ -1,4 +1,5 @@
-"""What a traced step tells the user's code while it runs: the batch index and the eval stage.
+"""What a traced step tells the user's code while it runs: the batch index, the eval stage and
+the index of the evaluation's loader.
 
 The step sets these around its call of `module.loss`; the Lightning adapter (`fitjax._lightning`)
 reads them to pass `batch_idx` and to pick `validation_step` or `test_step`. They are context
@@ -18,10 +19,23 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GroupLosses", "batch_index", "current_batch_index", "current_stage", "setting", "stage"]
+__all__ = ["GroupLosses", "LoaderIndex", "batch_index", "current_batch_index", "current_dataloader_index",
+           "current_stage", "dataloader_index", "setting", "stage"]
 
 _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("fitjax_eval_stage", default="val")
 _BATCH_IDX: contextvars.ContextVar[Any] = contextvars.ContextVar("fitjax_batch_idx", default=None)
+
+
+@dataclasses.dataclass
+class LoaderIndex:
+    """Which evaluation loader a traced step serves (a Python int: the step is traced once per
+    loader that needs its own), and whether the user's code read it while tracing."""
+
+    value: int = 0
+    read: bool = False
+
+
+_LOADER_IDX: contextvars.ContextVar[LoaderIndex | None] = contextvars.ContextVar("fitjax_loader_idx", default=None)
 
 
 @contextlib.contextmanager
@@ -53,6 +67,21 @@ def current_batch_index() -> jax.Array:
     # Created inside the trace, so it is a tracer too: Python control flow on it fails the same
     # way in every hook instead of silently taking one branch.
     return jnp.zeros((), jnp.int32) if value is None else jnp.asarray(value, jnp.int32)
+
+
+def dataloader_index(index: LoaderIndex | int) -> contextlib.AbstractContextManager[None]:
+    """The loader index the user's code sees while the step is traced (`validation_step`'s
+    `dataloader_idx`, `LitModule.dataloader_idx`); a `LoaderIndex` records whether it was read."""
+    return setting(_LOADER_IDX, index if isinstance(index, LoaderIndex) else LoaderIndex(index))
+
+
+def current_dataloader_index() -> int:
+    """The loader index (0 outside an evaluation of several loaders); marks it read."""
+    index = _LOADER_IDX.get()
+    if index is None:
+        return 0
+    index.read = True
+    return index.value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,9 +90,10 @@ def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation
     return init
 
 
-def make_eval_step(module, binding: ModelBinding, stage: str = "val"):
+def make_eval_step(module, binding: ModelBinding, stage: str = "val", dataloader_idx: int = 0):
     """`eval_step(params, model_state, rng, acc, batch, mask) -> (acc, values)` for the
-    evaluation `stage` ("val" or "test": `context.current_stage()` while traced).
+    evaluation `stage` ("val" or "test": `context.current_stage()` while traced) of the loader
+    `dataloader_idx` (`context.current_dataloader_index()`).
 
     The loss and metrics are computed per example (`vmap` over the batch) and weighted by
     `mask`, so the padded rows of a last partial batch count for nothing and every real example
@@ -114,7 +115,7 @@ def make_eval_step(module, binding: ModelBinding, stage: str = "val"):
             loss, outputs, _, logged = _forward(module, binding, params, model_state, rng, example, train=False)
             return step_values(module, example, outputs, loss, logged, train=False)
 
-        with context.stage(stage), context.batch_index(index):
+        with context.stage(stage), context.batch_index(index), context.dataloader_index(dataloader_idx):
             per_example = jax.vmap(one)(batch)
         weight = mask.astype(jnp.float32)
         real = jnp.maximum(weight.sum(), 1.0)

@@ -9,6 +9,7 @@ state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -66,11 +67,18 @@ class Compiled:
         """The train step functions, as `train_steps_for` returns them."""
         return {name: getattr(self, name) for name in _TRAIN_STEPS}
 
-    def evaluator(self, stage: str) -> tuple[Callable[..., Any], tuple[str, ...]]:
-        """The eval step and its value names for "val" or "test"."""
+    #: `(stage, dataloader_idx) -> (eval step, value names, log specs)` of a loader after the
+    #: first, for a module whose evaluation reads the loader index (None: every loader shares one)
+    loader_evaluator: Callable[[str, int], tuple[Callable[..., Any], tuple[str, ...], dict]] | None = None
+
+    def evaluator(self, stage: str, dataloader_idx: int = 0) -> tuple[Callable[..., Any], tuple[str, ...], dict]:
+        """The eval step, its value names and their log specs for "val" or "test" on the loader
+        `dataloader_idx` (one step for every loader unless the module reads the index)."""
+        if dataloader_idx and self.loader_evaluator is not None:
+            return self.loader_evaluator(stage, dataloader_idx)
         if stage == "test" and self.test_step is not None:
-            return self.test_step, self.test_metric_names
-        return self.eval_step, self.eval_metric_names
+            return self.test_step, self.test_metric_names, self.log_specs
+        return self.eval_step, self.eval_metric_names, self.log_specs
 
 
 _TRAIN_STEPS = ("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics", "train_step_cost")
@@ -118,14 +126,17 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     given = module.variables or binding.initial_variables()
     abstract_batch = _abstract(batch)
     predict_fn = module._predict_fn()
+    loader_index = context.LoaderIndex()  # read while tracing: a step per evaluation loader
     if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
         names, trace = forward.StepNames(("loss",), ("loss",), {}), predict_fn
     else:
-        names, trace = forward.check_step_outputs(module, binding, abstract_batch, given), None
+        with context.dataloader_index(loader_index):
+            names, trace = forward.check_step_outputs(module, binding, abstract_batch, given), None
     test_names = None
     if stage != "predict" and "test" in module._eval_stages():  # test_step logs names of its own
-        with context.stage("test"):
+        with context.stage("test"), context.dataloader_index(loader_index):
             test_names = forward.check_step_outputs(module, binding, abstract_batch, given)
+    abstract_given = None if given is None else _abstract(given)
     metric_names = names.train
     manual = bool(module._manual_optimization)
     tx = check_optimizer(module.configure_optimizer(), owner) if train_stage else optax.identity()
@@ -157,23 +168,34 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
             return made
 
         steps = {**train_steps_for(options), "train_steps_for": train_steps_for}
-    evaluators = {}
-    for stage_name in ("val", "test"):
-        evaluators[stage_name] = strategy.jit(
-            options.wrap_eval(forward.make_eval_step(module, binding, stage_name), batch_arg=4),
+
+    def jit_eval(stage_name: str, dataloader_idx: int = 0) -> Callable[..., Any]:
+        return strategy.jit(
+            options.wrap_eval(forward.make_eval_step(module, binding, stage_name, dataloader_idx), batch_arg=4),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
             donate_argnums=(3,),
         )
+
+    evaluators = {stage_name: jit_eval(stage_name) for stage_name in ("val", "test")}
     predict_step = strategy.jit(
         options.wrap_eval(forward.make_predict_step(module, binding, fn=predict_fn), batch_arg=3),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
+
+    @functools.cache
+    def loader_evaluator(stage_name: str, dataloader_idx: int):
+        """Another loader's step: its names traced again (a hook may log others for it)."""
+        with context.stage(stage_name), context.dataloader_index(dataloader_idx):
+            loader_names = forward.check_step_outputs(module, binding, abstract_batch, abstract_given)
+        return jit_eval(stage_name, dataloader_idx), loader_names.eval, {**log_specs, **loader_names.log_specs}
+
     compiled = Compiled(shardings, metric_names, eval_step=evaluators["val"], predict_step=predict_step,
                         eval_metric_names=names.eval, log_specs=log_specs,
+                        loader_evaluator=loader_evaluator if loader_index.read else None,
                         test_step=evaluators["test"] if test_names else None,
                         test_metric_names=test_names.eval if test_names else (), options=options, **steps)
     return (state if train_stage else (state.params, state.model_state, state.rng)), compiled

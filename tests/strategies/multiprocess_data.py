@@ -16,4 +16,8 @@ def fit_and_predict(trainer: fj.Trainer, module: fj.LitModule):
     trainer.fit(module, fj.DataLoader(regression_data(n=128), batch_size=32, shuffle=True, seed=1),
                 fj.DataLoader(regression_data(n=100, seed=1), batch_size=32))
     predictions = trainer.predict(module, fj.DataLoader({"x": regression_data(n=77, seed=2)["x"]}, batch_size=16))
-    return predictions, dict(trainer.callback_metrics)
+    val = dict(trainer.callback_metrics)
+    # two loaders (45 = 32 + 13, split 8 + 5): each example of each counted once
+    several = trainer.validate(module, [fj.DataLoader(regression_data(n=100, seed=1), batch_size=32),
+                                        fj.DataLoader(regression_data(n=45, seed=3), batch_size=32)], verbose=False)
+    return predictions, val, several

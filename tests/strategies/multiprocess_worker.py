@@ -37,12 +37,13 @@ def main(out_dir: Path) -> None:
         )
         assert jax.process_count() == 2 and len(trainer.devices) == 8
         module = Regressor()
-        predictions, val = fit_and_predict(trainer, module)
+        predictions, val, several = fit_and_predict(trainer, module)
         results[name] = {
             "losses": history.losses,
             # every host gets the full arrays, from the shards the others hold
             "params": multihost_utils.process_allgather(module.variables[0], tiled=True),
             "val": val,
+            "several": several,
             "predictions": predictions,
             "kernel_spec": str(trainer.state.params["Dense_0"]["kernel"].sharding.spec),
             "log_dir": str(trainer.log_dir),
