@@ -11,6 +11,8 @@ _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read 
 from fitjax import callbacks, checkpoint, cli, data, loggers, plugins, precision, profilers, strategies, tuner
 from fitjax.callbacks import (
     EMA,
+    BackboneFinetuning,
+    BaseFinetuning,
     BasePredictionWriter,
     Callback,
     DeviceStatsMonitor,
@@ -39,6 +41,8 @@ from fitjax._seed import seed_everything
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BasePredictionWriter",
     "CSVLogger",
     "Callback",

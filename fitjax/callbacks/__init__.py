@@ -7,6 +7,7 @@ from fitjax.callbacks.device_stats import DeviceStatsMonitor
 from fitjax.callbacks.early_stopping import EarlyStopping
 from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
+from fitjax.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.prediction_writer import BasePredictionWriter
@@ -20,6 +21,8 @@ from fitjax.callbacks.tqdm_progress import TQDMProgressBar
 from fitjax.callbacks.watchdog import Watchdog
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BasePredictionWriter",
     "Callback",
     "CallbackList",

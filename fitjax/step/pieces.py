@@ -21,6 +21,9 @@ Beyond the per-step `update`, a piece may (each optional, each costing nothing w
 - `guard(extra, loss, step)`: judge each optimizer step's loss before its update is kept: it
   returns the piece's new state and whether to keep the update (a traced bool); a step not kept
   leaves the parameters, optimizer state and model state as they were (`SpikeGuard`);
+- `group_scales(extra)`: scale each top-level parameter group's update (a dict `{key: traced
+  scalar}`; 0 = frozen: its gradient is zeroed before clipping, its update is 0 and its optimizer
+  and model state entries stay as they were; `FinetuningScales`);
 - `ends_training(epochs_done)` / `final_params(extra, params)`: replace the parameters when
   training ends, and with `recompute_model_state` have the loop recompute the model state
   (BatchNorm statistics) with one pass over the train data (`fitjax.step.running_stats`).
@@ -37,9 +40,9 @@ from fitjax._typing import PyTree
 from fitjax.state import TrainState
 from fitjax.step import learning_rate as lr_lib
 
-__all__ = ["ExponentialMovingAverage", "SpikeGuard", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
-           "eval_params", "eval_params_key", "guard", "init_extras", "learning_rate", "module_params",
-           "update_extras"]
+__all__ = ["ExponentialMovingAverage", "FinetuningScales", "SpikeGuard", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
+           "eval_params", "eval_params_key", "group_scales", "guard", "init_extras", "keep_frozen", "learning_rate", "module_params",
+           "scale_groups", "update_extras"]
 
 
 class StatePiece:
@@ -89,6 +92,11 @@ class StatePiece:
         """`(new state, keep)`: whether optimizer step `step`'s update (its loss `loss`, a traced
         float32 scalar) is kept (traced bool). Only called for pieces that override it."""
         return extra, jnp.asarray(True)
+
+    def group_scales(self, extra: PyTree) -> dict[str, jax.Array] | None:
+        """`{top-level parameter key: traced scale}` applied to those groups' updates (0: frozen),
+        or None when this piece scales nothing (static)."""
+        return None
 
     @property
     def has_guard(self) -> bool:
@@ -275,6 +283,94 @@ class SpikeGuard(StatePiece):
         halted = extra["spike"][0] >= 0
         keep = ~spike if self.skip_update else ~(spike | halted)
         return new, keep
+
+
+class FinetuningScales(StatePiece):
+    """Per-group update scales by epoch, for `fj.BaseFinetuning` (frozen groups, backbone rates).
+
+    State: `{"scale": {group: scale}, "stats": {group: 1 or 0}}` (float32 scalars), one per
+    top-level parameter key.
+    `table[e]` is the scales of (0-based) train epoch `e` (the last row for later epochs), computed
+    on the host when fit starts and set by `epoch_start`, one jitted function compiled once: a
+    change of scale at an epoch recompiles nothing, and a resumed run restores the scales with the
+    state. A scale of 0 freezes the group (see `StatePiece.group_scales`); `keep_stats` lists the
+    groups whose model state (BatchNorm statistics) also stays as it was while frozen.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.groups: tuple[str, ...] = ()  # every top-level parameter key, known at `init`
+        self.table: list[list[float]] | None = None  # [epochs, groups], set when fit starts
+        self.keep_stats: list[list[bool]] | None = None
+
+    def init(self, params: PyTree) -> PyTree:
+        if not isinstance(params, dict):
+            raise TypeError(f"fine-tuning freezes top-level parameter groups, but the module's parameters are a "
+                            f"{type(params).__name__}, not a dict of submodules.")
+        self.groups = tuple(params)
+        return {"scale": {g: jnp.ones((), jnp.float32) for g in self.groups},
+                "stats": {g: jnp.ones((), jnp.float32) for g in self.groups}}
+
+    def update(self, extra: PyTree, params: PyTree, step: jax.Array) -> PyTree:
+        return extra
+
+    def epoch_start(self, extra: PyTree, params: PyTree, opt_state: PyTree, epoch: jax.Array) -> PyTree:
+        if self.table is None:
+            raise RuntimeError(f"FinetuningScales({self.name!r}) runs before its table is known: the "
+                               "BaseFinetuning callback computes it when fit starts.")
+        row = jnp.minimum(epoch, len(self.table) - 1)
+        table = jnp.asarray(self.table, jnp.float32)[row]
+        stats = jnp.asarray(self.keep_stats, jnp.float32)[row]
+        return {"scale": {g: table[i] for i, g in enumerate(self.groups)},
+                "stats": {g: 1.0 - stats[i] for i, g in enumerate(self.groups)}}
+
+    def group_scales(self, extra: PyTree) -> dict[str, jax.Array]:
+        return extra["scale"]
+
+
+def _group_of(path, groups) -> str | None:
+    for entry in path:
+        key = getattr(entry, "key", None)
+        if isinstance(key, str) and key in groups:
+            return key
+    return None
+
+
+def group_scales(pieces: Sequence[StatePiece], extras) -> tuple[dict, dict] | None:
+    """`(scales, stats)` of the pieces that scale parameter groups (`{group: traced scalar}`
+    each, multiplied over pieces; stats 0: the group's model state is kept), or None when none
+    does (static: the step is then the plain one)."""
+    scales, stats = {}, {}
+    for piece in pieces:
+        found = piece.group_scales(extras[piece.name])
+        if found is None:
+            continue
+        for g, s in found.items():
+            scales[g] = scales[g] * s if g in scales else s
+        for g, s in extras[piece.name].get("stats", {}).items() if isinstance(extras[piece.name], dict) else ():
+            stats[g] = stats[g] * s if g in stats else s
+    return (scales, stats) if scales else None
+
+
+def scale_groups(tree: PyTree, scales: dict[str, jax.Array]) -> PyTree:
+    """Each leaf under a scaled group (found by the first dict key on its path naming one)
+    multiplied by its scale, in its own dtype; `where` keeps a frozen group's non-finite values out."""
+    def one(path, leaf):
+        g = _group_of(path, scales)
+        if g is None:
+            return leaf
+        s = scales[g]
+        return jnp.where(s == 0, jnp.zeros_like(leaf), leaf * s.astype(leaf.dtype))
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def keep_frozen(new: PyTree, old: PyTree, scales: dict[str, jax.Array]) -> PyTree:
+    """`new` with the leaves of frozen groups (scale 0) taken from `old`: a frozen group's
+    optimizer moments (or model state) do not change."""
+    def one(path, n, o):
+        g = _group_of(path, scales)
+        return n if g is None else jnp.where(scales[g] == 0, o, n)
+    return jax.tree_util.tree_map_with_path(one, new, old)
 
 
 def check_pieces(pieces: Sequence[StatePiece]) -> tuple[StatePiece, ...]:

@@ -5,8 +5,10 @@
             grads += grad(loss(cast(params), cast(micro_batch)) * loss_scale)   # `gradients`
         grads /= k * loss_scale                  # each micro-batch loss divided by k, like Lightning
         grad_norm = global_norm(grads)           # before clipping (logged with log_grad_norm)
+        grads of frozen groups zeroed            # BaseFinetuning (a piece's `group_scales`), if any
         updates = (clip ∘ user optimizer)(grads) # clipping is an optax transform chained first;
                                                  # at the learning rate a piece imposes (SWA), if any
+        updates scaled by group, frozen groups keep their optimizer (and model) state
         skip the update if the grads are not finite (16-mixed), adjust the scale
         keep the state the step started from if a piece judges its loss bad (SpikeDetection)
         flag a non-finite loss, grads or params (detect_anomaly)
@@ -174,6 +176,9 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
         if options.log_grad_norm:
             values = {**values, "grad_norm": global_norm(grads)}
             acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
+        scaled = pieces.group_scales(options.pieces, state.extras)  # fine-tuning; None: none
+        if scaled is not None:  # a frozen group has no gradient (before clipping), as in torch
+            grads = pieces.scale_groups(grads, {g: (s != 0).astype(jnp.float32) for g, s in scaled[0].items()})
         # `value`: the loss, for optax transforms that read it (optax.contrib.reduce_on_plateau)
         update_fn = optax.with_extra_args_support(tx).update
         imposed = pieces.learning_rate(options.pieces, state.extras)  # SWA's annealing, lr_find; None: none
@@ -181,6 +186,10 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
             update_fn = functools.partial(learning_rate.update, update_fn, imposed,
                                           schedule=learning_rate.schedule_of(module))
         updates, opt_state = update_fn(grads, state.opt_state, state.params, value=values["loss"])
+        if scaled is not None:  # the group's rate relative to the base rate; frozen: no moments change
+            updates = pieces.scale_groups(updates, scaled[0])
+            opt_state = pieces.keep_frozen(opt_state, state.opt_state, scaled[0])
+            model_state = pieces.keep_frozen(model_state, state.model_state, scaled[1])
         params = optax.apply_updates(state.params, updates)
         if ls is not None:  # skip a non-finite step: keep params and optimizer state
             keep_new = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
