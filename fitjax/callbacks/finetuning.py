@@ -54,10 +54,14 @@ class BaseFinetuning(Callback):
     injected or scheduled rate at step 0, 1.0 when it cannot be read), not a scheduler's later
     value. Exact versus Lightning for SGD with a constant base rate; with Adam the groups share
     one step count (optax), so a group unfrozen later gets bias corrections of the later step.
+
+    Args:
+        name: its key in `trainer.state.extras` (the scales of the current epoch).
+        verbose: log each epoch's update scales at its start.
     """
 
-    def __init__(self, name: str = "finetuning"):
-        self.name = name
+    def __init__(self, name: str = "finetuning", verbose: bool = False):
+        self.name, self.verbose = name, bool(verbose)
         self._groups: tuple[str, ...] = ()
         self._piece = FinetuningScales(name)
         self._frozen: set[str] = set()
@@ -98,7 +102,8 @@ class BaseFinetuning(Callback):
         `initial_denom_lr`), as a new `optimizer.param_groups` entry."""
         keys = _keys(modules, "BaseFinetuning.unfreeze_and_add_param_group")
         if initial_denom_lr <= 0:
-            raise ValueError(f"unfreeze_and_add_param_group(initial_denom_lr=...) must be > 0, got {initial_denom_lr!r}.")
+            raise ValueError(f"unfreeze_and_add_param_group(initial_denom_lr=...) must be > 0, "
+                             f"got {initial_denom_lr!r}.")
         self.make_trainable(keys)
         if not train_bn:
             self._keep_stats.update(keys)
@@ -130,8 +135,6 @@ class BaseFinetuning(Callback):
         if self.verbose:
             row = self.table[min(trainer.current_epoch, len(self.table) - 1)]
             log.info("%s epoch %d: update scales %s", type(self).__name__, trainer.current_epoch, row)
-
-    verbose = False
 
     @property
     def state_key(self) -> str:
@@ -189,7 +192,7 @@ class BackboneFinetuning(BaseFinetuning):
         should_align: cap the backbone's rate at the base rate.
         initial_denom_lr: unused with the rate given (Lightning's argument, kept for porting).
         train_bn: whether the backbone's BatchNorm statistics update while frozen.
-        verbose: log the epoch's scales at each epoch start.
+        verbose: log "Current lr: ..., Backbone lr: ..." at each epoch start from the unfreeze on.
         rounding: digits of the logged rates.
 
     Example:
@@ -206,7 +209,8 @@ class BackboneFinetuning(BaseFinetuning):
             raise ValueError("BackboneFinetuning(unfreeze_backbone_at_epoch=...) must be an int >= 0 (0-based), "
                              f"got {unfreeze_backbone_at_epoch!r}.")
         if lambda_func is not None and not callable(lambda_func):
-            raise TypeError(f"BackboneFinetuning(lambda_func=...) must be a function epoch -> factor, got {lambda_func!r}.")
+            raise TypeError(f"BackboneFinetuning(lambda_func=...) must be a function epoch -> factor, "
+                            f"got {lambda_func!r}.")
         if not backbone_initial_ratio_lr > 0 or (backbone_initial_lr is not None and not backbone_initial_lr > 0):
             raise ValueError("BackboneFinetuning: backbone_initial_ratio_lr and backbone_initial_lr must be > 0, got "
                              f"{backbone_initial_ratio_lr!r} and {backbone_initial_lr!r}.")
@@ -226,7 +230,8 @@ class BackboneFinetuning(BaseFinetuning):
         super().on_fit_start(trainer, module)
 
     def on_train_epoch_start(self, trainer, module) -> None:
-        if self.verbose:  # Lightning's line, with the rates as fractions of the base rate when it is unknown
+        # Lightning's line from the unfreeze epoch on (rates relative to 1.0 when the base rate is unknown)
+        if self.verbose and trainer.current_epoch >= self.unfreeze_backbone_at_epoch:
             row = self.table[min(trainer.current_epoch, len(self.table) - 1)]
             base = self._optimizer.param_groups[0]["lr"]
             log.info("Current lr: %s, Backbone lr: %s", round(base, self.rounding),

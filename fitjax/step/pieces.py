@@ -21,7 +21,7 @@ Beyond the per-step `update`, a piece may (each optional, each costing nothing w
 - `guard(extra, loss, step)`: judge each optimizer step's loss before its update is kept: it
   returns the piece's new state and whether to keep the update (a traced bool); a step not kept
   leaves the parameters, optimizer state and model state as they were (`SpikeGuard`);
-- `group_scales(extra)`: scale each top-level parameter group's update (a dict `{key: traced
+- `group_scales(extra)`: scale each top-level parameter group's update (dicts `{key: traced
   scalar}`; 0 = frozen: its gradient is zeroed before clipping, its update is 0 and its optimizer
   and model state entries stay as they were; `FinetuningScales`);
 - `ends_training(epochs_done)` / `final_params(extra, params)`: replace the parameters when
@@ -40,9 +40,9 @@ from fitjax._typing import PyTree
 from fitjax.state import TrainState
 from fitjax.step import learning_rate as lr_lib
 
-__all__ = ["ExponentialMovingAverage", "FinetuningScales", "SpikeGuard", "StatePiece", "StochasticAverage", "check_pieces", "epoch_start",
-           "eval_params", "eval_params_key", "group_scales", "guard", "init_extras", "keep_frozen", "learning_rate", "module_params",
-           "scale_groups", "update_extras"]
+__all__ = ["ExponentialMovingAverage", "FinetuningScales", "SpikeGuard", "StatePiece", "StochasticAverage",
+           "check_pieces", "epoch_start", "eval_params", "eval_params_key", "group_scales", "guard", "init_extras",
+           "keep_frozen", "learning_rate", "module_params", "scale_groups", "update_extras"]
 
 
 class StatePiece:
@@ -93,9 +93,10 @@ class StatePiece:
         float32 scalar) is kept (traced bool). Only called for pieces that override it."""
         return extra, jnp.asarray(True)
 
-    def group_scales(self, extra: PyTree) -> dict[str, jax.Array] | None:
-        """`{top-level parameter key: traced scale}` applied to those groups' updates (0: frozen),
-        or None when this piece scales nothing (static)."""
+    def group_scales(self, extra: PyTree) -> tuple[dict[str, jax.Array], dict[str, jax.Array]] | None:
+        """`(scales, stats)`: `{top-level parameter key: traced scale}` applied to those groups'
+        updates (0: frozen), and `{key: 0 or 1}` (0: the group's model state is kept), or None
+        when this piece scales nothing (static)."""
         return None
 
     @property
@@ -324,8 +325,8 @@ class FinetuningScales(StatePiece):
         return {"scale": {g: table[i] for i, g in enumerate(self.groups)},
                 "stats": {g: 1.0 - stats[i] for i, g in enumerate(self.groups)}}
 
-    def group_scales(self, extra: PyTree) -> dict[str, jax.Array]:
-        return extra["scale"]
+    def group_scales(self, extra: PyTree) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        return extra["scale"], extra["stats"]
 
 
 def _group_of(path, groups) -> str | None:
@@ -345,10 +346,9 @@ def group_scales(pieces: Sequence[StatePiece], extras) -> tuple[dict, dict] | No
         found = piece.group_scales(extras[piece.name])
         if found is None:
             continue
-        for g, s in found.items():
-            scales[g] = scales[g] * s if g in scales else s
-        for g, s in extras[piece.name].get("stats", {}).items() if isinstance(extras[piece.name], dict) else ():
-            stats[g] = stats[g] * s if g in stats else s
+        for into, new in zip((scales, stats), found):
+            for g, s in new.items():
+                into[g] = into[g] * s if g in into else s
     return (scales, stats) if scales else None
 
 

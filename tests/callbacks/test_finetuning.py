@@ -72,8 +72,8 @@ def _callback(**kwargs):
                                  backbone_initial_ratio_lr=0.25, **kwargs)
 
 
-def test_weights_match_lightning_and_compile_once():
-    trainer = quiet_trainer(max_epochs=4, precision="64-true", strategy="single", callbacks=[_callback()])
+def test_weights_match_lightning_and_compile_once(capsys):
+    trainer = quiet_trainer(max_epochs=4, precision="64-true", strategy="single", callbacks=[_callback(verbose=True)])
     with count_compiles() as counts:
         trainer.fit(_Fit(), _loader())
     assert counts["train_step"] == 1
@@ -85,6 +85,9 @@ def test_weights_match_lightning_and_compile_once():
     assert trainer.callbacks[[type(c) for c in trainer.callbacks].index(fj.BackboneFinetuning)].table == [
         {"backbone": 0.0, "head": 1.0}, {"backbone": 0.0, "head": 1.0},
         {"backbone": 0.25, "head": 1.0}, {"backbone": 0.5, "head": 1.0}]
+    # Lightning's verbose lines (base rate 1.0: optax.sgd(0.1) does not expose it, so rates are relative)
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("Current lr")] == [
+        "Current lr: 1.0, Backbone lr: 0.25", "Current lr: 1.0, Backbone lr: 0.5"]
 
 
 def test_frozen_group_and_its_momentum_do_not_change():
@@ -151,3 +154,22 @@ def test_base_finetuning_subclass_and_errors():
         quiet_trainer(max_epochs=1, strategy="single", callbacks=[Wrong()]).fit(_Fit(), _loader())
     with pytest.raises(ValueError, match="unfreeze_backbone_at_epoch"):
         fj.BackboneFinetuning(unfreeze_backbone_at_epoch=-1)
+
+
+@pytest.mark.parametrize("train_bn", [True, False])
+def test_train_bn_false_keeps_a_frozen_groups_batchnorm_statistics(train_bn):
+    from helpers import Regressor, regression_data
+
+    class FreezeNorm(fj.BaseFinetuning):
+        def freeze_before_training(self, pl_module):
+            self.freeze("BatchNorm_0", train_bn=train_bn)
+
+        def finetune_function(self, pl_module, epoch, optimizer):
+            pass
+
+    trainer = quiet_trainer(max_epochs=1, strategy="single", callbacks=[FreezeNorm()])
+    module = Regressor()
+    trainer.fit(module, fj.DataLoader(regression_data(n=32), batch_size=8))
+    stats = np.asarray(trainer.state.model_state["batch_stats"]["BatchNorm_0"]["mean"])
+    assert (not stats.any()) == (not train_bn)  # flax starts the running mean at 0
+    np.testing.assert_array_equal(np.asarray(trainer.state.params["BatchNorm_0"]["scale"]), 1.0)  # frozen
