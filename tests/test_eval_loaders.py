@@ -15,6 +15,7 @@ The data is `_data(n, seed)` below (the same numpy arrays went into torch tensor
 from __future__ import annotations
 
 import io
+import re
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -193,6 +194,12 @@ def test_the_progress_bar_prints_a_results_line_per_loader():
     trainer.fit(module, _data(8, 0))
     trainer.validate(module, _vals())
     lines = [line for line in out.getvalue().splitlines() if "results" in line]
+    # a live bar (a terminal) draws a bar per loader: loader 1's total is its own 2 batches
+    live = io.StringIO()
+    bar = fj.RichProgressBar(file=live, force_terminal=True, console_kwargs={"width": 100})
+    quiet_trainer(strategy="single", enable_progress_bar=True, callbacks=[bar]).validate(module, _vals())
+    drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", live.getvalue())
+    assert re.search(r"Validation .*\d/3", drawn) and re.search(r"Validation .*\d/2", drawn), drawn
     # Lightning's table: a column per loader, rows named without the suffix
     assert lines == ["Validation results (DataLoader 0)  val_loss 6.163  ep_end 1",
                      "Validation results (DataLoader 1)  only_b 1.859  val_loss 5.631  ep_end 1"]
