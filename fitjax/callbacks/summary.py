@@ -22,6 +22,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from fitjax import _host_model
 from fitjax._typing import PyTree
 from fitjax.callbacks._base import Callback
 
@@ -258,8 +259,11 @@ class RichModelSummary(Callback):
         if not trainer.is_global_zero:
             return
         state = trainer.state
+        # in a hook the module's model attribute calls the model with the current weights: the
+        # flax model itself is behind it
+        model = _host_model.unwrap(getattr(module, "model", None))
         self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth,
-                                 model=getattr(module, "model", None), order=module.variable_order)
+                                 model=model, order=module.variable_order)
         self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})
         if not self.console.is_terminal and "width" not in self._console_kwargs:
             self.console.width = max(self.console.width, 160)  # logs have no width: don't squash the table
