@@ -162,11 +162,14 @@ def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[P
         directory = local_path(directory)
         if directory.is_dir():
             for path in directory.iterdir():
-                if (TMP_MARK not in path.name and path.is_dir() and (problem := damage(path))
-                        and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())):
-                    files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
-                             if f.is_file()]  # written by the save: when it ran
-                    found.append((path, problem, max(_mtime(f) for f in files or [path])))
+                try:
+                    if (TMP_MARK not in path.name and path.is_dir() and (problem := damage(path))
+                            and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())):
+                        files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
+                                 if f.is_file()]  # written by the save: when it ran
+                        found.append((path, problem, max(_mtime(f) for f in files or [path])))
+                except FileNotFoundError:  # removed since it was listed: another process's cleanup
+                    continue  # or a top-k deletion (a store's listing can lag behind a delete)
     return found
 
 

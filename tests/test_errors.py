@@ -171,6 +171,10 @@ BAD_ARGUMENTS = {
               (None, ValueError, rf"{flag}=\.\.\.\) must be True or False, got None")]
        for flag in ("enable_progress_bar", "enable_model_summary", "enable_checkpointing", "log_grad_norm",
                     "detect_anomaly", "deterministic")},
+    # Lightning's flags with no JAX meaning: booleans too (None is Lightning's default for benchmark)
+    **{flag: [("no", ValueError, rf"{flag}=\.\.\.\) must be True or False, got 'no'"),
+              (2, ValueError, rf"{flag}=\.\.\.\) must be True or False, got 2")]
+       for flag in ("benchmark", "inference_mode", "sync_batchnorm", "use_distributed_sampler")},
     "seed": [(2**70, ValueError, r"seed=\.\.\.\) must be an int from -2\*\*63 to 2\*\*63 - 1 .*got 1180591620717411303424"),
              (True, ValueError, r"seed=\.\.\.\) must be an int .*got True")],
     "precision": [("x", ValueError, r"precision=\.\.\.\) got 'x'; use one of \['32-true', 'bf16-mixed', .*\] \(Lightning's names\)")],
