@@ -51,6 +51,16 @@ class MLP(nn.Module):
         return nn.Dense(1)(nn.relu(x))
 
 
+class FixedLinear(nn.Module):
+    """One Dense(3 -> 1) layer with fixed starting weights: the net the comparisons with a Lightning
+    run start from (the torch side sets the same numbers)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1, kernel_init=lambda *_: jnp.asarray([[0.125], [-0.25], [0.375]]),
+                        bias_init=lambda *_: jnp.asarray([0.0625]))(x)
+
+
 class Regressor(fj.LitModule):
     """MSE regression on `regression_data`, with an `mae` metric."""
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import Poisoned, assert_trees_close, poisoned_data, quiet_trainer
+from helpers import FixedLinear, Poisoned, assert_trees_close, poisoned_data, quiet_trainer
 
 import fitjax as fj
 from digits import DigitsClassifier, digits_splits
@@ -102,17 +101,10 @@ LIGHTNING_TRUE = {
 }
 
 
-class _Linear(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(1, kernel_init=lambda *_: jnp.asarray([[0.125], [-0.25], [0.375]]),
-                        bias_init=lambda *_: jnp.asarray([0.0625]))(x)
-
-
 class _LinearFit(fj.LitModule):
     def __init__(self):
         super().__init__()
-        self.model = _Linear()
+        self.model = FixedLinear()
 
     def loss(self, model, batch):
         return ((model(batch["x"]) - batch["y"]) ** 2).mean()

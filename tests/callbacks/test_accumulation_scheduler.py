@@ -4,12 +4,10 @@ change of count, Lightning's errors."""
 
 from __future__ import annotations
 
-import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import Regressor, assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import FixedLinear, Regressor, assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax.strategies import FSDP
@@ -37,17 +35,10 @@ LIGHTNING = {
 }
 
 
-class _Linear(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(1, kernel_init=lambda *_: jnp.asarray([[0.125], [-0.25], [0.375]]),
-                        bias_init=lambda *_: jnp.asarray([0.0625]))(x)
-
-
 class _LinearFit(fj.LitModule):
     def __init__(self):
         super().__init__()
-        self.model = _Linear()
+        self.model = FixedLinear()
 
     def loss(self, model, batch):
         return ((model(batch["x"]) - batch["y"]) ** 2).mean()
