@@ -76,7 +76,7 @@ class Logs:
         self._read_arrived_windows()
         while len(self._windows) >= _IN_FLIGHT:
             self._read_oldest_window()
-        self.state, window = _log_fetch.start(self.state, self._compiled.reset_metrics, step=self.global_step,
+        self._run.state, window = _log_fetch.start(self._run.state, self._compiled.reset_metrics, step=self.global_step,
                                               epoch=self.current_epoch, batches_done=self._progress.batches_done)
         self._windows.append((window, log_rows))
 

@@ -58,14 +58,15 @@ class Schedule:
         if isinstance(self.val_check_interval, datetime.timedelta):
             return self._val_time_due(synced)
         across = self.check_val_every_n_epoch is None
-        return self._val_every is not None and self.progress.crossed_batches(self._val_every, across_epochs=across)
+        val_every = self._run.val_every
+        return val_every is not None and self.progress.crossed_batches(val_every, across_epochs=across)
 
     def _val_time_due(self, synced: bool) -> bool:
         """Lightning 2.6's time-based `val_check_interval`: validate after the first call of the
         train step that ends `val_check_interval` or more after the last validation ended (or
         training started). A host clock read per call, no device sync; with several processes
         their clocks are agreed on at the sync points (log steps) only."""
-        due = time.monotonic() - self._last_val_time >= self.val_check_interval.total_seconds()
+        due = time.monotonic() - self._run.last_val_time >= self.val_check_interval.total_seconds()
         if jax.process_count() == 1:
             return due
         return synced and self.agree(due)
@@ -78,7 +79,7 @@ class Schedule:
         each process at its own step, so the processes agree on the step after the last one any
         of them had passed when the first signal came (`fitjax.strategies._stop_agreement`);
         with one process, the step during which it came."""
-        return self._stopping.reached(self.global_step)
+        return self._run.stopping.reached(self.global_step)
 
     def _agree_on_stop(self, *, synced: bool) -> bool:
         """`should_stop` as every process sees it; with several processes it is compared at sync

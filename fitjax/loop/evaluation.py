@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 import warnings
 from typing import Any, Iterator
 
@@ -28,6 +27,7 @@ from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
+from fitjax.loop.fit_run import Built
 from fitjax.module import LitModule
 from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies._distributed import gather_rows
@@ -163,11 +163,6 @@ class EvalStages:
             self._stage = before
         return host
 
-    def _validate_during_fit(self, module: LitModule, val_loaders) -> None:
-        self._finish_train_window()  # callbacks of validation see every train value up to now
-        with self.profiler.profile("[loop] validation"):
-            self._validate_in_fit(module, val_loaders)
-
     def _validate_in_fit(self, module: LitModule, val_loaders) -> None:
         with module._mode(False):  # Lightning's eval mode during validation, train mode after it
             self._validation_run(module, val_loaders)
@@ -182,7 +177,6 @@ class EvalStages:
         self.progress_bar_metrics.update(evaluated.progress_bar)
         self._log(evaluated.values, aliases=evaluated.aliases)
         self._progress.last_validated = self._progress.position
-        self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
@@ -219,14 +213,14 @@ class EvalStages:
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
-        variables, self._compiled = step_lib.build(
+        variables, compiled = step_lib.build(
             module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
             options=self.step_options,
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
             meta = checkpoint.read_meta(ckpt_path)
-            _resume.call_load_hooks(self, module, meta)
+            _resume.call_load_hooks(self, module, meta, self._hooks.overriding("on_load_checkpoint"))
             if self.is_global_zero:
                 _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
                                       f"{_resume.stood_at(meta)}")
@@ -235,9 +229,7 @@ class EvalStages:
                           "its weights are freshly initialised. Fit it first, pass ckpt_path=..., or "
                           "load one with LitModule.load_from_checkpoint.",
                           stacklevel=3 if stage == "predict" else 4)  # the user's call
-        self._module_for_compiled = module
-        self._built_from = checks.BuiltFrom.of(first[0], f"the first batch of the {_DATA[stage]} data")
-        self.state = None
+        self._built = Built(module, compiled, checks.BuiltFrom.of(first[0], f"the first batch of the {_DATA[stage]} data"))
         module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
         return variables
 

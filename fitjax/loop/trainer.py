@@ -1,13 +1,21 @@
 """`Trainer`: its public surface and the loop's outline. `fit` reads top to bottom: build, then
 epochs of steps, logs and validation.
 
-The Trainer's other parts are its base classes, beside it in `fitjax.loop`; they read and write
-the same attributes (the state, the compiled steps, the loop's one `Progress`):
-`evaluation` (validate, test, predict and fit's validations), `_train_data` (fit's loaders,
-an epoch's batches and chunks), `_logs` (values to the loggers and `callback_metrics`),
-`_schedule` (when training ends, a stop is obeyed, validation is due), `_pieces` (the state
-pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what a checkpoint
-records, exact resume). `_checks` holds the argument checks.
+The parts, beside it in `fitjax.loop` (the loop is the only writer of what lives for a fit):
+
+    fit_run.FitRun      what one fit holds (module, loaders, feed, train state, compiled
+                        programs, validation counters, stop agreement); dies with the fit
+    fit_run.Built       what fit/validate/test/predict built for a module, kept for the next call
+    train_feed          fit's loaders; `TrainFeed`: an epoch's batches and chunks, on the
+                        devices or prefetched, the loader's positions, accumulation counts
+    _resume             what a checkpoint records (`ResumePoint.to_meta/from_meta`, `fit_meta`)
+    _preemption         the signals that stop a fit, the hpc checkpoint, the requeue
+    _pieces             the state pieces' epoch and end-of-training work (`PieceRunner`)
+    progress            the loop's one position (`trainer.progress` is its read-only view)
+    evaluation          validate, test, predict and fit's validations (a base class)
+    _logs               values to the loggers and `callback_metrics` (a base class)
+    _schedule           when training ends, a stop is obeyed, validation is due (a base class)
+    _checks, _arguments the argument checks
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
@@ -25,25 +33,24 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _lightning, _seed
+from fitjax import _accelerator, _checkpoint_writer, _determinism, _lightning, _seed, checkpoint
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _preemption, _resume
+from fitjax.loop import _pieces, _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._logs import Logs
-from fitjax.loop._pieces import PieceRunner, Pieces
-from fitjax.loop._resume import Checkpoints
+from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._schedule import Schedule
-from fitjax.loop._train_data import TrainData
 from fitjax.loop.evaluation import EvalStages
+from fitjax.loop.fit_run import Built, FitRun
+from fitjax.loop.train_feed import TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule
-from fitjax.data import _device_blocks
 from fitjax.data._checks import check_fit_data
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule
@@ -56,7 +63,7 @@ from fitjax.strategies._distributed import agree
 __all__ = ["Trainer"]
 
 
-class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
+class Trainer(EvalStages, Logs, Schedule):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -279,32 +286,20 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
         self.should_stop = False
-        self.state: TrainState | None = None
         self._callback_metrics: HostMetrics = {}
         self.logged_metrics: HostMetrics = {}
         self.progress_bar_metrics: HostMetrics = {}
         self.num_val_batches: list[int | None] = []
-        self._compiled: step_lib.Compiled | None = None
-        self._step_flops: tuple[float | None] | None = None
-        self._module_for_compiled: LitModule | None = None
+        self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
         self._epoch_acc: dict[str, np.ndarray] = {}
-        self.received_sigterm = False
-        self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
+        self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
-        self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
-        self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
-        self._last_val_time = 0.0  # when fit's last validation ended (time.monotonic)
-        self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
-        self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
-        self._resume_at = 0  # the batch a resumed epoch starts at
-        self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
-        self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
-        self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
+        self._run: FitRun | None = None  # while fitting: everything that lives for the fit
+        self._built: Built | None = None  # what the last fit/validate/test/predict built, for the next
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
         self._latest_step: dict | None = None  # the last train step's values, on the device (`callback_metrics`)
         self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
-        self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------------------------ properties
@@ -368,7 +363,48 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
     def accumulate_grad_batches(self) -> int:
         """Batches per optimizer step now (Lightning's; a `GradientAccumulationScheduler` changes
         it at the epochs it names)."""
-        return self.step_options.accumulate_grad_batches
+        return self._step_options_now.accumulate_grad_batches
+
+    @property
+    def _step_options_now(self) -> step_lib.StepOptions:
+        """The step options of the current epoch (an accumulation schedule changes the count)."""
+        return self._run.feed.options if self._run is not None else self.step_options
+
+    @property
+    def state(self) -> TrainState | None:
+        """The train state (`fitjax.TrainState`: params, optimizer state, model state, rng,
+        step, extras): the fit's while it runs, the last fit's after it; None before any fit
+        (and after an evaluation stage that built programs for another module)."""
+        if self._run is not None:
+            return self._run.state
+        return self._built.state if self._built is not None else None
+
+    @property
+    def received_sigterm(self) -> bool:
+        """True once SIGTERM asked this fit to stop (Lightning's flag); after the processes
+        agreed on the stop, True on all of them when the agreed reason was SIGTERM."""
+        if self._sigterm is not None:
+            return self._sigterm
+        return self._run is not None and self._run.stopping.requested == "SIGTERM"
+
+    @property
+    def _compiled(self) -> step_lib.Compiled | None:
+        """The compiled programs in use (the fit's, else the last built)."""
+        if self._run is not None and self._run.compiled is not None:
+            return self._run.compiled
+        return self._built.compiled if self._built is not None else None
+
+    @property
+    def _built_from(self) -> checks.BuiltFrom | None:
+        if self._run is not None and self._run.compiled is not None:
+            return self._run.built_from
+        return self._built.built_from if self._built is not None else None
+
+    @property
+    def _module_for_compiled(self) -> LitModule | None:
+        if self._run is not None and self._run.compiled is not None:
+            return self._run.module
+        return self._built.module if self._built is not None else None
 
     @property
     def global_step(self) -> int:
@@ -422,16 +458,21 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 "trainer.estimated_stepping_batches is known once Trainer.fit has its train data: "
                 "read it from on_fit_start, configure_optimizer or later."
             )
-        per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
+        per_epoch = math.ceil(batches / self.accumulate_grad_batches)
         return min(per_epoch * self.max_epochs, limited_steps)
 
     def _host_variables(self, module: LitModule) -> tuple | None:
         """`(params, model_state, rng)` host calls of the model use now: the train state's (its
         eval parameters outside train mode), else the module's own; None before either exists."""
-        if self.state is not None and self._module_for_compiled is module:
-            params = self.state.params if module.training else self._eval_params()
-            return params, self.state.model_state, self.state.rng
+        state = self.state
+        if state is not None and self._module_for_compiled is module:
+            params = state.params if module.training else self._eval_params()
+            return params, state.model_state, state.rng
         return module._own_variables()
+
+    def _eval_params(self):
+        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
+        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
 
     def train_step_flops(self) -> float | None:
         """Floating-point operations of one optimizer step on each device, as XLA counts them.
@@ -444,13 +485,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
         counted.
         """
-        if self._compiled is None or self._compiled.train_step_cost is None:
+        compiled = self._compiled
+        if compiled is None or compiled.train_step_cost is None:
             raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
                                "step: read it from on_fit_start or later.")
         if self._step_flops is None:
-            flops = self._compiled.train_step_cost().get("flops")
+            flops = compiled.train_step_cost().get("flops")
             self._step_flops = (None if flops is None or flops <= 0
-                                else flops / self.step_options.steps_per_execution,)
+                                else flops / compiled.options.steps_per_execution,)
         return self._step_flops[0]
 
     def agree(self, flag: bool) -> bool:
@@ -505,14 +547,14 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
-        train_loader, val_loaders = self._fit_loaders(module, train_data, val_data, datamodule)
-        check_fit_data(train_loader, val_loaders, shards=self.strategy.num_batch_shards,
+        loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
+        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        if self._validation_enabled(val_loaders):  # a fraction keeping no batch: an error now, as Lightning
-            for loader in val_loaders:
+        if self._validation_enabled(loaders.val):  # a fraction keeping no batch: an error now, as Lightning
+            for loader in loaders.val:
                 checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            _lightning.check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
+            _lightning.check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -521,10 +563,15 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
+        self._sigterm = None
+        feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
+                         options=self._epoch_options(self.current_epoch))
+        run = None
         try:
-            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context(), \
-                    module._mode(True):  # Lightning's train mode for the host hooks
-                self._fit(module, train_loader, val_loaders, ckpt_path)
+            with _preemption.stop_on_signals(self.cluster_environment) as stopping, self._compile_times, \
+                    self.step_options.precision.context(), module._mode(True):  # Lightning's train mode for hooks
+                run = self._run = FitRun(module, loaders, feed, stopping)
+                self._fit(run, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
             stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
@@ -533,81 +580,126 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
-            self._feed = None  # the train data's copy on the devices
-            self._accumulation_steps = {}  # and the copies an accumulation schedule kept
             self._windows.clear()  # values of an interrupted window are not logged
             self._latest_step = self._latest_step_host = None
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
             self._stage = Stage()
+            self._run = None  # the fit's data on the devices, its feeds and counters go with it
+            if run is not None:
+                self._built = run.built() or self._built
             self.profiler.describe()
             self.profiler.teardown("fit")
-            _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
+            if run is not None and run.requeue_from is not None:
+                _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
         self._finalize_loggers("success")
 
-    def _fit(self, module: LitModule, train_loader, val_loaders, ckpt_path=None) -> None:
+    def _fit(self, run: FitRun, ckpt_path=None) -> None:
+        module, feed = run.module, run.feed
         self.should_stop = False
         self._latest_step = self._latest_step_host = None
-        first, epoch_iter = self._first_batch(train_loader)
-        self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
-        self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
+        first, epoch_iter = feed.first_batch(self.current_epoch)
+        self._progress.batches_in_epoch = feed.batches_in_epoch
+        self._train_size_known = True
         with self.profiler.profile("[build] state and programs"):
-            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
-                                                        options=self.step_options)
-        self._module_for_compiled = module
-        self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
-        self._built_from = checks.BuiltFrom.of(first, "the first train batch")
-        self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
-        self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
-                                             params=self.state.params)
+            run.state, run.compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+                                                     options=feed.options)
+        self._step_flops = None
+        run.built_from = checks.BuiltFrom.of(first, "the first train batch")
+        run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)
+        feed.keep_on_devices(run.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
-            epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
+            epoch_iter = self._resume_fit(run, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
-        self._val_every = checks.val_check_batches(self, self.num_training_batches,
-                                                   validating=self._validation_enabled(val_loaders))
+        run.val_every = checks.val_check_batches(self, self.num_training_batches,
+                                                 validating=self._validation_enabled(run.loaders.val))
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
-        self._sanity_check(module, val_loaders)
+        self._sanity_check(module, run.loaders.val)
         if not self._skip_training():
-            self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
+            run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
             while not self._done_training():
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
-                    train_loader, val_loaders = self._reload_loaders(train_loader, val_loaders)
+                    self._reload_loaders(run)
                     loaded_at, epoch_iter = self.current_epoch, None
-                self._train_epoch(module, train_loader, val_loaders, epoch_iter)
+                self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
-            self._end_pieces(module, train_loader)
-            self._sync_module(module)
+            run.state = run.pieces.end_training(
+                run.state, self.current_epoch, module, module._get_binding(), self.step_options.precision,
+                lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
+            self._sync_module(module, run.state)
             self._call("on_train_end", module)
         else:
-            self._sync_module(module)
+            self._sync_module(module, run.state)
         self._call("on_fit_end", module)
 
-    def _train_epoch(self, module: LitModule, train_loader, val_loaders, epoch_iter) -> None:
+    def _resume_fit(self, run: FitRun, path) -> Iterable:
+        """Restores the train state, the progress, callbacks and loggers from checkpoint `path`;
+        returns the batches of the epoch it stopped in, from the first one not yet stepped."""
+        meta = checkpoint.read_meta(path)
+        if self.is_global_zero:  # Lightning's line, with where the run stood
+            _accelerator.log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
+        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision})
+        point = _resume.ResumePoint.from_meta(meta)
+        point.restore(self._progress)
+        run.resume_at = point.batches_done
+        self._epoch_acc = point.epoch_means()
+        _resume.call_load_hooks(self, run.module, meta, self._hooks.overriding("on_load_checkpoint"))
+        _resume.load_states(meta, self.callbacks, self.loggers)
+        _resume.warn_unpositioned(path, point, run.feed.loader)
+        return run.feed.epoch_batches(self._progress.epoch, start=point.batches_done, state=point.loader)
+
+    def _epoch_options(self, epoch: int) -> step_lib.StepOptions:
+        """The step options of train epoch `epoch`: an accumulation schedule's count then."""
+        if self._accumulation is None:
+            return self.step_options
+        k = self._accumulation.get_accumulate_grad_batches(epoch)
+        return dataclasses.replace(self.step_options, accumulate_grad_batches=k)
+
+    def _reload_due(self, loaded_at: int) -> bool:
+        n = self.reload_dataloaders_every_n_epochs
+        return bool(n) and self.current_epoch - loaded_at >= n and self._run.loaders.reloadable
+
+    def _reload_loaders(self, run: FitRun) -> None:
+        """The loaders asked for again from the hooks they came from (Lightning's
+        `reload_dataloaders_every_n_epochs`), with the epoch's batch count and device feed."""
+        run.loaders = run.loaders.reloaded(bool(self.overfit_batches))
+        run.feed = run.feed.replaced(run.loaders.train, run.state.params)
+        self._progress.batches_in_epoch = run.feed.batches_in_epoch
+        run.val_every = checks.val_check_batches(self, self.num_training_batches,
+                                                 validating=self._validation_enabled(run.loaders.val))
+
+    def _train_epoch(self, run: FitRun, epoch_iter) -> None:
         """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
-        offset, self._resume_at = self._resume_at, 0  # > 0 for an epoch resumed mid-way
+        module, feed, val_loaders = run.module, run.feed, run.loaders.val
+        offset, run.resume_at = run.resume_at, 0  # > 0 for an epoch resumed mid-way
         if not offset:
             self._epoch_acc = {}
         self._progress.start_epoch(offset)
-        self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
+        options = self._epoch_options(self.current_epoch)
+        if options != feed.options:  # an accumulation schedule's count for this epoch: its own steps
+            run.compiled = feed.use_options(options, run.compiled, run.state.params)
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
-            self.state = self._pieces.epoch_start(self.state, self.current_epoch)
+            run.state = run.pieces.epoch_start(run.state, self.current_epoch)
         self._call("on_train_epoch_start", module)
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
-        hook_batch = self._hook_batch_maker()
+        hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start")
+                                           or self._hooks.needs_batch("on_train_batch_end"))
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
-        block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
-                                             wrap(self._compiled.train_tail_step))
+        compiled = run.compiled
+        block_step, train_step, tail_step = (wrap(compiled.block_step), wrap(compiled.train_step),
+                                             wrap(compiled.train_tail_step))
         batch_idx = offset - 1
         steps_left = None if self.max_steps is None else self.max_steps - self.global_step
         ran_out = True
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
-        chunks = self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left)
+        chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
+                             current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
@@ -618,9 +710,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             else:
                 step_fn = train_step if chunk.full else tail_step
             try:
-                self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+                run.state, outputs = step_fn(run.state, chunk.inputs)  # async dispatch
             except Exception as err:
-                self._explain_train_failure(err, chunk, batch_idx)
+                self._explain_train_failure(run, err, chunk, batch_idx)
                 raise
             self._latest_step = outputs  # a reference: read only if `callback_metrics` is
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
@@ -634,7 +726,9 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
             if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
-                raise _preemption.stopped(self, reason)
+                self._sigterm = reason == "SIGTERM"  # the same on every process: a save is collective
+                stop, run.requeue_from = _preemption.stopped(self, reason)
+                raise stop
             stop = self._agree_on_stop(synced=synced)
             if self._val_due(val_loaders, stop=stop, synced=synced):
                 self._validate_during_fit(module, val_loaders)
@@ -642,18 +736,24 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
-        if ran_out and self._val_every is None and self._val_epoch_due(val_loaders) and not self._time_based_validation():
+        if ran_out and run.val_every is None and self._val_epoch_due(val_loaders) and not self._time_based_validation():
             self._validate_during_fit(module, val_loaders)  # data without a length: at its end
         self._end_train_epoch(module)
 
-    def _explain_train_failure(self, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
+    def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
         """Raises naming the train batch when it is shaped unlike the one the model was built from."""
         if chunk.on_device:  # batches of one block: shaped alike
             return
-        inputs = chunk.inputs[0] if self.step_options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
+        inputs = chunk.inputs[0] if run.feed.options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
         first = last - chunk.num_batches + 1
         which = f"batch {last}" if first == last else f"batches {first}-{last}"
-        self._built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
+        run.built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
+
+    def _validate_during_fit(self, module: LitModule, val_loaders) -> None:
+        self._finish_train_window()  # callbacks of validation see every train value up to now
+        with self.profiler.profile("[loop] validation"):
+            self._validate_in_fit(module, val_loaders)
+        self._run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
@@ -666,3 +766,56 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()
+
+    def _sync_module(self, module: LitModule, state: TrainState) -> None:
+        """Hands the trained variables back to the module (and into an NNX model object)."""
+        module._set_variables(step_lib.pieces.module_params(state, self.step_options.pieces), state.model_state)
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+        """Saves the train state and the loop's progress as the checkpoint folder `filepath`,
+        now (waits until it is written). Every process calls it, as in Lightning.
+
+        `Trainer.fit(ckpt_path=filepath)` resumes from it exactly, `LitModule.load_from_checkpoint`
+        reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
+        `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
+        """
+        filepath = checks.checkpoint_path("save_checkpoint", filepath)
+        if weights_only:
+            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
+                             "checkpoint holds the whole train state; load weights only with "
+                             "`LitModule.load_from_checkpoint(path)`.")
+        if self.state is None or self._module_for_compiled is None:
+            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
+                               "call it during or after Trainer.fit.")
+        path = checkpoint.local_path(filepath)  # a local folder or a store URL
+        if path.exists():
+            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+        _checkpoint_writer.prepare(path.parent)
+        writer = _checkpoint_writer.writer()  # the process's one writer, after the saves queued before
+        self.record_save()
+        writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
+        writer.wait()  # written (and its failure raised) before returning
+
+    def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
+        """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
+        loop's progress (with this position as the last saved), the data position, callback and
+        logger states, hyperparameters. A read: it changes nothing (`record_save` acts)."""
+        progress = self._progress
+        stopped = self.should_stop or (self.max_steps is not None and progress.global_step >= self.max_steps)
+        positions = (self._run.feed.positions if self._run is not None
+                     else self._built.positions if self._built is not None else None)
+        point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._epoch_acc,
+                                       loader_state=positions.state_after if positions else lambda done: None)
+        return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+                                precision=self.precision, pieces=self.step_options.pieces,
+                                save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+
+    def record_save(self) -> None:
+        """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:
+        the train log window on its way is logged (its rows reach the loggers and the epoch's
+        means, which the checkpoint holds), and the position becomes the last saved one
+        (`trainer.progress.last_saved`). Whoever saves calls it, as `ModelCheckpoint` does."""
+        self._finish_train_window()
+        self._progress.last_saved = self._progress.position
