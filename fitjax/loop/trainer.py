@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _checkpoint_writer, _determinism, _lightning, _seed, checkpoint
+from fitjax import _accelerator, _checkpoint_writer, _determinism, _lightning, _logged, _seed, checkpoint
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -42,11 +42,11 @@ from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._schedule import Schedule
-from fitjax.loop.evaluation import EvalStages
+from fitjax.loop import evaluation
 from fitjax.loop.fit_run import Built, FitRun
 from fitjax.loop.train_feed import TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
-from fitjax.loop.stage import Stage
+from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
@@ -63,7 +63,7 @@ from fitjax.strategies._distributed import agree
 __all__ = ["Trainer"]
 
 
-class Trainer(EvalStages, Logs, Schedule):
+class Trainer(Logs, Schedule):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -367,8 +367,11 @@ class Trainer(EvalStages, Logs, Schedule):
 
     @property
     def _step_options_now(self) -> step_lib.StepOptions:
-        """The step options of the current epoch (an accumulation schedule changes the count)."""
-        return self._run.feed.options if self._run is not None else self.step_options
+        """The step options of the current epoch (an accumulation schedule changes the count),
+        or of the last one trained once fit is done."""
+        if self._run is not None:
+            return self._run.feed.options
+        return self._built.compiled.options if self._built is not None else self.step_options
 
     @property
     def state(self) -> TrainState | None:
@@ -617,7 +620,7 @@ class Trainer(EvalStages, Logs, Schedule):
                                                  validating=self._validation_enabled(run.loaders.val))
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
-        self._sanity_check(module, run.loaders.val)
+        self._sanity_check(run)
         if not self._skip_training():
             run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
@@ -731,13 +734,13 @@ class Trainer(EvalStages, Logs, Schedule):
                 raise stop
             stop = self._agree_on_stop(synced=synced)
             if self._val_due(val_loaders, stop=stop, synced=synced):
-                self._validate_during_fit(module, val_loaders)
+                self._validate_during_fit(run)
                 stop = self._agree_on_stop(synced=True)
             if (stop and self._can_stop_early()) or self._max_steps_reached():
                 ran_out = False
                 break
         if ran_out and run.val_every is None and self._val_epoch_due(val_loaders) and not self._time_based_validation():
-            self._validate_during_fit(module, val_loaders)  # data without a length: at its end
+            self._validate_during_fit(run)  # data without a length: at its end
         self._end_train_epoch(module)
 
     def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
@@ -748,12 +751,6 @@ class Trainer(EvalStages, Logs, Schedule):
         first = last - chunk.num_batches + 1
         which = f"batch {last}" if first == last else f"batches {first}-{last}"
         run.built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
-
-    def _validate_during_fit(self, module: LitModule, val_loaders) -> None:
-        self._finish_train_window()  # callbacks of validation see every train value up to now
-        with self.profiler.profile("[loop] validation"):
-            self._validate_in_fit(module, val_loaders)
-        self._run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
@@ -770,6 +767,185 @@ class Trainer(EvalStages, Logs, Schedule):
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
         module._set_variables(step_lib.pieces.module_params(state, self.step_options.pieces), state.model_state)
+
+    # ------------------------------------------------------------------ evaluation stages
+
+    def validate(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+                 ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
+                 model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`, with
+        what the module's hooks logged during the validation (`on_validation_epoch_end`).
+
+        `data` may be several loaders (a list, tuple or dict of them): Lightning's result, one
+        dict per loader, each with its own `<key>/dataloader_idx_<i>` values and the values
+        logged outside the steps. `ckpt_path` ("last", "best" or a checkpoint folder) evaluates
+        those weights instead.
+        `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        Lightning's spellings work too (`model=`, `dataloaders=`, a datamodule as `data`, the
+        module's own `val_dataloader()`); without a module, the last fit's from its best
+        checkpoint.
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="val",
+                                    model=model, dataloaders=dataloaders)
+
+    def test(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+             ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
+             model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`
+        (one dict per loader, as `validate`).
+
+        `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        Lightning's spellings work as in `validate` (`test_dataloader()` on the module).
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test",
+                                    model=model, dataloaders=dataloaders)
+
+    @in_precision
+    def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
+                        model=None, dataloaders=None) -> list[HostMetrics]:
+        name = {"val": "validate", "test": "test"}[stage]
+        module, data, datamodule, ckpt_path = self._stage_arguments(name, module, model, data, dataloaders,
+                                                                    datamodule, ckpt_path)
+        if not isinstance(verbose, bool):
+            raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
+
+    def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
+        loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
+        _lightning.check_dataloader_idx(module, stage, several=len(loaders) > 1)
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
+        hook = {"val": "validation", "test": "test"}[stage]
+        before, self._stage = self._stage, Stage(name, verbose=verbose)
+        self._hooks.call("setup", self, module, name)
+        try:
+            variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
+            if stage == "val":
+                self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
+            earlier = dict(self._callback_metrics)
+            self._call(f"on_{hook}_start", module)
+            self._call(f"on_{hook}_epoch_start", module)
+            evaluated = evaluation.evaluate(self, module, self._compiled, self._built_from, self._hooks, loaders,
+                                            *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
+            self._log(evaluated.values, aliases=evaluated.aliases)
+            self._call(f"on_{hook}_epoch_end", module)
+            self._call(f"on_{hook}_end", module)
+            logged = {k: v for k, v in self._callback_metrics.items() if earlier.get(k) is not v}
+        finally:
+            self._hooks.call("teardown", self, module, name)
+            self._stage = before
+        for logger in self.loggers:
+            logger.save()
+        if len(loaders) == 1:
+            return [logged]
+        return [_logged.of_loader(logged, i) for i in range(len(loaders))]
+
+    @in_precision
+    def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+                ckpt_path: str | os.PathLike | None = None, model: LitModule | None = None,
+                dataloaders: Any = None, return_predictions: bool | None = None) -> Any:
+        """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
+        input order, every example exactly once (the padding of a last partial batch removed).
+        With several processes, every process returns all of them (gathered from the others).
+
+        Lightning's spellings work as in `validate` (`predict_dataloader()` on the module);
+        `return_predictions=False` returns None."""
+        module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
+                                                                    datamodule, ckpt_path)
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
+        if not host or return_predictions is False:
+            return None
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
+        loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
+                                          several=False)[0]
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+        before, self._stage = self._stage, Stage("predict")
+        self._hooks.call("setup", self, module, "predict")
+        try:
+            variables = self._eval_variables(module, loader, "predict", ckpt_path)
+            self._hooks.call("on_predict_start", self, module)
+            host = evaluation.predict_batches(self, module, self._compiled, self._built_from, self._hooks, loader,
+                                              variables, limit=self.limits["predict"], strategy=self.strategy,
+                                              keep=keep)
+            self._hooks.call("on_predict_end", self, module)
+        finally:
+            self._hooks.call("teardown", self, module, "predict")
+            self._stage = before
+        return host
+
+    def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
+        """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
+        module = _arguments.either(method, "module", module, "model", model)
+        data = _arguments.either(method, "data", data, "dataloaders", dataloaders)
+        if _arguments.is_datamodule(data) and datamodule is None:
+            datamodule, data = data, None
+        module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
+        checks.check_module(module, method)
+        self._lightning_module = module
+        module.trainer = self
+        return module, data, datamodule, ckpt_path
+
+    def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None) -> tuple:
+        """Sharded `(params, model_state, rng)` for eval: the last fit's when it fitted `module`,
+        else built from the stage's first batch (from `ckpt_path` when given)."""
+        state = self.state
+        if ckpt_path is None and state is not None and self._module_for_compiled is module:
+            return self._eval_params(), state.model_state, state.rng
+        variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy, seed=self.seed,
+                                                      options=self.step_options, limit=self.limits[stage])
+        if ckpt_path is not None:
+            variables = evaluation.load_weights(self, module, variables, ckpt_path,
+                                                self._hooks.overriding("on_load_checkpoint"))
+        else:
+            evaluation.warn_unfitted(module, stage)
+        module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
+        return variables
+
+    def _sanity_check(self, run: FitRun) -> None:
+        """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
+        before training, with the validation hooks (`trainer.sanity_checking` is True); nothing
+        is logged."""
+        module, val_loaders = run.module, run.loaders.val
+        if not self.num_sanity_val_steps or not self._validation_enabled(val_loaders):
+            return
+        limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
+        try:
+            with module._mode(False):  # Lightning's eval mode
+                self._call("on_sanity_check_start", module)
+                self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
+                self._call("on_validation_start", module, log=False)
+                self._call("on_validation_epoch_start", module, log=False)
+                evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks, val_loaders,
+                                    self._eval_params(), run.state.model_state, run.state.rng, stage="val",
+                                    limit=limit or self.limits["val"], strategy=self.strategy)
+                self._call("on_validation_epoch_end", module, log=False)
+                self._call("on_validation_end", module, log=False)
+        finally:
+            self._stage = before
+        self._call("on_sanity_check_end", module)
+
+    def _validate_during_fit(self, run: FitRun) -> None:
+        """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
+        module = run.module
+        self._finish_train_window()  # callbacks of validation see every train value up to now
+        with self.profiler.profile("[loop] validation"), module._mode(False):
+            self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
+            self._call("on_validation_start", module)
+            self._call("on_validation_epoch_start", module)
+            evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
+                                            run.loaders.val, self._eval_params(), run.state.model_state,
+                                            run.state.rng, stage="val", limit=self.limits["val"],
+                                            strategy=self.strategy)
+            self.progress_bar_metrics.update(evaluated.progress_bar)
+            self._log(evaluated.values, aliases=evaluated.aliases)
+            self._progress.last_validated = self._progress.position
+            run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
+            self._call("on_validation_epoch_end", module)
+            self._call("on_validation_end", module)
 
     # ------------------------------------------------------------------------ checkpoints
 
