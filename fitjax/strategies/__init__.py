@@ -15,6 +15,13 @@ from fitjax.strategies.dp import DataParallel
 from fitjax.strategies.fsdp import FSDP
 from fitjax.strategies.single import SingleDevice
 
+# For the Trainer, not part of the user-facing API: `accelerator=` resolved to JAX devices and the
+# banner that says what a run uses, and `deterministic=True`'s settings. Which devices, and how XLA
+# compiles for them, are the platform side that the strategies lay the state out over.
+from fitjax.strategies._accelerator import accelerator_devices, check_devices_match
+from fitjax.strategies._accelerator import banner as accelerator_banner
+from fitjax.strategies._determinism import enforce as enforce_determinism
+
 __all__ = [
     "DataParallel",
     "FSDP",
