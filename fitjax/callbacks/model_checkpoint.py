@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fitjax import _storage, checkpoint
-from fitjax.strategies._distributed import broadcast_str
+from fitjax.strategies import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
 __all__ = ["ModelCheckpoint"]

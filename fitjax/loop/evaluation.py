@@ -23,15 +23,14 @@ from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax import _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
-from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, pad_batch
-from fitjax.data._checks import checked_batches
+from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, checked_batches, pad_batch
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.loop.stage import Stage, in_precision
-from fitjax.strategies._distributed import gather_rows
+from fitjax.strategies import gather_rows
 
 __all__ = ["EvalStages", "Evaluated"]
 

@@ -43,17 +43,13 @@ from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule
-from fitjax.data import _device_blocks
-from fitjax.data._checks import check_fit_data
+from fitjax.data import DataModule, Feed, check_fit_data, feed_for
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule, check_dataloader_idx
-from fitjax.profilers import Profiler, resolve_profiler
-from fitjax.profilers._compile import CompileTimes
+from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, accelerator_banner, enforce_determinism, initialize_distributed
+from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
 from fitjax.strategies import resolve as resolve_strategy
-from fitjax.strategies._distributed import agree
 
 __all__ = ["Trainer"]
 
@@ -302,7 +298,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
-        self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._feed: Feed | None = None  # the train data kept on the devices, if it is
         self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
@@ -562,7 +558,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
-        self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
+        self._feed = feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
