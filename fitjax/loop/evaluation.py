@@ -6,6 +6,7 @@ values (`Evaluated`, host predictions, the programs built for a module); the Tra
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import sys
@@ -18,19 +19,20 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
-from fitjax import _accelerator, _logged, checkpoint
+from fitjax import _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
-from fitjax.data import as_loader, as_loaders, batch_size_of, pad_batch
-from fitjax.data._checks import checked_batches
+from fitjax.data import as_loader, as_loaders, batch_size_of, checked_batches, pad_batch
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
 from fitjax.loop.fit_run import Built
-from fitjax.strategies._distributed import gather_rows
+from fitjax.strategies import gather_rows
 
 __all__ = ["Evaluated", "build_for", "eval_batches", "evaluate", "load_weights", "predict_batches",
            "stage_loaders", "val_batch_counts", "warn_unfitted"]
+
+log = logging.getLogger("fitjax")
 
 _FITJAX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package folder
 _DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
@@ -116,7 +118,7 @@ def load_weights(trainer, module, variables, ckpt_path, load_hooks) -> tuple:
     meta = checkpoint.read_meta(ckpt_path)
     _resume.call_load_hooks(trainer, module, meta, load_hooks)
     if jax.process_index() == 0:
-        _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} {_resume.stood_at(meta)}")
+        log.info(f"Loaded model weights from the checkpoint at {ckpt_path} {_resume.stood_at(meta)}")
     return variables
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+
 from fitjax import step as step_lib
 from fitjax.loop._checks import BuiltFrom
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop.train_feed import BatchPositions, FitLoaders, TrainFeed
 from fitjax.module import LitModule
 from fitjax.state import TrainState
-from fitjax.strategies._stop_agreement import StopAgreement
+from fitjax.strategies import StopAgreement
 
 __all__ = ["Built", "FitRun"]
 

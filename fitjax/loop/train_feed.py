@@ -22,10 +22,7 @@ import jax
 
 from fitjax import step as step_lib
 from fitjax._typing import Batch
-from fitjax.data import as_loader, batch_size_of
-from fitjax.data._adapters import each_loader, unshuffled
-from fitjax.data import _device_blocks
-from fitjax.data._checks import checked_batches
+from fitjax.data import Feed, as_loader, batch_size_of, checked_batches, each_loader, feed_for, unshuffled
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
@@ -165,7 +162,7 @@ class TrainFeed:
         self.strategy = strategy
         self.options = options
         self.positions = BatchPositions()
-        self.device: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self.device: Feed | None = None  # the train data kept on the devices, if it is
         self._kept: dict[int, tuple[Any, Any]] = {}  # accumulation count -> (train steps, device feed)
 
     @property
@@ -187,8 +184,8 @@ class TrainFeed:
         return first, epoch_iter
 
     def keep_on_devices(self, params: Any) -> None:
-        """Keeps the data on the devices when it fits and the step is small (`data._device_blocks`)."""
-        self.device = _device_blocks.feed_for(self.loader, self.strategy, options=self.options, params=params)
+        """Keeps the data on the devices when it fits and the step is small (`fitjax.data.feed_for`)."""
+        self.device = feed_for(self.loader, self.strategy, options=self.options, params=params)
 
     def replaced(self, loader: Any, params: Any) -> "TrainFeed":
         """The same feed over another loader (reloaded); an accumulation count's kept copy
@@ -207,7 +204,7 @@ class TrainFeed:
         kept.setdefault(compiled.options.accumulate_grad_batches, (compiled.train_steps(), self.device))
         k = options.accumulate_grad_batches
         if k not in kept:
-            feed = self.device and _device_blocks.feed_for(self.loader, self.strategy, options=options,
+            feed = self.device and feed_for(self.loader, self.strategy, options=options,
                                                            params=params)  # blocks of whole k-calls
             kept[k] = (compiled.train_steps_for(options), feed)
         steps, self.device = kept[k]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import time
@@ -33,7 +34,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _checkpoint_writer, _determinism, _lightning, _logged, _seed, checkpoint
+from fitjax import _logged, _seed, checkpoint
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -50,17 +51,17 @@ from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule
-from fitjax.data._checks import check_fit_data
+from fitjax.data import DataModule, check_fit_data
 from fitjax.loggers import Logger, resolve_loggers
-from fitjax.module import LitModule
-from fitjax.profilers import Profiler, resolve_profiler
-from fitjax.profilers._compile import CompileTimes
+from fitjax.module import LitModule, check_dataloader_idx
+from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, initialize_distributed, resolve as resolve_strategy
-from fitjax.strategies._distributed import agree
+from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
+from fitjax.strategies import resolve as resolve_strategy
 
 __all__ = ["Trainer"]
+
+log = logging.getLogger("fitjax")
 
 
 class Trainer(Logs, Schedule):
@@ -155,7 +156,7 @@ class Trainer(Logs, Schedule):
             `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
-        deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
+        deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what
             JAX does instead when set to other than Lightning's default.
@@ -258,7 +259,7 @@ class Trainer(Logs, Schedule):
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
             log_grad_norm=log_grad_norm,
         )
-        self.deterministic = _determinism.enforce(deterministic)
+        self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
@@ -548,7 +549,7 @@ class Trainer(Logs, Schedule):
         self._lightning_module = module
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
+            log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
         loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
         check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
@@ -557,7 +558,7 @@ class Trainer(Logs, Schedule):
         if self._validation_enabled(loaders.val):  # a fraction keeping no batch: an error now, as Lightning
             for loader in loaders.val:
                 checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            _lightning.check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -645,7 +646,7 @@ class Trainer(Logs, Schedule):
         returns the batches of the epoch it stopped in, from the first one not yet stepped."""
         meta = checkpoint.read_meta(path)
         if self.is_global_zero:  # Lightning's line, with where the run stood
-            _accelerator.log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
+            log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
         run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision})
         point = _resume.ResumePoint.from_meta(meta)
         point.restore(self._progress)
@@ -759,7 +760,7 @@ class Trainer(Logs, Schedule):
         self._call("on_train_epoch_end", module)
         self.should_stop = self.agree(self.should_stop)
         if self.should_stop and not self._can_stop_early():
-            _accelerator.log.info(
+            log.info(
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()
@@ -813,7 +814,7 @@ class Trainer(Logs, Schedule):
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
         loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
-        _lightning.check_dataloader_idx(module, stage, several=len(loaders) > 1)
+        check_dataloader_idx(module, stage, several=len(loaders) > 1)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
         before, self._stage = self._stage, Stage(name, verbose=verbose)
@@ -968,8 +969,8 @@ class Trainer(Logs, Schedule):
         path = checkpoint.local_path(filepath)  # a local folder or a store URL
         if path.exists():
             raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
-        _checkpoint_writer.prepare(path.parent)
-        writer = _checkpoint_writer.writer()  # the process's one writer, after the saves queued before
+        checkpoint.prepare(path.parent)
+        writer = checkpoint.writer()  # the process's one writer, after the saves queued before
         self.record_save()
         writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
         writer.wait()  # written (and its failure raised) before returning
