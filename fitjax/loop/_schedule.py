@@ -20,7 +20,7 @@ import jax
 
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.progress import ProgressView
-from fitjax.strategies._distributed import agree
+from fitjax.strategies import agree
 
 __all__ = ["agreed_stop", "can_stop_early", "done_training", "max_steps_reached", "skip_training", "time_based",
            "val_check_batches", "val_due", "val_epoch_due", "validation_enabled"]
