@@ -662,7 +662,7 @@ class Trainer(Logs):
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"):
-            run.state, run.compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+            run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                      options=feed.options)
         self._step_flops = None
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
@@ -689,7 +689,7 @@ class Trainer(Logs):
                 self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             run.state = run.pieces.end_training(
-                run.state, self.current_epoch, module, module._get_binding(), self.step_options.precision,
+                run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
                 lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
             self._sync_module(module, run.state)
             self._call("on_train_end", module)
