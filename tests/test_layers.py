@@ -30,7 +30,7 @@ LAYERS = [
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers",
                 "fitjax._host_model"]),
-    ("loop", ["fitjax.loop", "fitjax._log_fetch", "fitjax.profilers"]),
+    ("loop", ["fitjax.loop", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]
 
