@@ -285,5 +285,5 @@ def test_docstring_examples_run(tmp_path, monkeypatch):
     import importlib
 
     monkeypatch.chdir(tmp_path)
-    for name in ("fitjax.callbacks.model_checkpoint", "fitjax.checkpoint"):
+    for name in ("fitjax.callbacks.model_checkpoint", "fitjax.checkpoint._format"):
         assert doctest.testmod(importlib.import_module(name)).failed == 0

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from fitjax._accelerator import accelerator_devices, check_devices_match
+from fitjax.strategies import accelerator_devices, check_devices_match
 from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
 from fitjax.callbacks.timer import parse_duration
 from fitjax.module import LitModule

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fitjax.data._checks import checked_batches
+from fitjax.data import checked_batches
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.module import LitModule

@@ -8,6 +8,7 @@ logging); it lives here so that `trainer.py` reads as the fit loop's outline.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -20,19 +21,20 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
-from fitjax import _accelerator, _lightning, _logged, checkpoint
+from fitjax import _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
-from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, pad_batch
-from fitjax.data._checks import checked_batches
+from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, checked_batches, pad_batch
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
-from fitjax.module import LitModule
+from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.loop.stage import Stage, in_precision
-from fitjax.strategies._distributed import gather_rows
+from fitjax.strategies import gather_rows
 
 __all__ = ["EvalStages", "Evaluated"]
+
+log = logging.getLogger("fitjax")
 
 _DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
 _METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Trainer method of each stage
@@ -84,7 +86,7 @@ class EvalStages:
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
         loaders = self._stage_loaders(module, data, datamodule, stage=stage, method=name)
-        _lightning.check_dataloader_idx(module, stage, several=len(loaders) > 1)
+        check_dataloader_idx(module, stage, several=len(loaders) > 1)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
         before, self._stage = self._stage, Stage(name, verbose=verbose)
@@ -227,7 +229,7 @@ class EvalStages:
             meta = checkpoint.read_meta(ckpt_path)
             _resume.call_load_hooks(self, module, meta)
             if self.is_global_zero:
-                _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
+                log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
                                       f"{_resume.stood_at(meta)}")
         elif module.variables is None and isinstance(module._find_model(), nn.Module):
             warnings.warn(f"Trainer.{_METHOD[stage]}: {type(module).__name__} was never fitted nor loaded; "

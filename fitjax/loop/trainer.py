@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import time
@@ -25,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import jax
 
-from fitjax import _accelerator, _determinism, _lightning, _seed
+from fitjax import _seed
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -42,18 +43,17 @@ from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule
-from fitjax.data import _device_blocks
-from fitjax.data._checks import check_fit_data
+from fitjax.data import DataModule, Feed, check_fit_data, feed_for
 from fitjax.loggers import Logger, resolve_loggers
-from fitjax.module import LitModule
-from fitjax.profilers import Profiler, resolve_profiler
-from fitjax.profilers._compile import CompileTimes
+from fitjax.module import LitModule, check_dataloader_idx
+from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, initialize_distributed, resolve as resolve_strategy
-from fitjax.strategies._distributed import agree
+from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
+from fitjax.strategies import resolve as resolve_strategy
 
 __all__ = ["Trainer"]
+
+log = logging.getLogger("fitjax")
 
 
 class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
@@ -148,7 +148,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
             `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
-        deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
+        deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what
             JAX does instead when set to other than Lightning's default.
@@ -251,7 +251,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
             log_grad_norm=log_grad_norm,
         )
-        self.deterministic = _determinism.enforce(deterministic)
+        self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
@@ -297,7 +297,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
-        self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._feed: Feed | None = None  # the train data kept on the devices, if it is
         self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
@@ -513,7 +513,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         self._lightning_module = module
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
+            log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
         train_loader, val_loaders = self._fit_loaders(module, train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loaders, shards=self.strategy.num_batch_shards,
@@ -522,7 +522,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         if self._validation_enabled(val_loaders):  # a fraction keeping no batch: an error now, as Lightning
             for loader in val_loaders:
                 checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            _lightning.check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
+            check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -567,7 +567,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
-        self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
+        self._feed = feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
@@ -671,7 +671,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         self._call("on_train_epoch_end", module)
         self.should_stop = self.agree(self.should_stop)
         if self.should_stop and not self._can_stop_early():
-            _accelerator.log.info(
+            log.info(
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()

@@ -13,10 +13,11 @@ from flax import nnx
 
 import jax
 
-from fitjax import _host_model, _lightning, _logged, _optimizers, checkpoint
+from fitjax import _logged, checkpoint
+from fitjax.module import _host_model, _lightning, _optimizers
 from fitjax.step import context
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
-from fitjax._hparams import AttributeDict, collect_init_args
+from fitjax.module._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
 
 __all__ = ["LitModule"]
@@ -99,7 +100,7 @@ class LitModule:
         Inside the traced Lightning-style hooks `self.model` is the bound model. In host hooks
         (`on_train_epoch_end`, a callback's hooks) and after fit, `self.model(...)` and `self(x)`
         run the model with the current weights, jitted once per shape, in train or eval mode as
-        `self.training` says (see `fitjax._host_model`).
+        `self.training` says (see `fitjax.module._host_model`).
         """
         return self.model(*args, **kwargs)
 
