@@ -1,5 +1,5 @@
-"""Every fitjax module imports only from its own layer or below (DESIGN.md's layers), and no
-chain of imports leads back to where it started.
+"""Every fitjax module imports only from its own layer or below (DESIGN.md's layers), no chain of
+imports leads back to where it started, and no package imports another package's private module.
 
 The imports are read from the source (every `import`, also those inside functions, and a module
 named in a string for `importlib`), so the test needs no import side effects and catches a lazy
@@ -18,7 +18,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 
 # Lowest first. A module is placed by its longest matching prefix; modules matching none are
-# placed on top (they may import anything, and nothing placed below may import them).
+# placed on top (they may import anything, and nothing placed below may import them). The private
+# modules left at the top level are the utilities several packages share: `_typing` (every layer),
+# `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_lazy` (checkpoint, loggers),
+# `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers) and `_seed` (loop,
+# cli, `fj.seed_everything`).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._seed"]),

@@ -1,5 +1,5 @@
 """The hooks' view of the model: while a hook of the module or a callback runs, the module's
-flax model is a `fitjax.module.HostModel` over the weights the trainer holds now, so
+flax model is a `fitjax.module._host_model.HostModel` over the weights the trainer holds now, so
 `self(z)` in `on_train_epoch_end` or `pl_module(x)` in a callback runs as in Lightning.
 
 Installing it costs two attribute writes per hook call; nothing is compiled or read until host

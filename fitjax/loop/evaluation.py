@@ -28,6 +28,7 @@ from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
+from fitjax.loop import _schedule as schedule
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.loop.stage import Stage, in_precision
 from fitjax.strategies import gather_rows
@@ -191,7 +192,7 @@ class EvalStages:
         """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
         before training, with the validation hooks (`trainer.sanity_checking` is True); nothing
         is logged."""
-        if not self.num_sanity_val_steps or not self._validation_enabled(val_loaders):
+        if not self.num_sanity_val_steps or not schedule.validation_enabled(self._config, val_loaders):
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)

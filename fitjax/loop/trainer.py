@@ -4,12 +4,14 @@ epochs of steps, logs and validation.
 The Trainer's other parts are its base classes, beside it in `fitjax.loop`; they read and write
 the same attributes (the state, the compiled steps, the loop's one `Progress`):
 `evaluation` (validate, test, predict and fit's validations), `_train_data` (fit's loaders,
-an epoch's batches and chunks), `_schedule` (when training ends, a stop is obeyed, validation is due), `_pieces` (the state
-pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what a checkpoint
-records, exact resume). `_checks` holds the argument checks.
-An explicit part: `metric_log.MetricLog` (`self._metric_log`) owns the logged values
-(`callback_metrics`, `logged_metrics`, `progress_bar_metrics`), the train log windows and the
-epoch's means; the loop tells it when to fetch and log, the properties read it.
+an epoch's batches and chunks), `_pieces` (the state pieces' epoch and end-of-training work),
+`_resume` (`save_checkpoint`, what a checkpoint records, exact resume). Parts that are values, not base classes: `config` (the
+loop's arguments, checked once and frozen: `self._config`, read through the Lightning-named
+properties), `_schedule` (functions of the configuration and the progress: when training ends, a
+stop is obeyed, validation is due; the loop assigns `should_stop`). `_checks` holds the checks.
+Parts that own their state: `metric_log.MetricLog` (`self._metric_log`: the logged values
+`callback_metrics`, `logged_metrics`, `progress_bar_metrics`, the train log windows and the
+epoch's means; the loop tells it when to fetch and log, the properties read it).
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
@@ -17,12 +19,13 @@ Sync points (where the host waits for the device) are marked; there is none per 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import logging
 import math
 import os
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 
@@ -34,8 +37,9 @@ from fitjax.loop import _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._resume import Checkpoints
-from fitjax.loop._schedule import Schedule
+from fitjax.loop import _schedule as schedule
 from fitjax.loop._train_data import TrainData
+from fitjax.loop.config import LoopConfig
 from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop.progress import Progress, ProgressView
@@ -56,7 +60,7 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
+class Trainer(EvalStages, TrainData, Pieces, Checkpoints):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -208,38 +212,19 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         sync_batchnorm: bool = False,
         use_distributed_sampler: bool = True,
     ):
-        # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
-        self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
-        self.max_epochs = checks.limit_or_unlimited("max_epochs", max_epochs)
-        if max_epochs is None and self.max_steps is None and max_time is None:
-            self.max_epochs = 1000  # Lightning's default
-        self.min_epochs = checks.limit_or_unlimited("min_epochs", min_epochs, unlimited=False)
-        self.min_steps = checks.limit_or_unlimited("min_steps", min_steps, unlimited=False)
-        self.num_sanity_val_steps = checks.sanity_steps(num_sanity_val_steps)
-        self.log_every_n_steps = checks.positive_int_or_none("log_every_n_steps", log_every_n_steps)
-        self.check_val_every_n_epoch = checks.positive_int_or_none("check_val_every_n_epoch", check_val_every_n_epoch)
-        self.val_check_interval = checks.val_check_interval(val_check_interval, self.check_val_every_n_epoch)
-        self.limits = {
-            "train": checks.check_limit("limit_train_batches", limit_train_batches),
-            "val": checks.check_limit("limit_val_batches", limit_val_batches),
-            "test": checks.check_limit("limit_test_batches", limit_test_batches),
-            "predict": checks.check_limit("limit_predict_batches", limit_predict_batches),
-        }
-        self.fast_dev_run = checks.fast_dev_run(fast_dev_run)
-        if self.fast_dev_run:
-            self.limits = {stage: self.fast_dev_run for stage in self.limits}
-            # Lightning's: n batches of train and val, validation after them, no sanity check
-            self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
-            self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
-            logger = False
-        self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
-        self.reload_dataloaders_every_n_epochs = checks.limit_or_unlimited(
-            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, unlimited=False)
-        if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
-            self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
+        # the loop's arguments, checked once, with fast_dev_run's and overfit_batches' rewrites
+        self._config = LoopConfig.create(
+            max_epochs=max_epochs, max_steps=max_steps, max_time=max_time, min_epochs=min_epochs,
+            min_steps=min_steps, num_sanity_val_steps=num_sanity_val_steps, log_every_n_steps=log_every_n_steps,
+            check_val_every_n_epoch=check_val_every_n_epoch, val_check_interval=val_check_interval,
+            limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches,
+            fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, seed=seed)
+        if self._config.fast_dev_run:
+            logger = False  # Lightning's: a smoke test logs nothing
         _arguments.lightning_flags(benchmark=benchmark, inference_mode=inference_mode, sync_batchnorm=sync_batchnorm,
                                    use_distributed_sampler=use_distributed_sampler)
-        self.seed = 0 if seed is None else checks.seed(seed)
         if seed is not None:  # Lightning's `seed_everything(seed)`: Python, numpy, torch (when imported)
             _seed.seed_host(seed % 2**32, import_torch=False)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
@@ -266,7 +251,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         callbacks = with_defaults(checks.callback_list(callbacks), progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
         callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
-        if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
+        if self._config.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables)
@@ -302,6 +287,76 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
+
+    # ------------------------------------------------------------ the configuration (read-only)
+
+    @property
+    def max_epochs(self) -> int | None:
+        """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
+        return self._config.max_epochs
+
+    @property
+    def max_steps(self) -> int | None:
+        """Optimizer steps fit takes at most (None: no limit)."""
+        return self._config.max_steps
+
+    @property
+    def min_epochs(self) -> int | None:
+        """A stop request waits until this many epochs are done (None: no minimum)."""
+        return self._config.min_epochs
+
+    @property
+    def min_steps(self) -> int | None:
+        """A stop request waits until this many optimizer steps are done (None: no minimum)."""
+        return self._config.min_steps
+
+    @property
+    def num_sanity_val_steps(self) -> int:
+        """Validation batches fit runs before training (-1: all, 0: none)."""
+        return self._config.num_sanity_val_steps
+
+    @property
+    def log_every_n_steps(self) -> int | None:
+        """Train metrics are logged every this many optimizer steps."""
+        return self._config.log_every_n_steps
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches
+        over the whole run)."""
+        return self._config.check_val_every_n_epoch
+
+    @property
+    def val_check_interval(self) -> int | float | datetime.timedelta | None:
+        """Validate every this many train batches (int), fraction of an epoch (float) or
+        duration (`datetime.timedelta`); None: once an epoch."""
+        return self._config.val_check_interval
+
+    @property
+    def limits(self) -> Mapping[str, int | float | None]:
+        """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or
+        `fast_dev_run`'s, `overfit_batches`' count), likewise "val", "test", "predict"."""
+        return self._config.limits
+
+    @property
+    def fast_dev_run(self) -> int:
+        """Batches of every stage in a smoke test (0: off)."""
+        return self._config.fast_dev_run
+
+    @property
+    def overfit_batches(self) -> int | float:
+        """The same first train and validation batches every epoch (0: off)."""
+        return self._config.overfit_batches
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int | None:
+        """Fit asks the loader hooks again every n epochs (0: never)."""
+        return self._config.reload_dataloaders_every_n_epochs
+
+    @property
+    def seed(self) -> int:
+        """The run's base random key (parameter init and every rng stream)."""
+        return self._config.seed
 
     # ------------------------------------------------------------------------------ properties
 
@@ -519,7 +574,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         check_fit_data(train_loader, val_loaders, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        if self._validation_enabled(val_loaders):  # a fraction keeping no batch: an error now, as Lightning
+        if schedule.validation_enabled(self._config, val_loaders):  # a fraction keeping no batch: an error now
             for loader in val_loaders:
                 checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
             check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
@@ -574,16 +629,16 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
             epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
-        self._val_every = checks.val_check_batches(self, self.num_training_batches,
-                                                   validating=self._validation_enabled(val_loaders))
+        self._val_every = schedule.val_check_batches(
+            self._config, self.num_training_batches, validating=schedule.validation_enabled(self._config, val_loaders))
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loaders)
-        if not self._skip_training():
+        if not schedule.skip_training(self._config, self.progress, should_stop=self.should_stop):
             self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
-            while not self._done_training():
+            while not schedule.done_training(self._config, self.progress, should_stop=self.should_stop):
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
                     train_loader, val_loaders = self._reload_loaders(train_loader, val_loaders)
                     loaded_at, epoch_iter = self.current_epoch, None
@@ -613,6 +668,7 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
                                              wrap(self._compiled.train_tail_step))
         batch_idx = offset - 1
+        progress = self.progress  # a live, read-only view: what the schedule reads
         steps_left = None if self.max_steps is None else self.max_steps - self.global_step
         ran_out = True
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
@@ -642,16 +698,20 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
                 self.state = self._metric_log.start_window(self.state, self._compiled.reset_metrics)  # no wait
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
+            # a signal's stop: every process after the same step (`_preemption`)
+            if (reason := self._stopping.reached(self.global_step)) is not None:
                 raise _preemption.stopped(self, reason)
             stop = self._agree_on_stop(synced=synced)
-            if self._val_due(val_loaders, stop=stop, synced=synced):
+            if schedule.val_due(self._config, progress, val_loaders, stop=stop, synced=synced,
+                                val_every=self._val_every, last_val_time=self._last_val_time):
                 self._validate_during_fit(module, val_loaders)
                 stop = self._agree_on_stop(synced=True)
-            if (stop and self._can_stop_early()) or self._max_steps_reached():
+            if (stop and schedule.can_stop_early(self._config, progress)) or schedule.max_steps_reached(
+                    self._config, progress):
                 ran_out = False
                 break
-        if ran_out and self._val_every is None and self._val_epoch_due(val_loaders) and not self._time_based_validation():
+        if (ran_out and self._val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
+                and not schedule.time_based(self._config)):
             self._validate_during_fit(module, val_loaders)  # data without a length: at its end
         self._end_train_epoch(module)
 
@@ -664,13 +724,22 @@ class Trainer(EvalStages, TrainData, Schedule, Pieces, Checkpoints):
         which = f"batch {last}" if first == last else f"batches {first}-{last}"
         self._built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
 
+    def _agree_on_stop(self, *, synced: bool) -> bool:
+        """`should_stop` as every process sees it (`schedule.agreed_stop`): compared at sync points
+        only with several processes, so False between them (the request waits for the next)."""
+        agreed = schedule.agreed_stop(self.should_stop, synced=synced)
+        if agreed is None:
+            return False
+        self.should_stop = agreed
+        return agreed
+
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
         self.state = self._metric_log.log_train_epoch(self.state, self._compiled.reset_metrics)
         self._progress.epoch_end_done = True
         self._call("on_train_epoch_end", module)
-        self.should_stop = self.agree(self.should_stop)
-        if self.should_stop and not self._can_stop_early():
+        self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
+        if self.should_stop and not schedule.can_stop_early(self._config, self.progress):
             log.info(
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)

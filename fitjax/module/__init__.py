@@ -8,7 +8,6 @@ from fitjax.module._lit_module import LitModule
 # For the loop and the callbacks, not part of the user-facing API: the dataloader_idx check of the
 # Lightning-style hooks, and the flax model host hooks call (installed around them, unwrapped by
 # the model summary).
-from fitjax.module._host_model import HostModel
 from fitjax.module._host_model import installed as host_model_installed
 from fitjax.module._host_model import unwrap as unwrap_host_model
 from fitjax.module._lightning import check_dataloader_idx
