@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import math
 import os
-import time
 import warnings
 from typing import Any, Iterator
 
@@ -185,7 +184,6 @@ class EvalStages:
         self.progress_bar_metrics.update(evaluated.progress_bar)
         self._log(evaluated.values, aliases=evaluated.aliases)
         self._progress.last_validated = self._progress.position
-        self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
