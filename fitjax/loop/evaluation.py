@@ -221,8 +221,8 @@ class EvalStages:
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
         variables, self._compiled = step_lib.build(
-            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
-            options=self.step_options,
+            module.step_spec(), self.strategy, first[0], seed=self.seed,
+            stage="predict" if stage == "predict" else "eval", options=self.step_options,
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])

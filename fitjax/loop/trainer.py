@@ -607,7 +607,7 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
         self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         with self.profiler.profile("[build] state and programs"):
-            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+            self.state, self._compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
         self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
