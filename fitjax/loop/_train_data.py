@@ -21,7 +21,6 @@ from fitjax.data import as_loader, batch_size_of
 from fitjax.data import checked_batches, each_loader, feed_for, unshuffled
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _schedule as schedule
 from fitjax.loop._checks import maybe_len as _maybe_len
 
 __all__ = ["TrainData"]
@@ -96,8 +95,6 @@ class TrainData:
         train, val = self._as_fit_loaders(train_data, hooks["val"]() if hooks["val"] else None)
         val = val if hooks["val"] else val_loaders
         self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train))
-        self._val_every = schedule.val_check_batches(
-            self._config, self.num_training_batches, validating=schedule.validation_enabled(self._config, val))
         if self._feed is not None or train is not train_loader:
             self._feed = feed_for(train, self.strategy, options=self.step_options,
                                                  params=self.state.params)

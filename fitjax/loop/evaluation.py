@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import math
 import os
-import time
 import warnings
 from typing import Any, Iterator
 
@@ -184,7 +183,6 @@ class EvalStages:
         )
         self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar)
         self._progress.last_validated = self._progress.position
-        self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
@@ -222,8 +220,8 @@ class EvalStages:
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
         variables, self._compiled = step_lib.build(
-            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
-            options=self.step_options,
+            module.step_spec(), self.strategy, first[0], seed=self.seed,
+            stage="predict" if stage == "predict" else "eval", options=self.step_options,
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])

@@ -615,7 +615,7 @@ class Trainer(EvalStages, TrainData, Pieces, Checkpoints):
         self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
         self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         with self.profiler.profile("[build] state and programs"):
-            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+            self.state, self._compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
         self._metric_log.begin_fit(self._compiled.log_specs)
@@ -629,8 +629,7 @@ class Trainer(EvalStages, TrainData, Pieces, Checkpoints):
             epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
-        self._val_every = schedule.val_check_batches(
-            self._config, self.num_training_batches, validating=schedule.validation_enabled(self._config, val_loaders))
+        self._val_every = schedule.val_check_batches(self._config, self.num_training_batches, val_loaders)
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loaders)
@@ -642,6 +641,7 @@ class Trainer(EvalStages, TrainData, Pieces, Checkpoints):
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
                     train_loader, val_loaders = self._reload_loaders(train_loader, val_loaders)
                     loaded_at, epoch_iter = self.current_epoch, None
+                    self._val_every = schedule.val_check_batches(self._config, self.num_training_batches, val_loaders)
                 self._train_epoch(module, train_loader, val_loaders, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             self._end_pieces(module, train_loader)
@@ -705,6 +705,7 @@ class Trainer(EvalStages, TrainData, Pieces, Checkpoints):
             if schedule.val_due(self._config, progress, val_loaders, stop=stop, synced=synced,
                                 val_every=self._val_every, last_val_time=self._last_val_time):
                 self._validate_during_fit(module, val_loaders)
+                self._last_val_time = time.monotonic()  # a duration counts from here (Lightning's, after its hooks)
                 stop = self._agree_on_stop(synced=True)
             if (stop and schedule.can_stop_early(self._config, progress)) or schedule.max_steps_reached(
                     self._config, progress):
