@@ -15,9 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from fitjax import checkpoint
+from fitjax.loop.metric_log import EpochAccumulators
 from fitjax.step import pieces as pieces_lib
 
 __all__ = ["Preempted", "ResumePoint", "call_load_hooks", "fit_meta", "load_states", "resolve_ckpt_path", "stood_at",
@@ -46,7 +45,8 @@ class ResumePoint:
     epoch_acc: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def at(cls, progress, *, stopped: bool, loader_state: Callable[[int], Any], epoch_acc: dict) -> "ResumePoint":
+    def at(cls, progress, *, stopped: bool, loader_state: Callable[[int], Any],
+           epoch_acc: EpochAccumulators) -> "ResumePoint":
         """The point of a save at `progress` now; `stopped`: the epoch ends early (a stop
         request or `max_steps`), so its end work does not make the next epoch current."""
         done = progress.batches_done
@@ -54,8 +54,7 @@ class ResumePoint:
         whole = {**progress.state_dict(), "last_saved": progress.position.as_list()}
         if progress.epoch_end_done and exhausted:
             return cls(whole, progress.global_step, progress.epoch + 1, 0)
-        return cls(whole, progress.global_step, progress.epoch, done, loader_state(done),
-                   {k: np.asarray(v, np.float64).tolist() for k, v in epoch_acc.items()})
+        return cls(whole, progress.global_step, progress.epoch, done, loader_state(done), epoch_acc.to_meta())
 
     def to_meta(self) -> dict[str, Any]:
         return {"global_step": self.global_step,
@@ -78,8 +77,8 @@ class ResumePoint:
             progress.end_epoch()
         progress.epoch = self.epoch
 
-    def epoch_means(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, np.float64) for k, v in self.epoch_acc.items()}
+    def epoch_accumulators(self) -> EpochAccumulators:
+        return EpochAccumulators.from_meta(self.epoch_acc)
 
 
 def fit_meta(point: ResumePoint, module, *, callbacks, loggers, precision: str, pieces,

@@ -100,10 +100,12 @@ def agreed_stop(should_stop: bool, *, synced: bool) -> bool | None:
     return agree(should_stop) if synced else None
 
 
-def val_check_batches(config: LoopConfig, num_batches: int | None, *, validating: bool) -> int | None:
-    """Validate every this many train batches; None: at the end of each epoch (data without a
-    length, default interval) or by the clock (a duration). Lightning's `FitLoop.setup_data`
-    rules and errors."""
+def val_check_batches(config: LoopConfig, num_batches: int | None, val_loaders: Sequence) -> int | None:
+    """Validate every this many train batches (of `num_batches` an epoch); None: at the end of
+    each epoch (data without a length, default interval) or by the clock (a duration). Lightning's
+    `FitLoop.setup_data` rules and errors (an int interval longer than an epoch is an error only
+    when `val_loaders` are validated)."""
+    validating = validation_enabled(config, val_loaders)
     interval, per_epoch = config.val_check_interval, config.check_val_every_n_epoch is not None
     if isinstance(interval, datetime.timedelta):  # time-based: the loop's clock decides (`val_due`)
         return None

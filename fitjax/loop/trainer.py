@@ -13,7 +13,9 @@ The parts, beside it in `fitjax.loop` (the loop is the only writer of what lives
     _pieces             the state pieces' epoch and end-of-training work (`PieceRunner`)
     progress            the loop's one position (`trainer.progress` is its read-only view)
     evaluation          validate, test, predict and fit's validations (a base class)
-    _logs               values to the loggers and `callback_metrics` (a base class)
+    metric_log.MetricLog the logged values (`callback_metrics`, `logged_metrics`,
+                        `progress_bar_metrics`), the train log windows and the epoch's means;
+                        the loop tells it when to fetch and log (`self._metric_log`)
     config.LoopConfig   the loop's arguments, checked once and frozen (`self._config`), read
                         through the Lightning-named properties
     _schedule           functions of (configuration, progress): when training ends, a stop is
@@ -25,7 +27,6 @@ Sync points (where the host waits for the device) are marked; there is none per 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import itertools
@@ -44,10 +45,10 @@ from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _pieces, _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks
-from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
+from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation
 from fitjax.loop.fit_run import Built, FitRun
 from fitjax.loop.train_feed import TrainFeed, fit_loaders
@@ -69,7 +70,7 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-class Trainer(Logs):
+class Trainer:
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -273,20 +274,16 @@ class Trainer(Logs):
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
         self.should_stop = False
-        self._callback_metrics: HostMetrics = {}
-        self.logged_metrics: HostMetrics = {}
-        self.progress_bar_metrics: HostMetrics = {}
+        # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
+        self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
+                                     progress=ProgressView(self._progress), on_window_logged=self._progress.logged)
         self.num_val_batches: list[int | None] = []
         self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
-        self._epoch_acc: dict[str, np.ndarray] = {}
         self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._run: FitRun | None = None  # while fitting: everything that lives for the fit
         self._built: Built | None = None  # what the last fit/validate/test/predict built, for the next
-        self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
-        self._latest_step: dict | None = None  # the last train step's values, on the device (`callback_metrics`)
-        self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------ the configuration (read-only)
@@ -493,11 +490,18 @@ class Trainer(Logs):
         log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
         the window at its next step). The loop itself and the progress bar never read it per step.
         """
-        # the window's values join the latest values now (the same update the loop makes when it
-        # logs the window); the dict itself is returned, as Lightning's callbacks update it
-        self._callback_metrics.update(self._pending_callback_metrics())
-        self._callback_metrics.update(self._latest_step_metrics())  # newer than any window
-        return self._callback_metrics
+        return self._metric_log.callback_metrics
+
+    @property
+    def logged_metrics(self) -> HostMetrics:
+        """The latest value of every key written to the loggers (Lightning's)."""
+        return self._metric_log.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> HostMetrics:
+        """The values the progress bar shows: the train window's last means and what was
+        logged with `prog_bar=True` (Lightning's)."""
+        return self._metric_log.progress_bar_metrics
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -554,6 +558,13 @@ class Trainer(Logs):
             self._step_flops = (None if flops is None or flops <= 0
                                 else flops / compiled.options.steps_per_execution,)
         return self._step_flops[0]
+
+    def _call(self, hook: str, module: LitModule, *args: Any, log: bool = True) -> None:
+        """Calls `hook` on the module and the callbacks; logs what the module's hook passed to
+        `self.log` (host values, under the names given), unless `log` is False (sanity check)."""
+        logged = self._hooks.call(hook, self, module, *args)
+        if logged and log:
+            self._metric_log.log_hook(logged, owner=type(module).__name__, hook=hook)
 
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
@@ -635,13 +646,12 @@ class Trainer(Logs):
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
             stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
-            self._finalize_loggers("interrupted" if stopped else "failed")
+            self._metric_log.finalize("interrupted" if stopped else "failed")
             if isinstance(exc, _resume.Preempted):
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
-            self._windows.clear()  # values of an interrupted window are not logged
-            self._latest_step = self._latest_step_host = None
+            self._metric_log.end_fit()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
             self._stage = Stage()
@@ -652,12 +662,11 @@ class Trainer(Logs):
             self.profiler.teardown("fit")
             if run is not None and run.requeue_from is not None:
                 _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
-        self._finalize_loggers("success")
+        self._metric_log.finalize("success")
 
     def _fit(self, run: FitRun, ckpt_path=None) -> None:
         module, feed = run.module, run.feed
         self.should_stop = False
-        self._latest_step = self._latest_step_host = None
         first, epoch_iter = feed.first_batch(self.current_epoch)
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
@@ -665,6 +674,7 @@ class Trainer(Logs):
             run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                      options=feed.options)
         self._step_flops = None
+        self._metric_log.begin_fit(run.compiled.log_specs)
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
         run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)
         feed.keep_on_devices(run.state.params)
@@ -673,8 +683,7 @@ class Trainer(Logs):
             epoch_iter = self._resume_fit(run, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
-        run.val_every = schedule.val_check_batches(
-            self._config, self.num_training_batches, validating=schedule.validation_enabled(self._config, run.loaders.val))
+        run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
         self._sanity_check(run)
@@ -707,7 +716,7 @@ class Trainer(Logs):
         point = _resume.ResumePoint.from_meta(meta)
         point.restore(self._progress)
         run.resume_at = point.batches_done
-        self._epoch_acc = point.epoch_means()
+        self._metric_log.start_epoch(point.epoch_accumulators())
         _resume.call_load_hooks(self, run.module, meta, self._hooks.overriding("on_load_checkpoint"))
         _resume.load_states(meta, self.callbacks, self.loggers)
         _resume.warn_unpositioned(path, point, run.feed.loader)
@@ -730,15 +739,14 @@ class Trainer(Logs):
         run.loaders = run.loaders.reloaded(bool(self.overfit_batches))
         run.feed = run.feed.replaced(run.loaders.train, run.state.params)
         self._progress.batches_in_epoch = run.feed.batches_in_epoch
-        run.val_every = schedule.val_check_batches(
-            self._config, self.num_training_batches, validating=schedule.validation_enabled(self._config, run.loaders.val))
+        run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
 
     def _train_epoch(self, run: FitRun, epoch_iter) -> None:
         """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
         module, feed, val_loaders = run.module, run.feed, run.loaders.val
         offset, run.resume_at = run.resume_at, 0  # > 0 for an epoch resumed mid-way
-        if not offset:
-            self._epoch_acc = {}
+        if not offset:  # a resumed epoch's means start from the checkpoint's accumulators
+            self._metric_log.start_epoch()
         self._progress.start_epoch(offset)
         options = self._epoch_options(self.current_epoch)
         if options != feed.options:  # an accumulation schedule's count for this epoch: its own steps
@@ -775,15 +783,15 @@ class Trainer(Logs):
             except Exception as err:
                 self._explain_train_failure(run, err, chunk, batch_idx)
                 raise
-            self._latest_step = outputs  # a reference: read only if `callback_metrics` is
+            self._metric_log.step_done(outputs)  # a reference: read only if `callback_metrics` is
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
-            self._read_arrived_windows()  # the log steps' values that have arrived
+            self._metric_log.read_arrived()  # the log steps' values that have arrived
             if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
                 outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
             synced = self.progress.crossed(self.log_every_n_steps)
             if synced:
-                self._start_train_window()  # no wait: read at a later step (`_windows`)
+                run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
             # a signal's stop: every process after the same step (`_preemption`)
@@ -825,7 +833,8 @@ class Trainer(Logs):
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
-        self._log_train_epoch()
+        run = self._run
+        run.state = self._metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
         self._progress.epoch_end_done = True
         self._call("on_train_epoch_end", module)
         self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
@@ -893,15 +902,15 @@ class Trainer(Logs):
             variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
             if stage == "val":
                 self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
-            earlier = dict(self._callback_metrics)
+            earlier = dict(self._metric_log.callback_metrics)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
             evaluated = evaluation.evaluate(self, module, self._compiled, self._built_from, self._hooks, loaders,
                                             *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
-            self._log(evaluated.values, aliases=evaluated.aliases)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases)
             self._call(f"on_{hook}_epoch_end", module)
             self._call(f"on_{hook}_end", module)
-            logged = {k: v for k, v in self._callback_metrics.items() if earlier.get(k) is not v}
+            logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
         finally:
             self._hooks.call("teardown", self, module, name)
             self._stage = before
@@ -1002,7 +1011,7 @@ class Trainer(Logs):
     def _validate_during_fit(self, run: FitRun) -> None:
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
         module = run.module
-        self._finish_train_window()  # callbacks of validation see every train value up to now
+        self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
         with self.profiler.profile("[loop] validation"), module._mode(False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
             self._call("on_validation_start", module)
@@ -1011,12 +1020,11 @@ class Trainer(Logs):
                                             run.loaders.val, self._eval_params(), run.state.model_state,
                                             run.state.rng, stage="val", limit=self.limits["val"],
                                             strategy=self.strategy)
-            self.progress_bar_metrics.update(evaluated.progress_bar)
-            self._log(evaluated.values, aliases=evaluated.aliases)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar)
             self._progress.last_validated = self._progress.position
-            run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_validation_epoch_end", module)
             self._call("on_validation_end", module)
+        run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
 
     # ------------------------------------------------------------------------ checkpoints
 
@@ -1053,7 +1061,7 @@ class Trainer(Logs):
         stopped = self.should_stop or (self.max_steps is not None and progress.global_step >= self.max_steps)
         positions = (self._run.feed.positions if self._run is not None
                      else self._built.positions if self._built is not None else None)
-        point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._epoch_acc,
+        point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
                                        loader_state=positions.state_after if positions else lambda done: None)
         return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
                                 precision=self.precision, pieces=self.step_options.pieces,
@@ -1064,5 +1072,5 @@ class Trainer(Logs):
         the train log window on its way is logged (its rows reach the loggers and the epoch's
         means, which the checkpoint holds), and the position becomes the last saved one
         (`trainer.progress.last_saved`). Whoever saves calls it, as `ModelCheckpoint` does."""
-        self._finish_train_window()
+        self._metric_log.finish_windows()
         self._progress.last_saved = self._progress.position
