@@ -61,11 +61,11 @@ def measure(strategy: str, devices: int, width: int = WIDTH, depth: int = DEPTH)
              "y": rng.normal(size=(BATCH, 1)).astype(np.float32)}
     trainer = fj.Trainer(strategy=strategy, devices=devices, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False)
-    state, compiled = step_lib.build(Module(width, depth), trainer.strategy, batch, seed=0)
+    state, compiled = step_lib.build(Module(width, depth).step_spec(), trainer.strategy, batch, seed=0)
     held = bytes_per_device((state.params, state.opt_state))
     # Sharded init: compiled with the strategy's out_shardings, it never holds the whole state.
     module = Module(width, depth)
-    init = step_lib.forward.make_init_fn(module, module._get_binding(), optax.adam(1e-3), ("loss",))
+    init = step_lib.forward.make_init_fn(module.step_spec(), optax.adam(1e-3), ("loss",))
     init_stats = jax.jit(init, out_shardings=compiled.state_shardings).lower(
         jax.random.key(0), trainer.strategy.shard_batch(batch), None).compile().memory_analysis()
     stats = compiled.train_step.lower(state, trainer.strategy.shard_batch(batch)).compile().memory_analysis()

@@ -53,9 +53,10 @@ _CURRENT: contextvars.ContextVar[Logged | None] = contextvars.ContextVar("fitjax
 
 
 @contextlib.contextmanager
-def collecting(*, host: bool = False) -> Iterator[Logged]:
-    """Collects what `LitModule.log` records inside the block (nested blocks shadow outer ones)."""
-    logged = Logged(host)
+def collecting(*, host: bool = False, into: Logged | None = None) -> Iterator[Logged]:
+    """Collects what `LitModule.log` records inside the block (nested blocks shadow outer ones);
+    `into`: adds to that earlier block's values (a name recorded in both raises)."""
+    logged = Logged(host) if into is None else into
     token = _CURRENT.set(logged)
     try:
         yield logged

@@ -1,5 +1,5 @@
-"""Every fitjax module imports only from its own layer or below (DESIGN.md's layers), and no
-chain of imports leads back to where it started.
+"""Every fitjax module imports only from its own layer or below (DESIGN.md's layers), no chain of
+imports leads back to where it started, and no package imports another package's private module.
 
 The imports are read from the source (every `import`, also those inside functions, and a module
 named in a string for `importlib`), so the test needs no import side effects and catches a lazy
@@ -18,18 +18,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 
 # Lowest first. A module is placed by its longest matching prefix; modules matching none are
-# placed on top (they may import anything, and nothing placed below may import them).
+# placed on top (they may import anything, and nothing placed below may import them). The private
+# modules left at the top level are the utilities several packages share: `_typing` (every layer),
+# `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_lazy` (checkpoint, loggers),
+# `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers) and `_seed` (loop,
+# cli, `fj.seed_everything`).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
-                "fitjax._logged", "fitjax._determinism", "fitjax._lazy",
-                "fitjax._accelerator", "fitjax.plugins", "fitjax._storage", "fitjax._seed"]),
+                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._seed"]),
     ("step", ["fitjax.step"]),
     ("data", ["fitjax.data"]),
-    ("checkpoint", ["fitjax.checkpoint", "fitjax._checkpoint_writer"]),
+    ("checkpoint", ["fitjax.checkpoint"]),
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
-    ("module", ["fitjax.module", "fitjax._lightning", "fitjax._hparams", "fitjax._optimizers",
-                "fitjax._host_model"]),
+    ("module", ["fitjax.module"]),
     ("loop", ["fitjax.loop", "fitjax._log_fetch", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]
@@ -163,9 +165,10 @@ def _fake_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
 
 def test_the_checks_catch_a_real_cycle_and_a_real_upward_import(tmp_path):
     modules = _fake_package(tmp_path, {
-        "module.py": "from fitjax import _lightning\n",
+        "module/__init__.py": "from fitjax.module._lit_module import LitModule\n",
+        "module/_lit_module.py": "from fitjax.module import _lightning\n",
         # the shape the cycle had: an import inside a function, hidden from a top-level scan
-        "_lightning.py": "def overridden():\n    from fitjax.module import LitModule\n    return LitModule\n",
+        "module/_lightning.py": "def overridden():\n    from fitjax.module import LitModule\n    return LitModule\n",
         "step/__init__.py": "",
         "step/train.py": "import jax\n\ndef late():\n    from fitjax.loop import trainer\n",
         "loop/__init__.py": "",
@@ -175,9 +178,58 @@ def test_the_checks_catch_a_real_cycle_and_a_real_upward_import(tmp_path):
                            "def __getattr__(name):\n    return importlib.import_module(_LAZY[name])\n",
         "cli/_cli.py": "from fitjax import cli\n",
     })
-    assert _cycles(modules) == [["fitjax._lightning", "fitjax.module"], ["fitjax.cli", "fitjax.cli._cli"],
-                                ["fitjax.loop.trainer", "fitjax.step.train"]]
+    assert _cycles(modules) == [["fitjax.cli", "fitjax.cli._cli"], ["fitjax.loop.trainer", "fitjax.step.train"],
+                                ["fitjax.module", "fitjax.module._lightning", "fitjax.module._lit_module"]]
     assert _upward_imports(modules) == ["fitjax.step.train (step) imports fitjax.loop.trainer (loop)"]
+
+
+def _owner(module: str) -> str | None:
+    """The package whose private module `module` is (`fitjax.data` for `fitjax.data._checks`,
+    `fitjax` for `fitjax._storage`), or None when no part of its name is private."""
+    parts = module.split(".")
+    for index, part in enumerate(parts[1:], 1):
+        if part.startswith("_"):
+            return ".".join(parts[:index])
+    return None
+
+
+def _private_imports(modules: dict[str, Path] = MODULES) -> list[str]:
+    """Imports of another package's private module: a package's private modules are for that
+    package (and the packages inside it); what others use goes through names its `__init__`
+    defines (`from fitjax.data import checked_batches`, listed outside `__all__` when it is not
+    user-facing API). The top-level private modules (`fitjax._storage`, `fitjax._typing`, ...) are
+    the shared utilities of every package."""
+    problems = []
+    for name, path in sorted(modules.items()):
+        for target in sorted(_imports(name, path, modules)):
+            owner = _owner(target)
+            if owner is not None and name != owner and not name.startswith(owner + "."):
+                problems.append(f"{name} imports {target}, a private module of {owner}")
+    return problems
+
+
+def test_no_module_imports_another_packages_private_module():
+    problems = _private_imports()
+    assert not problems, ("import the name from the package instead (its __init__ exports it):\n"
+                          + "\n".join(problems))
+
+
+def test_the_private_import_check_catches_a_real_one(tmp_path):
+    modules = _fake_package(tmp_path, {
+        "_storage.py": "",
+        "data/__init__.py": "from fitjax.data._checks import checked_batches\n",
+        "data/_checks.py": "from fitjax import _storage\n\ndef checked_batches():\n    pass\n",
+        "data/_adapters.py": "from fitjax.data import _checks\n",
+        # the two spellings of the violation: the module itself, and a name from it
+        "loop/__init__.py": "from fitjax.data import _checks\n",
+        "loop/trainer.py": "def fit():\n    from fitjax.data._checks import checked_batches\n",
+        # through the package's export: allowed
+        "loop/evaluation.py": "from fitjax.data import checked_batches\nfrom fitjax import _storage\n",
+    })
+    assert _private_imports(modules) == [
+        "fitjax.loop imports fitjax.data._checks, a private module of fitjax.data",
+        "fitjax.loop.trainer imports fitjax.data._checks, a private module of fitjax.data",
+    ]
 
 
 _PRIVATE_TRAINER = re.compile(r"\btrainer\._[A-Za-z]|getattr\(\s*(?:self\.)?trainer\s*,\s*['\"]_")

@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import fitjax as fj
-from fitjax import _optimizers
+from fitjax.module import _optimizers
 from helpers import Regressor, assert_trees_close, count_compiles, quiet_trainer, regression_data
 
 

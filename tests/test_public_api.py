@@ -20,7 +20,8 @@ def test_all_is_sorted_and_importable(name):
 def test_docstring_examples_run():
     import doctest
 
-    for name in ["fitjax.module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.strategies.dp",
+    for name in ["fitjax.module._lit_module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.loop.config",
+                 "fitjax.strategies.dp",
                  "fitjax.callbacks.ema", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",

@@ -1,6 +1,6 @@
 """`ModelCheckpoint`: Lightning's checkpoint callback, writing Orbax checkpoints off the loop's thread.
 
-A save costs the loop a host copy of the state (see `fitjax._checkpoint_writer` and
+A save costs the loop a host copy of the state (see `fitjax.checkpoint._writer` and
 `benchmarks/checkpoint.py`): every save of the process, of every checkpoint callback, goes through
 the process's one writer, in order; a save at a later step, and the end of fit, wait for the ones
 queued. Any number of checkpoint callbacks work together, each with its own bookkeeping.
@@ -19,9 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fitjax import checkpoint
-from fitjax import _checkpoint_writer, _storage
-from fitjax.strategies._distributed import broadcast_str
+from fitjax import _storage, checkpoint
+from fitjax.strategies import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
 __all__ = ["ModelCheckpoint"]
@@ -114,7 +113,7 @@ class ModelCheckpoint(Callback):
         # This run's checkpoints still on disk, oldest first: path -> score (None: unscored).
         # Restored on resume, so a resumed run ranks and deletes its own saves, never another run's.
         self._kept: dict[str, float | None] = {}
-        self._writer: _checkpoint_writer.CheckpointWriter | None = None  # set during fit
+        self._writer: checkpoint.CheckpointWriter | None = None  # set during fit
         self._saved_steps: set[int] = set()  # global steps saved during this fit
         self._validated_at: int | None = None  # global step of this fit's last validation
         self._resumed = False
@@ -206,14 +205,14 @@ class ModelCheckpoint(Callback):
 
     def on_fit_start(self, trainer, module) -> None:
         directory = self.resolve_dirpath(trainer)  # here, where every process is: it may be a collective
-        _checkpoint_writer.prepare(directory)  # writable (a store: reachable): an error now, not at the first save
+        checkpoint.prepare(directory)  # writable (a store: reachable): an error now, not at the first save
         if (trainer.is_global_zero and not self._resumed and self.save_top_k != 0 and directory.is_dir()
                 and any(checkpoint.is_checkpoint(p) for p in directory.iterdir())):
             warnings.warn(f"Checkpoint directory {str(directory)!r} exists and holds checkpoints: this "
                           "run saves next to them under new names ('-v1', ...) and never deletes them.",
                           stacklevel=2)
-        _checkpoint_writer.cleanup(directory)  # what interrupted saves and deletions left
-        self._writer = _checkpoint_writer.writer()
+        checkpoint.cleanup(directory)  # what interrupted saves and deletions left
+        self._writer = checkpoint.writer()
         # a store's folder is listed once: a name check per save would be a request on the loop's thread
         self._listed = None
         if _storage.is_url(directory):
@@ -304,7 +303,7 @@ class ModelCheckpoint(Callback):
         if not keep_new:
             return
         self.resolve_dirpath(trainer)
-        writer = self._writer = _checkpoint_writer.writer()
+        writer = self._writer = checkpoint.writer()
         writer.raise_failure()  # a failed earlier save: its undo runs before the ranking below
 
         path = str(self.dirpath / self._unique_name(trainer))
@@ -414,7 +413,7 @@ class ModelCheckpoint(Callback):
         version = 1
         exists = (lambda path: path.name in self._listed) if self._listed is not None else (lambda path: path.exists())
         taken = lambda path: exists(path) or str(path) in self._kept or writer.is_queued(path)
-        writer = _checkpoint_writer.writer()  # a save queued by another callback is not on disk yet
+        writer = checkpoint.writer()  # a save queued by another callback is not on disk yet
         while taken(self.dirpath / name):
             name, version = f"{base}-v{version}", version + 1
         return name

@@ -22,7 +22,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from fitjax import _host_model
+from fitjax.module import unwrap_host_model
 from fitjax._typing import PyTree
 from fitjax.callbacks._base import Callback
 
@@ -261,7 +261,7 @@ class RichModelSummary(Callback):
         state = trainer.state
         # in a hook the module's model attribute calls the model with the current weights: the
         # flax model itself is behind it
-        model = _host_model.unwrap(getattr(module, "model", None))
+        model = unwrap_host_model(getattr(module, "model", None))
         self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth,
                                  model=model, order=module.variable_order)
         self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})

@@ -37,9 +37,9 @@ from fitjax.module import LitModule
 from fitjax.cli._optax import OptaxOptimizer, build_optimizer
 from fitjax.cli.schedules import OptaxSchedule
 from fitjax.strategies import initialize_distributed
-from fitjax.loggers._hparams import config_hparams
-from fitjax.loop import _resume
-from fitjax.strategies._distributed import agree
+from fitjax.loggers import config_hparams
+from fitjax.loop import resolve_ckpt_path
+from fitjax.strategies import agree
 
 __all__ = ["LightningArgumentParser", "LightningCLI", "SaveConfigCallback"]
 
@@ -453,7 +453,7 @@ class LightningCLI:
             if kwargs.get("ckpt_path") is not None:
                 with warnings.catch_warnings():  # the trainer warns itself, once, when it resolves it
                     warnings.simplefilter("ignore")
-                    _resume.resolve_ckpt_path(self.trainer, kwargs["ckpt_path"], where="--ckpt_path")
+                    resolve_ckpt_path(self.trainer, kwargs["ckpt_path"], where="--ckpt_path")
             if output is not None:
                 _predictions.check_output(output)
         if self.datamodule is not None:

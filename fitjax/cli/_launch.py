@@ -33,7 +33,7 @@ import threading
 import time
 from typing import IO
 
-from fitjax.loop._preemption import RESTART_COUNT_VAR  # read by Trainer.fit: resume from "last"
+from fitjax.loop import RESTART_COUNT_VAR  # read by Trainer.fit: resume from "last"
 
 __all__ = ["launch"]
 

@@ -5,4 +5,10 @@ from fitjax.data._batching import batch_size_of, pad_batch
 from fitjax.data._datamodule import DataModule
 from fitjax.data._loader import DataLoader
 
+# For the loop, not part of the user-facing API: the checks of what fit receives and of each batch,
+# the loaders of a `val_data` argument, and the train data kept on the devices.
+from fitjax.data._adapters import each_loader, unshuffled
+from fitjax.data._checks import check_fit_data, checked_batches
+from fitjax.data._device_blocks import Feed, feed_for
+
 __all__ = ["DataLoader", "DataModule", "as_loader", "as_loaders", "batch_size_of", "pad_batch"]

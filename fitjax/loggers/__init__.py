@@ -11,4 +11,7 @@ from fitjax.loggers._resolve import resolve_loggers
 from fitjax.loggers._tensorboard import TensorBoardLogger
 from fitjax.loggers._wandb import WandbLogger
 
+# For the CLI, not part of the user-facing API: the hyperparameters a parsed config logs.
+from fitjax.loggers._hparams import config_hparams
+
 __all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger", "resolve_loggers"]

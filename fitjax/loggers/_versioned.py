@@ -21,7 +21,7 @@ from typing import Any
 
 from fitjax import _storage
 from fitjax.loggers._base import Logger
-from fitjax.strategies._distributed import broadcast_str
+from fitjax.strategies import broadcast_str
 
 _VERSION_FOLDER = re.compile(r"version_(\d+)")
 

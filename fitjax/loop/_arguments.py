@@ -9,13 +9,15 @@ meaning: passing a value under both spellings is an error naming both.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
-from fitjax import _accelerator
 from fitjax.data import DataModule
 
 __all__ = ["either", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
+
+log = logging.getLogger("fitjax")
 
 
 def either(method: str, name: str, value: Any, lightning_name: str, lightning_value: Any) -> Any:
@@ -92,4 +94,4 @@ def lightning_flags(**flags: Any) -> None:
         if value is not None and not isinstance(value, bool):
             raise ValueError(f"Trainer({name}=...) must be True or False, got {value!r}")
         if value is not None and value != default:
-            _accelerator.log.info(f"Trainer({name}={value!r}) has no effect under JAX: {instead}.")
+            log.info(f"Trainer({name}={value!r}) has no effect under JAX: {instead}.")

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from fitjax._accelerator import accelerator_devices, check_devices_match
+from fitjax.strategies import accelerator_devices, check_devices_match
 from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
 from fitjax.callbacks.timer import parse_duration
 from fitjax.module import LitModule
@@ -298,30 +298,6 @@ def warn_short_epoch(trainer, num_batches: int | float | None) -> None:
             f"The number of training batches ({int(num_batches)}) is smaller than the logging interval "
             f"Trainer(log_every_n_steps={trainer.log_every_n_steps}). Set a lower value for log_every_n_steps "
             "if you want to see logs for the training epoch.", stacklevel=4)
-
-
-def val_check_batches(trainer, num_batches: int | None, *, validating: bool) -> int | None:
-    """Validate every this many train batches; None: at the end of each epoch (data without a
-    length, default interval). Lightning's `FitLoop.setup_data` rules and errors."""
-    interval, per_epoch = trainer.val_check_interval, trainer.check_val_every_n_epoch is not None
-    if isinstance(interval, datetime.timedelta):  # time-based: the loop's clock decides (`_val_due`)
-        return None
-    if isinstance(interval, int):
-        if validating and per_epoch and num_batches is not None and interval > num_batches:
-            raise ValueError(
-                f"Trainer(val_check_interval={interval}) must be at most the number of train batches "
-                f"per epoch ({num_batches}). To validate across epochs every {interval} batches set "
-                "check_val_every_n_epoch=None; to disable validation set limit_val_batches=0."
-            )
-        return interval
-    if num_batches is None:
-        if interval not in (None, 1.0):
-            raise ValueError(
-                f"Trainer(val_check_interval={interval!r}): a fraction of an epoch needs train data "
-                "with a known length (len()); pass an int number of batches instead."
-            )
-        return None
-    return max(1, int(num_batches * (1.0 if interval is None else interval)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The hooks' view of the model: while a hook of the module or a callback runs, the module's
-flax model is a `fitjax._host_model.HostModel` over the weights the trainer holds now, so
+flax model is a `fitjax.module._host_model.HostModel` over the weights the trainer holds now, so
 `self(z)` in `on_train_epoch_end` or `pl_module(x)` in a callback runs as in Lightning.
 
 Installing it costs two attribute writes per hook call; nothing is compiled or read until host
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from fitjax import _host_model
+from fitjax.module import host_model_installed
 
 __all__ = ["HostHooks"]
 
@@ -30,5 +30,5 @@ class HostHooks:
         return HostHooks(wrap(self._hooks), self._variables)
 
     def call(self, hook: str, trainer, module, *args: Any) -> Any:
-        with _host_model.installed(module, lambda: self._variables(module)):
+        with host_model_installed(module, lambda: self._variables(module)):
             return self._hooks.call(hook, trainer, module, *args)

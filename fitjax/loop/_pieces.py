@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fitjax.data._checks import checked_batches
+from fitjax.data import checked_batches
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.module import LitModule
@@ -52,7 +52,7 @@ class PieceRunner:
         extras = self._epoch_start(state.extras, state.params, state.opt_state, np.asarray(epoch, np.int32))
         return state.replace(extras=extras)
 
-    def end_training(self, state: TrainState, epochs_done: int, module, binding, policy,
+    def end_training(self, state: TrainState, epochs_done: int, spec, policy,
                      batches: Callable[[], Iterable]) -> TrainState:
         """`state` with the parameters the pieces end training with (`StatePiece.final_params`)
         and then, when one asks, the model state's running statistics recomputed over
@@ -73,13 +73,13 @@ class PieceRunner:
         state = state.replace(params=params)
         has_floats = any(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(state.model_state))
         if any(p.recompute_model_state for p in ending) and has_floats:
-            state = state.replace(model_state=self._recompute(state, module, binding, policy, batches()))
+            state = state.replace(model_state=self._recompute(state, spec, policy, batches()))
         return state
 
-    def _recompute(self, state: TrainState, module, binding, policy, batches: Iterable):
+    def _recompute(self, state: TrainState, spec, policy, batches: Iterable):
         sh, replicated = self.shardings, self.strategy.replicated
         average_step = self.strategy.jit(
-            make_running_average(module, binding, policy),
+            make_running_average(spec, policy),
             in_shardings=(sh.params, sh.model_state, sh.model_state, replicated, replicated,
                           self.strategy.batch_sharding),
             out_shardings=sh.model_state)
@@ -108,7 +108,7 @@ class Pieces:
             limit = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
             return itertools.islice(checked_batches(train_loader), limit)
 
-        self.state = self._pieces.end_training(self.state, self.current_epoch, module, module._get_binding(),
+        self.state = self._pieces.end_training(self.state, self.current_epoch, module.step_spec(),
                                                self.step_options.precision, batches)
 
     def _sync_module(self, module: LitModule) -> None:

@@ -29,8 +29,7 @@ from typing import Any, Iterator
 from fitjax import checkpoint
 from fitjax.loop._resume import Preempted
 from fitjax.plugins.environments import SLURMEnvironment
-from fitjax.strategies._distributed import agree, broadcast_str
-from fitjax.strategies._stop_agreement import StopAgreement
+from fitjax.strategies import StopAgreement, agree, broadcast_str
 
 __all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "requeue_if_saved", "requeue_signal", "stop_on_signals", "stopped"]
 

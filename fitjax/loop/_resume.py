@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -23,11 +24,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from fitjax import _accelerator, checkpoint
-from fitjax import _checkpoint_writer
+from fitjax import checkpoint
 from fitjax.loop import _checks as checks
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
+
+log = logging.getLogger("fitjax")
 
 _KEEP = 8  # loader states kept behind the newest drawn batch (the prefetch depth is 2)
 
@@ -99,8 +101,8 @@ class Checkpoints:
         path = checkpoint.local_path(filepath)  # a local folder or a store URL
         if path.exists():
             raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
-        _checkpoint_writer.prepare(path.parent)
-        writer = _checkpoint_writer.writer()  # the process's one writer, after the saves queued before
+        checkpoint.prepare(path.parent)
+        writer = checkpoint.writer()  # the process's one writer, after the saves queued before
         self.record_save()
         writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
         writer.wait()  # written (and its failure raised) before returning
@@ -193,7 +195,7 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
     batches of the epoch the checkpoint stopped in, from the first one not yet stepped."""
     meta = checkpoint.read_meta(path)
     if trainer.is_global_zero:  # Lightning's line, with where the run stood
-        _accelerator.log.info(f"Restoring states from the checkpoint path at {path} {stood_at(meta)}")
+        log.info(f"Restoring states from the checkpoint path at {path} {stood_at(meta)}")
     trainer.state = checkpoint.restore_state(path, trainer.state, options={"precision": trainer.precision})
     progress = trainer._progress
     progress.load_state_dict(meta.get("progress", {}))

@@ -1,91 +1,127 @@
 """When things happen in the fit loop: whether training is done or skipped, whether a stop
 request is obeyed now, whether validation is due after a call of the train step.
 
-`Schedule` is a part of `Trainer`: its questions read the trainer's limits and the loop's one
-`Progress`; it lives here so that `trainer.py` reads as the fit loop's outline. The loop owns
+Plain functions of the loop's configuration (`LoopConfig`), its position (`trainer.progress`, a
+read-only view) and the few values of the running fit they need (the validation interval in
+batches, when the last validation ended, the stop request); each returns its answer and writes
+nothing: the loop (`trainer.py`) assigns what it decides (`should_stop`). The loop owns
 scheduling: these are asked by the loop only (callbacks ask `trainer.progress.crossed(n)`).
+Lightning's names for the same questions: `FitLoop.done`, `FitLoop.skip`,
+`_should_check_val_fx`, `FitLoop.setup_data`.
 """
 
 from __future__ import annotations
 
 import datetime
 import time
+from typing import Sequence
 
 import jax
 
-__all__ = ["Schedule"]
+from fitjax.loop.config import LoopConfig
+from fitjax.loop.progress import ProgressView
+from fitjax.strategies import agree
+
+__all__ = ["agreed_stop", "can_stop_early", "done_training", "max_steps_reached", "skip_training", "time_based",
+           "val_check_batches", "val_due", "val_epoch_due", "validation_enabled"]
 
 
-class Schedule:
-    """The scheduling part of `Trainer` (Lightning's `FitLoop.done`, `skip`, `_should_check_val_fx`)."""
+def max_steps_reached(config: LoopConfig, progress: ProgressView) -> bool:
+    return config.max_steps is not None and progress.global_step >= config.max_steps
 
-    def _skip_training(self) -> bool:
-        """Lightning's `FitLoop.skip`: nothing to train (max_steps=0, max_epochs=0 or
-        limit_train_batches=0); fit still builds, sanity-checks and calls on_fit_start/end."""
-        return self.num_training_batches == 0 or self.limits["train"] == 0 or self._done_training()
 
-    def _max_steps_reached(self) -> bool:
-        return self.max_steps is not None and self.global_step >= self.max_steps
+def can_stop_early(config: LoopConfig, progress: ProgressView) -> bool:
+    """A stop request is obeyed once min_epochs and min_steps are met (Lightning)."""
+    return ((not config.min_epochs or progress.epoch >= config.min_epochs)
+            and (not config.min_steps or progress.global_step >= config.min_steps))
 
-    def _can_stop_early(self) -> bool:
-        """A stop request is obeyed once min_epochs and min_steps are met (Lightning)."""
-        return ((not self.min_epochs or self.current_epoch >= self.min_epochs)
-                and (not self.min_steps or self.global_step >= self.min_steps))
 
-    def _done_training(self) -> bool:
-        return (
-            self._max_steps_reached()
-            or (self.max_epochs is not None and self.current_epoch >= self.max_epochs)
-            or (self.should_stop and self._can_stop_early())
-        )
+def done_training(config: LoopConfig, progress: ProgressView, *, should_stop: bool) -> bool:
+    """Lightning's `FitLoop.done`: max_steps or max_epochs reached, or a stop request obeyed."""
+    return (
+        max_steps_reached(config, progress)
+        or (config.max_epochs is not None and progress.epoch >= config.max_epochs)
+        or (should_stop and can_stop_early(config, progress))
+    )
 
-    def _validation_enabled(self, val_loaders) -> bool:
-        return bool(val_loaders) and self.limits["val"] != 0
 
-    def _val_epoch_due(self, val_loaders) -> bool:
-        n = self.check_val_every_n_epoch
-        return self._validation_enabled(val_loaders) and (n is None or (self.current_epoch + 1) % n == 0)
+def skip_training(config: LoopConfig, progress: ProgressView, *, should_stop: bool) -> bool:
+    """Lightning's `FitLoop.skip`: nothing to train (max_steps=0, max_epochs=0 or
+    limit_train_batches=0); fit still builds, sanity-checks and calls on_fit_start/end."""
+    return (progress.batches_in_epoch == 0 or config.limits["train"] == 0
+            or done_training(config, progress, should_stop=should_stop))
 
-    def _val_due(self, val_loaders, *, stop: bool, synced: bool = True) -> bool:
-        """Lightning's `_should_check_val_fx`, after each call of the train step: every
-        `val_check_interval` batches (counted in the epoch, or over the run when
-        check_val_every_n_epoch is None; a float: that fraction of the epoch's batches, rounded
-        down, so an epoch may end without one), and at a stop request that will be obeyed."""
-        if not self._val_epoch_due(val_loaders):
-            return False
-        if stop and self._can_stop_early():
-            return True
-        if isinstance(self.val_check_interval, datetime.timedelta):
-            return self._val_time_due(synced)
-        across = self.check_val_every_n_epoch is None
-        return self._val_every is not None and self.progress.crossed_batches(self._val_every, across_epochs=across)
 
-    def _val_time_due(self, synced: bool) -> bool:
-        """Lightning 2.6's time-based `val_check_interval`: validate after the first call of the
-        train step that ends `val_check_interval` or more after the last validation ended (or
-        training started). A host clock read per call, no device sync; with several processes
-        their clocks are agreed on at the sync points (log steps) only."""
-        due = time.monotonic() - self._last_val_time >= self.val_check_interval.total_seconds()
+def validation_enabled(config: LoopConfig, val_loaders: Sequence) -> bool:
+    return bool(val_loaders) and config.limits["val"] != 0
+
+
+def val_epoch_due(config: LoopConfig, progress: ProgressView, val_loaders: Sequence) -> bool:
+    """Whether the current epoch validates at all (`check_val_every_n_epoch`)."""
+    n = config.check_val_every_n_epoch
+    return validation_enabled(config, val_loaders) and (n is None or (progress.epoch + 1) % n == 0)
+
+
+def time_based(config: LoopConfig) -> bool:
+    """Whether `val_check_interval` is a duration (Lightning 2.6): no validation at epoch ends."""
+    return isinstance(config.val_check_interval, datetime.timedelta)
+
+
+def val_due(config: LoopConfig, progress: ProgressView, val_loaders: Sequence, *, stop: bool, synced: bool,
+            val_every: int | None, last_val_time: float) -> bool:
+    """Lightning's `_should_check_val_fx`, after each call of the train step: every
+    `val_check_interval` batches (`val_every`, from `val_check_batches`: counted in the epoch, or
+    over the run when check_val_every_n_epoch is None; a float: that fraction of the epoch's
+    batches, rounded down, so an epoch may end without one), and at a stop request (`stop`, as
+    agreed) that will be obeyed. With a duration: after the first call that ends that long after
+    `last_val_time` (time.monotonic of the last validation's end, or of training's start); a
+    host clock read per call, no device sync; with several processes their clocks are agreed on
+    at the sync points (`synced`: log steps) only."""
+    if not val_epoch_due(config, progress, val_loaders):
+        return False
+    if stop and can_stop_early(config, progress):
+        return True
+    if time_based(config):
+        due = time.monotonic() - last_val_time >= config.val_check_interval.total_seconds()
         if jax.process_count() == 1:
             return due
-        return synced and self.agree(due)
+        return synced and agree(due)
+    across = config.check_val_every_n_epoch is None
+    return val_every is not None and progress.crossed_batches(val_every, across_epochs=across)
 
-    def _time_based_validation(self) -> bool:
-        return isinstance(self.val_check_interval, datetime.timedelta)
 
-    def _agree_on_preemption(self) -> str | None:
-        """Why every process stops now (SIGTERM, the requeue signal), or None: a signal reaches
-        each process at its own step, so the processes agree on the step after the last one any
-        of them had passed when the first signal came (`fitjax.strategies._stop_agreement`);
-        with one process, the step during which it came."""
-        return self._stopping.reached(self.global_step)
+def agreed_stop(should_stop: bool, *, synced: bool) -> bool | None:
+    """The stop request as every process sees it, for the loop to assign to `should_stop`; None
+    when the processes cannot compare it now. With several processes it is compared at sync
+    points only (`synced`: log steps, validations, epoch ends), so a stop takes effect there or
+    at the epoch end; with one process the request is the agreement."""
+    if jax.process_count() == 1:
+        return bool(should_stop)
+    return agree(should_stop) if synced else None
 
-    def _agree_on_stop(self, *, synced: bool) -> bool:
-        """`should_stop` as every process sees it; with several processes it is compared at sync
-        points only (log steps, validations), so a stop takes effect there or at the epoch end."""
-        if jax.process_count() == 1:
-            return self.should_stop
-        if synced:
-            self.should_stop = self.agree(self.should_stop)
-            return self.should_stop
-        return False
+
+def val_check_batches(config: LoopConfig, num_batches: int | None, val_loaders: Sequence) -> int | None:
+    """Validate every this many train batches (of `num_batches` an epoch); None: at the end of
+    each epoch (data without a length, default interval) or by the clock (a duration). Lightning's
+    `FitLoop.setup_data` rules and errors (an int interval longer than an epoch is an error only
+    when `val_loaders` are validated)."""
+    validating = validation_enabled(config, val_loaders)
+    interval, per_epoch = config.val_check_interval, config.check_val_every_n_epoch is not None
+    if isinstance(interval, datetime.timedelta):  # time-based: the loop's clock decides (`val_due`)
+        return None
+    if isinstance(interval, int):
+        if validating and per_epoch and num_batches is not None and interval > num_batches:
+            raise ValueError(
+                f"Trainer(val_check_interval={interval}) must be at most the number of train batches "
+                f"per epoch ({num_batches}). To validate across epochs every {interval} batches set "
+                "check_val_every_n_epoch=None; to disable validation set limit_val_batches=0."
+            )
+        return interval
+    if num_batches is None:
+        if interval not in (None, 1.0):
+            raise ValueError(
+                f"Trainer(val_check_interval={interval!r}): a fraction of an epoch needs train data "
+                "with a known length (len()); pass an int number of batches instead."
+            )
+        return None
+    return max(1, int(num_batches * (1.0 if interval is None else interval)))

@@ -18,9 +18,7 @@ import jax
 from fitjax import step as step_lib
 from fitjax._typing import Batch
 from fitjax.data import as_loader, batch_size_of
-from fitjax.data._adapters import each_loader, unshuffled
-from fitjax.data import _device_blocks
-from fitjax.data._checks import checked_batches
+from fitjax.data import checked_batches, each_loader, feed_for, unshuffled
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
@@ -97,10 +95,8 @@ class TrainData:
         train, val = self._as_fit_loaders(train_data, hooks["val"]() if hooks["val"] else None)
         val = val if hooks["val"] else val_loaders
         self._progress.batches_in_epoch = checks.apply_limit(self.limits["train"], _maybe_len(train))
-        self._val_every = checks.val_check_batches(self, self.num_training_batches,
-                                                   validating=self._validation_enabled(val))
         if self._feed is not None or train is not train_loader:
-            self._feed = _device_blocks.feed_for(train, self.strategy, options=self.step_options,
+            self._feed = feed_for(train, self.strategy, options=self.step_options,
                                                  params=self.state.params)
             # another schedule count's kept feed held the old data: those counts read from the host
             self._accumulation_steps = {k: (steps, None) for k, (steps, _) in self._accumulation_steps.items()}
@@ -122,7 +118,7 @@ class TrainData:
         kept = self._accumulation_steps  # count -> (train steps, device feed), made once each
         kept.setdefault(self._compiled.options.accumulate_grad_batches, (self._compiled.train_steps(), self._feed))
         if k not in kept:
-            feed = self._feed and _device_blocks.feed_for(train_loader, self.strategy, options=options,
+            feed = self._feed and feed_for(train_loader, self.strategy, options=options,
                                                           params=self.state.params)  # blocks of whole k-calls
             kept[k] = (self._compiled.train_steps_for(options), feed)
         steps, self._feed = kept[k]

@@ -8,9 +8,9 @@ logging); it lives here so that `trainer.py` reads as the fit loop's outline.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
-import time
 import warnings
 from typing import Any, Iterator
 
@@ -20,19 +20,21 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
-from fitjax import _accelerator, _lightning, _logged, checkpoint
+from fitjax import _logged, checkpoint
 from fitjax._typing import Batch, HostMetrics
-from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, pad_batch
-from fitjax.data._checks import checked_batches
+from fitjax.data import DataModule, as_loader, as_loaders, batch_size_of, checked_batches, pad_batch
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
-from fitjax.module import LitModule
+from fitjax.loop import _schedule as schedule
+from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.loop.stage import Stage, in_precision
-from fitjax.strategies._distributed import gather_rows
+from fitjax.strategies import gather_rows
 
 __all__ = ["EvalStages", "Evaluated"]
+
+log = logging.getLogger("fitjax")
 
 _DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
 _METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Trainer method of each stage
@@ -84,7 +86,7 @@ class EvalStages:
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
         loaders = self._stage_loaders(module, data, datamodule, stage=stage, method=name)
-        _lightning.check_dataloader_idx(module, stage, several=len(loaders) > 1)
+        check_dataloader_idx(module, stage, several=len(loaders) > 1)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
         hook = {"val": "validation", "test": "test"}[stage]
         before, self._stage = self._stage, Stage(name, verbose=verbose)
@@ -182,7 +184,6 @@ class EvalStages:
         self.progress_bar_metrics.update(evaluated.progress_bar)
         self._log(evaluated.values, aliases=evaluated.aliases)
         self._progress.last_validated = self._progress.position
-        self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)
 
@@ -190,7 +191,7 @@ class EvalStages:
         """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
         before training, with the validation hooks (`trainer.sanity_checking` is True); nothing
         is logged."""
-        if not self.num_sanity_val_steps or not self._validation_enabled(val_loaders):
+        if not self.num_sanity_val_steps or not schedule.validation_enabled(self._config, val_loaders):
             return
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
@@ -220,15 +221,15 @@ class EvalStages:
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
         variables, self._compiled = step_lib.build(
-            module, self.strategy, first[0], seed=self.seed, stage="predict" if stage == "predict" else "eval",
-            options=self.step_options,
+            module.step_spec(), self.strategy, first[0], seed=self.seed,
+            stage="predict" if stage == "predict" else "eval", options=self.step_options,
         )
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
             meta = checkpoint.read_meta(ckpt_path)
             _resume.call_load_hooks(self, module, meta)
             if self.is_global_zero:
-                _accelerator.log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
+                log.info(f"Loaded model weights from the checkpoint at {ckpt_path} "
                                       f"{_resume.stood_at(meta)}")
         elif module.variables is None and isinstance(module._find_model(), nn.Module):
             warnings.warn(f"Trainer.{_METHOD[stage]}: {type(module).__name__} was never fitted nor loaded; "

@@ -5,9 +5,11 @@ The Trainer's other parts are its base classes, beside it in `fitjax.loop`; they
 the same attributes (the state, the compiled steps, the loop's one `Progress`):
 `evaluation` (validate, test, predict and fit's validations), `_train_data` (fit's loaders,
 an epoch's batches and chunks), `_logs` (values to the loggers and `callback_metrics`),
-`_schedule` (when training ends, a stop is obeyed, validation is due), `_pieces` (the state
-pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what a checkpoint
-records, exact resume). `_checks` holds the argument checks.
+`_pieces` (the state pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what
+a checkpoint records, exact resume). Parts that are values, not base classes: `config` (the
+loop's arguments, checked once and frozen: `self._config`, read through the Lightning-named
+properties), `_schedule` (functions of the configuration and the progress: when training ends, a
+stop is obeyed, validation is due; the loop assigns `should_stop`). `_checks` holds the checks.
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
@@ -16,16 +18,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import itertools
+import logging
 import math
 import os
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from fitjax import _accelerator, _determinism, _lightning, _seed
+from fitjax import _seed
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
@@ -34,29 +38,29 @@ from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._resume import Checkpoints
-from fitjax.loop._schedule import Schedule
+from fitjax.loop import _schedule as schedule
 from fitjax.loop._train_data import TrainData
+from fitjax.loop.config import LoopConfig
 from fitjax.loop.evaluation import EvalStages
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule
-from fitjax.data import _device_blocks
-from fitjax.data._checks import check_fit_data
+from fitjax.data import DataModule, Feed, check_fit_data, feed_for
 from fitjax.loggers import Logger, resolve_loggers
-from fitjax.module import LitModule
-from fitjax.profilers import Profiler, resolve_profiler
-from fitjax.profilers._compile import CompileTimes
+from fitjax.module import LitModule, check_dataloader_idx
+from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, initialize_distributed, resolve as resolve_strategy
-from fitjax.strategies._distributed import agree
+from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
+from fitjax.strategies import resolve as resolve_strategy
 
 __all__ = ["Trainer"]
 
+log = logging.getLogger("fitjax")
 
-class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
+
+class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -148,7 +152,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
-        deterministic: make two runs of the same code bitwise identical (see `fitjax._determinism`).
+        deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what
             JAX does instead when set to other than Lightning's default.
@@ -208,38 +212,19 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         sync_batchnorm: bool = False,
         use_distributed_sampler: bool = True,
     ):
-        # None and -1 mean unlimited (Lightning's -1); 0 trains nothing
-        self.max_steps = checks.limit_or_unlimited("max_steps", max_steps)
-        self.max_epochs = checks.limit_or_unlimited("max_epochs", max_epochs)
-        if max_epochs is None and self.max_steps is None and max_time is None:
-            self.max_epochs = 1000  # Lightning's default
-        self.min_epochs = checks.limit_or_unlimited("min_epochs", min_epochs, unlimited=False)
-        self.min_steps = checks.limit_or_unlimited("min_steps", min_steps, unlimited=False)
-        self.num_sanity_val_steps = checks.sanity_steps(num_sanity_val_steps)
-        self.log_every_n_steps = checks.positive_int_or_none("log_every_n_steps", log_every_n_steps)
-        self.check_val_every_n_epoch = checks.positive_int_or_none("check_val_every_n_epoch", check_val_every_n_epoch)
-        self.val_check_interval = checks.val_check_interval(val_check_interval, self.check_val_every_n_epoch)
-        self.limits = {
-            "train": checks.check_limit("limit_train_batches", limit_train_batches),
-            "val": checks.check_limit("limit_val_batches", limit_val_batches),
-            "test": checks.check_limit("limit_test_batches", limit_test_batches),
-            "predict": checks.check_limit("limit_predict_batches", limit_predict_batches),
-        }
-        self.fast_dev_run = checks.fast_dev_run(fast_dev_run)
-        if self.fast_dev_run:
-            self.limits = {stage: self.fast_dev_run for stage in self.limits}
-            # Lightning's: n batches of train and val, validation after them, no sanity check
-            self.max_epochs, self.max_steps, self.val_check_interval = 1, self.fast_dev_run, None
-            self.check_val_every_n_epoch, self.num_sanity_val_steps = 1, 0
-            logger = False
-        self.overfit_batches = checks.check_limit("overfit_batches", overfit_batches) or 0
-        self.reload_dataloaders_every_n_epochs = checks.limit_or_unlimited(
-            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, unlimited=False)
-        if self.overfit_batches:  # Lightning's: it wins over limit_*_batches and fast_dev_run's
-            self.limits = {**self.limits, "train": self.overfit_batches, "val": self.overfit_batches}
+        # the loop's arguments, checked once, with fast_dev_run's and overfit_batches' rewrites
+        self._config = LoopConfig.create(
+            max_epochs=max_epochs, max_steps=max_steps, max_time=max_time, min_epochs=min_epochs,
+            min_steps=min_steps, num_sanity_val_steps=num_sanity_val_steps, log_every_n_steps=log_every_n_steps,
+            check_val_every_n_epoch=check_val_every_n_epoch, val_check_interval=val_check_interval,
+            limit_train_batches=limit_train_batches, limit_val_batches=limit_val_batches,
+            limit_test_batches=limit_test_batches, limit_predict_batches=limit_predict_batches,
+            fast_dev_run=fast_dev_run, overfit_batches=overfit_batches,
+            reload_dataloaders_every_n_epochs=reload_dataloaders_every_n_epochs, seed=seed)
+        if self._config.fast_dev_run:
+            logger = False  # Lightning's: a smoke test logs nothing
         _arguments.lightning_flags(benchmark=benchmark, inference_mode=inference_mode, sync_batchnorm=sync_batchnorm,
                                    use_distributed_sampler=use_distributed_sampler)
-        self.seed = 0 if seed is None else checks.seed(seed)
         if seed is not None:  # Lightning's `seed_everything(seed)`: Python, numpy, torch (when imported)
             _seed.seed_host(seed % 2**32, import_torch=False)
         checks.flags(enable_progress_bar=enable_progress_bar, enable_model_summary=enable_model_summary,
@@ -251,7 +236,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
             log_grad_norm=log_grad_norm,
         )
-        self.deterministic = _determinism.enforce(deterministic)
+        self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
 
@@ -266,7 +251,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         callbacks = with_defaults(checks.callback_list(callbacks), progress_bar=enable_progress_bar,
                                   model_summary=enable_model_summary)
         callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
-        if self.fast_dev_run:  # a smoke test leaves no checkpoints behind
+        if self._config.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables)
@@ -298,7 +283,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
         self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
         self._resume_at = 0  # the batch a resumed epoch starts at
-        self._feed: _device_blocks.Feed | None = None  # the train data kept on the devices, if it is
+        self._feed: Feed | None = None  # the train data kept on the devices, if it is
         self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
         self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
@@ -306,6 +291,76 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
+
+    # ------------------------------------------------------------ the configuration (read-only)
+
+    @property
+    def max_epochs(self) -> int | None:
+        """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
+        return self._config.max_epochs
+
+    @property
+    def max_steps(self) -> int | None:
+        """Optimizer steps fit takes at most (None: no limit)."""
+        return self._config.max_steps
+
+    @property
+    def min_epochs(self) -> int | None:
+        """A stop request waits until this many epochs are done (None: no minimum)."""
+        return self._config.min_epochs
+
+    @property
+    def min_steps(self) -> int | None:
+        """A stop request waits until this many optimizer steps are done (None: no minimum)."""
+        return self._config.min_steps
+
+    @property
+    def num_sanity_val_steps(self) -> int:
+        """Validation batches fit runs before training (-1: all, 0: none)."""
+        return self._config.num_sanity_val_steps
+
+    @property
+    def log_every_n_steps(self) -> int | None:
+        """Train metrics are logged every this many optimizer steps."""
+        return self._config.log_every_n_steps
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches
+        over the whole run)."""
+        return self._config.check_val_every_n_epoch
+
+    @property
+    def val_check_interval(self) -> int | float | datetime.timedelta | None:
+        """Validate every this many train batches (int), fraction of an epoch (float) or
+        duration (`datetime.timedelta`); None: once an epoch."""
+        return self._config.val_check_interval
+
+    @property
+    def limits(self) -> Mapping[str, int | float | None]:
+        """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or
+        `fast_dev_run`'s, `overfit_batches`' count), likewise "val", "test", "predict"."""
+        return self._config.limits
+
+    @property
+    def fast_dev_run(self) -> int:
+        """Batches of every stage in a smoke test (0: off)."""
+        return self._config.fast_dev_run
+
+    @property
+    def overfit_batches(self) -> int | float:
+        """The same first train and validation batches every epoch (0: off)."""
+        return self._config.overfit_batches
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int | None:
+        """Fit asks the loader hooks again every n epochs (0: never)."""
+        return self._config.reload_dataloaders_every_n_epochs
+
+    @property
+    def seed(self) -> int:
+        """The run's base random key (parameter init and every rng stream)."""
+        return self._config.seed
 
     # ------------------------------------------------------------------------------ properties
 
@@ -503,16 +558,16 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._lightning_module = module
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            _accelerator.log.info(_accelerator.banner(self.devices, self.strategy, self.step_options.precision,
+            log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
         train_loader, val_loaders = self._fit_loaders(module, train_data, val_data, datamodule)
         check_fit_data(train_loader, val_loaders, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        if self._validation_enabled(val_loaders):  # a fraction keeping no batch: an error now, as Lightning
+        if schedule.validation_enabled(self._config, val_loaders):  # a fraction keeping no batch: an error now
             for loader in val_loaders:
                 checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            _lightning.check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
+            check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -552,32 +607,32 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
         self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
         with self.profiler.profile("[build] state and programs"):
-            self.state, self._compiled = step_lib.build(module, self.strategy, first, seed=self.seed,
+            self.state, self._compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
         self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
-        self._feed = _device_blocks.feed_for(train_loader, self.strategy, options=self.step_options,
+        self._feed = feed_for(train_loader, self.strategy, options=self.step_options,
                                              params=self.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
-        self._val_every = checks.val_check_batches(self, self.num_training_batches,
-                                                   validating=self._validation_enabled(val_loaders))
+        self._val_every = schedule.val_check_batches(self._config, self.num_training_batches, val_loaders)
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
         self._sanity_check(module, val_loaders)
-        if not self._skip_training():
+        if not schedule.skip_training(self._config, self.progress, should_stop=self.should_stop):
             self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
-            while not self._done_training():
+            while not schedule.done_training(self._config, self.progress, should_stop=self.should_stop):
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
                     train_loader, val_loaders = self._reload_loaders(train_loader, val_loaders)
                     loaded_at, epoch_iter = self.current_epoch, None
+                    self._val_every = schedule.val_check_batches(self._config, self.num_training_batches, val_loaders)
                 self._train_epoch(module, train_loader, val_loaders, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             self._end_pieces(module, train_loader)
@@ -604,6 +659,7 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
                                              wrap(self._compiled.train_tail_step))
         batch_idx = offset - 1
+        progress = self.progress  # a live, read-only view: what the schedule reads
         steps_left = None if self.max_steps is None else self.max_steps - self.global_step
         ran_out = True
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
@@ -633,16 +689,21 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
                 self._start_train_window()  # no wait: read at a later step (`_windows`)
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
-            if (reason := self._agree_on_preemption()) is not None:  # every process after the same step
+            # a signal's stop: every process after the same step (`_preemption`)
+            if (reason := self._stopping.reached(self.global_step)) is not None:
                 raise _preemption.stopped(self, reason)
             stop = self._agree_on_stop(synced=synced)
-            if self._val_due(val_loaders, stop=stop, synced=synced):
+            if schedule.val_due(self._config, progress, val_loaders, stop=stop, synced=synced,
+                                val_every=self._val_every, last_val_time=self._last_val_time):
                 self._validate_during_fit(module, val_loaders)
+                self._last_val_time = time.monotonic()  # a duration counts from here (Lightning's, after its hooks)
                 stop = self._agree_on_stop(synced=True)
-            if (stop and self._can_stop_early()) or self._max_steps_reached():
+            if (stop and schedule.can_stop_early(self._config, progress)) or schedule.max_steps_reached(
+                    self._config, progress):
                 ran_out = False
                 break
-        if ran_out and self._val_every is None and self._val_epoch_due(val_loaders) and not self._time_based_validation():
+        if (ran_out and self._val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
+                and not schedule.time_based(self._config)):
             self._validate_during_fit(module, val_loaders)  # data without a length: at its end
         self._end_train_epoch(module)
 
@@ -655,14 +716,23 @@ class Trainer(EvalStages, Logs, TrainData, Schedule, Pieces, Checkpoints):
         which = f"batch {last}" if first == last else f"batches {first}-{last}"
         self._built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
 
+    def _agree_on_stop(self, *, synced: bool) -> bool:
+        """`should_stop` as every process sees it (`schedule.agreed_stop`): compared at sync points
+        only with several processes, so False between them (the request waits for the next)."""
+        agreed = schedule.agreed_stop(self.should_stop, synced=synced)
+        if agreed is None:
+            return False
+        self.should_stop = agreed
+        return agreed
+
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
         self._log_train_epoch()
         self._progress.epoch_end_done = True
         self._call("on_train_epoch_end", module)
-        self.should_stop = self.agree(self.should_stop)
-        if self.should_stop and not self._can_stop_early():
-            _accelerator.log.info(
+        self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
+        if self.should_stop and not schedule.can_stop_early(self._config, self.progress):
+            log.info(
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()

@@ -11,6 +11,9 @@ from fitjax.profilers._base import PassThroughProfiler, Profiler
 from fitjax.profilers._jax_trace import JaxProfiler
 from fitjax.profilers._simple import SimpleProfiler
 
+# For the loop, not part of the user-facing API: compile times, logged as compile/<program>_s.
+from fitjax.profilers._compile import CompileTimes
+
 __all__ = ["JaxProfiler", "PassThroughProfiler", "Profiler", "SimpleProfiler", "resolve_profiler"]
 
 _NAMES = {"simple": SimpleProfiler, "jax": JaxProfiler}

@@ -2,7 +2,7 @@
 and where a user's method is, for the errors about what it returned.
 
 The same help for `loss` and `metrics` (traced here, in the step layer) as for Lightning's hooks
-(`training_step`, ... in `fitjax._lightning`): JAX's own message names the tracer, not the rule.
+(`training_step`, ... in `fitjax.module._lightning`): JAX's own message names the tracer, not the rule.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a traced step tells the user's code while it runs: the batch index, the eval stage and
 the index of the evaluation's loader.
 
-The step sets these around its call of `module.loss`; the Lightning adapter (`fitjax._lightning`)
+The step sets these around its call of `module.loss`; the Lightning adapter (`fitjax.module._lightning`)
 reads them to pass `batch_idx` and to pick `validation_step` or `test_step`. They are context
 variables, set only while tracing, so nothing leaks between steps or threads.
 

@@ -1,15 +1,19 @@
-"""The forward pieces every step shares: the user's loss on the bound model and the values it
-logs; the init, eval and predict steps; the trace that checks a module's outputs.
+"""The one call of the user's code on the bound model (`forward`), and what every step builds
+on it: the values a step logs, the init, eval and predict steps, the trace that checks a
+module's outputs.
 
-No I/O and no Python side effects here: each function is traced once per input shape and then
-runs as compiled code. The train step built on these is in `fitjax.step.train`.
+`forward` is the only place that binds the model, sets the module's mode, collects what
+`module.log` records and casts to the precision policy: the train step (`fitjax.step.train`),
+the statistics pass (`fitjax.step.running_stats`) and everything here call it. No I/O and no
+Python side effects: each function is traced once per input shape and then runs as compiled code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,24 +21,63 @@ import optax
 
 from fitjax import _logged
 from fitjax import metrics as acc_lib
+from fitjax import precision as precision_lib
 from fitjax.step import context
-from fitjax.step._jit_rules import defined_at, explain_jit_rules
-from fitjax.step.model_binding import ModelBinding
+from fitjax.step._jit_rules import explain_jit_rules
+from fitjax.step.module_spec import ModuleSpec
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
 
 __all__ = [
+    "Forward",
     "StepNames",
     "check_step_outputs",
+    "forward",
     "leading_dim",
     "make_eval_step",
     "make_init_fn",
     "make_predict_step",
     "split_loss",
     "step_values",
+    "user_metrics",
 ]
 
 _EVAL_RNG_SALT = 0x5EED  # eval/predict draw from a fixed key: the same params give the same numbers
+
+# what `forward` may call: the spec's field and the method's name in errors
+_TRACED = {"loss": "loss", "predict": "predict_step"}
+
+
+class Forward(NamedTuple):
+    """What one call of the user's code on the bound model gave (`ModelBinding`'s shape):
+    `out` is the function's return, or the new params when the call initialised the model;
+    `model_state` the model state after it; `logged` what `module.log` recorded during it."""
+
+    out: Any
+    model_state: PyTree
+    logged: _logged.Logged
+
+
+def forward(spec: ModuleSpec, fn: str, params: PyTree | None, model_state: PyTree | None, rng: jax.Array,
+            batch: Batch, *, train: bool, policy: precision_lib.Precision | None = None) -> Forward:
+    """`spec.<fn>(bound model, batch)` (`fn`: "loss" or "predict") in train or eval mode.
+
+    `params=None`: the model's variables are created by tracing the function (Linen's init; an
+    NNX model gives its own) and returned as `(params, model_state)`. With `policy`, the params
+    and the batch are cast to its compute dtype and a Linen model's outputs come back float32.
+    JAX's tracer errors from the user's code are re-raised naming the jit rule it broke.
+    """
+    user_fn = getattr(spec, fn)
+    cast = policy is not None and params is not None
+    if cast:
+        params, batch = policy.cast_compute(params), policy.cast_compute(batch)
+    outputs = policy.float32_outputs() if cast else contextlib.nullcontext()
+    with spec.mode(train), outputs, _logged.collecting() as logged, explain_jit_rules(spec.owner, _TRACED[fn]):
+        if params is None:
+            out, new_state = spec.binding.init(user_fn, rng, batch)
+        else:
+            out, new_state = spec.binding.apply(user_fn, params, model_state, rng, batch, train=train)
+    return Forward(out, new_state, logged)
 
 
 def split_loss(out: Any) -> tuple[jax.Array, Any]:
@@ -43,39 +86,35 @@ def split_loss(out: Any) -> tuple[jax.Array, Any]:
     return out, None
 
 
-def _forward(module, binding: ModelBinding, params, model_state, rng, batch, *, train: bool):
-    """`module.loss` on the bound model: `(loss, outputs, new_model_state, logged)`, where
-    `logged` holds what `module.log` recorded during the call."""
-    with module._mode(train), _logged.collecting() as logged:
-        out, new_state = binding.apply(module.loss, params, model_state, rng, batch, train=train)
-    loss, outputs = split_loss(out)
-    return loss, outputs, new_state, logged.values
+def user_metrics(spec: ModuleSpec, batch: Batch, outputs: Any, logged: _logged.Logged, *, train: bool
+                 ) -> dict[str, Any]:
+    """`spec.metrics(batch, outputs)`, checked; what it logs joins `logged`, the block of the
+    forward call that gave `outputs` (a name logged in both raises)."""
+    with spec.mode(train), _logged.collecting(into=logged), explain_jit_rules(spec.owner, "metrics"):
+        return _check_metrics(spec.owner, spec.metrics(batch, outputs), spec.defined_at["metrics"])
 
 
-def step_values(module, batch, outputs, loss, logged, *, train: bool) -> dict[str, jax.Array]:
-    """The step's values: the loss, `module.metrics` and everything `module.log` recorded."""
-    with module._mode(train), _logged.collecting() as more:
-        values = dict(module.metrics(batch, outputs) or {})
+def step_values(spec: ModuleSpec, batch: Batch, outputs: Any, loss: jax.Array | None, logged: _logged.Logged,
+                *, train: bool) -> dict[str, jax.Array]:
+    """The step's values: the loss, the metrics and everything `module.log` recorded."""
+    values = user_metrics(spec, batch, outputs, logged, train=train)
     losses = {} if loss is None else {"loss": loss}  # None: a Lightning eval hook returned nothing
-    return {**losses, **values, **logged, **more.values}
+    return {**losses, **values, **logged.values}
 
 
 def leading_dim(batch: Batch) -> int:
     return jax.tree.leaves(batch)[0].shape[0]
 
 
-def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation,
-                 metric_names: tuple[str, ...], *, trace: Callable | None = None
-                 ) -> Callable[..., TrainState]:
+def make_init_fn(spec: ModuleSpec, tx: optax.GradientTransformation, metric_names: tuple[str, ...],
+                 *, trace: str = "loss") -> Callable[..., TrainState]:
     """`init(rng, batch, given) -> TrainState`; `given` holds existing variables (None: a Linen
-    model is initialised by tracing `trace(model, batch)`, `module.loss` by default)."""
-    trace = trace or module.loss
+    model is initialised by tracing `spec.<trace>`, the loss by default)."""
 
     def init(rng: jax.Array, batch: Batch, given: tuple[PyTree, PyTree] | None) -> TrainState:
         init_rng, rng = jax.random.split(rng)
-        if given is None:
-            with module._mode(True), _logged.collecting():  # what `log` records here is dropped
-                params, model_state = binding.init(trace, init_rng, batch)
+        if given is None:  # what `log` records here is dropped
+            params, model_state, _ = forward(spec, trace, None, None, init_rng, batch, train=True)
         else:
             params, model_state = given
         return TrainState(
@@ -90,10 +129,10 @@ def make_init_fn(module, binding: ModelBinding, tx: optax.GradientTransformation
     return init
 
 
-def make_eval_step(module, binding: ModelBinding, stage: str = "val", dataloader_idx: int = 0):
+def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str = "val", dataloader_idx: int = 0):
     """`eval_step(params, model_state, rng, acc, batch, mask) -> (acc, values)` for the
     evaluation `stage` ("val" or "test": `context.current_stage()` while traced) of the loader
-    `dataloader_idx` (`context.current_dataloader_index()`).
+    `dataloader_idx` (`context.current_dataloader_index()`), computing in `policy`'s dtype.
 
     The loss and metrics are computed per example (`vmap` over the batch) and weighted by
     `mask`, so the padded rows of a last partial batch count for nothing and every real example
@@ -112,8 +151,9 @@ def make_eval_step(module, binding: ModelBinding, stage: str = "val", dataloader
 
         def one(example):
             example = jax.tree.map(lambda x: x[None], example)
-            loss, outputs, _, logged = _forward(module, binding, params, model_state, rng, example, train=False)
-            return step_values(module, example, outputs, loss, logged, train=False)
+            out, _, logged = forward(spec, "loss", params, model_state, rng, example, train=False, policy=policy)
+            loss, outputs = split_loss(out)
+            return step_values(spec, example, outputs, loss, logged, train=False)
 
         with context.stage(stage), context.batch_index(index), context.dataloader_index(dataloader_idx):
             per_example = jax.vmap(one)(batch)
@@ -125,16 +165,13 @@ def make_eval_step(module, binding: ModelBinding, stage: str = "val", dataloader
     return eval_step
 
 
-def make_predict_step(module, binding: ModelBinding, *, fn: Callable | None = None):
-    """`predict_step(params, model_state, rng, batch) -> outputs` in eval mode, calling
-    `fn(model, batch)` (default `module.predict_step`)."""
-    fn = fn or module.predict_step
+def make_predict_step(spec: ModuleSpec, policy: precision_lib.Precision):
+    """`predict_step(params, model_state, rng, batch) -> outputs`: `spec.predict` in eval mode,
+    computing in `policy`'s dtype (what `log` records there is dropped)."""
 
     def predict_step(params, model_state, rng, batch: Batch):
         rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
-        with module._mode(False), _logged.collecting():  # what `log` records here is dropped
-            out, _ = binding.apply(fn, params, model_state, rng, batch, train=False)
-        return out
+        return forward(spec, "predict", params, model_state, rng, batch, train=False, policy=policy).out
 
     return predict_step
 
@@ -149,29 +186,26 @@ class StepNames:
     log_specs: dict[str, _logged.LogSpec]
 
 
-def check_step_outputs(module, binding: ModelBinding, batch: Batch, given) -> StepNames:
+def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
     """Traces (never compiles) init + loss + metrics on `batch`; returns the value names.
 
     Raises the errors a user needs before a long compilation: a non-scalar loss, metrics that are
     not a dict of per-batch scalars. Eval mode is traced too (`module.log` may record other
     names when `self.training` is False): a second abstract trace, no compilation.
     """
-    owner = type(module).__name__
+    owner = spec.owner
     specs: dict[str, _logged.LogSpec] = {}
 
     def probe(rng, batch, given, train):
-        with module._mode(True), _logged.collecting(), explain_jit_rules(owner, "loss"):
-            params, model_state = given if given is not None else binding.init(module.loss, rng, batch)
-        with module._mode(train), _logged.collecting() as logged:
-            with explain_jit_rules(owner, "loss"):
-                out, _ = binding.apply(module.loss, params, model_state, rng, batch, train=train)
-            loss, outputs = split_loss(out)
-            no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
-            _check_loss(owner, jnp.zeros(()) if no_loss else loss, defined_at(module, "loss"))  # a str cannot leave the trace
-            with explain_jit_rules(owner, "metrics"):
-                values = _check_metrics(owner, module.metrics(batch, outputs), defined_at(module, "metrics"))
-        for name, spec in logged.specs.items():  # a name logged in both modes keeps its train spec
-            specs.setdefault(name, spec)
+        if given is None:  # what `log` records here is dropped
+            given = forward(spec, "loss", None, None, rng, batch, train=True)[:2]
+        out, _, logged = forward(spec, "loss", *given, rng, batch, train=train)
+        loss, outputs = split_loss(out)
+        no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
+        _check_loss(owner, jnp.zeros(()) if no_loss else loss, spec.defined_at["loss"])  # a str cannot leave the trace
+        values = user_metrics(spec, batch, outputs, logged, train=train)
+        for name, log_spec in logged.specs.items():  # a name logged in both modes keeps its train spec
+            specs.setdefault(name, log_spec)
         return loss, values, logged.values
 
     def names(train: bool) -> tuple[str, ...]:

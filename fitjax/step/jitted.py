@@ -21,6 +21,7 @@ from fitjax import metrics as acc_lib
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
 from fitjax.step import context, xla_cpu, forward, train
+from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
@@ -109,41 +110,38 @@ def _abstract(batch: Batch) -> Batch:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
 
 
-def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit",
+def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit",
           options: StepOptions = StepOptions()
           ) -> tuple[TrainState | tuple[PyTree, PyTree, jax.Array], Compiled]:
     """Initialises (or reuses) the module's variables and compiles the step functions.
 
     With `stage="fit"` returns a sharded `TrainState` (optimizer state included); for "eval" and
     "predict" the sharded `(params, model_state, rng)` alone. `batch` is a host batch used for
-    shapes (and, for Linen, traced through `loss` — `predict_step` for "predict" — to initialise).
-    The module tells the step what it needs through `_manual_optimization`, `_predict_fn()` and
-    `_eval_stages()` (`fitjax.LitModule` answers them; the step layer never imports it).
+    shapes (and, for Linen, traced through `loss` — `predict` for "predict" — to initialise).
+    `spec` is all the step reads of the module (`LitModule.step_spec()`).
     """
-    owner = type(module).__name__
+    owner = spec.owner
     train_stage = stage == "fit"
-    binding = module._get_binding()
-    given = module.variables or binding.initial_variables()
+    binding = spec.binding
+    given = spec.variables
     abstract_batch = _abstract(batch)
-    predict_fn = module._predict_fn()
     loader_index = context.LoaderIndex()  # read while tracing: a step per evaluation loader
-    if stage == "predict":  # predict data may carry no labels: trace predict_step, check no loss
-        names, trace = forward.StepNames(("loss",), ("loss",), {}), predict_fn
+    if stage == "predict":  # predict data may carry no labels: trace predict, check no loss
+        names, trace = forward.StepNames(("loss",), ("loss",), {}), "predict"
     else:
         with context.dataloader_index(loader_index):
-            names, trace = forward.check_step_outputs(module, binding, abstract_batch, given), None
+            names, trace = forward.check_step_outputs(spec, abstract_batch, given), "loss"
     test_names = None
-    if stage != "predict" and "test" in module._eval_stages():  # test_step logs names of its own
+    if stage != "predict" and "test" in spec.eval_stages:  # test_step logs names of its own
         with context.stage("test"), context.dataloader_index(loader_index):
-            test_names = forward.check_step_outputs(module, binding, abstract_batch, given)
+            test_names = forward.check_step_outputs(spec, abstract_batch, given)
     abstract_given = None if given is None else _abstract(given)
     metric_names = names.train
-    manual = bool(module._manual_optimization)
-    tx = check_optimizer(module.configure_optimizer(), owner) if train_stage else optax.identity()
-    tx = options.wrap_optimizer(tx, groups=manual) if train_stage else tx
+    tx = check_optimizer(spec.optimizer(), owner) if train_stage else optax.identity()
+    tx = options.wrap_optimizer(tx, groups=spec.manual) if train_stage else tx
     train_names = options.train_metric_names(metric_names) if train_stage else metric_names
 
-    init_fn = forward.make_init_fn(module, binding, tx, train_names, trace=trace)
+    init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
     init_fn = options.wrap_init(init_fn, tx)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, binding.annotations)
@@ -161,7 +159,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     steps = dict.fromkeys(_TRAIN_STEPS)
     if train_stage:
         def train_steps_for(other: StepOptions) -> dict[str, Any]:
-            made = _train_steps(module, binding, tx, other, train_names, strategy, shardings, manual=manual)
+            made = _train_steps(spec, tx, other, train_names, strategy, shardings)
             make = made.pop("make")
             made["train_step_cost"] = lambda: train_step_cost(
                 make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
@@ -171,7 +169,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
 
     def jit_eval(stage_name: str, dataloader_idx: int = 0) -> Callable[..., Any]:
         return strategy.jit(
-            options.wrap_eval(forward.make_eval_step(module, binding, stage_name, dataloader_idx), batch_arg=4),
+            forward.make_eval_step(spec, options.precision, stage_name, dataloader_idx),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
@@ -180,7 +178,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
 
     evaluators = {stage_name: jit_eval(stage_name) for stage_name in ("val", "test")}
     predict_step = strategy.jit(
-        options.wrap_eval(forward.make_predict_step(module, binding, fn=predict_fn), batch_arg=3),
+        forward.make_predict_step(spec, options.precision),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
@@ -190,7 +188,7 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     def loader_evaluator(stage_name: str, dataloader_idx: int):
         """Another loader's step: its names traced again (a hook may log others for it)."""
         with context.stage(stage_name), context.dataloader_index(dataloader_idx):
-            loader_names = forward.check_step_outputs(module, binding, abstract_batch, abstract_given)
+            loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given)
         return jit_eval(stage_name, dataloader_idx), loader_names.eval, {**log_specs, **loader_names.log_specs}
 
     compiled = Compiled(shardings, metric_names, eval_step=evaluators["val"], predict_step=predict_step,
@@ -201,8 +199,8 @@ def build(module, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "
     return (state if train_stage else (state.params, state.model_state, state.rng)), compiled
 
 
-def _train_steps(module, binding, tx, options: StepOptions, train_names, strategy: Strategy, shardings,
-                 *, manual: bool) -> dict[str, Any]:
+def _train_steps(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings
+                 ) -> dict[str, Any]:
     """The jitted train step variants, the host-input sharding and the metric reset."""
     k, spe = options.accumulate_grad_batches, options.steps_per_execution
     replicated = strategy.replicated
@@ -223,8 +221,7 @@ def _train_steps(module, binding, tx, options: StepOptions, train_names, strateg
         return xla_cpu.step(jit, platform=strategy.platform)
 
     def make(single: bool, unrolled: bool = False) -> Callable:
-        return train.make_train_step(module, binding, tx, options, train_names, manual=manual, single=single,
-                                     unrolled=unrolled)
+        return train.make_train_step(spec, tx, options, train_names, single=single, unrolled=unrolled)
 
     full_leading = 1 if spe > 1 else 0
     full = make(single=False)

@@ -115,22 +115,6 @@ class StepOptions:
 
         return init
 
-    def wrap_eval(self, fn: Callable, *, batch_arg: int) -> Callable:
-        """An eval/predict step `(params, ...)` computing in the low dtype (params and the batch at
-        position `batch_arg` cast)."""
-        policy = self.precision
-        if policy.compute_dtype == jnp.float32:
-            return fn
-
-        def wrapped(params, *rest):
-            rest = list(rest)
-            rest[batch_arg - 1] = policy.cast_compute(rest[batch_arg - 1])
-            with policy.float32_outputs():
-                return fn(policy.cast_compute(params), *rest)
-
-        wrapped.__name__ = fn.__name__  # keeps jit's name (compile counts key on it)
-        return wrapped
-
 
 def global_norm(tree: Any) -> jax.Array:
     """The global L2 norm of a pytree (float32), as `optax.tree.norm` but with each leaf's sum of

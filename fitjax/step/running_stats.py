@@ -24,8 +24,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from fitjax import _logged
 from fitjax._typing import Batch, PyTree
+from fitjax.step.forward import forward
+from fitjax.step.module_spec import ModuleSpec
 
 __all__ = ["make_running_average"]
 
@@ -34,7 +35,7 @@ def _floating(x) -> bool:
     return jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
 
 
-def make_running_average(module, binding, policy) -> Callable:
+def make_running_average(spec: ModuleSpec, policy) -> Callable:
     """`step(params, model_state, average, n, rng, batch) -> average`: the running average over
     batches of the statistics the train-mode forward pass of `batch` would fold into the model
     state (`average` after `n` batches; with `n == 0` it is ignored). Leaves that are no running
@@ -48,10 +49,8 @@ def make_running_average(module, binding, policy) -> Callable:
             full = list(leaves)
             for i, v in zip(floats, values):
                 full[i] = v
-            with module._mode(True), policy.float32_outputs(), _logged.collecting():
-                _, new_state = binding.apply(module.loss, policy.cast_compute(params),
-                                             jax.tree.unflatten(treedef, full), rng,
-                                             policy.cast_compute(batch), train=True)
+            new_state = forward(spec, "loss", params, jax.tree.unflatten(treedef, full), rng, batch,
+                                train=True, policy=policy).model_state
             new_leaves = jax.tree.leaves(new_state)
             return [new_leaves[i].astype(jnp.float32) for i in floats]
 

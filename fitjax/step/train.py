@@ -42,7 +42,8 @@ from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
 from fitjax.step import context, learning_rate, pieces
-from fitjax.step.forward import leading_dim, split_loss, step_values
+from fitjax.step.forward import forward, leading_dim, split_loss, step_values
+from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions, global_norm
 
 __all__ = ["ANOMALY_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
@@ -51,36 +52,40 @@ ANOMALY_KEY = "_anomaly"  # step output holding [loss, gradients, parameters] no
 _ANOMALY_NAMES = ("loss", "gradients", "parameters")
 
 
-def gradients(module, binding, policy, *, manual: bool) -> Callable:
+def gradients(spec: ModuleSpec, policy) -> Callable:
     """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state)`.
 
     `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
     loss (None: no loss scaling). Params and floating inputs are cast to the policy's compute
     dtype; the loss and the model state keep float32 / their own dtype.
     """
-    owner = type(module).__name__
+    owner = spec.owner
 
-    def forward(params, model_state, rng, batch):
-        with module._mode(True), policy.float32_outputs(), _logged.collecting() as logged:
-            out, new_state = binding.apply(module.loss, policy.cast_compute(params), model_state, rng,
-                                           policy.cast_compute(batch), train=True)
+    def loss_of(params, model_state, rng, batch):
+        out, new_state, logged = forward(spec, "loss", params, model_state, rng, batch, train=True, policy=policy)
         loss, outputs = split_loss(out)
         # Model state (BatchNorm statistics) keeps its dtype: the donated state's layout must not change.
         new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
         return loss.astype(jnp.float32), outputs, new_state, logged.values
 
+    def values_of(batch, outputs, loss, logged_values):
+        """The step's values, `metrics` traced outside the differentiated function."""
+        logged = _logged.Logged()
+        logged.values.update(logged_values)
+        return step_values(spec, batch, outputs, loss, logged, train=True)
+
     def automatic(params, model_state, rng, batch, scale):
         def loss_fn(p):
-            loss, outputs, new_state, logged = forward(p, model_state, rng, batch)
+            loss, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
             return (loss if scale is None else loss * scale), (loss, outputs, new_state, logged)
 
         (_, (loss, outputs, new_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        return grads, step_values(module, batch, outputs, loss, logged, train=True), new_state
+        return grads, values_of(batch, outputs, loss, logged), new_state
 
     def per_group(params, model_state, rng, batch, scale):
         """One forward pass, one backward pass per group (a GAN's generator and discriminator)."""
         def group_losses(p):
-            total, outputs, new_state, logged = forward(p, model_state, rng, batch)
+            total, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
             if not isinstance(outputs, context.GroupLosses):
                 raise ValueError(
                     f"{owner} sets `automatic_optimization = False`: its training step must return "
@@ -96,9 +101,9 @@ def gradients(module, binding, policy, *, manual: bool) -> Callable:
         for group in losses:
             seed = {g: jnp.ones_like(v) if g == group else jnp.zeros_like(v) for g, v in losses.items()}
             grads[group] = pullback(seed)[0][group]
-        return grads, step_values(module, batch, None, total, logged, train=True), new_state
+        return grads, values_of(batch, None, total, logged), new_state
 
-    return per_group if manual else automatic
+    return per_group if spec.manual else automatic
 
 
 def _check_groups(owner: str, losses: dict, params: Any) -> None:
@@ -115,8 +120,8 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-def make_train_step(module, binding, tx: optax.GradientTransformation, options: StepOptions,
-                    metric_names: tuple[str, ...], *, manual: bool = False, single: bool = False,
+def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options: StepOptions,
+                    metric_names: tuple[str, ...], *, single: bool = False,
                     unrolled: bool = False) -> Callable:
     """`train_step(state, inputs) -> (state, values)`: `steps_per_execution` optimizer steps
     (one with `single=True`: an epoch's leftovers); `values` are the last step's.
@@ -127,7 +132,7 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
     policy = options.precision
     k = options.accumulate_grad_batches
     user_names = tuple(n for n in metric_names if n != "grad_norm")
-    grads_of = gradients(module, binding, policy, manual=manual)
+    grads_of = gradients(spec, policy)
 
     def accumulate(state: TrainState, rng, batches, mask, scale):
         """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
@@ -184,7 +189,7 @@ def make_train_step(module, binding, tx: optax.GradientTransformation, options: 
         imposed = pieces.learning_rate(options.pieces, state.extras)  # SWA's annealing, lr_find; None: none
         if imposed is not None:
             update_fn = functools.partial(learning_rate.update, update_fn, imposed,
-                                          schedule=learning_rate.schedule_of(module))
+                                          schedule=spec.lr_schedule())
         updates, opt_state = update_fn(grads, state.opt_state, state.params, value=values["loss"])
         if scaled is not None:  # the group's rate relative to the base rate; frozen: no moments change
             updates = pieces.scale_groups(updates, scaled[0])

@@ -14,7 +14,7 @@ from `XLA_FLAGS` once, when JAX starts its backends; a per-compile option does n
 (a user's own choice stands: set it to `true` to keep XLA's default) and jaxlib is a release
 it was checked with (XLA aborts on an unknown flag: `_CHECKED_UP_TO`). It changes the order
 operations run in, not what they compute (a clipped fit gives the same bits under both:
-tests/test_xla_cpu.py), and only XLA:CPU programs (GPU and TPU ignore it).
+tests/step/test_xla_cpu.py), and only XLA:CPU programs (GPU and TPU ignore it).
 
 **The scratch plan (per train step).** XLA:CPU mallocs each call's scratch ("temp") buffers
 afresh, on a worker thread. glibc serves a

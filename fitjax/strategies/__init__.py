@@ -15,6 +15,17 @@ from fitjax.strategies.dp import DataParallel
 from fitjax.strategies.fsdp import FSDP
 from fitjax.strategies.single import SingleDevice
 
+# For the Trainer, not part of the user-facing API: `accelerator=` resolved to JAX devices and the
+# banner that says what a run uses, and `deterministic=True`'s settings. Which devices, and how XLA
+# compiles for them, are the platform side that the strategies lay the state out over.
+from fitjax.strategies._accelerator import accelerator_devices, check_devices_match
+from fitjax.strategies._accelerator import banner as accelerator_banner
+from fitjax.strategies._determinism import enforce as enforce_determinism
+# For the loop, callbacks, loggers and the CLI: what every process agrees on (a flag, process 0's
+# string, rows gathered from all) and the stop vote read between steps.
+from fitjax.strategies._distributed import agree, broadcast_str, gather_rows
+from fitjax.strategies._stop_agreement import StopAgreement
+
 __all__ = [
     "DataParallel",
     "FSDP",

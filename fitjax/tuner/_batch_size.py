@@ -42,7 +42,7 @@ class BatchSizeProbe:
         self.shards = strategy.num_batch_shards
         self.example = jax.tree.map(lambda x: np.asarray(x)[:1], batch)
         small = jax.tree.map(lambda x: np.repeat(x, self.shards, axis=0), self.example)
-        state, self.compiled = step_lib.build(module, strategy, small, seed=seed, options=options)
+        state, self.compiled = step_lib.build(module.step_spec(), strategy, small, seed=seed, options=options)
         self.abstract_state = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
         del state

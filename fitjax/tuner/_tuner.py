@@ -167,7 +167,7 @@ class Tuner:
     def _lr_find_step(self, module, batch, options, num_training: int):
         """The state and compiled step lr_find trains, and the piece imposing its rate (None: the
         rate is written into the `inject_hyperparams` state instead)."""
-        state, compiled = step_lib.build(module, self.trainer.strategy, batch, seed=self.trainer.seed,
+        state, compiled = step_lib.build(module.step_spec(), self.trainer.strategy, batch, seed=self.trainer.seed,
                                          options=options)
         if lr_lib.count(state.opt_state):
             return state, compiled, None
@@ -187,7 +187,7 @@ class Tuner:
         del state  # built again with the piece holding the rate (the first one's step never compiled)
         piece = _lr_find.ImposedRate()
         options = dataclasses.replace(options, pieces=(*options.pieces, piece))
-        state, compiled = step_lib.build(module, self.trainer.strategy, batch, seed=self.trainer.seed,
+        state, compiled = step_lib.build(module.step_spec(), self.trainer.strategy, batch, seed=self.trainer.seed,
                                          options=options)
         return state, compiled, piece
 

@@ -1,5 +1,5 @@
 """A jit rule broken in `loss` or `metrics` (the main API) gets the same tailored message as in
-Lightning's hooks (tests/test_lightning_style.py): the rule, the fix, JAX's error as the cause."""
+Lightning's hooks (tests/module/test_lightning.py): the rule, the fix, JAX's error as the cause."""
 
 from __future__ import annotations
 

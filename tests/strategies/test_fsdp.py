@@ -172,8 +172,8 @@ def test_sharded_init_never_holds_the_whole_state_on_one_device():
     for strategy, devices in [("single", 1), (FSDP(min_size_to_shard=0), 8)]:
         trainer = quiet_trainer(strategy=strategy, devices=devices)
         module = bench.Module(width=256, depth=2)
-        state, compiled = step_lib.build(module, trainer.strategy, batch, seed=0)
-        init = step_lib.forward.make_init_fn(module, module._get_binding(), optax.adam(1e-3), ("loss",))
+        state, compiled = step_lib.build(module.step_spec(), trainer.strategy, batch, seed=0)
+        init = step_lib.forward.make_init_fn(module.step_spec(), optax.adam(1e-3), ("loss",))
         stats = jax.jit(init, out_shardings=compiled.state_shardings).lower(
             jax.random.key(0), trainer.strategy.shard_batch(batch), None).compile().memory_analysis()
         used[devices] = stats.output_size_in_bytes + stats.temp_size_in_bytes

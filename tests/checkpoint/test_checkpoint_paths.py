@@ -12,7 +12,7 @@ from helpers import Regressor, persistent_compile_cache, quiet_trainer, regressi
 import fitjax as fj
 
 DATA = regression_data(n=64)  # 2 batches of 32 an epoch
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "checkpoints.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "checkpoints.md"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 from typing import Any, Iterator
@@ -13,10 +14,12 @@ from flax import nnx
 
 import jax
 
-from fitjax import _host_model, _lightning, _logged, _optimizers, checkpoint
-from fitjax.step import context
+from fitjax import _logged, checkpoint
+from fitjax.module import _host_model, _lightning, _optimizers
+from fitjax.step import ModuleSpec, context, defined_at
+from fitjax.step import learning_rate as lr_lib
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
-from fitjax._hparams import AttributeDict, collect_init_args
+from fitjax.module._hparams import AttributeDict, collect_init_args
 from fitjax._typing import Batch, Metrics, PyTree
 
 __all__ = ["LitModule"]
@@ -99,7 +102,7 @@ class LitModule:
         Inside the traced Lightning-style hooks `self.model` is the bound model. In host hooks
         (`on_train_epoch_end`, a callback's hooks) and after fit, `self.model(...)` and `self(x)`
         run the model with the current weights, jitted once per shape, in train or eval mode as
-        `self.training` says (see `fitjax._host_model`).
+        `self.training` says (see `fitjax.module._host_model`).
         """
         return self.model(*args, **kwargs)
 
@@ -368,22 +371,32 @@ class LitModule:
         if isinstance(binding, NNXBinding):
             binding.update_model(params, model_state)
 
-    # ------------------------------------------- what the step layer asks of a module (internal)
+    # ------------------------------------------- what the step layer reads of a module (internal)
 
-    @property
-    def _manual_optimization(self) -> bool:
-        """Each parameter group updated by the gradient of its own loss (see docs/porting.md)."""
-        return _lightning.is_manual(self)
-
-    def _predict_fn(self) -> Any:
-        """The `fn(model, batch)` that `Trainer.predict` traces."""
-        return _lightning.predict_fn(self, LitModule)
-
-    def _eval_stages(self) -> tuple[str, ...]:
-        """The evaluations with a step of their own: a Lightning-style module's `test_step`
-        may log other names than its `validation_step`."""
+    def step_spec(self) -> ModuleSpec:
+        """What the trainer's step layer needs of this module, as one frozen value (the trainer
+        asks for it once per build; you never call it): the model's binding and variables, the
+        traced methods (`loss`, `metrics`, what predict calls), the optimizer, and how the module
+        is optimized and evaluated. Raises when the module mixes fitjax's and Lightning's shapes
+        in a way fitjax cannot follow."""
+        binding = self._get_binding()
         _lightning.check(self, LitModule)
-        return ("val", "test") if _lightning.is_lightning(self) else ("val",)
+        return ModuleSpec(
+            owner=type(self).__name__,
+            binding=binding,
+            variables=self.variables or binding.initial_variables(),
+            loss=self.loss,
+            metrics=self.metrics,
+            predict=_lightning.predict_fn(self, LitModule),
+            optimizer=self.configure_optimizer,
+            lr_schedule=functools.partial(lr_lib.schedule_of, self),
+            # each parameter group updated by the gradient of its own loss (see docs/porting.md)
+            manual=_lightning.is_manual(self),
+            # a Lightning-style module's `test_step` may log other names than its `validation_step`
+            eval_stages=("val", "test") if _lightning.is_lightning(self) else ("val",),
+            mode=self._mode,
+            defined_at={method: defined_at(self, method) for method in ("loss", "metrics")},
+        )
 
     @contextlib.contextmanager
     def _mode(self, training: bool) -> Iterator[None]:

@@ -229,7 +229,7 @@ def _wide_data():
 _KILLED_CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{here!r}, {tests!r}]  # this file's folder, and tests/ for helpers
     import fitjax as fj
     from test_checkpoint import Wide, _wide_data
 
@@ -253,7 +253,8 @@ _KILLED_CHILD = textwrap.dedent("""
 def test_kill_9_during_a_save_leaves_the_previous_checkpoints_usable(tmp_path):
     folder = tmp_path / "ck"
     folder.mkdir()
-    script = _KILLED_CHILD.format(tests=str(Path(__file__).parent), folder=str(folder))
+    script = _KILLED_CHILD.format(here=str(Path(__file__).parent), tests=str(Path(__file__).parents[1]),
+                                  folder=str(folder))
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
@@ -285,5 +286,5 @@ def test_docstring_examples_run(tmp_path, monkeypatch):
     import importlib
 
     monkeypatch.chdir(tmp_path)
-    for name in ("fitjax.callbacks.model_checkpoint", "fitjax.checkpoint"):
+    for name in ("fitjax.callbacks.model_checkpoint", "fitjax.checkpoint._format"):
         assert doctest.testmod(importlib.import_module(name)).failed == 0

@@ -43,15 +43,16 @@ from typing import Any, Callable, Iterable
 
 import jax
 
-from fitjax import _storage, checkpoint
-from fitjax.checkpoint import SaveFailed
+from fitjax import _storage
+from fitjax.checkpoint import _format
+from fitjax.checkpoint._format import SaveFailed
 from fitjax._lazy import LazyModule
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save
 
 __all__ = ["CheckpointWriter", "cleanup", "prepare", "writer"]
 
-_DELETING = checkpoint.TMP_MARK + "-deleting"  # an old checkpoint on its way out
+_DELETING = _format.TMP_MARK + "-deleting"  # an old checkpoint on its way out
 
 
 class CheckpointWriter:
@@ -91,13 +92,13 @@ class CheckpointWriter:
         meta = {**meta, "saved_at": time.time()}
         if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(state)):
             if self._host is None:  # the step donates the state's buffers: the thread owns a host copy
-                tree, impls = checkpoint.saveable_tree(state)
+                tree, impls = _format.saveable_tree(state)
                 self._host = (state, jax.device_get(tree), impls)
-            args = checkpoint.composite_args(self._host[1], self._host[2], meta)
+            args = _format.composite_args(self._host[1], self._host[2], meta)
             write = functools.partial(_write, path, args)
         else:
             self.wait()  # Orbax's multi-process save starts here, on this thread: alone
-            write = _save_shards(path, checkpoint.save_args(state, meta), self._sharded_saves)
+            write = _save_shards(path, _format.save_args(state, meta), self._sharded_saves)
             self._sharded_saves += 1
 
         doomed = [_storage.as_path(old) for old in delete if str(_storage.as_path(old)) != str(path)]
@@ -221,8 +222,8 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
     # checkpoint's folder and its items' folders race (each process makes both here)
     made_now = ocp.options.AsyncOptions(create_directories_asynchronously=False)
     handler = ocp.CompositeCheckpointHandler(
-        **{checkpoint.STATE_ITEM: ocp.StandardCheckpointHandler(use_ocdbt=False, multiprocessing_options=local),
-           checkpoint.META_ITEM: ocp.JsonCheckpointHandler(multiprocessing_options=local)},
+        **{_format.STATE_ITEM: ocp.StandardCheckpointHandler(use_ocdbt=False, multiprocessing_options=local),
+           _format.META_ITEM: ocp.JsonCheckpointHandler(multiprocessing_options=local)},
         composite_options=ocp.CompositeOptions(multiprocessing_options=local, async_options=made_now))
     saver = ocp.AsyncCheckpointer(handler, async_options=made_now, multiprocessing_options=local)
     saver.save(stage / path.name, args=args)
@@ -298,7 +299,7 @@ def cleanup(directory: Path) -> list[Path]:
             if path.is_dir() and not (path / _storage.COMMIT).exists():
                 _storage.remove(path)
                 removed.append(path)
-        elif checkpoint.TMP_MARK in path.name and path.is_dir():
+        elif _format.TMP_MARK in path.name and path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -27,7 +27,7 @@ import jax
 
 from fitjax import _logged
 from fitjax.step import context
-from fitjax.step._jit_rules import defined_at, explain_jit_rules
+from fitjax.step import defined_at, explain_jit_rules
 
 __all__ = [
     "check",

@@ -84,3 +84,33 @@ def test_bad_durations_are_named():
         fj.Trainer(val_check_interval=datetime.timedelta(0))
     with pytest.raises(ValueError, match=r"timedelta's arguments"):
         fj.Trainer(val_check_interval={"hour": 1})
+
+
+def test_the_clock_restarts_after_the_validation_hooks():
+    """The time the validation hooks take does not count towards the next interval: Lightning sets
+    its clock at the end of its evaluation loop's run, after `on_validation_end`.
+
+    Lightning 2.6 (/work/lvenv), 64 rows in batches of 4 (16 a epoch), max_epochs=2,
+    val_check_interval={"seconds": 1}, a callback sleeping 0.1 s in `on_train_batch_end` and 1.2 s
+    in `on_validation_end`: validations after (epoch, batch) (0, 9), (1, 3), (1, 13): ten batches
+    apart. Were the 1.2 s counted, every batch after the first validation would validate."""
+
+    class Slow(fj.Callback):
+        def __init__(self):
+            self.validations = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.last = trainer.current_epoch * 16 + batch_idx
+            time.sleep(0.1)
+
+        def on_validation_end(self, trainer, module):
+            if not trainer.sanity_checking:
+                self.validations.append(self.last)
+                time.sleep(1.2)
+
+    data = fj.DataLoader({"x": np.zeros((64, 1), np.float32), "y": np.zeros((64, 1), np.float32)}, batch_size=4)
+    slow = Slow()
+    quiet_trainer(max_epochs=2, strategy="single", num_sanity_val_steps=0, val_check_interval={"seconds": 1},
+                  callbacks=[slow]).fit(Regressor(batchnorm=False), data, data)
+    gaps = np.diff(slow.validations)
+    assert len(slow.validations) >= 2 and gaps.min() >= 5, slow.validations  # Lightning's: 10 apart

@@ -1,0 +1,15 @@
+"""`LitModule`, what the user writes to declare what to train, and what it is built from: the
+Lightning-style adapter (`training_step`, `self.log` options, manual optimization), the
+hyperparameters `save_hyperparameters` collects, what `configure_optimizers` may return, and the
+model host code calls with the trainer's current weights."""
+
+from fitjax.module._lit_module import LitModule
+
+# For the loop and the callbacks, not part of the user-facing API: the dataloader_idx check of the
+# Lightning-style hooks, and the flax model host hooks call (installed around them, unwrapped by
+# the model summary).
+from fitjax.module._host_model import installed as host_model_installed
+from fitjax.module._host_model import unwrap as unwrap_host_model
+from fitjax.module._lightning import check_dataloader_idx
+
+__all__ = ["LitModule"]
