@@ -24,9 +24,10 @@ so drifts in machine load hit both sides; the steps/s columns are the best runs)
   batches sliced from a shuffled array): the tiny MLP with 1024-step epochs (target >= 0.9), an
   MNIST-sized MLP 784-256-256-10 with batches of 128 and a small CNN (targets >= 1.0). The
   `no defaults` column is the same fit with all of them off.
-- `parts`: each default alone (the progress bar, the model summary, the TensorBoard logger, the
-  default checkpoint: rows `+bar`, `+summary`, `+tb`, `+ckpt`) against the fit with none of them,
-  on the tiny and the MNIST-sized MLP: which default costs what (target >= 0.95 each).
+- `parts` (only with `--only parts`, and in `--smoke`): each default alone (the progress bar, the
+  model summary, the TensorBoard logger, the default checkpoint: rows `+bar`, `+summary`, `+tb`,
+  `+ckpt`) against the fit with none of them, on the tiny and the MNIST-sized MLP: which default
+  costs what (target >= 0.95 each).
 
 Every run is timed in steady state: epoch 0 (compilation) is a warm-up. fitjax's progress bar
 draws as on a terminal into a discarded stream, and its other output is discarded too, so the
@@ -295,7 +296,8 @@ def main(argv=None):
         factory, shape, batch, _ = WORKLOADS["tiny_mlp"]
         workloads = {"tiny_mlp": (factory, shape, batch, 64)}
         defaults_on = defaults_on[:1]
-    rows = args.only or ["clip", "ema", "spe", "defaults", "parts"]
+    # `parts` (20 more fits per workload) runs when asked for, and in the smoke run
+    rows = args.only or ["clip", "ema", "spe", "defaults", *(["parts"] if args.smoke else [])]
     spe = 32
     short = args.epochs if args.smoke else max(args.epochs, 6)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
