@@ -22,10 +22,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import numpy as np
-
 from fitjax import checkpoint
 from fitjax.loop import _checks as checks
+from fitjax.loop.metric_log import EpochAccumulators
 from fitjax.module import LitModule
 from fitjax.step import pieces as pieces_lib
 
@@ -118,7 +117,7 @@ class Checkpoints:
         the train log window on its way is logged (its rows reach the loggers and the epoch's
         means, which the checkpoint holds), and the position becomes the last saved one
         (`trainer.progress.last_saved`). Whoever saves calls it, as `ModelCheckpoint` does."""
-        self._finish_train_window()
+        self._metric_log.finish_windows()
         self._progress.last_saved = self._progress.position
 
 
@@ -138,7 +137,7 @@ def fit_meta(trainer, module) -> dict[str, Any]:
     else:
         epoch, batches = progress.epoch, done
         loader_state = trainer._positions.state_after(done)
-        epoch_acc = {k: np.asarray(v, np.float64).tolist() for k, v in trainer._epoch_acc.items()}
+        epoch_acc = trainer._metric_log.epoch_accumulators.to_meta()
     hparams, not_saved = checkpoint.jsonable(dict(module.hparams))
     meta = {
         "format": 2,
@@ -204,7 +203,7 @@ def resume_fit(trainer, module, loader: Any, path: Path) -> Iterator[Any]:
         progress.end_epoch()
     progress.epoch = int(meta["epoch"])
     trainer._resume_at = start = int(meta["batches_done"])
-    trainer._epoch_acc = {k: np.asarray(v, np.float64) for k, v in meta["epoch_acc"].items()}
+    trainer._metric_log.start_epoch(EpochAccumulators.from_meta(meta["epoch_acc"]))
     call_load_hooks(trainer, module, meta)
     states = meta["callbacks"]
     for cb in trainer.callbacks:

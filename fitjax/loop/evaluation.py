@@ -95,14 +95,14 @@ class EvalStages:
             params, model_state, rng = self._eval_variables(module, loaders[0], stage, ckpt_path)
             if stage == "val":
                 self._count_val_batches(loaders)
-            earlier = dict(self._callback_metrics)
+            earlier = dict(self._metric_log.callback_metrics)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
             evaluated = self._evaluate(module, loaders, params, model_state, rng, stage=stage)
-            self._log(evaluated.values, aliases=evaluated.aliases)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases)
             self._call(f"on_{hook}_epoch_end", module)
             self._call(f"on_{hook}_end", module)
-            logged = {k: v for k, v in self._callback_metrics.items() if earlier.get(k) is not v}
+            logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
         finally:
             self._hooks.call("teardown", self, module, name)
             self._stage = before
@@ -166,7 +166,7 @@ class EvalStages:
         return host
 
     def _validate_during_fit(self, module: LitModule, val_loaders) -> None:
-        self._finish_train_window()  # callbacks of validation see every train value up to now
+        self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
         with self.profiler.profile("[loop] validation"):
             self._validate_in_fit(module, val_loaders)
 
@@ -181,8 +181,7 @@ class EvalStages:
         evaluated = self._evaluate(
             module, val_loaders, self._eval_params(), self.state.model_state, self.state.rng, stage="val"
         )
-        self.progress_bar_metrics.update(evaluated.progress_bar)
-        self._log(evaluated.values, aliases=evaluated.aliases)
+        self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar)
         self._progress.last_validated = self._progress.position
         self._call("on_validation_epoch_end", module)
         self._call("on_validation_end", module)

@@ -4,19 +4,20 @@ epochs of steps, logs and validation.
 The Trainer's other parts are its base classes, beside it in `fitjax.loop`; they read and write
 the same attributes (the state, the compiled steps, the loop's one `Progress`):
 `evaluation` (validate, test, predict and fit's validations), `_train_data` (fit's loaders,
-an epoch's batches and chunks), `_logs` (values to the loggers and `callback_metrics`),
-`_pieces` (the state pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what
-a checkpoint records, exact resume). Parts that are values, not base classes: `config` (the
+an epoch's batches and chunks), `_pieces` (the state pieces' epoch and end-of-training work),
+`_resume` (`save_checkpoint`, what a checkpoint records, exact resume). Parts that are values, not base classes: `config` (the
 loop's arguments, checked once and frozen: `self._config`, read through the Lightning-named
 properties), `_schedule` (functions of the configuration and the progress: when training ends, a
 stop is obeyed, validation is due; the loop assigns `should_stop`). `_checks` holds the checks.
+Parts that own their state: `metric_log.MetricLog` (`self._metric_log`: the logged values
+`callback_metrics`, `logged_metrics`, `progress_bar_metrics`, the train log windows and the
+epoch's means; the loop tells it when to fetch and log, the properties read it).
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import itertools
@@ -27,7 +28,6 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
-import numpy as np
 
 from fitjax import _seed
 from fitjax import step as step_lib
@@ -35,13 +35,13 @@ from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks
-from fitjax.loop._logs import Logs
 from fitjax.loop._pieces import PieceRunner, Pieces
 from fitjax.loop._resume import Checkpoints
 from fitjax.loop import _schedule as schedule
 from fitjax.loop._train_data import TrainData
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.evaluation import EvalStages
+from fitjax.loop.metric_log import MetricLog
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage
 from fitjax._typing import HostMetrics
@@ -60,7 +60,7 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
+class Trainer(EvalStages, TrainData, Pieces, Checkpoints):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -265,14 +265,13 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         self._progress = Progress()
         self.should_stop = False
         self.state: TrainState | None = None
-        self._callback_metrics: HostMetrics = {}
-        self.logged_metrics: HostMetrics = {}
-        self.progress_bar_metrics: HostMetrics = {}
+        # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
+        self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
+                                     progress=ProgressView(self._progress), on_window_logged=self._progress.logged)
         self.num_val_batches: list[int | None] = []
         self._compiled: step_lib.Compiled | None = None
         self._step_flops: tuple[float | None] | None = None
         self._module_for_compiled: LitModule | None = None
-        self._epoch_acc: dict[str, np.ndarray] = {}
         self.received_sigterm = False
         self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
@@ -286,9 +285,6 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         self._feed: Feed | None = None  # the train data kept on the devices, if it is
         self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
         self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
-        self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
-        self._latest_step: dict | None = None  # the last train step's values, on the device (`callback_metrics`)
-        self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
         self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
@@ -452,11 +448,18 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
         the window at its next step). The loop itself and the progress bar never read it per step.
         """
-        # the window's values join the latest values now (the same update the loop makes when it
-        # logs the window); the dict itself is returned, as Lightning's callbacks update it
-        self._callback_metrics.update(self._pending_callback_metrics())
-        self._callback_metrics.update(self._latest_step_metrics())  # newer than any window
-        return self._callback_metrics
+        return self._metric_log.callback_metrics
+
+    @property
+    def logged_metrics(self) -> HostMetrics:
+        """The latest value of every key written to the loggers (Lightning's)."""
+        return self._metric_log.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> HostMetrics:
+        """The values the progress bar shows: the train window's last means and what was
+        logged with `prog_bar=True` (Lightning's)."""
+        return self._metric_log.progress_bar_metrics
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -507,6 +510,13 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
             self._step_flops = (None if flops is None or flops <= 0
                                 else flops / self.step_options.steps_per_execution,)
         return self._step_flops[0]
+
+    def _call(self, hook: str, module: LitModule, *args: Any, log: bool = True) -> None:
+        """Calls `hook` on the module and the callbacks; logs what the module's hook passed to
+        `self.log` (host values, under the names given), unless `log` is False (sanity check)."""
+        logged = self._hooks.call(hook, self, module, *args)
+        if logged and log:
+            self._metric_log.log_hook(logged, owner=type(module).__name__, hook=hook)
 
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
@@ -583,26 +593,24 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
             stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
-            self._finalize_loggers("interrupted" if stopped else "failed")
+            self._metric_log.finalize("interrupted" if stopped else "failed")
             if isinstance(exc, _resume.Preempted):
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
             self._feed = None  # the train data's copy on the devices
             self._accumulation_steps = {}  # and the copies an accumulation schedule kept
-            self._windows.clear()  # values of an interrupted window are not logged
-            self._latest_step = self._latest_step_host = None
+            self._metric_log.end_fit()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
             self._stage = Stage()
             self.profiler.describe()
             self.profiler.teardown("fit")
             _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
-        self._finalize_loggers("success")
+        self._metric_log.finalize("success")
 
     def _fit(self, module: LitModule, train_loader, val_loaders, ckpt_path=None) -> None:
         self.should_stop = False
-        self._latest_step = self._latest_step_host = None
         first, epoch_iter = self._first_batch(train_loader)
         self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
         self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
@@ -610,6 +618,7 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
             self.state, self._compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                         options=self.step_options)
         self._module_for_compiled = module
+        self._metric_log.begin_fit(self._compiled.log_specs)
         self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
         self._built_from = checks.BuiltFrom.of(first, "the first train batch")
         self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
@@ -645,8 +654,8 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
     def _train_epoch(self, module: LitModule, train_loader, val_loaders, epoch_iter) -> None:
         """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
         offset, self._resume_at = self._resume_at, 0  # > 0 for an epoch resumed mid-way
-        if not offset:
-            self._epoch_acc = {}
+        if not offset:  # a resumed epoch's means start from the checkpoint's accumulators
+            self._metric_log.start_epoch()
         self._progress.start_epoch(offset)
         self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
@@ -678,15 +687,15 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
             except Exception as err:
                 self._explain_train_failure(err, chunk, batch_idx)
                 raise
-            self._latest_step = outputs  # a reference: read only if `callback_metrics` is
+            self._metric_log.step_done(outputs)  # a reference: read only if `callback_metrics` is
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
-            self._read_arrived_windows()  # the log steps' values that have arrived
+            self._metric_log.read_arrived()  # the log steps' values that have arrived
             if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
                 outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
             synced = self.progress.crossed(self.log_every_n_steps)
             if synced:
-                self._start_train_window()  # no wait: read at a later step (`_windows`)
+                self.state = self._metric_log.start_window(self.state, self._compiled.reset_metrics)  # no wait
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
             # a signal's stop: every process after the same step (`_preemption`)
@@ -727,7 +736,7 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
-        self._log_train_epoch()
+        self.state = self._metric_log.log_train_epoch(self.state, self._compiled.reset_metrics)
         self._progress.epoch_end_done = True
         self._call("on_train_epoch_end", module)
         self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
