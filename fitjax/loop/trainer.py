@@ -1,26 +1,25 @@
 """`Trainer`: its public surface and the loop's outline. `fit` reads top to bottom: build, then
 epochs of steps, logs and validation.
 
-The parts, beside it in `fitjax.loop` (the loop is the only writer of what lives for a fit):
+The Trainer has no base classes: its parts, beside it in `fitjax.loop`, are built with what
+they need and return values; the loop (this file) is the only writer of what lives for a fit.
 
-    fit_run.FitRun      what one fit holds (module, loaders, feed, train state, compiled
-                        programs, validation counters, stop agreement); dies with the fit
-    fit_run.Built       what fit/validate/test/predict built for a module, kept for the next call
-    train_feed          fit's loaders; `TrainFeed`: an epoch's batches and chunks, on the
-                        devices or prefetched, the loader's positions, accumulation counts
-    _resume             what a checkpoint records (`ResumePoint.to_meta/from_meta`, `fit_meta`)
-    _preemption         the signals that stop a fit, the hpc checkpoint, the requeue
-    _pieces             the state pieces' epoch and end-of-training work (`PieceRunner`)
-    progress            the loop's one position (`trainer.progress` is its read-only view)
-    evaluation          validate, test, predict and fit's validations (a base class)
-    metric_log.MetricLog the logged values (`callback_metrics`, `logged_metrics`,
-                        `progress_bar_metrics`), the train log windows and the epoch's means;
-                        the loop tells it when to fetch and log (`self._metric_log`)
-    config.LoopConfig   the loop's arguments, checked once and frozen (`self._config`), read
-                        through the Lightning-named properties
-    _schedule           functions of (configuration, progress): when training ends, a stop is
-                        obeyed, validation is due; the loop assigns `should_stop`
-    _checks, _arguments the argument checks
+    config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
+                          through the Lightning-named properties (`_checks`, `_arguments`)
+    progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
+    _schedule             functions of (configuration, progress): when training ends, a stop is
+                          obeyed, validation is due; the loop assigns `should_stop`
+    fit_run.FitRun        what one fit holds (module, loaders, feed, train state, compiled
+                          programs, validation counters, stop agreement); dies with the fit
+    fit_run.Built         what fit/validate/test/predict built for a module, kept for the next call
+    train_feed.TrainFeed  an epoch's batches and chunks (on the devices or prefetched), the
+                          loader's positions, each accumulation count's steps (`fit_loaders`)
+    metric_log.MetricLog  `callback_metrics`, `logged_metrics`, `progress_bar_metrics`, the
+                          train log windows and the epoch's means; the loop says when to fetch
+    evaluation            what validate, test, predict and fit's validations run
+    _resume               what a checkpoint records (`ResumePoint.to_meta/from_meta`)
+    _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
+    _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
