@@ -116,11 +116,11 @@ class TrainData:
         if train_loader is None:
             return
         kept = self._accumulation_steps  # count -> (train steps, device feed), made once each
-        kept.setdefault(self._compiled.options.accumulate_grad_batches, (self._compiled.train_steps(), self._feed))
+        kept.setdefault(self._compiled.options.accumulate_grad_batches, (self._compiled.train_programs(), self._feed))
         if k not in kept:
             feed = self._feed and feed_for(train_loader, self.strategy, options=options,
                                                           params=self.state.params)  # blocks of whole k-calls
-            kept[k] = (self._compiled.train_steps_for(options), feed)
+            kept[k] = (self._compiled.train_programs_for(options), feed)
         steps, self._feed = kept[k]
         self._compiled = self._compiled.with_options(options, steps)
 

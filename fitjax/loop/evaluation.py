@@ -220,10 +220,11 @@ class EvalStages:
         first = next(iter(self._eval_batches(loader, stage, shard=False)), None)
         if first is None:
             raise ValueError(f"the {stage} data is empty: it yielded no batch.")
-        variables, self._compiled = step_lib.build(
+        state, self._compiled = step_lib.build(
             module.step_spec(), self.strategy, first[0], seed=self.seed,
-            stage="predict" if stage == "predict" else "eval", options=self.step_options,
+            purpose="predict" if stage == "predict" else "eval", options=self.step_options,
         )
+        variables = state.params, state.model_state, state.rng
         if ckpt_path is not None:
             variables = (*checkpoint.restore_variables(ckpt_path, variables[:2]), variables[2])
             meta = checkpoint.read_meta(ckpt_path)
