@@ -24,6 +24,10 @@ so drifts in machine load hit both sides; the steps/s columns are the best runs)
   batches sliced from a shuffled array): the tiny MLP with 1024-step epochs (target >= 0.9), an
   MNIST-sized MLP 784-256-256-10 with batches of 128 and a small CNN (targets >= 1.0). The
   `no defaults` column is the same fit with all of them off.
+- `parts` (only with `--only parts`, and in `--smoke`): each default alone (the progress bar, the
+  model summary, the TensorBoard logger, the default checkpoint: rows `+bar`, `+summary`, `+tb`,
+  `+ckpt`) against the fit with none of them, on the tiny and the MNIST-sized MLP: which default
+  costs what (target >= 0.95 each).
 
 Every run is timed in steady state: epoch 0 (compilation) is a warm-up. fitjax's progress bar
 draws as on a terminal into a discarded stream, and its other output is discarded too, so the
@@ -158,18 +162,23 @@ class SteadyStateTimer(fj.Callback):
         self.steps_per_s = (trainer.global_step - self.start_step) / (time.perf_counter() - self.start)
 
 
+# each default's name -> the Trainer flag that turns it off
+DEFAULT_PARTS = {"progress bar": "enable_progress_bar", "summary": "enable_model_summary", "logger": "logger",
+                 "checkpoint": "enable_checkpointing"}
+
+
 def with_fitjax(model, data, batch_size, epochs, root, *, module_cls=Classifier, defaults=True,
                 extra_callbacks=(), **trainer_kwargs):
     """Steady-state steps/s of `Trainer.fit`; `defaults=False` turns off the progress bar, the
-    model summary, the logger and checkpointing."""
+    model summary, the logger and checkpointing, a tuple of `DEFAULT_PARTS` names keeps those on."""
+    parts = tuple(DEFAULT_PARTS) if defaults is True else tuple(defaults or ())
     timer = SteadyStateTimer()
     sink = io.StringIO()
     callbacks = [timer, *extra_callbacks]
-    if defaults:  # drawn as on a terminal, into a stream nobody reads
+    if "progress bar" in parts:  # drawn as on a terminal, into a stream nobody reads
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
-    else:
-        trainer_kwargs = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False,
-                          "enable_checkpointing": False, **trainer_kwargs}
+    trainer_kwargs = {**{flag: False for part, flag in DEFAULT_PARTS.items() if part not in parts},
+                      **trainer_kwargs}
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         trainer = fj.Trainer(max_epochs=epochs, callbacks=callbacks, default_root_dir=root, strategy="single",
                              **trainer_kwargs)
@@ -270,7 +279,7 @@ def _row(name: str, workload: str, runs: list[float], base: list[float], base_na
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("clip", "ema", "spe", "defaults"), action="append",
+    parser.add_argument("--only", choices=("clip", "ema", "spe", "defaults", "parts"), action="append",
                         help="run only these rows (repeatable)")
     parser.add_argument("--epochs", type=int, default=3,
                         help="including one warm-up epoch (the clip and spe rows run at least 6: their "
@@ -287,7 +296,8 @@ def main(argv=None):
         factory, shape, batch, _ = WORKLOADS["tiny_mlp"]
         workloads = {"tiny_mlp": (factory, shape, batch, 64)}
         defaults_on = defaults_on[:1]
-    rows = args.only or ["clip", "ema", "spe", "defaults"]
+    # `parts` (20 more fits per workload) runs when asked for, and in the smoke run
+    rows = args.only or ["clip", "ema", "spe", "defaults", *(["parts"] if args.smoke else [])]
     spe = 32
     short = args.epochs if args.smoke else max(args.epochs, 6)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
@@ -350,6 +360,17 @@ def main(argv=None):
                     full.append(with_fitjax(factory(), data, batch_size, args.epochs, root))
                 print(_row("defaults", name, full, hand, "hand-written naive", target), flush=True)
                 print(_row("no dflts", name, bare, hand, "hand-written naive", target), flush=True)
+        if "parts" in rows:  # each default alone against none of them, alternating
+            for name, _ in defaults_on[:2]:
+                factory, data, batch_size = data_for(name)
+                runs = {part: [] for part in ("none", *DEFAULT_PARTS)}
+                for repeat in range(args.repeats):
+                    order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]
+                    for part in order:
+                        runs[part].append(with_fitjax(factory(), data, batch_size, args.epochs, root,
+                                                      defaults=() if part == "none" else (part,)))
+                for part, label in zip(DEFAULT_PARTS, ("+bar", "+summary", "+tb", "+ckpt")):
+                    print(_row(label, name, runs[part], runs["none"], "fitjax, no defaults", 0.95), flush=True)
 
 
 if __name__ == "__main__":

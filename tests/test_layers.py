@@ -32,7 +32,7 @@ LAYERS = [
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module"]),
-    ("loop", ["fitjax.loop", "fitjax._log_fetch", "fitjax.profilers"]),
+    ("loop", ["fitjax.loop", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]
 

@@ -21,6 +21,7 @@ def test_docstring_examples_run():
     import doctest
 
     for name in ["fitjax.module._lit_module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.loop.config",
+                 "fitjax.loop.metric_log",
                  "fitjax.strategies.dp",
                  "fitjax.callbacks.ema", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",

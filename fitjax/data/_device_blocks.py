@@ -98,6 +98,7 @@ class Feed:
         self._gather = jax.jit(gather, out_shardings=block_sharding(strategy))
         # a fresh buffer holding the state's step (never the step array itself: that is donated)
         self._base = jax.jit(lambda step: step + jnp.zeros_like(step), out_shardings=strategy.replicated)
+        self._next: tuple[int, np.ndarray, Any] | None = None  # `(k, rows, block)` gathered ahead
 
     def chunks(self, *, start: int, stop: int, steps_left: int | None,
                current_step: Callable[[], jax.Array]) -> Iterator[StepInputs]:
@@ -107,29 +108,65 @@ class Feed:
         block's first call is about to run."""
         epoch_order = self.loader._order()
         size, per_call = self.loader.batch_size, self.options.batches_per_call
-        full_stop = min(stop, len(epoch_order) // size)
-        calls = max(full_stop - start, 0) // per_call
-        if steps_left is not None:
-            calls = min(calls, steps_left // self.options.steps_per_execution)
+        calls, k = self._calls(len(epoch_order), start=start, stop=stop, steps_left=steps_left)
         device_stop = start + calls * per_call
-        if calls:
-            blocks = math.ceil(calls * per_call / self.block_batches)
-            k = math.ceil(calls / blocks) * per_call  # blocks of equal size, whole calls each
-            for first in range(start, device_stop, k):
-                n = min(k, device_stop - first)
-                rows = epoch_order[first * size:(first + n) * size]
-                padded = np.resize(rows, k * size).astype(np.int32)  # repeats rows; never stepped
-                block = self._gather(self._data, padded)
-                base = self._base(current_step())
-                call_rows = per_call * size
-                for j in range(n // per_call):
-                    yield StepInputs((block, base), per_call, self.options.steps_per_execution, full=True,
-                                     rows=rows[j * call_rows:(j + 1) * call_rows], on_device=True)
+        last = None
+        for first in range(start, device_stop, max(k, 1)):
+            n = min(k, device_stop - first)
+            rows = epoch_order[first * size:(first + n) * size]
+            last = (k, rows, self._block(rows, k))
+            base = self._base(current_step())
+            call_rows = per_call * size
+            for j in range(n // per_call):
+                yield StepInputs((last[2], base), per_call, self.options.steps_per_execution, full=True,
+                                 rows=rows[j * call_rows:(j + 1) * call_rows], on_device=True)
+        if last is not None:  # every call of the epoch's blocks is dispatched
+            self._prefetch(stop, last)
         if steps_left is not None:
             steps_left -= calls * self.options.steps_per_execution
         rest = epoch_order[device_stop * size:stop * size]
         host = (self.loader._rows(rest[i:i + size]) for i in range(0, len(rest), size))
         yield from group_batches(host, self.options, steps_left=steps_left)
+
+    def _calls(self, rows: int, *, start: int, stop: int, steps_left: int | None) -> tuple[int, int]:
+        """`(calls, batches per block)`: the whole calls of batches `start..stop-1` (of an epoch of
+        `rows` rows) that run on device blocks, in blocks of equal size, whole calls each."""
+        per_call = self.options.batches_per_call
+        calls = max(min(stop, rows // self.loader.batch_size) - start, 0) // per_call
+        if steps_left is not None:
+            calls = min(calls, steps_left // self.options.steps_per_execution)
+        if not calls:
+            return 0, 0
+        blocks = math.ceil(calls * per_call / self.block_batches)
+        return calls, math.ceil(calls / blocks) * per_call
+
+    def _block(self, rows: np.ndarray, k: int) -> Any:
+        """The block `[k, batch, ...]` of `rows` (padded by repeating them: those are never
+        stepped): the one `_prefetch` gathered if it holds these rows, else gathered now."""
+        kept, self._next = self._next, None
+        if kept is not None and kept[0] == k and np.array_equal(kept[1], rows):
+            return kept[2]
+        return self._gather_rows(rows, k)
+
+    def _gather_rows(self, rows: np.ndarray, k: int) -> Any:
+        return self._gather(self._data, np.resize(rows, k * self.loader.batch_size).astype(np.int32))
+
+    def _prefetch(self, stop: int, last: tuple[int, np.ndarray, Any]) -> None:
+        """Gathers the next epoch's first block (batches `0..stop-1` of epoch `e + 1`) once this
+        epoch's calls are dispatched, before the loop reads the epoch's means: the device then
+        gathers while the host ends the epoch, instead of waiting idle for the next epoch's
+        gather (devices run their programs in order). `last` (`(k, rows, block)`, this epoch's
+        last block) is reused when it holds the same rows (no shuffle). A prefetch the next
+        epoch does not ask for (`max_steps`, a resumed position, the end of training) is dropped."""
+        order = self.loader._order(self.loader._epoch + 1)
+        calls, k = self._calls(len(order), start=0, stop=stop, steps_left=None)
+        if not calls:
+            return
+        rows = order[:min(k, calls * self.options.batches_per_call) * self.loader.batch_size]
+        if last[0] == k and np.array_equal(last[1], rows):
+            self._next = last
+        else:
+            self._next = (k, rows, self._gather_rows(rows, k))
 
     def host_inputs(self, inputs: StepInputs) -> Any:
         """On-device inputs as the host path would have given them (for hooks that read the batch)."""

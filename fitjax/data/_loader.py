@@ -185,10 +185,11 @@ class DataLoader:
         index, count = self._processes()
         return self._batches(self._order(), start, index, count)
 
-    def _order(self) -> np.ndarray:
-        """The row order of the selected epoch: a permutation when shuffling."""
+    def _order(self, epoch: int | None = None) -> np.ndarray:
+        """The row order of the selected epoch (or of `epoch`): a permutation when shuffling."""
         if self.shuffle:
-            return np.random.default_rng([self.seed, self._epoch]).permutation(self._num_examples)
+            epoch = self._epoch if epoch is None else epoch
+            return np.random.default_rng([self.seed, epoch]).permutation(self._num_examples)
         return np.arange(self._num_examples)
 
     def _batches(self, order: np.ndarray, start: int, index: int, count: int) -> Iterator[Any]:

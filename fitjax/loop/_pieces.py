@@ -1,6 +1,5 @@
 """The loop's side of the state pieces (`fitjax.step.pieces`): the epoch-start update and the end
-of training, each one jitted function with the state's shardings, compiled once per fit; and
-`Pieces`, the part of `Trainer` that ends training with them and hands the module its weights."""
+of training, each one jitted function with the state's shardings, compiled once per fit."""
 
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ import numpy as np
 from fitjax.data import checked_batches
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
-from fitjax.module import LitModule
 from fitjax.state import TrainState
 from fitjax.step import pieces as pieces_lib
 from fitjax.step.running_stats import make_running_average
 from fitjax.strategies import Strategy
 
-__all__ = ["PieceRunner", "Pieces"]
+__all__ = ["PieceRunner", "statistics_batches"]
 
 _STATS_RNG_SALT = 0x57A75  # the statistics pass draws its own keys (dropout), apart from the steps'
 
@@ -96,26 +94,9 @@ class PieceRunner:
         return average
 
 
-class Pieces:
-    """The pieces' part of `Trainer`: their end of training, the weights for the module and eval."""
-
-    def _end_pieces(self, module: LitModule, train_loader) -> None:
-        """Pieces that end training with other parameters (SWA's average) set them, and the model
-        state is recomputed with one pass over the train data when they ask (BatchNorm)."""
-        def batches():
-            if hasattr(train_loader, "set_epoch"):  # Lightning's extra epoch: the next epoch's order
-                train_loader.set_epoch(self.current_epoch)
-            limit = checks.apply_limit(self.limits["train"], _maybe_len(train_loader))
-            return itertools.islice(checked_batches(train_loader), limit)
-
-        self.state = self._pieces.end_training(self.state, self.current_epoch, module.step_spec(),
-                                               self.step_options.precision, batches)
-
-    def _sync_module(self, module: LitModule) -> None:
-        """Hands the trained variables back to the module (and into an NNX model object)."""
-        module._set_variables(pieces_lib.module_params(self.state, self.step_options.pieces),
-                              self.state.model_state)
-
-    def _eval_params(self):
-        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
-        return pieces_lib.eval_params(self.state, self.step_options.pieces)
+def statistics_batches(loader, epoch: int, limit) -> Iterable:
+    """The train batches a statistics pass at the end of training reads (Lightning's extra
+    epoch: the next epoch's order, `limit_train_batches` of them)."""
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(epoch)
+    return itertools.islice(checked_batches(loader), checks.apply_limit(limit, _maybe_len(loader)))

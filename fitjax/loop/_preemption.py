@@ -26,12 +26,14 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+import jax
+
 from fitjax import checkpoint
 from fitjax.loop._resume import Preempted
 from fitjax.plugins.environments import SLURMEnvironment
 from fitjax.strategies import StopAgreement, agree, broadcast_str
 
-__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "requeue_if_saved", "requeue_signal", "stop_on_signals", "stopped"]
+__all__ = ["RESTART_COUNT_VAR", "auto_resume_path", "requeue_job", "requeue_signal", "stop_on_signals", "stopped"]
 
 log = logging.getLogger("fitjax")
 
@@ -49,45 +51,38 @@ def requeue_signal(environment) -> signal.Signals | None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(trainer) -> Iterator[StopAgreement]:
-    """While fitting, SIGTERM (and the cluster environment's requeue signal) ask every process
-    to stop after an agreed step (`trainer._stopping`). The handlers only record the first
-    request (a SIGTERM that SLURM sends after a requeue changes nothing): saving from a handler
-    could meet the state half-donated to a running step. Installed from the main thread only
-    (Python's rule); the previous handlers are restored after."""
+def stop_on_signals(environment) -> Iterator[StopAgreement]:
+    """While fitting, SIGTERM (and the cluster `environment`'s requeue signal) ask every process
+    to stop after an agreed step: yields the fit's `StopAgreement`. The handlers only record the
+    first request (a SIGTERM that SLURM sends after a requeue changes nothing): saving from a
+    handler could meet the state half-donated to a running step. Installed from the main thread
+    only (Python's rule); the previous handlers are restored after."""
     agreement = StopAgreement()
     reasons = {signal.SIGTERM: "SIGTERM"}
-    requeue = requeue_signal(trainer.cluster_environment)
+    requeue = requeue_signal(environment)
     if requeue is not None:
         reasons[requeue] = REQUEUE
 
     def handler(signum, frame):
-        if agreement.requested is None:
-            trainer.received_sigterm = signum == signal.SIGTERM
-            agreement.request(reasons[signum])
+        agreement.request(reasons[signum])  # the first request stands
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, handler) for sig in reasons}
-    trainer._stopping = agreement
     try:
         yield agreement
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-        trainer._stopping = None
         agreement.close()
 
 
-def stopped(trainer, reason: str) -> Preempted:
-    """What the agreed stop does before fit returns: SIGTERM marks `received_sigterm` on every
-    process (checkpoint callbacks save); the requeue signal saves the hpc checkpoint, and fit
-    requeues the job when it is done (`requeue_if_saved`). Returns the exception the loop raises."""
-    # the same on every process (one may have had another signal first): a save is collective
-    trainer.received_sigterm = reason == "SIGTERM"
-    if reason == REQUEUE:
-        trainer._requeue_from = save_hpc_checkpoint(trainer)  # requeued when fit is done
-    return Preempted(f"{reason} received; stopped after step {trainer.global_step}")
+def stopped(trainer, reason: str) -> tuple[Preempted, Path | None]:
+    """What the agreed stop does before fit returns: the exception the loop raises, and for the
+    requeue signal the hpc checkpoint saved now (fit requeues the job when it is done,
+    `requeue_job`). SIGTERM's save is the checkpoint callbacks' (`trainer.received_sigterm`)."""
+    saved = save_hpc_checkpoint(trainer) if reason == REQUEUE else None
+    return Preempted(f"{reason} received; stopped after step {trainer.global_step}"), saved
 
 
 # ------------------------------------------------------------------------------ hpc checkpoint
@@ -121,18 +116,11 @@ def save_hpc_checkpoint(trainer) -> Path:
     return path
 
 
-def requeue_if_saved(trainer) -> None:
-    """At the very end of fit (callbacks' exception hooks, loggers and teardown done): requeue
-    the job when the requeue signal saved an hpc checkpoint. SLURM then sends SIGTERM and
-    ends this run, so nothing of fit's own work is left to race it."""
-    saved, trainer._requeue_from = trainer._requeue_from, None
-    if saved is not None:
-        requeue_job(trainer, saved)
-
-
-def requeue_job(trainer, saved: Path) -> None:
-    """Process 0 runs `scontrol requeue <job id>`; SLURM then ends this job and starts it again."""
-    if not trainer.is_global_zero:
+def requeue_job(saved: Path) -> None:
+    """Process 0 runs `scontrol requeue <job id>`, at the very end of fit (callbacks' exception
+    hooks, loggers and teardown done); SLURM then sends SIGTERM and ends this job (so nothing of
+    fit's own work is left to race it) and starts it again."""
+    if jax.process_index() != 0:
         return
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job_id = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")

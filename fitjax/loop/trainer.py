@@ -1,22 +1,31 @@
 """`Trainer`: its public surface and the loop's outline. `fit` reads top to bottom: build, then
 epochs of steps, logs and validation.
 
-The Trainer's other parts are its base classes, beside it in `fitjax.loop`; they read and write
-the same attributes (the state, the compiled steps, the loop's one `Progress`):
-`evaluation` (validate, test, predict and fit's validations), `_train_data` (fit's loaders,
-an epoch's batches and chunks), `_logs` (values to the loggers and `callback_metrics`),
-`_pieces` (the state pieces' epoch and end-of-training work), `_resume` (`save_checkpoint`, what
-a checkpoint records, exact resume). Parts that are values, not base classes: `config` (the
-loop's arguments, checked once and frozen: `self._config`, read through the Lightning-named
-properties), `_schedule` (functions of the configuration and the progress: when training ends, a
-stop is obeyed, validation is due; the loop assigns `should_stop`). `_checks` holds the checks.
+The Trainer has no base classes: its parts, beside it in `fitjax.loop`, are built with what
+they need and return values; the loop (this file) is the only writer of what lives for a fit.
+
+    config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
+                          through the Lightning-named properties (`_checks`, `_arguments`)
+    progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
+    _schedule             functions of (configuration, progress): when training ends, a stop is
+                          obeyed, validation is due; the loop assigns `should_stop`
+    fit_run.FitRun        what one fit holds (module, loaders, feed, train state, compiled
+                          programs, validation counters, stop agreement); dies with the fit
+    fit_run.Built         what fit/validate/test/predict built for a module, kept for the next call
+    train_feed.TrainFeed  an epoch's batches and chunks (on the devices or prefetched), the
+                          loader's positions, each accumulation count's steps (`fit_loaders`)
+    metric_log.MetricLog  `callback_metrics`, `logged_metrics`, `progress_bar_metrics`, the
+                          train log windows and the epoch's means; the loop says when to fetch
+    evaluation            what validate, test, predict and fit's validations run
+    _resume               what a checkpoint records (`ResumePoint.to_meta/from_meta`)
+    _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
+    _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
 
 Sync points (where the host waits for the device) are marked; there is none per step.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import itertools
@@ -29,25 +38,25 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fitjax import _seed
+from fitjax import _logged, _seed, checkpoint
 from fitjax import step as step_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _preemption, _resume
+from fitjax.loop import _pieces, _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks
-from fitjax.loop._logs import Logs
-from fitjax.loop._pieces import PieceRunner, Pieces
-from fitjax.loop._resume import Checkpoints
+from fitjax.loop._pieces import PieceRunner
 from fitjax.loop import _schedule as schedule
-from fitjax.loop._train_data import TrainData
 from fitjax.loop.config import LoopConfig
-from fitjax.loop.evaluation import EvalStages
+from fitjax.loop.metric_log import MetricLog
+from fitjax.loop import evaluation
+from fitjax.loop.fit_run import Built, FitRun
+from fitjax.loop.train_feed import TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
-from fitjax.loop.stage import Stage
+from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule, Feed, check_fit_data, feed_for
+from fitjax.data import DataModule, check_fit_data
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
@@ -60,7 +69,7 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
+class Trainer:
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -264,32 +273,16 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
         self.should_stop = False
-        self.state: TrainState | None = None
-        self._callback_metrics: HostMetrics = {}
-        self.logged_metrics: HostMetrics = {}
-        self.progress_bar_metrics: HostMetrics = {}
+        # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
+        self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
+                                     progress=ProgressView(self._progress), on_window_logged=self._progress.logged)
         self.num_val_batches: list[int | None] = []
-        self._compiled: step_lib.Compiled | None = None
-        self._step_flops: tuple[float | None] | None = None
-        self._module_for_compiled: LitModule | None = None
-        self._epoch_acc: dict[str, np.ndarray] = {}
-        self.received_sigterm = False
-        self._stopping = None  # while fitting: the processes' agreement on a stop step (`_preemption`)
+        self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
+        self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
-        self._requeue_from = None  # the hpc checkpoint a requeue signal saved: requeue once fit is done
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
-        self._val_every: int | None = None  # validate every this many batches (None: at epoch ends)
-        self._last_val_time = 0.0  # when fit's last validation ended (time.monotonic)
-        self._loader_hooks: dict = {}  # fit's loader hooks ("train", "val"), for reload_dataloaders_every_n_epochs
-        self._positions = _resume.BatchPositions()  # the loader's state after each drawn batch
-        self._resume_at = 0  # the batch a resumed epoch starts at
-        self._feed: Feed | None = None  # the train data kept on the devices, if it is
-        self._accumulation_steps: dict = {}  # an accumulation schedule's steps and feed per count, in fit
-        self._pieces: PieceRunner | None = None  # the step pieces' epoch and end-of-training work
-        self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
-        self._latest_step: dict | None = None  # the last train step's values, on the device (`callback_metrics`)
-        self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
-        self._built_from: checks.BuiltFrom | None = None  # the batch the compiled steps were built from
+        self._run: FitRun | None = None  # while fitting: everything that lives for the fit
+        self._built: Built | None = None  # what the last fit/validate/test/predict built, for the next
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------ the configuration (read-only)
@@ -423,7 +416,51 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
     def accumulate_grad_batches(self) -> int:
         """Batches per optimizer step now (Lightning's; a `GradientAccumulationScheduler` changes
         it at the epochs it names)."""
-        return self.step_options.accumulate_grad_batches
+        return self._step_options_now.accumulate_grad_batches
+
+    @property
+    def _step_options_now(self) -> step_lib.StepOptions:
+        """The step options of the current epoch (an accumulation schedule changes the count),
+        or of the last one trained once fit is done."""
+        if self._run is not None:
+            return self._run.feed.options
+        return self._built.compiled.options if self._built is not None else self.step_options
+
+    @property
+    def state(self) -> TrainState | None:
+        """The train state (`fitjax.TrainState`: params, optimizer state, model state, rng,
+        step, extras): the fit's while it runs, the last fit's after it; None before any fit
+        (and after an evaluation stage that built programs for another module)."""
+        if self._run is not None:
+            return self._run.state
+        return self._built.state if self._built is not None else None
+
+    @property
+    def received_sigterm(self) -> bool:
+        """True once SIGTERM asked this fit to stop (Lightning's flag); after the processes
+        agreed on the stop, True on all of them when the agreed reason was SIGTERM."""
+        if self._sigterm is not None:
+            return self._sigterm
+        return self._run is not None and self._run.stopping.requested == "SIGTERM"
+
+    @property
+    def _compiled(self) -> step_lib.Compiled | None:
+        """The compiled programs in use (the fit's, else the last built)."""
+        if self._run is not None and self._run.compiled is not None:
+            return self._run.compiled
+        return self._built.compiled if self._built is not None else None
+
+    @property
+    def _built_from(self) -> checks.BuiltFrom | None:
+        if self._run is not None and self._run.compiled is not None:
+            return self._run.built_from
+        return self._built.built_from if self._built is not None else None
+
+    @property
+    def _module_for_compiled(self) -> LitModule | None:
+        if self._run is not None and self._run.compiled is not None:
+            return self._run.module
+        return self._built.module if self._built is not None else None
 
     @property
     def global_step(self) -> int:
@@ -452,11 +489,18 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
         the window at its next step). The loop itself and the progress bar never read it per step.
         """
-        # the window's values join the latest values now (the same update the loop makes when it
-        # logs the window); the dict itself is returned, as Lightning's callbacks update it
-        self._callback_metrics.update(self._pending_callback_metrics())
-        self._callback_metrics.update(self._latest_step_metrics())  # newer than any window
-        return self._callback_metrics
+        return self._metric_log.callback_metrics
+
+    @property
+    def logged_metrics(self) -> HostMetrics:
+        """The latest value of every key written to the loggers (Lightning's)."""
+        return self._metric_log.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> HostMetrics:
+        """The values the progress bar shows: the train window's last means and what was
+        logged with `prog_bar=True` (Lightning's)."""
+        return self._metric_log.progress_bar_metrics
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -477,16 +521,21 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
                 "trainer.estimated_stepping_batches is known once Trainer.fit has its train data: "
                 "read it from on_fit_start, configure_optimizer or later."
             )
-        per_epoch = math.ceil(batches / self.step_options.accumulate_grad_batches)
+        per_epoch = math.ceil(batches / self.accumulate_grad_batches)
         return min(per_epoch * self.max_epochs, limited_steps)
 
     def _host_variables(self, module: LitModule) -> tuple | None:
         """`(params, model_state, rng)` host calls of the model use now: the train state's (its
         eval parameters outside train mode), else the module's own; None before either exists."""
-        if self.state is not None and self._module_for_compiled is module:
-            params = self.state.params if module.training else self._eval_params()
-            return params, self.state.model_state, self.state.rng
+        state = self.state
+        if state is not None and self._module_for_compiled is module:
+            params = state.params if module.training else self._eval_params()
+            return params, state.model_state, state.rng
         return module._own_variables()
+
+    def _eval_params(self):
+        """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
+        return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
 
     def train_step_flops(self) -> float | None:
         """Floating-point operations of one optimizer step on each device, as XLA counts them.
@@ -499,14 +548,22 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
         counted.
         """
-        if self._compiled is None or self._compiled.train_step_cost is None:
+        compiled = self._compiled
+        if compiled is None or compiled.train_step_cost is None:
             raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
                                "step: read it from on_fit_start or later.")
         if self._step_flops is None:
-            flops = self._compiled.train_step_cost().get("flops")
+            flops = compiled.train_step_cost().get("flops")
             self._step_flops = (None if flops is None or flops <= 0
-                                else flops / self.step_options.steps_per_execution,)
+                                else flops / compiled.options.steps_per_execution,)
         return self._step_flops[0]
+
+    def _call(self, hook: str, module: LitModule, *args: Any, log: bool = True) -> None:
+        """Calls `hook` on the module and the callbacks; logs what the module's hook passed to
+        `self.log` (host values, under the names given), unless `log` is False (sanity check)."""
+        logged = self._hooks.call(hook, self, module, *args)
+        if logged and log:
+            self._metric_log.log_hook(logged, owner=type(module).__name__, hook=hook)
 
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
@@ -560,14 +617,14 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                                       self.cluster_environment))
-        train_loader, val_loaders = self._fit_loaders(module, train_data, val_data, datamodule)
-        check_fit_data(train_loader, val_loaders, shards=self.strategy.num_batch_shards,
+        loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
+        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                        accumulate=self.step_options.accumulate_grad_batches)
-        if schedule.validation_enabled(self._config, val_loaders):  # a fraction keeping no batch: an error now
-            for loader in val_loaders:
+        if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
+            for loader in loaders.val:
                 checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            check_dataloader_idx(module, "val", several=len(val_loaders) > 1)
+            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
         ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
         for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -576,94 +633,141 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
         self._hooks.call("setup", self, module, "fit")
         self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
         hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
+        self._sigterm = None
+        feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
+                         options=self._epoch_options(self.current_epoch))
+        run = None
         try:
-            with _preemption.stop_on_signals(self), self._compile_times, self.step_options.precision.context(), \
-                    module._mode(True):  # Lightning's train mode for the host hooks
-                self._fit(module, train_loader, val_loaders, ckpt_path)
+            with _preemption.stop_on_signals(self.cluster_environment) as stopping, self._compile_times, \
+                    self.step_options.precision.context(), module._mode(True):  # Lightning's train mode for hooks
+                run = self._run = FitRun(module, loaders, feed, stopping)
+                self._fit(run, ckpt_path)
         except BaseException as exc:
             self._hooks.call("on_exception", self, module, exc)
             stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
-            self._finalize_loggers("interrupted" if stopped else "failed")
+            self._metric_log.finalize("interrupted" if stopped else "failed")
             if isinstance(exc, _resume.Preempted):
                 return  # saved by the checkpoint callbacks: a clean stop
             raise
         finally:
-            self._feed = None  # the train data's copy on the devices
-            self._accumulation_steps = {}  # and the copies an accumulation schedule kept
-            self._windows.clear()  # values of an interrupted window are not logged
-            self._latest_step = self._latest_step_host = None
+            self._metric_log.end_fit()  # values of an interrupted window are not logged
             self._hooks.call("teardown", self, module, "fit")
             self._hooks = hooks
             self._stage = Stage()
+            self._run = None  # the fit's data on the devices, its feeds and counters go with it
+            if run is not None:
+                self._built = run.built() or self._built
             self.profiler.describe()
             self.profiler.teardown("fit")
-            _preemption.requeue_if_saved(self)  # last: SLURM ends this job once it is requeued
-        self._finalize_loggers("success")
+            if run is not None and run.requeue_from is not None:
+                _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
+        self._metric_log.finalize("success")
 
-    def _fit(self, module: LitModule, train_loader, val_loaders, ckpt_path=None) -> None:
+    def _fit(self, run: FitRun, ckpt_path=None) -> None:
+        module, feed = run.module, run.feed
         self.should_stop = False
-        self._latest_step = self._latest_step_host = None
-        first, epoch_iter = self._first_batch(train_loader)
-        self._accumulation_steps = {}  # each count's train steps, compiled once (an accumulation schedule)
-        self._set_epoch_accumulation(None)  # epoch 0's count: what the steps are built with
+        first, epoch_iter = feed.first_batch(self.current_epoch)
+        self._progress.batches_in_epoch = feed.batches_in_epoch
+        self._train_size_known = True
         with self.profiler.profile("[build] state and programs"):
-            self.state, self._compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
-                                                        options=self.step_options)
-        self._module_for_compiled = module
-        self._step_flops = None  # (flops,) once `train_step_flops` has compiled its analysis
-        self._built_from = checks.BuiltFrom.of(first, "the first train batch")
-        self._pieces = PieceRunner(self.step_options.pieces, self.strategy, self._compiled.state_shardings)
-        self._feed = feed_for(train_loader, self.strategy, options=self.step_options,
-                                             params=self.state.params)
+            run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
+                                                     options=feed.options)
+        self._step_flops = None
+        self._metric_log.begin_fit(run.compiled.log_specs)
+        run.built_from = checks.BuiltFrom.of(first, "the first train batch")
+        run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)
+        feed.keep_on_devices(run.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
-            epoch_iter = _resume.resume_fit(self, module, train_loader, ckpt_path)
+            epoch_iter = self._resume_fit(run, ckpt_path)
         for logger in self.loggers:
             logger.log_hyperparams(dict(module.hparams))
-        self._val_every = schedule.val_check_batches(self._config, self.num_training_batches, val_loaders)
+        run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)
         self._call("on_fit_start", module)
-        self._sanity_check(module, val_loaders)
+        self._sanity_check(run)
         if not schedule.skip_training(self._config, self.progress, should_stop=self.should_stop):
-            self._last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
+            run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
             self._call("on_train_start", module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
             while not schedule.done_training(self._config, self.progress, should_stop=self.should_stop):
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
-                    train_loader, val_loaders = self._reload_loaders(train_loader, val_loaders)
+                    self._reload_loaders(run)
                     loaded_at, epoch_iter = self.current_epoch, None
-                    self._val_every = schedule.val_check_batches(self._config, self.num_training_batches, val_loaders)
-                self._train_epoch(module, train_loader, val_loaders, epoch_iter)
+                self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
-            self._end_pieces(module, train_loader)
-            self._sync_module(module)
+            run.state = run.pieces.end_training(
+                run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
+                lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
+            self._sync_module(module, run.state)
             self._call("on_train_end", module)
         else:
-            self._sync_module(module)
+            self._sync_module(module, run.state)
         self._call("on_fit_end", module)
 
-    def _train_epoch(self, module: LitModule, train_loader, val_loaders, epoch_iter) -> None:
+    def _resume_fit(self, run: FitRun, path) -> Iterable:
+        """Restores the train state, the progress, callbacks and loggers from checkpoint `path`;
+        returns the batches of the epoch it stopped in, from the first one not yet stepped."""
+        meta = checkpoint.read_meta(path)
+        if self.is_global_zero:  # Lightning's line, with where the run stood
+            log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
+        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision})
+        point = _resume.ResumePoint.from_meta(meta)
+        point.restore(self._progress)
+        run.resume_at = point.batches_done
+        self._metric_log.start_epoch(point.epoch_accumulators())
+        _resume.call_load_hooks(self, run.module, meta, self._hooks.overriding("on_load_checkpoint"))
+        _resume.load_states(meta, self.callbacks, self.loggers)
+        _resume.warn_unpositioned(path, point, run.feed.loader)
+        return run.feed.epoch_batches(self._progress.epoch, start=point.batches_done, state=point.loader)
+
+    def _epoch_options(self, epoch: int) -> step_lib.StepOptions:
+        """The step options of train epoch `epoch`: an accumulation schedule's count then."""
+        if self._accumulation is None:
+            return self.step_options
+        k = self._accumulation.get_accumulate_grad_batches(epoch)
+        return dataclasses.replace(self.step_options, accumulate_grad_batches=k)
+
+    def _reload_due(self, loaded_at: int) -> bool:
+        n = self.reload_dataloaders_every_n_epochs
+        return bool(n) and self.current_epoch - loaded_at >= n and self._run.loaders.reloadable
+
+    def _reload_loaders(self, run: FitRun) -> None:
+        """The loaders asked for again from the hooks they came from (Lightning's
+        `reload_dataloaders_every_n_epochs`), with the epoch's batch count and device feed."""
+        run.loaders = run.loaders.reloaded(bool(self.overfit_batches))
+        run.feed = run.feed.replaced(run.loaders.train, run.state.params)
+        self._progress.batches_in_epoch = run.feed.batches_in_epoch
+        run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
+
+    def _train_epoch(self, run: FitRun, epoch_iter) -> None:
         """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
-        offset, self._resume_at = self._resume_at, 0  # > 0 for an epoch resumed mid-way
-        if not offset:
-            self._epoch_acc = {}
+        module, feed, val_loaders = run.module, run.feed, run.loaders.val
+        offset, run.resume_at = run.resume_at, 0  # > 0 for an epoch resumed mid-way
+        if not offset:  # a resumed epoch's means start from the checkpoint's accumulators
+            self._metric_log.start_epoch()
         self._progress.start_epoch(offset)
-        self._set_epoch_accumulation(train_loader)  # with a schedule: this epoch's count and steps
+        options = self._epoch_options(self.current_epoch)
+        if options != feed.options:  # an accumulation schedule's count for this epoch: its own steps
+            run.compiled = feed.use_options(options, run.compiled, run.state.params)
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
-            self.state = self._pieces.epoch_start(self.state, self.current_epoch)
+            run.state = run.pieces.epoch_start(run.state, self.current_epoch)
         self._call("on_train_epoch_start", module)
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
-        hook_batch = self._hook_batch_maker()
+        hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start")
+                                           or self._hooks.needs_batch("on_train_batch_end"))
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
-        block_step, train_step, tail_step = (wrap(self._compiled.block_step), wrap(self._compiled.train_step),
-                                             wrap(self._compiled.train_tail_step))
+        compiled = run.compiled
+        block_step, train_step, tail_step = (wrap(compiled.block_step), wrap(compiled.train_step),
+                                             wrap(compiled.train_tail_step))
         batch_idx = offset - 1
         progress = self.progress  # a live, read-only view: what the schedule reads
         steps_left = None if self.max_steps is None else self.max_steps - self.global_step
         ran_out = True
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
-        chunks = self._train_chunks(train_loader, epoch_iter, start=offset, steps_left=steps_left)
+        chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
+                             current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
@@ -674,47 +778,48 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
             else:
                 step_fn = train_step if chunk.full else tail_step
             try:
-                self.state, outputs = step_fn(self.state, chunk.inputs)  # async dispatch
+                run.state, outputs = step_fn(run.state, chunk.inputs)  # async dispatch
             except Exception as err:
-                self._explain_train_failure(err, chunk, batch_idx)
+                self._explain_train_failure(run, err, chunk, batch_idx)
                 raise
-            self._latest_step = outputs  # a reference: read only if `callback_metrics` is
+            self._metric_log.step_done(outputs)  # a reference: read only if `callback_metrics` is
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
-            self._read_arrived_windows()  # the log steps' values that have arrived
+            self._metric_log.read_arrived()  # the log steps' values that have arrived
             if self.step_options.detect_anomaly:  # sync point: every step, a debugging mode
                 outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
                                                        epoch=self.current_epoch, num_steps=chunk.num_steps)
             synced = self.progress.crossed(self.log_every_n_steps)
             if synced:
-                self._start_train_window()  # no wait: read at a later step (`_windows`)
+                run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
             if wants_batch_end:
                 self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
             # a signal's stop: every process after the same step (`_preemption`)
-            if (reason := self._stopping.reached(self.global_step)) is not None:
-                raise _preemption.stopped(self, reason)
+            if (reason := run.stopping.reached(self.global_step)) is not None:
+                self._sigterm = reason == "SIGTERM"  # the same on every process: a save is collective
+                stop, run.requeue_from = _preemption.stopped(self, reason)
+                raise stop
             stop = self._agree_on_stop(synced=synced)
             if schedule.val_due(self._config, progress, val_loaders, stop=stop, synced=synced,
-                                val_every=self._val_every, last_val_time=self._last_val_time):
-                self._validate_during_fit(module, val_loaders)
-                self._last_val_time = time.monotonic()  # a duration counts from here (Lightning's, after its hooks)
+                                val_every=run.val_every, last_val_time=run.last_val_time):
+                self._validate_during_fit(run)
                 stop = self._agree_on_stop(synced=True)
             if (stop and schedule.can_stop_early(self._config, progress)) or schedule.max_steps_reached(
                     self._config, progress):
                 ran_out = False
                 break
-        if (ran_out and self._val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
+        if (ran_out and run.val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
                 and not schedule.time_based(self._config)):
-            self._validate_during_fit(module, val_loaders)  # data without a length: at its end
+            self._validate_during_fit(run)  # data without a length: at its end
         self._end_train_epoch(module)
 
-    def _explain_train_failure(self, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
+    def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
         """Raises naming the train batch when it is shaped unlike the one the model was built from."""
         if chunk.on_device:  # batches of one block: shaped alike
             return
-        inputs = chunk.inputs[0] if self.step_options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
+        inputs = chunk.inputs[0] if run.feed.options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
         first = last - chunk.num_batches + 1
         which = f"batch {last}" if first == last else f"batches {first}-{last}"
-        self._built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
+        run.built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
 
     def _agree_on_stop(self, *, synced: bool) -> bool:
         """`should_stop` as every process sees it (`schedule.agreed_stop`): compared at sync points
@@ -727,7 +832,8 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
 
     def _end_train_epoch(self, module: LitModule) -> None:
         """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
-        self._log_train_epoch()
+        run = self._run
+        run.state = self._metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
         self._progress.epoch_end_done = True
         self._call("on_train_epoch_end", module)
         self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
@@ -736,3 +842,234 @@ class Trainer(EvalStages, Logs, TrainData, Pieces, Checkpoints):
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
         self._progress.end_epoch()
+
+    def _sync_module(self, module: LitModule, state: TrainState) -> None:
+        """Hands the trained variables back to the module (and into an NNX model object)."""
+        module._set_variables(step_lib.pieces.module_params(state, self.step_options.pieces), state.model_state)
+
+    # ------------------------------------------------------------------ evaluation stages
+
+    def validate(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+                 ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
+                 model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"val/loss": ..., "val/<metric>": ...}]`, with
+        what the module's hooks logged during the validation (`on_validation_epoch_end`).
+
+        `data` may be several loaders (a list, tuple or dict of them): Lightning's result, one
+        dict per loader, each with its own `<key>/dataloader_idx_<i>` values and the values
+        logged outside the steps. `ckpt_path` ("last", "best" or a checkpoint folder) evaluates
+        those weights instead.
+        `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        Lightning's spellings work too (`model=`, `dataloaders=`, a datamodule as `data`, the
+        module's own `val_dataloader()`); without a module, the last fit's from its best
+        checkpoint.
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="val",
+                                    model=model, dataloaders=dataloaders)
+
+    def test(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+             ckpt_path: str | os.PathLike | None = None, verbose: bool = True,
+             model: LitModule | None = None, dataloaders: Any = None) -> list[HostMetrics]:
+        """Evaluates `module` on `data`; returns `[{"test/loss": ..., "test/<metric>": ...}]`
+        (one dict per loader, as `validate`).
+
+        `verbose=False`: the progress bar prints no results line (Lightning's `verbose`).
+        Lightning's spellings work as in `validate` (`test_dataloader()` on the module).
+        """
+        return self._run_eval_stage(module, data, datamodule, ckpt_path, verbose, stage="test",
+                                    model=model, dataloaders=dataloaders)
+
+    @in_precision
+    def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
+                        model=None, dataloaders=None) -> list[HostMetrics]:
+        name = {"val": "validate", "test": "test"}[stage]
+        module, data, datamodule, ckpt_path = self._stage_arguments(name, module, model, data, dataloaders,
+                                                                    datamodule, ckpt_path)
+        if not isinstance(verbose, bool):
+            raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
+
+    def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
+        loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
+        check_dataloader_idx(module, stage, several=len(loaders) > 1)
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
+        hook = {"val": "validation", "test": "test"}[stage]
+        before, self._stage = self._stage, Stage(name, verbose=verbose)
+        self._hooks.call("setup", self, module, name)
+        try:
+            variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
+            if stage == "val":
+                self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
+            earlier = dict(self._metric_log.callback_metrics)
+            self._call(f"on_{hook}_start", module)
+            self._call(f"on_{hook}_epoch_start", module)
+            evaluated = evaluation.evaluate(self, module, self._compiled, self._built_from, self._hooks, loaders,
+                                            *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases)
+            self._call(f"on_{hook}_epoch_end", module)
+            self._call(f"on_{hook}_end", module)
+            logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
+        finally:
+            self._hooks.call("teardown", self, module, name)
+            self._stage = before
+        for logger in self.loggers:
+            logger.save()
+        if len(loaders) == 1:
+            return [logged]
+        return [_logged.of_loader(logged, i) for i in range(len(loaders))]
+
+    @in_precision
+    def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
+                ckpt_path: str | os.PathLike | None = None, model: LitModule | None = None,
+                dataloaders: Any = None, return_predictions: bool | None = None) -> Any:
+        """Runs `module.predict_step` over `data`; returns host (numpy) outputs concatenated in
+        input order, every example exactly once (the padding of a last partial batch removed).
+        With several processes, every process returns all of them (gathered from the others).
+
+        Lightning's spellings work as in `validate` (`predict_dataloader()` on the module);
+        `return_predictions=False` returns None."""
+        module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
+                                                                    datamodule, ckpt_path)
+        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+            host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
+        if not host or return_predictions is False:
+            return None
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
+        loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
+                                          several=False)[0]
+        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+        before, self._stage = self._stage, Stage("predict")
+        self._hooks.call("setup", self, module, "predict")
+        try:
+            variables = self._eval_variables(module, loader, "predict", ckpt_path)
+            self._hooks.call("on_predict_start", self, module)
+            host = evaluation.predict_batches(self, module, self._compiled, self._built_from, self._hooks, loader,
+                                              variables, limit=self.limits["predict"], strategy=self.strategy,
+                                              keep=keep)
+            self._hooks.call("on_predict_end", self, module)
+        finally:
+            self._hooks.call("teardown", self, module, "predict")
+            self._stage = before
+        return host
+
+    def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
+        """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
+        module = _arguments.either(method, "module", module, "model", model)
+        data = _arguments.either(method, "data", data, "dataloaders", dataloaders)
+        if _arguments.is_datamodule(data) and datamodule is None:
+            datamodule, data = data, None
+        module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
+        checks.check_module(module, method)
+        self._lightning_module = module
+        module.trainer = self
+        return module, data, datamodule, ckpt_path
+
+    def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None) -> tuple:
+        """Sharded `(params, model_state, rng)` for eval: the last fit's when it fitted `module`,
+        else built from the stage's first batch (from `ckpt_path` when given)."""
+        state = self.state
+        if ckpt_path is None and state is not None and self._module_for_compiled is module:
+            return self._eval_params(), state.model_state, state.rng
+        variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy, seed=self.seed,
+                                                      options=self.step_options, limit=self.limits[stage])
+        if ckpt_path is not None:
+            variables = evaluation.load_weights(self, module, variables, ckpt_path,
+                                                self._hooks.overriding("on_load_checkpoint"))
+        else:
+            evaluation.warn_unfitted(module, stage)
+        module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
+        return variables
+
+    def _sanity_check(self, run: FitRun) -> None:
+        """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
+        before training, with the validation hooks (`trainer.sanity_checking` is True); nothing
+        is logged."""
+        module, val_loaders = run.module, run.loaders.val
+        if not self.num_sanity_val_steps or not schedule.validation_enabled(self._config, val_loaders):
+            return
+        limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
+        try:
+            with module._mode(False):  # Lightning's eval mode
+                self._call("on_sanity_check_start", module)
+                self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
+                self._call("on_validation_start", module, log=False)
+                self._call("on_validation_epoch_start", module, log=False)
+                evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks, val_loaders,
+                                    self._eval_params(), run.state.model_state, run.state.rng, stage="val",
+                                    limit=limit or self.limits["val"], strategy=self.strategy)
+                self._call("on_validation_epoch_end", module, log=False)
+                self._call("on_validation_end", module, log=False)
+        finally:
+            self._stage = before
+        self._call("on_sanity_check_end", module)
+
+    def _validate_during_fit(self, run: FitRun) -> None:
+        """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
+        module = run.module
+        self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
+        with self.profiler.profile("[loop] validation"), module._mode(False):
+            self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
+            self._call("on_validation_start", module)
+            self._call("on_validation_epoch_start", module)
+            evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
+                                            run.loaders.val, self._eval_params(), run.state.model_state,
+                                            run.state.rng, stage="val", limit=self.limits["val"],
+                                            strategy=self.strategy)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar)
+            self._progress.last_validated = self._progress.position
+            self._call("on_validation_epoch_end", module)
+            self._call("on_validation_end", module)
+        run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
+
+    # ------------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
+        """Saves the train state and the loop's progress as the checkpoint folder `filepath`,
+        now (waits until it is written). Every process calls it, as in Lightning.
+
+        `Trainer.fit(ckpt_path=filepath)` resumes from it exactly, `LitModule.load_from_checkpoint`
+        reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
+        `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
+        """
+        filepath = checks.checkpoint_path("save_checkpoint", filepath)
+        if weights_only:
+            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
+                             "checkpoint holds the whole train state; load weights only with "
+                             "`LitModule.load_from_checkpoint(path)`.")
+        if self.state is None or self._module_for_compiled is None:
+            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
+                               "call it during or after Trainer.fit.")
+        path = checkpoint.local_path(filepath)  # a local folder or a store URL
+        if path.exists():
+            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+        checkpoint.prepare(path.parent)
+        writer = checkpoint.writer()  # the process's one writer, after the saves queued before
+        self.record_save()
+        writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
+        writer.wait()  # written (and its failure raised) before returning
+
+    def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
+        """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
+        loop's progress (with this position as the last saved), the data position, callback and
+        logger states, hyperparameters. A read: it changes nothing (`record_save` acts)."""
+        progress = self._progress
+        stopped = self.should_stop or (self.max_steps is not None and progress.global_step >= self.max_steps)
+        positions = (self._run.feed.positions if self._run is not None
+                     else self._built.positions if self._built is not None else None)
+        point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
+                                       loader_state=positions.state_after if positions else lambda done: None)
+        return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+                                precision=self.precision, pieces=self.step_options.pieces,
+                                save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+
+    def record_save(self) -> None:
+        """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:
+        the train log window on its way is logged (its rows reach the loggers and the epoch's
+        means, which the checkpoint holds), and the position becomes the last saved one
+        (`trainer.progress.last_saved`). Whoever saves calls it, as `ModelCheckpoint` does."""
+        self._metric_log.finish_windows()
+        self._progress.last_saved = self._progress.position

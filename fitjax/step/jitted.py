@@ -25,7 +25,7 @@ from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
-__all__ = ["Built", "Compiled", "EvalStep", "block_sharding", "build", "check_optimizer", "train_step_cost"]
+__all__ = ["Compiled", "EvalStep", "StepBuild", "block_sharding", "build", "check_optimizer", "train_step_cost"]
 
 
 class EvalStep(NamedTuple):
@@ -92,7 +92,7 @@ class Compiled:
         return self.eval_steps[stage]
 
 
-class Built(NamedTuple):
+class StepBuild(NamedTuple):
     """What `build` gives: the sharded train state and the jitted programs built for it."""
 
     state: TrainState
@@ -128,7 +128,7 @@ def _abstract(batch: Batch) -> Batch:
 
 
 def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purpose: str = "fit",
-          options: StepOptions = StepOptions()) -> Built:
+          options: StepOptions = StepOptions()) -> StepBuild:
     """Initialises (or reuses) the module's variables and makes the jitted programs for
     `purpose`: "fit" (train, eval and predict), "eval" or "predict".
 
@@ -210,7 +210,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 
     compiled = Compiled(shardings, options, log_specs, predict_step, {"val": val, "test": test},
                         loader_eval_step=loader_eval_step if loader_index.read else None, **programs)
-    return Built(state, compiled)
+    return StepBuild(state, compiled)
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings

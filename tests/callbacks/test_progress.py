@@ -18,7 +18,7 @@ from helpers import Regressor, quiet_trainer, regression_data
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import fitjax as fj
-from fitjax import _log_fetch as fitjax_log_fetch
+from fitjax.loop import _log_fetch as fitjax_log_fetch
 
 
 class Marked(Regressor):

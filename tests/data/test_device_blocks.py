@@ -90,3 +90,34 @@ def test_a_large_step_on_cpu_takes_host_batches(monkeypatch):
     monkeypatch.setattr(_resident, "CPU_STEP_FLOPS", 6 * parameters * 32 - 1)
     _, xs, compiles, _ = _fit(fj.DataLoader(data, batch_size=32), max_epochs=1)
     assert compiles["gather"] == 0 and len(xs) == 2
+
+
+@pytest.mark.parametrize("shuffle, gathered_at_epoch_ends", [(True, [2, 3, 4]), (False, [1, 1, 1])])
+def test_the_next_epochs_block_is_gathered_before_the_epoch_ends(monkeypatch, shuffle, gathered_at_epoch_ends):
+    """Once an epoch's calls are dispatched, the next epoch's first block is gathered, before the
+    loop waits for the epoch's means (the device gathers while the host ends the epoch); without
+    a shuffle the next epoch's block is this one. The numbers stay those of host batches."""
+    from fitjax.data import _device_blocks
+
+    gathered = []
+    gather_rows = _device_blocks.Feed._gather_rows
+
+    def counting(self, rows, k):
+        gathered.append(len(rows))
+        return gather_rows(self, rows, k)
+
+    monkeypatch.setattr(_device_blocks.Feed, "_gather_rows", counting)
+    at_epoch_end = []
+
+    class AtEpochEnd(fj.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            at_epoch_end.append(len(gathered))
+
+    data = regression_data(n=256)
+    module = Regressor()
+    quiet_trainer(max_epochs=3, callbacks=[AtEpochEnd()]).fit(
+        module, fj.DataLoader(data, batch_size=32, shuffle=shuffle, seed=3))
+    assert at_epoch_end == gathered_at_epoch_ends
+    host = Regressor()
+    quiet_trainer(max_epochs=3).fit(host, HostBatches(fj.DataLoader(data, batch_size=32, shuffle=shuffle, seed=3)))
+    assert_trees_close(module.variables, host.variables, rtol=0, atol=0)

@@ -23,8 +23,14 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 from jax.experimental import multihost_utils  # noqa: E402
 
 import fitjax as fj  # noqa: E402
-from helpers import LossHistory, Regressor  # noqa: E402
+from helpers import LossHistory, Regressor, regression_data  # noqa: E402
 from multiprocess_data import STRATEGIES, fit_and_predict  # noqa: E402
+
+
+class StopOnOne(fj.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == 3 and jax.process_index() == 1:
+            trainer.should_stop = True
 
 
 def main(out_dir: Path) -> None:
@@ -49,6 +55,11 @@ def main(out_dir: Path) -> None:
             "log_dir": str(trainer.log_dir),
         }
     results["agree"] = [trainer.agree(jax.process_index() == 1), trainer.agree(False)]
+    # a stop asked on process 1 only, at step 3 (between log steps): obeyed by both at step 4
+    stopping = fj.Trainer(num_nodes=2, max_epochs=3, log_every_n_steps=2, callbacks=[StopOnOne()], logger=False,
+                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    stopping.fit(Regressor(), fj.DataLoader(regression_data(n=256), batch_size=32))  # 8 steps an epoch
+    results["stopped"] = (stopping.global_step, stopping.should_stop)
     with open(out_dir / f"process_{jax.process_index()}.pkl", "wb") as f:
         pickle.dump(results, f)
 

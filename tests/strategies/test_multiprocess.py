@@ -87,3 +87,10 @@ def test_only_process_zero_writes_logs_and_progress(two_processes):
 def test_a_flag_raised_on_one_process_is_agreed_by_all(two_processes):
     _, _, results, _ = two_processes
     assert [r["agree"] for r in results] == [[True, False], [True, False]]
+
+
+def test_a_stop_asked_on_one_process_is_obeyed_by_all_at_the_next_sync_point(two_processes):
+    """`trainer.should_stop` set on process 1 only at step 3 is compared at the next log step
+    (log_every_n_steps=2): both processes stop after step 4, with `should_stop` True."""
+    _, _, results, _ = two_processes
+    assert [r["stopped"] for r in results] == [(4, True), (4, True)]

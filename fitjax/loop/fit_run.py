@@ -1,0 +1,76 @@
+"""What lives for one `Trainer.fit` and dies with it (`FitRun`), and what fit, validate, test
+or predict built for a module and leave behind for the next call (`Built`).
+
+The loop (`trainer.py`) is the only writer of both: the other parts of `fitjax.loop` take what
+they need as arguments and return values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from fitjax import step as step_lib
+from fitjax.loop._checks import BuiltFrom
+from fitjax.loop._pieces import PieceRunner
+from fitjax.loop.train_feed import BatchPositions, FitLoaders, TrainFeed
+from fitjax.module import LitModule
+from fitjax.state import TrainState
+from fitjax.strategies import StopAgreement
+
+__all__ = ["Built", "FitRun"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """The programs built for `module` and the variables they run on: a fit's train state at its
+    end, or None when an evaluation stage built them (the module holds its weights). What
+    validate, test and predict after fit, `save_checkpoint` and host calls of the model reuse."""
+
+    module: LitModule
+    compiled: step_lib.Compiled
+    built_from: BuiltFrom
+    state: TrainState | None = None
+    positions: BatchPositions | None = None  # a fit's train loader positions (a save after it)
+
+
+@dataclasses.dataclass(eq=False)
+class FitRun:
+    """One fit's state: the module and its loaders, the train state and compiled programs, the
+    device feed, the validation schedule's counters, the stop agreement and what a stop saved.
+
+    Attributes:
+        module: the module being fitted.
+        loaders: fit's loaders (and the hooks that reload them).
+        feed: the train data as the loop consumes it.
+        stopping: the processes' agreement on a stop step (SIGTERM, the requeue signal).
+        state: the train state (None until built).
+        compiled: the compiled programs of the current accumulation count.
+        built_from: the batch the programs were built from (errors name a batch shaped otherwise).
+        pieces: the step pieces' epoch and end-of-training work.
+        val_every: validate every this many batches (None: at epoch ends).
+        last_val_time: when the last validation ended (`time.monotonic`; a time-based
+            `val_check_interval` counts from it).
+        resume_at: the batch the first (resumed) epoch starts at.
+        requeue_from: the hpc checkpoint the requeue signal saved: the job is requeued once
+            fit is done.
+    """
+
+    module: LitModule
+    loaders: FitLoaders
+    feed: TrainFeed
+    stopping: StopAgreement
+    state: TrainState | None = None
+    compiled: step_lib.Compiled | None = None
+    built_from: BuiltFrom | None = None
+    pieces: PieceRunner | None = None
+    val_every: int | None = None
+    last_val_time: float = 0.0
+    resume_at: int = 0
+    requeue_from: Path | None = None
+
+    def built(self) -> Built | None:
+        """What this fit leaves behind for the calls after it (None: it built nothing)."""
+        if self.compiled is None:
+            return None
+        return Built(self.module, self.compiled, self.built_from, self.state, self.feed.positions)
