@@ -616,7 +616,7 @@ class Trainer:
         module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
         if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
             log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
-                                                      self.cluster_environment))
+                                        self.cluster_environment))
         loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
         check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
                        processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
