@@ -107,8 +107,9 @@ def build_for(module, loader, stage: str, *, strategy, seed: int, options, limit
     first = next(iter(eval_batches(loader, stage, strategy, limit, shard=False)), None)
     if first is None:
         raise ValueError(f"the {stage} data is empty: it yielded no batch.")
-    variables, compiled = step_lib.build(module.step_spec(), strategy, first[0], seed=seed,
-                                         stage="predict" if stage == "predict" else "eval", options=options)
+    state, compiled = step_lib.build(module.step_spec(), strategy, first[0], seed=seed,
+                                     purpose="predict" if stage == "predict" else "eval", options=options)
+    variables = state.params, state.model_state, state.rng
     return variables, Built(module, compiled, checks.BuiltFrom.of(first[0], f"the first batch of the {_DATA[stage]} data"))
 
 

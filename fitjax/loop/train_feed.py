@@ -201,12 +201,12 @@ class TrainFeed:
         """Switches to `options`' accumulation count: its train steps (made once per fit, so
         every count compiles once) and its device feed; returns the compiled programs to use."""
         kept = self._kept
-        kept.setdefault(compiled.options.accumulate_grad_batches, (compiled.train_steps(), self.device))
+        kept.setdefault(compiled.options.accumulate_grad_batches, (compiled.train_programs(), self.device))
         k = options.accumulate_grad_batches
         if k not in kept:
             feed = self.device and feed_for(self.loader, self.strategy, options=options,
                                                            params=params)  # blocks of whole k-calls
-            kept[k] = (compiled.train_steps_for(options), feed)
+            kept[k] = (compiled.train_programs_for(options), feed)
         steps, self.device = kept[k]
         self.options = options
         return compiled.with_options(options, steps)

@@ -1,10 +1,12 @@
 """The step layer: what runs under `jax.jit` (DESIGN.md, layer 2).
 
-One gradient function and the composable pieces around it (`train`), the forward pieces shared
-with evaluation (`forward`), the Linen/NNX binding (`model_binding`), the options that shape the
-step (`options`), host batches grouped into step calls (`grouping`), and the build that jits every
-variant once per shape with the strategy's shardings (`jitted.build`, compiled as `xla_cpu` plans on
-XLA:CPU). It imports nothing from data, checkpointing, the loop, callbacks or loggers.
+One gradient function and the options around it (`train`), the one call of the user's code on
+the bound model that every step makes (`forward`), what a module gives the step layer
+(`module_spec.ModuleSpec`, the only way it reads the module), the Linen/NNX binding
+(`model_binding`), the options that shape the step (`options`), the state pieces callbacks add
+around it (`pieces`), host batches grouped into step calls (`grouping`), and the build that jits
+every variant once per shape with the strategy's shardings (`jitted.build`, compiled as `xla_cpu`
+plans on XLA:CPU). It imports nothing from data, checkpointing, the loop, callbacks or loggers.
 """
 
 from fitjax.step.jitted import Compiled, build, check_optimizer

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,71 +18,88 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fitjax import metrics as acc_lib
-from fitjax._typing import Batch, PyTree
+from fitjax._typing import Batch
 from fitjax.state import TrainState
 from fitjax.step import context, xla_cpu, forward, train
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
-__all__ = ["Compiled", "block_sharding", "build", "check_optimizer", "train_step_cost"]
+__all__ = ["Compiled", "EvalStep", "StepBuild", "block_sharding", "build", "check_optimizer", "train_step_cost"]
+
+
+class EvalStep(NamedTuple):
+    """One evaluation's jitted step, the names of the values it returns and their log options."""
+
+    step: Callable[..., Any]
+    names: tuple[str, ...]
+    log_specs: dict[str, Any]  # name -> `_logged.LogSpec`
 
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
-    """The jitted functions of one fit/eval run and the shardings they were built with."""
+    """The jitted programs of one fit/eval run and the shardings they were built with (each
+    compiles when first called)."""
 
     state_shardings: Any
-    metric_names: tuple[str, ...]
-    #: one full call: `steps_per_execution` optimizer steps on host inputs (see `StepInputs`)
-    train_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None
-    reset_metrics: Callable[[TrainState], TrainState] | None
-    eval_step: Callable[..., Any]
+    #: the step options the train programs were made for
+    options: StepOptions
+    #: how each logged name is shown and logged (name -> `_logged.LogSpec`)
+    log_specs: dict[str, Any]
+    #: `predict_step(params, model_state, rng, batch) -> outputs`
     predict_step: Callable[..., Any]
-    eval_metric_names: tuple[str, ...] = ()
-    log_specs: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> `_logged.LogSpec`
-    test_step: Callable[..., Any] | None = None  # a Lightning-style module's `test_step`
-    test_metric_names: tuple[str, ...] = ()
+    #: "val" and "test" -> the evaluation's step (the same one unless the module has a
+    #: `test_step` of its own)
+    eval_steps: Mapping[str, EvalStep]
+    #: `(stage, dataloader_idx) -> EvalStep` of a loader after the first, for a module whose
+    #: evaluation reads the loader index (None: every loader shares one)
+    loader_eval_step: Callable[[str, int], EvalStep] | None = None
+    # The train programs (None when built for "eval" or "predict"), made together for one
+    # `StepOptions` (`_TRAIN_PROGRAMS`):
+    #: one full call: `steps_per_execution` optimizer steps on host inputs (see `StepInputs`)
+    train_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
     #: one optimizer step per call, for an epoch's leftovers (`train_step` itself when
     #: `steps_per_execution == 1`)
     train_tail_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
-    #: host step inputs -> device (`StepInputs.inputs`, `full` or not)
-    shard_inputs: Callable[[Any, bool], Any] | None = None
     #: one full call on `(block, base)`, its batches picked from a block on the device
     block_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
+    #: host step inputs -> device (`StepInputs.inputs`, `full` or not)
+    shard_inputs: Callable[[Any, bool], Any] | None = None
+    #: `state -> state` with the train metric accumulators zeroed
+    reset_metrics: Callable[[TrainState], TrainState] | None = None
     #: `() -> dict`: XLA's cost analysis of one full call of the train step, per device
     #: (`train_step_cost`); compiles a program when called
     train_step_cost: Callable[[], dict[str, float]] | None = None
-    options: StepOptions = StepOptions()
-    #: `options -> {train_step, train_tail_step, block_step, shard_inputs, reset_metrics}` jitted
-    #: for other options (another `accumulate_grad_batches`) on the same state and shardings
-    train_steps_for: Callable[[StepOptions], dict[str, Any]] | None = None
+    #: `options -> {name: program}` of the train programs for other options (another
+    #: `accumulate_grad_batches`) on the same state and shardings
+    train_programs_for: Callable[[StepOptions], dict[str, Any]] | None = None
 
-    def with_options(self, options: StepOptions, steps: dict[str, Any] | None = None) -> "Compiled":
-        """These programs with the train steps for `options` (`steps`: made before by
-        `train_steps_for(options)`, reused so that nothing compiles again)."""
-        steps = steps if steps is not None else self.train_steps_for(options)
-        return dataclasses.replace(self, options=options, **steps)
+    def with_options(self, options: StepOptions, programs: dict[str, Any] | None = None) -> "Compiled":
+        """These programs with the train programs for `options` (`programs`: made before by
+        `train_programs_for(options)`, reused so that nothing compiles again)."""
+        programs = programs if programs is not None else self.train_programs_for(options)
+        return dataclasses.replace(self, options=options, **programs)
 
-    def train_steps(self) -> dict[str, Any]:
-        """The train step functions, as `train_steps_for` returns them."""
-        return {name: getattr(self, name) for name in _TRAIN_STEPS}
+    def train_programs(self) -> dict[str, Any]:
+        """The train programs, as `train_programs_for` returns them."""
+        return {name: getattr(self, name) for name in _TRAIN_PROGRAMS}
 
-    #: `(stage, dataloader_idx) -> (eval step, value names, log specs)` of a loader after the
-    #: first, for a module whose evaluation reads the loader index (None: every loader shares one)
-    loader_evaluator: Callable[[str, int], tuple[Callable[..., Any], tuple[str, ...], dict]] | None = None
-
-    def evaluator(self, stage: str, dataloader_idx: int = 0) -> tuple[Callable[..., Any], tuple[str, ...], dict]:
+    def evaluator(self, stage: str, dataloader_idx: int = 0) -> EvalStep:
         """The eval step, its value names and their log specs for "val" or "test" on the loader
         `dataloader_idx` (one step for every loader unless the module reads the index)."""
-        if dataloader_idx and self.loader_evaluator is not None:
-            return self.loader_evaluator(stage, dataloader_idx)
-        if stage == "test" and self.test_step is not None:
-            return self.test_step, self.test_metric_names, self.log_specs
-        return self.eval_step, self.eval_metric_names, self.log_specs
+        if dataloader_idx and self.loader_eval_step is not None:
+            return self.loader_eval_step(stage, dataloader_idx)
+        return self.eval_steps[stage]
 
 
-_TRAIN_STEPS = ("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics", "train_step_cost")
+class StepBuild(NamedTuple):
+    """What `build` gives: the sharded train state and the jitted programs built for it."""
+
+    state: TrainState
+    compiled: Compiled
+
+
+_TRAIN_PROGRAMS = ("train_step", "train_tail_step", "block_step", "shard_inputs", "reset_metrics", "train_step_cost")
 
 
 def block_sharding(strategy: Strategy) -> NamedSharding:
@@ -110,36 +127,35 @@ def _abstract(batch: Batch) -> Batch:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
 
 
-def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, stage: str = "fit",
-          options: StepOptions = StepOptions()
-          ) -> tuple[TrainState | tuple[PyTree, PyTree, jax.Array], Compiled]:
-    """Initialises (or reuses) the module's variables and compiles the step functions.
+def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purpose: str = "fit",
+          options: StepOptions = StepOptions()) -> StepBuild:
+    """Initialises (or reuses) the module's variables and makes the jitted programs for
+    `purpose`: "fit" (train, eval and predict), "eval" or "predict".
 
-    With `stage="fit"` returns a sharded `TrainState` (optimizer state included); for "eval" and
-    "predict" the sharded `(params, model_state, rng)` alone. `batch` is a host batch used for
+    The state is a sharded `TrainState`; only "fit" builds the optimizer and its state (for
+    "eval" and "predict" the optimizer is `optax.identity()`). `batch` is a host batch used for
     shapes (and, for Linen, traced through `loss` — `predict` for "predict" — to initialise).
     `spec` is all the step reads of the module (`LitModule.step_spec()`).
     """
     owner = spec.owner
-    train_stage = stage == "fit"
+    fit = purpose == "fit"
     binding = spec.binding
     given = spec.variables
     abstract_batch = _abstract(batch)
     loader_index = context.LoaderIndex()  # read while tracing: a step per evaluation loader
-    if stage == "predict":  # predict data may carry no labels: trace predict, check no loss
+    if purpose == "predict":  # predict data may carry no labels: trace predict, check no loss
         names, trace = forward.StepNames(("loss",), ("loss",), {}), "predict"
     else:
         with context.dataloader_index(loader_index):
             names, trace = forward.check_step_outputs(spec, abstract_batch, given), "loss"
     test_names = None
-    if stage != "predict" and "test" in spec.eval_stages:  # test_step logs names of its own
+    if purpose != "predict" and "test" in spec.eval_stages:  # test_step logs names of its own
         with context.stage("test"), context.dataloader_index(loader_index):
             test_names = forward.check_step_outputs(spec, abstract_batch, given)
     abstract_given = None if given is None else _abstract(given)
-    metric_names = names.train
-    tx = check_optimizer(spec.optimizer(), owner) if train_stage else optax.identity()
-    tx = options.wrap_optimizer(tx, groups=spec.manual) if train_stage else tx
-    train_names = options.train_metric_names(metric_names) if train_stage else metric_names
+    tx = check_optimizer(spec.optimizer(), owner) if fit else optax.identity()
+    tx = options.wrap_optimizer(tx, groups=spec.manual) if fit else tx
+    train_names = options.train_metric_names(names.train) if fit else names.train
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
     init_fn = options.wrap_init(init_fn, tx)
@@ -156,52 +172,51 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, stag
         given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
-    steps = dict.fromkeys(_TRAIN_STEPS)
-    if train_stage:
-        def train_steps_for(other: StepOptions) -> dict[str, Any]:
-            made = _train_steps(spec, tx, other, train_names, strategy, shardings)
+    programs = {}
+    if fit:
+        def train_programs_for(other: StepOptions) -> dict[str, Any]:
+            made = _train_programs(spec, tx, other, train_names, strategy, shardings)
             make = made.pop("make")
             made["train_step_cost"] = lambda: train_step_cost(
                 make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
             return made
 
-        steps = {**train_steps_for(options), "train_steps_for": train_steps_for}
+        programs = {**train_programs_for(options), "train_programs_for": train_programs_for}
 
-    def jit_eval(stage_name: str, dataloader_idx: int = 0) -> Callable[..., Any]:
+    def jit_eval(stage: str, dataloader_idx: int = 0) -> Callable[..., Any]:
         return strategy.jit(
-            forward.make_eval_step(spec, options.precision, stage_name, dataloader_idx),
+            forward.make_eval_step(spec, options.precision, stage, dataloader_idx),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
             donate_argnums=(3,),
         )
 
-    evaluators = {stage_name: jit_eval(stage_name) for stage_name in ("val", "test")}
     predict_step = strategy.jit(
         forward.make_predict_step(spec, options.precision),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
+    val = EvalStep(jit_eval("val"), names.eval, log_specs)
+    test = EvalStep(jit_eval("test"), test_names.eval, log_specs) if test_names else val
 
     @functools.cache
-    def loader_evaluator(stage_name: str, dataloader_idx: int):
+    def loader_eval_step(stage: str, dataloader_idx: int) -> EvalStep:
         """Another loader's step: its names traced again (a hook may log others for it)."""
-        with context.stage(stage_name), context.dataloader_index(dataloader_idx):
+        with context.stage(stage), context.dataloader_index(dataloader_idx):
             loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given)
-        return jit_eval(stage_name, dataloader_idx), loader_names.eval, {**log_specs, **loader_names.log_specs}
+        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.eval, {**log_specs, **loader_names.log_specs})
 
-    compiled = Compiled(shardings, metric_names, eval_step=evaluators["val"], predict_step=predict_step,
-                        eval_metric_names=names.eval, log_specs=log_specs,
-                        loader_evaluator=loader_evaluator if loader_index.read else None,
-                        test_step=evaluators["test"] if test_names else None,
-                        test_metric_names=test_names.eval if test_names else (), options=options, **steps)
-    return (state if train_stage else (state.params, state.model_state, state.rng)), compiled
+    compiled = Compiled(shardings, options, log_specs, predict_step, {"val": val, "test": test},
+                        loader_eval_step=loader_eval_step if loader_index.read else None, **programs)
+    return StepBuild(state, compiled)
 
 
-def _train_steps(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings
-                 ) -> dict[str, Any]:
-    """The jitted train step variants, the host-input sharding and the metric reset."""
+def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings
+                    ) -> dict[str, Any]:
+    """The jitted train step variants, the host-input sharding and the metric reset (and `make`,
+    which makes a train step function)."""
     k, spe = options.accumulate_grad_batches, options.steps_per_execution
     replicated = strategy.replicated
 

@@ -1,8 +1,8 @@
 """`StepOptions`: the Trainer arguments that shape the train step, checked once at the boundary.
 
-Each option is one piece around the same gradient function (`fitjax.step.train`); none of them
-selects another step body, so every option combines with every other, with manual optimization
-and with every strategy.
+Each option is one more transform around the same gradient function (`fitjax.step.train`); none
+of them selects another step body, so every option combines with every other, with manual
+optimization and with every strategy.
 """
 
 from __future__ import annotations

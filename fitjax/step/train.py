@@ -1,4 +1,4 @@
-"""The train step: one gradient function and the pieces around it.
+"""The train step: one gradient function and the options around it.
 
     for each of `steps_per_execution` optimizer steps (a `lax.scan` when > 1):
         for each of `accumulate_grad_batches` micro-batches (a `lax.scan` when > 1):
@@ -15,8 +15,8 @@
 
 `gradients` is the only place the user's loss is differentiated. Under manual optimization
 (`automatic_optimization = False`) the loss's outputs are `{param group: loss}` and each group
-gets the gradient of its own loss; everything around it is the same. With every option at its
-default each piece is the identity, so the plain step is the same program as before.
+gets the gradient of its own loss; everything around it is the same. An option at its default
+adds nothing: the plain step is the same program as before.
 
 The step's inputs are a batch, `(stacked micro-batches [k, ...], mask [k])` with accumulation,
 stacked again `[steps, ...]` for several steps per call; or a block of batches already on the
