@@ -32,3 +32,17 @@ def test_loss_and_metrics_break_a_jit_rule_with_the_rule_and_the_fix(module, met
         trainer.fit(module(), fj.DataLoader(regression_data(n=32), batch_size=32))
     assert isinstance(info.value.__cause__, cause)
     assert trainer.global_step == 0  # raised while tracing, before any step ran
+
+
+class IfInPredict(Regressor):
+    def predict_step(self, model, batch):
+        pred = model(batch["x"], train=False)
+        return pred * 2 if pred.mean() > 0 else pred
+
+
+def test_predict_step_breaking_a_jit_rule_gets_the_rule_and_the_fix():
+    """`predict_step` goes through the same forward call as `loss`, with the same help."""
+    with pytest.raises(TypeError, match=r"IfInPredict\.predict_step is traced under jax\.jit.*Python `if`.*"
+                                        r"jnp\.where") as info:
+        quiet_trainer(strategy="single").predict(IfInPredict(), fj.DataLoader(regression_data(n=32), batch_size=32))
+    assert isinstance(info.value.__cause__, jax.errors.TracerBoolConversionError)
