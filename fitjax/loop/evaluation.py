@@ -83,7 +83,7 @@ def predict_batches(trainer, module, compiled, built_from, hooks, loader, variab
     params, model_state, rng = variables
     wants_batch_start = hooks.wants("on_predict_batch_start") or module._overrides("on_predict_batch_start")
     wants_batch_end = hooks.wants("on_predict_batch_end")
-    pieces = []
+    kept = []  # (outputs, real rows) of each batch
     for batch_idx, (padded, size, batch) in enumerate(eval_batches(loader, "predict", strategy, limit)):
         if wants_batch_start:
             hooks.call("on_predict_batch_start", trainer, module, batch, batch_idx)
@@ -93,12 +93,12 @@ def predict_batches(trainer, module, compiled, built_from, hooks, loader, variab
             built_from.explain(err, padded, f"the predict data's batch {batch_idx}")
             raise
         if keep:
-            pieces.append((out, size))
+            kept.append((out, size))
         if wants_batch_end:  # Lightning's: the batch's own rows, not the padding
             hooks.call("on_predict_batch_end", trainer, module, _real_rows(out, batch_size_of(padded), size),
                        batch, batch_idx)
     # sync point: one transfer at the end (from every process with several)
-    return gather_rows([out for out, _ in pieces], [size for _, size in pieces])
+    return gather_rows([out for out, _ in kept], [size for _, size in kept])
 
 
 def build_for(module, loader, stage: str, *, strategy, seed: int, options, limit) -> tuple[tuple, Built]:
