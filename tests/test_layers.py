@@ -259,3 +259,49 @@ def test_the_private_attribute_check_catches_one():
     assert _PRIVATE_TRAINER.search("value = trainer._progress.epoch")
     assert _PRIVATE_TRAINER.search('getattr(self.trainer, "_hooks")')
     assert not _PRIVATE_TRAINER.search("value = trainer.progress.epoch")
+
+
+def _trainer_writes(files: dict[str, str]) -> dict[str, set[str]]:
+    """Attribute -> the files (of `files`: name -> source) that write it on the Trainer: `self.X`
+    (also `self.X.y` and `self.X[k]`) in the `Trainer` class or a base class of it, and
+    `trainer.X` anywhere."""
+    trees = {name: ast.parse(source) for name, source in files.items()}
+    parts = {"Trainer"} | {base.id for tree in trees.values() for node in ast.walk(tree)
+                           if isinstance(node, ast.ClassDef) and node.name == "Trainer"
+                           for base in node.bases if isinstance(base, ast.Name)}
+
+    def written(node: ast.AST, owners: set[str]):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in owners:
+                        yield sub.attr
+
+    where: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            in_part = isinstance(node, ast.ClassDef) and node.name in parts
+            for inner in ast.walk(node) if in_part else ():
+                for attr in written(inner, {"self"}):
+                    where.setdefault(attr, set()).add(name)
+            for attr in written(node, {"trainer"}):
+                where.setdefault(attr, set()).add(name)
+    return where
+
+
+def test_each_trainer_attribute_is_written_in_one_file_of_the_loop():
+    """The loop's parts are built with what they need and return values: the Trainer's state is
+    written by one file each (the loop's `trainer.py` for what lives for a fit), not shared
+    through `self` by base classes in several files."""
+    files = {p.name: p.read_text() for p in sorted((PACKAGE / "loop").glob("*.py"))}
+    shared = {attr: sorted(names) for attr, names in _trainer_writes(files).items() if len(names) > 1}
+    assert not shared, f"Trainer attributes written in more than one file of fitjax/loop/: {shared}"
+
+
+def test_the_shared_write_check_catches_a_base_class_and_a_part_writing_the_trainer():
+    files = {"trainer.py": "class Trainer(Logs):\n    def fit(self):\n        self.state = 1\n",
+             "logs.py": "class Logs:\n    def log(self):\n        self.state.x = 2\n        self._epoch_acc = {}\n",
+             "resume.py": "def resume(trainer):\n    trainer._epoch_acc = {}\n",
+             "feed.py": "class Feed:\n    def __init__(self):\n        self.state = 0\n"}
+    shared = {attr: names for attr, names in _trainer_writes(files).items() if len(names) > 1}
+    assert shared == {"state": {"trainer.py", "logs.py"}, "_epoch_acc": {"logs.py", "resume.py"}}
