@@ -61,6 +61,29 @@ class FixedLinear(nn.Module):
                         bias_init=lambda *_: jnp.asarray([0.0625]))(x)
 
 
+class FixedLinearFit(fj.LitModule):
+    """Squared error of `FixedLinear` trained with SGD(0.1, momentum 0.9): the module the Lightning
+    comparisons (accumulation schedule, precisions) run on both sides, on `fixed_linear_data`."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = FixedLinear()
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def predict_step(self, model, batch):
+        return model(batch["x"])
+
+    def configure_optimizer(self):
+        return optax.sgd(0.1, momentum=0.9)
+
+
+def fixed_linear_data(n=16):
+    """The data of those comparisons: `{"x": [n, 3], "y": [n, 1]}` from sines and cosines."""
+    return {"x": np.sin(np.arange(3 * n).reshape(n, 3) * 0.7), "y": np.cos(np.arange(n) * 0.3)[:, None]}
+
+
 class Regressor(fj.LitModule):
     """MSE regression on `regression_data`, with an `mae` metric."""
 

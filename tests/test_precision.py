@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import FixedLinear, Poisoned, assert_trees_close, poisoned_data, quiet_trainer
+from helpers import FixedLinearFit, Poisoned, assert_trees_close, fixed_linear_data, poisoned_data, quiet_trainer
 
 import fitjax as fj
 from digits import DigitsClassifier, digits_splits
@@ -101,29 +100,10 @@ LIGHTNING_TRUE = {
 }
 
 
-class _LinearFit(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        self.model = FixedLinear()
-
-    def loss(self, model, batch):
-        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
-
-    def predict_step(self, model, batch):
-        return model(batch["x"])
-
-    def configure_optimizer(self):
-        return optax.sgd(0.1, momentum=0.9)
-
-
-def _true_data(n=16):
-    return {"x": np.sin(np.arange(3 * n).reshape(n, 3) * 0.7), "y": np.cos(np.arange(n) * 0.3)[:, None]}
-
-
 def _fit_true(precision, *, strategy="single", batch_size=4, **kwargs):
     trainer = quiet_trainer(max_epochs=3, strategy=strategy, precision=precision, **kwargs)
-    module = _LinearFit()
-    trainer.fit(module, fj.DataLoader(_true_data(), batch_size=batch_size))
+    module = FixedLinearFit()
+    trainer.fit(module, fj.DataLoader(fixed_linear_data(), batch_size=batch_size))
     return trainer, module
 
 
@@ -145,9 +125,9 @@ def test_64_true_computes_in_float64_and_matches_lightning_to_float64_precision(
     assert np.abs(kernel32 - LIGHTNING_TRUE["64-true"][0]).max() > 1e-9
     # x64 was on for the run only; predict turns it on again and returns float64
     assert not jax.config.jax_enable_x64 and jnp.ones(1).dtype == jnp.float32
-    out = trainer.predict(module, fj.DataLoader({"x": _true_data()["x"]}, batch_size=4))
+    out = trainer.predict(module, fj.DataLoader({"x": fixed_linear_data()["x"]}, batch_size=4))
     assert out.dtype == np.float64
-    np.testing.assert_allclose(out, _true_data()["x"] @ kernel[:, None] + bias, rtol=1e-13)
+    np.testing.assert_allclose(out, fixed_linear_data()["x"] @ kernel[:, None] + bias, rtol=1e-13)
     assert not jax.config.jax_enable_x64
 
 
@@ -177,10 +157,10 @@ def test_64_true_resumes_bitwise(tmp_path):
     full, _ = _fit_true("64-true")
     cut = quiet_trainer(max_steps=5, precision="64-true", strategy="single", enable_checkpointing=True,
                         callbacks=[fj.ModelCheckpoint(tmp_path, save_last=True)])
-    cut.fit(_LinearFit(), fj.DataLoader(_true_data(), batch_size=4))
+    cut.fit(FixedLinearFit(), fj.DataLoader(fixed_linear_data(), batch_size=4))
     resumed = quiet_trainer(max_epochs=3, precision="64-true", strategy="single", enable_checkpointing=True,
                             callbacks=[fj.ModelCheckpoint(tmp_path, save_last=True)])
-    resumed.fit(_LinearFit(), fj.DataLoader(_true_data(), batch_size=4), ckpt_path="last")
+    resumed.fit(FixedLinearFit(), fj.DataLoader(fixed_linear_data(), batch_size=4), ckpt_path="last")
     assert_trees_close((resumed.state.params, resumed.state.opt_state), (full.state.params, full.state.opt_state),
                        rtol=0, atol=0)
     assert {x.dtype for x in jax.tree.leaves(resumed.state.params)} == {jnp.dtype(jnp.float64)}

@@ -5,9 +5,9 @@ change of count, Lightning's errors."""
 from __future__ import annotations
 
 import numpy as np
-import optax
 import pytest
-from helpers import FixedLinear, Regressor, assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import (FixedLinearFit, Regressor, assert_trees_close, count_compiles, fixed_linear_data,
+                     persistent_compile_cache, quiet_trainer, regression_data)
 
 import fitjax as fj
 from fitjax.strategies import FSDP
@@ -35,29 +35,13 @@ LIGHTNING = {
 }
 
 
-class _LinearFit(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        self.model = FixedLinear()
-
-    def loss(self, model, batch):
-        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
-
-    def configure_optimizer(self):
-        return optax.sgd(0.1, momentum=0.9)
-
-
-def _data():
-    return {"x": np.sin(np.arange(48).reshape(16, 3) * 0.7), "y": np.cos(np.arange(16) * 0.3)[:, None]}
-
-
 @pytest.mark.parametrize("schedule", list(LIGHTNING))
 def test_steps_and_weights_match_lightning(schedule):
     steps = []
     record = fj.LambdaCallback(on_train_epoch_end=lambda trainer, module: steps.append(trainer.global_step))
     trainer = quiet_trainer(max_epochs=3, precision="64-true", strategy="single",
                             callbacks=[record, fj.GradientAccumulationScheduler(dict(schedule))])
-    trainer.fit(_LinearFit(), fj.DataLoader(_data(), batch_size=2))
+    trainer.fit(FixedLinearFit(), fj.DataLoader(fixed_linear_data(), batch_size=2))
     expected_steps, kernel, bias = LIGHTNING[schedule]
     assert steps == expected_steps
     dense = trainer.state.params["Dense_0"]
