@@ -444,23 +444,10 @@ class Trainer:
         return self._run is not None and self._run.stopping.requested == "SIGTERM"
 
     @property
-    def _compiled(self) -> step_lib.Compiled | None:
-        """The compiled programs in use (the fit's, else the last built)."""
-        if self._run is not None and self._run.compiled is not None:
-            return self._run.compiled
-        return self._built.compiled if self._built is not None else None
-
-    @property
-    def _built_from(self) -> checks.BuiltFrom | None:
-        if self._run is not None and self._run.compiled is not None:
-            return self._run.built_from
-        return self._built.built_from if self._built is not None else None
-
-    @property
-    def _module_for_compiled(self) -> LitModule | None:
-        if self._run is not None and self._run.compiled is not None:
-            return self._run.module
-        return self._built.module if self._built is not None else None
+    def _in_use(self) -> Built | None:
+        """The compiled programs in use, with the module and batch they were built for: the
+        fit's once it has built them, else the last fit's or evaluation's."""
+        return (self._run.built() if self._run is not None else None) or self._built
 
     @property
     def global_step(self) -> int:
@@ -528,7 +515,7 @@ class Trainer:
         """`(params, model_state, rng)` host calls of the model use now: the train state's (its
         eval parameters outside train mode), else the module's own; None before either exists."""
         state = self.state
-        if state is not None and self._module_for_compiled is module:
+        if state is not None and self._in_use.module is module:
             params = state.params if module.training else self._eval_params()
             return params, state.model_state, state.rng
         return module._own_variables()
@@ -548,7 +535,8 @@ class Trainer:
         Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
         counted.
         """
-        compiled = self._compiled
+        built = self._in_use
+        compiled = built.compiled if built is not None else None
         if compiled is None or compiled.train_step_cost is None:
             raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
                                "step: read it from on_fit_start or later.")
@@ -904,7 +892,8 @@ class Trainer:
             earlier = dict(self._metric_log.callback_metrics)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
-            evaluated = evaluation.evaluate(self, module, self._compiled, self._built_from, self._hooks, loaders,
+            built = self._in_use
+            evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
                                             *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
             self._metric_log.log(evaluated.values, aliases=evaluated.aliases)
             self._call(f"on_{hook}_epoch_end", module)
@@ -946,7 +935,8 @@ class Trainer:
         try:
             variables = self._eval_variables(module, loader, "predict", ckpt_path)
             self._hooks.call("on_predict_start", self, module)
-            host = evaluation.predict_batches(self, module, self._compiled, self._built_from, self._hooks, loader,
+            built = self._in_use
+            host = evaluation.predict_batches(self, module, built.compiled, built.built_from, self._hooks, loader,
                                               variables, limit=self.limits["predict"], strategy=self.strategy,
                                               keep=keep)
             self._hooks.call("on_predict_end", self, module)
@@ -971,7 +961,7 @@ class Trainer:
         """Sharded `(params, model_state, rng)` for eval: the last fit's when it fitted `module`,
         else built from the stage's first batch (from `ckpt_path` when given)."""
         state = self.state
-        if ckpt_path is None and state is not None and self._module_for_compiled is module:
+        if ckpt_path is None and state is not None and self._in_use.module is module:
             return self._eval_params(), state.model_state, state.rng
         variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy, seed=self.seed,
                                                       options=self.step_options, limit=self.limits[stage])
@@ -1040,7 +1030,8 @@ class Trainer:
             raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
                              "checkpoint holds the whole train state; load weights only with "
                              "`LitModule.load_from_checkpoint(path)`.")
-        if self.state is None or self._module_for_compiled is None:
+        built = self._in_use
+        if self.state is None or built is None:
             raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
                                "call it during or after Trainer.fit.")
         path = checkpoint.local_path(filepath)  # a local folder or a store URL
@@ -1049,7 +1040,7 @@ class Trainer:
         checkpoint.prepare(path.parent)
         writer = checkpoint.writer()  # the process's one writer, after the saves queued before
         self.record_save()
-        writer.save(path, self.state, self.checkpoint_meta(self._module_for_compiled))
+        writer.save(path, self.state, self.checkpoint_meta(built.module))
         writer.wait()  # written (and its failure raised) before returning
 
     def checkpoint_meta(self, module: LitModule) -> dict[str, Any]:
