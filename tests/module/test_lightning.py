@@ -55,8 +55,9 @@ def _fit(module, **kwargs):
 
 @pytest.mark.parametrize("strategy", ["single", "dp", "fsdp"])
 def test_lightning_style_matches_loss_metrics_style_step_for_step(strategy):
-    lightning, lightning_losses = _fit(LightningRegressor(), strategy=strategy)
-    plain, plain_losses = _fit(Regressor(), strategy=strategy)
+    lightning_module, plain_module = LightningRegressor(), Regressor()
+    lightning, lightning_losses = _fit(lightning_module, strategy=strategy)
+    plain, plain_losses = _fit(plain_module, strategy=strategy)
     assert len(lightning_losses) == 16
     np.testing.assert_allclose(lightning_losses, plain_losses, rtol=1e-6)
     got, want = lightning.logged_metrics, plain.logged_metrics
@@ -65,8 +66,8 @@ def test_lightning_style_matches_loss_metrics_style_step_for_step(strategy):
     for key, plain_key in pairs.items():
         assert got[key] == pytest.approx(want[plain_key], rel=1e-5), key
     data = fj.DataLoader(regression_data(n=20, seed=2), batch_size=8)
-    np.testing.assert_allclose(lightning.predict(lightning._module_for_compiled, data),
-                               plain.predict(plain._module_for_compiled, data), rtol=1e-5)
+    np.testing.assert_allclose(lightning.predict(lightning_module, data),
+                               plain.predict(plain_module, data), rtol=1e-5)
 
 
 class Keys(LightningRegressor):
