@@ -305,3 +305,46 @@ def test_the_shared_write_check_catches_a_base_class_and_a_part_writing_the_trai
              "feed.py": "class Feed:\n    def __init__(self):\n        self.state = 0\n"}
     shared = {attr: names for attr, names in _trainer_writes(files).items() if len(names) > 1}
     assert shared == {"state": {"trainer.py", "logs.py"}, "_epoch_acc": {"logs.py", "resume.py"}}
+
+
+def _module_privates(source: str) -> set[str]:
+    """The private names a `LitModule` has: its `_methods` and the `self._attributes` it sets."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def _module_private_uses(files: dict[str, str], privates: set[str]) -> list[str]:
+    """`file:line: x._name` for each use of one of `privates` on anything but `self` or `cls`."""
+    found = []
+    for name, source in files.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Attribute) and node.attr in privates and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def test_nothing_outside_the_module_package_uses_a_litmodule_private_member():
+    """The loop, callbacks, checkpoints and tests ask a module through the functions
+    `fitjax.module` exports (`overrides`, `hook_mode`, `set_variables`, ...): the names a user's
+    subclass may use are the user's, and the module's internals can change in one package."""
+    privates = _module_privates((PACKAGE / "module" / "_lit_module.py").read_text())
+    assert {"_variables", "_get_binding", "_find_model"} <= privates
+    roots = [PACKAGE.parent / name for name in ("fitjax", "tests", "examples", "benchmarks")]
+    files = {str(p.relative_to(PACKAGE.parent)): p.read_text() for root in roots if root.is_dir()
+             for p in sorted(root.rglob("*.py"))
+             if PACKAGE / "module" not in p.parents and p.name != "test_layers.py"}
+    found = _module_private_uses(files, privates)
+    assert not found, "LitModule private members used outside fitjax/module/:\n" + "\n".join(found)
+
+
+def test_the_module_private_check_catches_one():
+    privates = _module_privates("class LitModule:\n    def _mode(self):\n        self._variables = None\n")
+    assert privates == {"_mode", "_variables"}
+    files = {"loop.py": "def fit(module):\n    with module._mode():\n        return self._variables\n"}
+    assert _module_private_uses(files, privates) == ["loop.py:2: module._mode"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from fitjax._logged import Logged, collecting
+from fitjax import module as module_lib
 from fitjax.module import LitModule
 
 __all__ = ["Callback", "CallbackList"]
@@ -178,7 +179,7 @@ class CallbackList:
                 getattr(module, hook)()
         for cb in self._overriding[hook]:
             getattr(cb, hook)(trainer, module, *args)
-        if hook in LitModule.BATCH_HOOKS and module._overrides(hook):  # Lightning's: after the callbacks'
+        if hook in LitModule.BATCH_HOOKS and module_lib.overrides(module, hook):  # Lightning's: after the callbacks'
             getattr(module, hook)(*args)
         return logged if logged is not None and logged.values else None
 

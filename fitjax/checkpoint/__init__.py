@@ -34,8 +34,8 @@ from fitjax.checkpoint._format import (
     incomplete_checkpoints,
     is_checkpoint,
     latest_checkpoint,
-    load_module,
     local_path,
+    module_init_args,
     read_meta,
     restore_state,
     restore_variables,
@@ -51,5 +51,5 @@ from fitjax.checkpoint._format import META_ITEM, STATE_ITEM, TMP_MARK, check_pat
 from fitjax.checkpoint._writer import CheckpointWriter, cleanup, prepare, writer
 
 __all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
-           "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "load_module", "local_path",
+           "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "local_path", "module_init_args",
            "read_meta", "restore_state", "restore_variables", "save_args", "saveable_tree", "verify"]

@@ -23,8 +23,8 @@ from fitjax.state import TrainState
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
 
 __all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
-           "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "load_module", "local_path", "read_meta",
-           "restore_state", "restore_variables", "save_args", "saveable_tree", "verify"]
+           "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "local_path", "module_init_args",
+           "read_meta", "restore_state", "restore_variables", "save_args", "saveable_tree", "verify"]
 
 STATE_ITEM = "state"
 META_ITEM = "meta"
@@ -306,8 +306,11 @@ def _nested(key: list[str], value: PyTree) -> dict[str, Any]:
     return value
 
 
-def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
-    """`cls(**saved hparams, **overrides)` holding the checkpoint's weights (no trainer needed)."""
+def module_init_args(cls: type, path: str | os.PathLike, overrides: dict[str, Any]
+                     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """`(path, kwargs, meta)` for `cls.load_from_checkpoint(path, **overrides)`: the checked path,
+    the saved hparams updated by `overrides` (`cls(**kwargs)` rebuilds the module), and the
+    checkpoint's plain-data item."""
     path = check_path(path, where=f"{cls.__name__}.load_from_checkpoint(path)")
     meta = read_meta(path)
     hparams = {**meta.get("hparams", {}), **overrides}
@@ -318,12 +321,7 @@ def load_module(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
             f"values and were not saved; pass them again, e.g. "
             f"`{cls.__name__}.load_from_checkpoint(path, {missing[0]}=...)`."
         )
-    module = cls(**hparams)
-    module._set_variables(*restore_variables(path, module._get_binding().initial_variables()))
-    hook = getattr(module, "on_load_checkpoint", None)
-    if callable(hook):  # Lightning's `load_from_checkpoint` calls it too
-        hook(meta)
-    return module
+    return path, hparams, meta
 
 
 def _readable(path: str | os.PathLike) -> Path:

@@ -13,13 +13,13 @@ import sys
 import warnings
 from typing import Any, Iterator
 
-import flax.linen as nn
 import jax
 import numpy as np
 
 from fitjax import metrics as acc_lib
 from fitjax import step as step_lib
 from fitjax import _logged, checkpoint
+from fitjax import module as module_lib
 from fitjax._typing import Batch, HostMetrics
 from fitjax.data import as_loader, as_loaders, batch_size_of, checked_batches, pad_batch
 from fitjax.loop import _arguments
@@ -47,7 +47,7 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
     hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
     wants_batch_end = hooks.wants(hook)
     start_hook = hook.replace("_end", "_start")
-    wants_batch_start = hooks.wants(start_hook) or module._overrides(start_hook)
+    wants_batch_start = hooks.wants(start_hook) or module_lib.overrides(module, start_hook)
     several = len(loaders) > 1
     evaluated = Evaluated({}, {}, {})
     for dataloader_idx, loader in enumerate(loaders):
@@ -81,7 +81,7 @@ def predict_batches(trainer, module, compiled, built_from, hooks, loader, variab
     is held (a writer callback streams them to disk), so a data set larger than host memory
     can be predicted."""
     params, model_state, rng = variables
-    wants_batch_start = hooks.wants("on_predict_batch_start") or module._overrides("on_predict_batch_start")
+    wants_batch_start = hooks.wants("on_predict_batch_start") or module_lib.overrides(module, "on_predict_batch_start")
     wants_batch_end = hooks.wants("on_predict_batch_end")
     kept = []  # (outputs, real rows) of each batch
     for batch_idx, (padded, size, batch) in enumerate(eval_batches(loader, "predict", strategy, limit)):
@@ -125,7 +125,7 @@ def load_weights(trainer, module, variables, ckpt_path, load_hooks) -> tuple:
 
 def warn_unfitted(module, stage: str) -> None:
     """Warns that an evaluation stage runs a Linen model nobody fitted nor loaded."""
-    if module.variables is None and isinstance(module._find_model(), nn.Module):
+    if module_lib.is_unfitted_linen(module):
         warnings.warn(f"Trainer.{_METHOD[stage]}: {type(module).__name__} was never fitted nor loaded; "
                       "its weights are freshly initialised. Fit it first, pass ckpt_path=..., or "
                       "load one with LitModule.load_from_checkpoint.",

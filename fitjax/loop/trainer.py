@@ -40,6 +40,7 @@ import numpy as np
 
 from fitjax import _logged, _seed, checkpoint
 from fitjax import step as step_lib
+from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _pieces, _preemption, _resume
@@ -518,7 +519,7 @@ class Trainer:
         if state is not None and self._in_use.module is module:
             params = state.params if module.training else self._eval_params()
             return params, state.model_state, state.rng
-        return module._own_variables()
+        return module_lib.own_variables(module)
 
     def _eval_params(self):
         """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
@@ -627,7 +628,8 @@ class Trainer:
         run = None
         try:
             with _preemption.stop_on_signals(self.cluster_environment) as stopping, self._compile_times, \
-                    self.step_options.precision.context(), module._mode(True):  # Lightning's train mode for hooks
+                    self.step_options.precision.context(), \
+                    module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
                 run = self._run = FitRun(module, loaders, feed, stopping)
                 self._fit(run, ckpt_path)
         except BaseException as exc:
@@ -833,7 +835,8 @@ class Trainer:
 
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
-        module._set_variables(step_lib.pieces.module_params(state, self.step_options.pieces), state.model_state)
+        params = step_lib.pieces.module_params(state, self.step_options.pieces)
+        module_lib.set_variables(module, params, state.model_state)
 
     # ------------------------------------------------------------------ evaluation stages
 
@@ -875,7 +878,7 @@ class Trainer:
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+        with module_lib.hook_mode(module, False):  # Lightning's eval mode, for what the hooks run
             return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
@@ -920,7 +923,7 @@ class Trainer:
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
-        with module._mode(False):  # Lightning's eval mode, for what the hooks run
+        with module_lib.hook_mode(module, False):  # Lightning's eval mode, for what the hooks run
             host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
@@ -970,7 +973,7 @@ class Trainer:
                                                 self._hooks.overriding("on_load_checkpoint"))
         else:
             evaluation.warn_unfitted(module, stage)
-        module._set_variables(*variables[:2])  # later stages see the same (initialised) weights
+        module_lib.set_variables(module, *variables[:2])  # later stages see the same (initialised) weights
         return variables
 
     def _sanity_check(self, run: FitRun) -> None:
@@ -983,7 +986,7 @@ class Trainer:
         limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
         try:
-            with module._mode(False):  # Lightning's eval mode
+            with module_lib.hook_mode(module, False):  # Lightning's eval mode
                 self._call("on_sanity_check_start", module)
                 self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
                 self._call("on_validation_start", module, log=False)
@@ -1001,7 +1004,7 @@ class Trainer:
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
         module = run.module
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
-        with self.profiler.profile("[loop] validation"), module._mode(False):
+        with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
             self._call("on_validation_start", module)
             self._call("on_validation_epoch_start", module)

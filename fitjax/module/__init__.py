@@ -5,6 +5,18 @@ model host code calls with the trainer's current weights."""
 
 from fitjax.module._lit_module import LitModule
 
+# What fitjax's loop, callbacks and checkpoints do with a module (functions, so that they take no
+# names from the user's subclass): which hooks it defines, Lightning's train/eval mode around host
+# hooks, and its weights.
+from fitjax.module._host_model import hook_mode
+from fitjax.module._lit_module import (
+    initial_variables,
+    is_unfitted_linen,
+    overrides,
+    own_variables,
+    set_variables,
+)
+
 # For the loop and the callbacks, not part of the user-facing API: the dataloader_idx check of the
 # Lightning-style hooks, and the flax model host hooks call (installed around them, unwrapped by
 # the model summary).

@@ -91,11 +91,22 @@ class HostModel:
 
         def host_call(params, model_state, rng, arrays):
             rng = jax.random.fold_in(rng, _HOST_RNG_SALT)
-            with self._module._mode(training):
+            with hook_mode(self._module, training):
                 out, _ = binding.apply(call, params, model_state, rng, arrays, train=training)
             return out
 
         return jax.jit(host_call)
+
+
+@contextlib.contextmanager
+def hook_mode(module: Any, training: bool) -> Iterator[None]:
+    """Lightning's `train()`/`eval()` around host code: `module.training` is `training` inside (the
+    mode a host call of the model runs in)."""
+    previous, module.training = module.training, training
+    try:
+        yield
+    finally:
+        module.training = previous
 
 
 @contextlib.contextmanager

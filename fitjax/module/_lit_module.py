@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import flax.linen as nn
 import optax
@@ -20,9 +19,11 @@ from fitjax.step import ModuleSpec, context, defined_at
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
 from fitjax.module._hparams import AttributeDict, collect_init_args
+from fitjax.module._host_model import hook_mode
 from fitjax._typing import Batch, Metrics, PyTree
 
-__all__ = ["LitModule"]
+__all__ = ["LitModule", "initial_variables", "is_unfitted_linen", "overrides",
+           "own_variables", "set_variables"]
 
 
 class LitModule:
@@ -109,7 +110,7 @@ class LitModule:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _lightning.tracing() or not self._needs_host_model():
             return self.forward(*args, **kwargs)
-        with _host_model.installed(self, self._own_variables):  # host code outside the trainer's hooks
+        with _host_model.installed(self, functools.partial(own_variables, self)):  # host code, no trainer
             return self.forward(*args, **kwargs)
 
     # ------------------------------------------------------- the run, as Lightning's module sees it
@@ -264,10 +265,6 @@ class LitModule:
     def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
     def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
 
-    def _overrides(self, hook: str) -> bool:
-        """Whether this module's class defines `hook` itself (the loop calls only those)."""
-        return getattr(type(self), hook, None) is not getattr(LitModule, hook, None)
-
     # checkpoint hooks, as Lightning's: called after the callbacks' on save, before them on load
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Adds what the module wants kept to a checkpoint being saved (Lightning's hook).
@@ -312,7 +309,11 @@ class LitModule:
             >>> # module = MyModule.load_from_checkpoint(ckpt.best_model_path, lr=1e-4)
             >>> # predictions = fj.Trainer().predict(module, data)
         """
-        return checkpoint.load_module(cls, path, **overrides)
+        path, kwargs, meta = checkpoint.module_init_args(cls, path, overrides)
+        module = cls(**kwargs)
+        set_variables(module, *checkpoint.restore_variables(path, initial_variables(module)))
+        module.on_load_checkpoint(meta)  # Lightning's `load_from_checkpoint` calls it too
+        return module
 
     # ------------------------------------------------------------------ model binding (internal)
 
@@ -359,18 +360,6 @@ class LitModule:
         model = vars(self).get(name) if name is not None else None
         return isinstance(model, nn.Module) and model.scope is None
 
-    def _own_variables(self) -> tuple[PyTree, PyTree, Any] | None:
-        """`(params, model_state, rng)` of the module's own weights (after fit or a restore)."""
-        if self._variables is None:
-            return None
-        return (*self._variables, jax.random.PRNGKey(0))
-
-    def _set_variables(self, params: PyTree, model_state: PyTree) -> None:
-        self._variables = (params, model_state)
-        binding = self._get_binding()
-        if isinstance(binding, NNXBinding):
-            binding.update_model(params, model_state)
-
     # ------------------------------------------- what the step layer reads of a module (internal)
 
     def step_spec(self) -> ModuleSpec:
@@ -394,14 +383,41 @@ class LitModule:
             manual=_lightning.is_manual(self),
             # a Lightning-style module's `test_step` may log other names than its `validation_step`
             eval_stages=("val", "test") if _lightning.is_lightning(self) else ("val",),
-            mode=self._mode,
+            mode=functools.partial(hook_mode, self),
             defined_at={method: defined_at(self, method) for method in ("loss", "metrics")},
         )
 
-    @contextlib.contextmanager
-    def _mode(self, training: bool) -> Iterator[None]:
-        previous, self.training = self.training, training
-        try:
-            yield
-        finally:
-            self.training = previous
+
+# ------------------------------------------------------------------------------------------------
+# What fitjax's loop, callbacks and checkpoints do with a module (not for users: they are
+# functions, not methods, so they take no names from the user's subclass).
+
+
+def overrides(module: LitModule, hook: str) -> bool:
+    """Whether the module's class defines `hook` itself (the loop calls only those)."""
+    return getattr(type(module), hook, None) is not getattr(LitModule, hook, None)
+
+
+def own_variables(module: LitModule) -> tuple[PyTree, PyTree, Any] | None:
+    """`(params, model_state, rng)` of the module's own weights (after fit or a restore); else None."""
+    if module.variables is None:
+        return None
+    return (*module.variables, jax.random.PRNGKey(0))
+
+
+def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> None:
+    """Gives the module these weights (what `module.variables` returns; an NNX model holds them)."""
+    module._variables = (params, model_state)
+    binding = module._get_binding()
+    if isinstance(binding, NNXBinding):
+        binding.update_model(params, model_state)
+
+
+def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:
+    """Freshly initialised `(params, model_state)` of the module's model: the tree to restore into."""
+    return module._get_binding().initial_variables()
+
+
+def is_unfitted_linen(module: LitModule) -> bool:
+    """Whether the module's model is a Linen model that no fit nor restore gave weights."""
+    return module.variables is None and isinstance(module._find_model(), nn.Module)

@@ -11,6 +11,7 @@ from typing import Any
 # Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
 from fitjax import _storage
 from fitjax._logged import Logged, collecting
+from fitjax import module as module_lib
 from fitjax.module import LitModule
 
 __all__ = ["PassThroughProfiler", "Profiler"]
@@ -186,7 +187,7 @@ class _TimedHooks:
         for cb in self._hooks.overriding(hook):
             with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
                 getattr(cb, hook)(trainer, module, *args)
-        if after and module._overrides(hook):
+        if after and module_lib.overrides(module, hook):
             with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
                 getattr(module, hook)(*args)
         return logged if logged is not None and logged.values else None

@@ -9,6 +9,7 @@ import pytest
 from helpers import Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer, regression_data
 
 import fitjax as fj
+from fitjax.module import set_variables
 from fitjax.strategies import FSDP
 
 DECAY = 0.8  # far from 1: after a few steps the average differs clearly from the params
@@ -77,7 +78,7 @@ def test_eval_uses_the_average_and_the_module_gets_it_on_request():
     plain = quiet_trainer().validate(module, val)[0]["val/loss"]
     assert with_ema == plain
     last = Regressor(batchnorm=False)
-    last._set_variables(trainer.state.params, trainer.state.model_state)
+    set_variables(last, trainer.state.params, trainer.state.model_state)
     assert quiet_trainer().validate(last, val)[0]["val/loss"] != with_ema
     # predict too
     np.testing.assert_array_equal(trainer.predict(module, val), quiet_trainer().predict(module, val))

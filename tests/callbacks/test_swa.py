@@ -16,6 +16,7 @@ from helpers import (MLP, Regressor, assert_trees_close, count_compiles, persist
 
 import fitjax as fj
 from fitjax.step import learning_rate as lr_lib
+from fitjax.module import set_variables
 from fitjax.strategies import FSDP
 
 
@@ -248,13 +249,13 @@ def test_validate_test_and_predict_after_fit_use_the_average():
     average = trainer.state.extras["swa"]["average"]
     assert_trees_close(module.variables[0], average, rtol=0, atol=0)
     fresh = SWARegressor()
-    fresh._set_variables(jax.device_get(average), {})
+    set_variables(fresh, jax.device_get(average), {})
     assert trainer.validate(module, val)[0]["val/loss"] == quiet_trainer().validate(fresh, val)[0]["val/loss"]
     assert trainer.test(module, val)[0]["test/loss"] == quiet_trainer().test(fresh, val)[0]["test/loss"]
     np.testing.assert_array_equal(trainer.predict(module, val), quiet_trainer().predict(fresh, val))
     # and not the last epoch's weights
     trained = SWARegressor()
-    trained._set_variables(last.params, {})
+    set_variables(trained, last.params, {})
     assert quiet_trainer().validate(trained, val)[0]["val/loss"] != trainer.validate(module, val)[0]["val/loss"]
 
 

@@ -296,7 +296,7 @@ def test_a_fraction_that_keeps_no_batch_is_an_error(stage):
 
 
 def test_lightnings_own_case_of_a_fraction_that_keeps_no_validation_batch():
-    """Lightning's test_error_raised_with_float_limited_eval_batches, its numbers: a validation
+    r"""Lightning's test_error_raised_with_float_limited_eval_batches, its numbers: a validation
     loader of 64 batches (BoringModel's), limit_val_batches = 1 / (64 + 2); Lightning matches
     rf"{limit_val_batches} \* {dl_size} < 1. Please increase the `limit_val_batches`" and its
     message ends "Try at least `limit_val_batches=0.015625`" (1 / 64)."""
