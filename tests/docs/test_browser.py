@@ -15,6 +15,7 @@ import threading
 import pytest
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -79,6 +80,8 @@ def test_the_search_finds_model_checkpoint(browser, served):
     box = WebDriverWait(browser, 20).until(ec.element_to_be_clickable((By.CSS_SELECTOR, "input.md-search__input")))
     box.click()
     box.send_keys("ModelCheckpoint")
-    WebDriverWait(browser, 30).until(
+    # the results are re-drawn as the search runs: a link read while it is replaced is stale, and
+    # the wait tries again
+    WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda b: any("fitjax.ModelCheckpoint" in (a.get_attribute("href") or "")
                       for a in b.find_elements(By.CSS_SELECTOR, ".md-search-result__link")))
