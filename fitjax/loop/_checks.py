@@ -9,6 +9,8 @@ import dataclasses
 import datetime
 import math
 import os
+import stat
+import tempfile
 import warnings
 from typing import Any, Sequence
 
@@ -237,29 +239,36 @@ def root_dir(value: Any) -> str:
 
 
 def _unwritable(path: str) -> str | None:
-    """Why the folder `path` cannot be written into (None: it can). A missing folder is created
-    and removed again: only trying tells a read-only or virtual filesystem from a real one."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            return f"{path!r} is a file"
+    """Why the folder `path` cannot be written into (None: it can). For a missing folder, a probe
+    folder is made and removed in the nearest folder that exists: only trying tells a read-only or
+    virtual filesystem from a real one. The probe has a name of its own, because the processes of
+    one run check the same folder at the same time: none of them creates or removes `path` itself
+    (the loggers create it when they first write)."""
+    kind = _kind(path)
+    if kind == "file":
+        return f"{path!r} is a file"
+    if kind == "folder":
         return None if os.access(path, os.W_OK | os.X_OK) else f"{path!r} is not writable"
-    missing = []
-    parent = os.path.abspath(path)
-    while not os.path.exists(parent):
-        missing.append(parent)
+    parent = os.path.dirname(os.path.abspath(path))
+    while (kind := _kind(parent)) is None:
         parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
+    if kind == "file":
         return f"{parent!r} is a file"
     try:
-        os.makedirs(path, exist_ok=True)  # another process of the run may create it at the same time
+        os.rmdir(tempfile.mkdtemp(prefix=".fitjax-probe-", dir=parent))
     except OSError as err:
         return f"creating it fails ({type(err).__name__}: {err.strerror})"
-    for folder in missing:  # the loggers create it when they first write
-        try:
-            os.rmdir(folder)
-        except OSError:  # another process of the same run uses it already
-            break
     return None
+
+
+def _kind(path: str) -> str | None:
+    """"folder", "file", or None where nothing is, from one look (two looks, `exists` then
+    `isdir`, can straddle another process removing the folder)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return "folder" if stat.S_ISDIR(mode) else "file"
 
 
 def val_check_interval(value: Any, check_val_every_n_epoch: int | None
