@@ -1,4 +1,4 @@
-"""The boundary checks of `fitjax/loop/_checks.py` that hold across processes."""
+"""`Trainer(default_root_dir=...)`: its check holds across the processes of a run."""
 
 from __future__ import annotations
 
