@@ -179,11 +179,11 @@ class _TimedHooks:
         after = hook in LitModule.BATCH_HOOKS  # the module's after the callbacks', with their arguments
         if _module_hook(hook) and not after:  # the module's own first, as the list runs them
             with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
-                if getattr(type(module), hook) is getattr(LitModule, hook):
-                    getattr(module, hook)()  # LitModule's own no-op: not worth a row
-                else:
+                if module_lib.overrides(module, hook):
                     with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
                         getattr(module, hook)()
+                else:
+                    getattr(module, hook)()  # LitModule's own no-op: not worth a row
         for cb in self._hooks.overriding(hook):
             with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
                 getattr(cb, hook)(trainer, module, *args)
