@@ -22,6 +22,7 @@ trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost not
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from fitjax._logged import Logged, collecting
@@ -44,6 +45,7 @@ HOOKS = (
     "on_test_epoch_start", "on_test_epoch_end",
     "on_test_batch_start", "on_test_batch_end",
     "on_predict_start", "on_predict_end",
+    "on_predict_epoch_start", "on_predict_epoch_end",
     "on_predict_batch_start", "on_predict_batch_end",
     "on_save_checkpoint", "on_load_checkpoint",
     "on_exception",
@@ -96,6 +98,8 @@ class Callback:
                           dataloader_idx: int = 0) -> None: ...
     def on_predict_start(self, trainer, module) -> None: ...
     def on_predict_end(self, trainer, module) -> None: ...
+    def on_predict_epoch_start(self, trainer, module) -> None: ...
+    def on_predict_epoch_end(self, trainer, module) -> None: ...
     def on_predict_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None: ...
     def on_predict_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_exception(self, trainer, module, exception: BaseException) -> None: ...
@@ -151,42 +155,65 @@ def _overrides(cb: Callback, hook: str) -> bool:
 
 
 class CallbackList:
-    """Calls a hook on the module first (if it has it) and then on each callback that overrides it."""
+    """The one dispatcher of hooks: a hook runs on the module (when its class defines it) and on
+    each callback that overrides it, in the order of `fitjax.module.hook_table`: the module's
+    no-argument lifecycle hooks first, its hooks with arguments after the callbacks' (Lightning's
+    order). Which callbacks override a hook is decided once, here; whether the module does, once
+    per stage by the loop (`wants(hook, module)`), so an undefined hook costs nothing per step."""
 
     def __init__(self, callbacks: list[Callback]):
         self.callbacks = list(callbacks)
         self._overriding = {name: [cb for cb in self.callbacks if _overrides(cb, name)] for name in HOOKS}
+        self.response: Any = None  # what the module's last hook returned (on_train_batch_start's -1)
 
-    def wants(self, hook: str) -> bool:
-        """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
-        return bool(self._overriding[hook])
+    def wants(self, hook: str, module: LitModule | None = None) -> bool:
+        """True when some callback overrides `hook`, or `module` defines it (the trainer skips
+        per-step work otherwise)."""
+        return bool(self._overriding.get(hook)) or (module is not None and module_lib.overrides(module, hook))
 
     def overriding(self, hook: str) -> list[Callback]:
         """The callbacks that override `hook`, in call order (after the module's own hook)."""
-        return self._overriding[hook]
+        return self._overriding.get(hook, [])
 
-    def needs_batch(self, hook: str) -> bool:
+    def needs_batch(self, hook: str, module: LitModule | None = None) -> bool:
         """True when a callback overriding the per-batch `hook` may read its `batch` argument
-        (all but those marked with `ignores_batch`, fitjax's own)."""
-        return any(not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
+        (all but those marked with `ignores_batch`, fitjax's own), or `module` defines it."""
+        return (module is not None and module_lib.overrides(module, hook)) or any(
+            not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
 
-    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
+    def call(self, hook: str, trainer, module, *args: Any, timed=None) -> Logged | None:
         """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it
-        has no such hook), for the trainer to log."""
-        logged = None
-        if hook in MODULE_HOOKS:
-            with collecting(host=True) as logged:
-                getattr(module, hook)()
-        for cb in self._overriding[hook]:
-            getattr(cb, hook)(trainer, module, *args)
-        if hook in LitModule.BATCH_HOOKS and module_lib.overrides(module, hook):  # Lightning's: after the callbacks'
-            getattr(module, hook)(*args)
+        has no such hook, or logged nothing), for the trainer to log. `timed(owner, hook)` is a
+        profiler's context around each call that runs (a `fitjax.profilers` row)."""
+        timed = timed or _untimed  # a no-op context: ~0.1 µs a call
+        defined = module_lib.overrides(module, hook)
+        logged, self.response = None, None
+        if defined and hook in module_lib.hook_table.BEFORE_CALLBACKS:
+            logged = self._call_module(hook, module, args, timed)
+        for cb in self._overriding.get(hook, ()):
+            with timed(cb, hook):
+                getattr(cb, hook)(trainer, module, *args)
+        if defined and hook not in module_lib.hook_table.BEFORE_CALLBACKS and hook in _MODULE_HOOKS:
+            logged = self._call_module(hook, module, args, timed)
         return logged if logged is not None and logged.values else None
 
+    def _call_module(self, hook: str, module, args: tuple, timed) -> Logged | None:
+        if hook not in module_lib.hook_table.LOGGING_HOOKS:  # `self.log` raises, saying where to log
+            with timed(module, hook):
+                self.response = getattr(module, hook)(*args)
+            return None
+        with collecting(host=True) as logged, timed(module, hook):
+            self.response = getattr(module, hook)(*args)
+        return logged
 
-# The no-argument hooks a LitModule may override; called before the callbacks' hooks.
-MODULE_HOOKS = frozenset(
-    {"on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start",
-     "on_train_epoch_end", "on_validation_epoch_start", "on_validation_epoch_end",
-     "on_test_epoch_start", "on_test_epoch_end"}
-)
+
+# The module hooks the list runs (`setup`, the data and checkpoint hooks have their own places).
+_MODULE_HOOKS = (module_lib.hook_table.BEFORE_CALLBACKS | module_lib.hook_table.AFTER_CALLBACKS
+                 | module_lib.hook_table.MODULE_ONLY)
+
+
+_NULL = contextlib.nullcontext()
+
+
+def _untimed(owner: Any, hook: str) -> contextlib.AbstractContextManager:
+    return _NULL

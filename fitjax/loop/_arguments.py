@@ -13,6 +13,7 @@ import logging
 import warnings
 from typing import Any
 
+from fitjax import module as module_lib
 from fitjax.data import DataModule
 
 __all__ = ["either", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
@@ -60,9 +61,12 @@ def stage_module(trainer: Any, method: str, module: Any, ckpt_path: Any) -> tupl
 
 def prepare_module(module: Any, stage: str) -> None:
     """Lightning's module data hooks before a stage's loaders are asked for:
-    `prepare_data()` and `setup(stage)`."""
+    `prepare_data()`, `setup(stage)`, then `configure_model()` (before the model is built)."""
     module.prepare_data()
     module.setup(stage)
+    for hook in ("configure_sharded_model", "configure_model"):  # the first is Lightning's old name
+        if module_lib.overrides(module, hook):
+            getattr(module, hook)()
 
 
 def module_loader(module: Any, hook: str) -> Any:

@@ -20,6 +20,7 @@ import numpy as np
 from fitjax.strategies import accelerator_devices, check_devices_match
 from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
 from fitjax.callbacks.timer import parse_duration
+from fitjax import module as module_lib
 from fitjax.module import LitModule
 
 
@@ -144,6 +145,7 @@ def check_module(module: Any, method: str = "fit") -> None:
         raise RuntimeError(
             f"{type(module).__name__}.__init__ did not call `super().__init__()`; add it as the first line."
         )
+    module_lib.hook_table.check_hooks(module, method, LitModule)  # no hook it defines goes uncalled
 
 
 _DATAMODULE_METHODS = ("prepare_data", "setup")

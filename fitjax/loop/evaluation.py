@@ -26,6 +26,7 @@ from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume
+from fitjax.loop._host_hooks import with_transfer_hooks
 from fitjax.loop.fit_run import Built
 from fitjax.strategies import gather_rows
 
@@ -45,9 +46,9 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
     example counted once, with the per-batch hooks; with several loaders each key gets
     Lightning's `/dataloader_idx_<i>` suffix."""
     hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
-    wants_batch_end = hooks.wants(hook)
+    wants_batch_end = hooks.wants(hook, module)  # the module's or a callback's
     start_hook = hook.replace("_end", "_start")
-    wants_batch_start = hooks.wants(start_hook) or module_lib.overrides(module, start_hook)
+    wants_batch_start = hooks.wants(start_hook, module)
     several = len(loaders) > 1
     evaluated = Evaluated({}, {}, {})
     for dataloader_idx, loader in enumerate(loaders):
@@ -81,8 +82,8 @@ def predict_batches(trainer, module, compiled, built_from, hooks, loader, variab
     is held (a writer callback streams them to disk), so a data set larger than host memory
     can be predicted."""
     params, model_state, rng = variables
-    wants_batch_start = hooks.wants("on_predict_batch_start") or module_lib.overrides(module, "on_predict_batch_start")
-    wants_batch_end = hooks.wants("on_predict_batch_end")
+    wants_batch_start = hooks.wants("on_predict_batch_start", module)  # the module's or a callback's
+    wants_batch_end = hooks.wants("on_predict_batch_end", module)
     kept = []  # (outputs, real rows) of each batch
     for batch_idx, (padded, size, batch) in enumerate(eval_batches(loader, "predict", strategy, limit)):
         if wants_batch_start:
@@ -187,7 +188,8 @@ def stage_loaders(module, data, datamodule, *, stage: str, method: str, several:
     if data is None:
         raise ValueError(f"Trainer.{method} needs data (a loader or iterable of batches), datamodule=, "
                          f"or a `{stage}_dataloader()` method on {type(module).__name__}.")
-    return as_loaders(data, name="data") if several else [as_loader(data, name="data")]
+    loaders = as_loaders(data, name="data") if several else [as_loader(data, name="data")]
+    return [with_transfer_hooks(loader, module, i) for i, loader in enumerate(loaders)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from fitjax.data import Feed, as_loader, batch_size_of, checked_batches, each_lo
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
+from fitjax.loop._host_hooks import with_transfer_hooks
 
 __all__ = ["BatchPositions", "FitLoaders", "TrainFeed", "fit_loaders"]
 
@@ -42,6 +43,7 @@ class FitLoaders:
     val: list
     train_hook: Callable[[], Any] | None = None
     val_hook: Callable[[], Any] | None = None
+    module: Any = None  # whose batch transfer hooks each batch passes through
 
     @property
     def reloadable(self) -> bool:
@@ -51,7 +53,7 @@ class FitLoaders:
         """The loaders asked for again from the hooks they came from (Lightning's
         `reload_dataloaders_every_n_epochs`)."""
         train_data = self.train_hook() if self.train_hook else self.train
-        train, val = _as_fit_loaders(train_data, self.val_hook() if self.val_hook else None, overfit)
+        train, val = _as_fit_loaders(train_data, self.val_hook() if self.val_hook else None, overfit, self.module)
         return dataclasses.replace(self, train=train, val=val if self.val_hook else self.val)
 
 
@@ -91,20 +93,20 @@ def fit_loaders(module, train_data, val_data, datamodule, *, overfit: bool) -> F
             f"datamodule=, or a `train_dataloader()` method on {type(module).__name__}."
         )
     source = datamodule if datamodule is not None else module
-    train, val = _as_fit_loaders(train_data, val_data, overfit)
-    return FitLoaders(train, val,
+    train, val = _as_fit_loaders(train_data, val_data, overfit, module)
+    return FitLoaders(train, val, module=module,
                       train_hook=getattr(source, "train_dataloader", None) if from_hooks[0] else None,
                       val_hook=(getattr(source, "val_dataloader", None)
                                 if from_hooks[1] and val_data is not None else None))
 
 
-def _as_fit_loaders(train_data, val_data, overfit: bool):
+def _as_fit_loaders(train_data, val_data, overfit: bool, module):
     if overfit:  # the same first batches every epoch: drawn in order
         train_data = _in_order(train_data, "train")
-    train = as_loader(train_data, name="train_data")
+    train = with_transfer_hooks(as_loader(train_data, name="train_data"), module)
     vals = [] if val_data is None else [  # one loader or several (Lightning's list or dict)
-        as_loader(_in_order(data, "val") if overfit else data, name=name)
-        for name, data in each_loader(val_data, name="val_data")]
+        with_transfer_hooks(as_loader(_in_order(data, "val") if overfit else data, name=name), module, i)
+        for i, (name, data) in enumerate(each_loader(val_data, name="val_data"))]
     return train, vals
 
 

@@ -44,7 +44,7 @@ from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _pieces, _preemption, _resume
-from fitjax.loop._host_hooks import HostHooks
+from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
@@ -553,6 +553,9 @@ class Trainer:
         logged = self._hooks.call(hook, self, module, *args)
         if logged and log:
             self._metric_log.log_hook(logged, owner=type(module).__name__, hook=hook)
+        if self._run is not None and (edits := module_lib.take_params_edits(module)):  # `update_params`
+            self._run.state = self._run.state.replace(
+                params=edited_params(self._run.state.params, edits, type(module).__name__))
 
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
@@ -743,10 +746,10 @@ class Trainer:
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             run.state = run.pieces.epoch_start(run.state, self.current_epoch)
         self._call("on_train_epoch_start", module)
-        wants_batch_start = self._hooks.wants("on_train_batch_start")
-        wants_batch_end = self._hooks.wants("on_train_batch_end")
-        hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start")
-                                           or self._hooks.needs_batch("on_train_batch_end"))
+        wants_batch_start = self._hooks.wants("on_train_batch_start", module)  # the module's or a callback's
+        wants_batch_end = self._hooks.wants("on_train_batch_end", module)
+        hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start", module)
+                                           or self._hooks.needs_batch("on_train_batch_end", module))
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
         compiled = run.compiled
         block_step, train_step, tail_step = (wrap(compiled.block_step), wrap(compiled.train_step),
@@ -762,7 +765,9 @@ class Trainer:
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
             if wants_batch_start:
-                self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
+                self._call("on_train_batch_start", module, batch, batch_idx)
+                if self._hooks.response == -1:  # Lightning's: the rest of the epoch is skipped
+                    break
             if chunk.on_device:
                 step_fn = block_step
             else:
@@ -782,7 +787,7 @@ class Trainer:
             if synced:
                 run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
             if wants_batch_end:
-                self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
+                self._call("on_train_batch_end", module, outputs, batch, batch_idx)
             # a signal's stop: every process after the same step (`_preemption`)
             if (reason := run.stopping.reached(self.global_step)) is not None:
                 self._sigterm = reason == "SIGTERM"  # the same on every process: a save is collective
@@ -893,6 +898,7 @@ class Trainer:
             if stage == "val":
                 self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
             earlier = dict(self._metric_log.callback_metrics)
+            self._call(f"on_{hook}_model_eval", module)
             self._call(f"on_{hook}_start", module)
             self._call(f"on_{hook}_epoch_start", module)
             built = self._in_use
@@ -901,6 +907,7 @@ class Trainer:
             self._metric_log.log(evaluated.values, aliases=evaluated.aliases)
             self._call(f"on_{hook}_epoch_end", module)
             self._call(f"on_{hook}_end", module)
+            self._call(f"on_{hook}_model_train", module)
             logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
         finally:
             self._hooks.call("teardown", self, module, name)
@@ -937,12 +944,15 @@ class Trainer:
         self._hooks.call("setup", self, module, "predict")
         try:
             variables = self._eval_variables(module, loader, "predict", ckpt_path)
-            self._hooks.call("on_predict_start", self, module)
+            self._call("on_predict_model_eval", module)
+            self._call("on_predict_start", module)
+            self._call("on_predict_epoch_start", module)
             built = self._in_use
             host = evaluation.predict_batches(self, module, built.compiled, built.built_from, self._hooks, loader,
                                               variables, limit=self.limits["predict"], strategy=self.strategy,
                                               keep=keep)
-            self._hooks.call("on_predict_end", self, module)
+            self._call("on_predict_epoch_end", module)
+            self._call("on_predict_end", module)
         finally:
             self._hooks.call("teardown", self, module, "predict")
             self._stage = before
@@ -989,6 +999,7 @@ class Trainer:
             with module_lib.hook_mode(module, False):  # Lightning's eval mode
                 self._call("on_sanity_check_start", module)
                 self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
+                self._call("on_validation_model_eval", module)
                 self._call("on_validation_start", module, log=False)
                 self._call("on_validation_epoch_start", module, log=False)
                 evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks, val_loaders,
@@ -996,6 +1007,7 @@ class Trainer:
                                     limit=limit or self.limits["val"], strategy=self.strategy)
                 self._call("on_validation_epoch_end", module, log=False)
                 self._call("on_validation_end", module, log=False)
+                self._call("on_validation_model_train", module)
         finally:
             self._stage = before
         self._call("on_sanity_check_end", module)
@@ -1006,6 +1018,8 @@ class Trainer:
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
         with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
+            self._call("on_validation_model_zero_grad", module)
+            self._call("on_validation_model_eval", module)
             self._call("on_validation_start", module)
             self._call("on_validation_epoch_start", module)
             evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
@@ -1016,6 +1030,7 @@ class Trainer:
             self._progress.last_validated = self._progress.position
             self._call("on_validation_epoch_end", module)
             self._call("on_validation_end", module)
+            self._call("on_validation_model_train", module)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
 
     # ------------------------------------------------------------------------ checkpoints

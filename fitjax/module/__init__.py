@@ -9,12 +9,14 @@ from fitjax.module._lit_module import LitModule
 # names from the user's subclass): which hooks it defines, Lightning's train/eval mode around host
 # hooks, and its weights.
 from fitjax.module._host_model import hook_mode
+from fitjax.module import _hooks as hook_table  # every Lightning hook: called, traced or refused
 from fitjax.module._lit_module import (
     initial_variables,
     is_unfitted_linen,
     overrides,
     own_variables,
     set_variables,
+    take_params_edits,
 )
 
 # For the loop and the callbacks, not part of the user-facing API: the dataloader_idx check of the

@@ -41,14 +41,15 @@ class HostModel:
     """A flax model bound to the trainer's current weights for host code (see the module doc)."""
 
     def __init__(self, module: Any, model: Any, variables: Variables, path: tuple[str, ...] = (),
-                 cache: dict | None = None):
+                 cache: dict | None = None, root: tuple[str, ...] = ()):
         self._module, self._model, self._variables, self._path = module, model, variables, path
+        self._root = root  # the model's own path: (name,) for one of several models (`self.net`)
         self._cache = {} if cache is None else cache  # shared by the submodules' views
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         variables = self._variables()
         if variables is None:
-            where = ".".join((type(self._module).__name__, "model", *self._path))
+            where = ".".join((type(self._module).__name__, *(() if self._root else ("model",)), *self._path))
             raise RuntimeError(
                 f"{where}(...) was called from host code before the model has weights: they exist "
                 "once fit (or validate/test/predict) has built the model from its first batch, i.e. "
@@ -70,12 +71,12 @@ class HostModel:
             raise AttributeError(name)
         target = self._model
         try:
-            value = getattr(target, name) if not self._path else None
+            value = getattr(target, name) if self._path == self._root else None
         except AttributeError:  # a Linen submodule made in `setup`: it exists inside `apply` only
             value = None
         if value is not None and not callable(value) and not isinstance(value, (nn.Module, nnx.Module)):
             return value  # a field (`self.model.latent`)
-        return HostModel(self._module, self._model, self._variables, (*self._path, name), self._cache)
+        return HostModel(self._module, self._model, self._variables, (*self._path, name), self._cache, self._root)
 
     def __repr__(self) -> str:
         return f"HostModel({'.'.join(('model', *self._path))} of {type(self._model).__name__})"
@@ -111,15 +112,19 @@ def hook_mode(module: Any, training: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def installed(module: Any, variables: Variables) -> Iterator[None]:
-    """Inside the block the module's flax model attribute is a `HostModel` over `variables()`."""
-    name = module._model_attribute_name()
-    model = vars(module).get(name) if name is not None else None
-    if model is None or isinstance(model, HostModel):
+    """Inside the block the module's flax model attributes are `HostModel`s over `variables()`
+    (one of several models is called by its name: `self.target_net(x)`)."""
+    names = module._model_attribute_names()
+    models = {name: vars(module)[name] for name in names if not isinstance(vars(module)[name], HostModel)}
+    if not models:
         yield
         return
     cache = module.__dict__.setdefault("_host_model_cache", {})
-    setattr(module, name, HostModel(module, model, variables, cache=cache))
+    root = (lambda name: ()) if len(names) == 1 else (lambda name: (name,))
+    for name, model in models.items():
+        setattr(module, name, HostModel(module, model, variables, root(name), cache, root(name)))
     try:
         yield
     finally:
-        setattr(module, name, model)
+        for name, model in models.items():
+            setattr(module, name, model)

@@ -36,6 +36,7 @@ __all__ = [
     "explain_jit_rules",
     "is_lightning",
     "is_manual",
+    "binding_models",
     "loss",
     "manual_optimization_error",
     "predict_fn",
@@ -113,25 +114,44 @@ def manual_optimization_error(owner: str, call: str) -> TypeError:
     )
 
 
-def _model_attribute(module: Any) -> str:
-    name = module._model_attribute_name()
-    if name is None:
+@contextlib.contextmanager
+def _models_bound(module: Any, model: Any) -> Iterator[None]:
+    """Inside the block the module's flax model attributes are the bound models (`self.model`,
+    or each of several by its name: `self.net`, `self.target_net`); restored however it ends."""
+    names = module._model_attribute_names()
+    if not names:
         module._find_model()  # raises, naming what it found
-    return name
+    bound = {names[0]: model} if len(names) == 1 else {name: model[name] for name in names}
+    previous = {name: vars(module)[name] for name in names}
+    for name, value in bound.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            setattr(module, name, value)
+
+
+def binding_models(module: Any, fn: Callable) -> Callable:
+    """`fn(model, batch)` (fitjax's `loss`) with the module's model attributes bound while it
+    runs, for a module with several models (`self.net(x)` inside `loss`); `fn` itself else."""
+    if len(module._model_attribute_names()) < 2:
+        return fn
+
+    def bound(model: Any, batch: Any) -> Any:
+        with _models_bound(module, model):
+            return fn(model, batch)
+
+    return bound
 
 
 @contextlib.contextmanager
 def _calling(module: Any, model: Any, hook: str) -> Iterator[None]:
-    """Inside the block `module.<model attribute>` is the bound model, and `module.log` uses
-    `hook`'s defaults; both are restored however the block ends."""
-    name = _model_attribute(module)
-    previous = vars(module)[name]
-    setattr(module, name, model)
-    try:
-        with context.setting(_HOOK, hook), explain_jit_rules(type(module).__name__, hook):
-            yield
-    finally:
-        setattr(module, name, previous)
+    """Inside the block the module's model attributes are the bound models, and `module.log`
+    uses `hook`'s defaults; both are restored however the block ends."""
+    with _models_bound(module, model), context.setting(_HOOK, hook), \
+            explain_jit_rules(type(module).__name__, hook):
+        yield
 
 
 def _positional(method: Callable) -> list[inspect.Parameter]:

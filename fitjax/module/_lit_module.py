@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import optax
@@ -17,13 +17,14 @@ from fitjax import _logged, checkpoint
 from fitjax.module import _host_model, _lightning, _optimizers
 from fitjax.step import ModuleSpec, context, defined_at
 from fitjax.step import learning_rate as lr_lib
-from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
+from fitjax.step import model_binding
+from fitjax.step.model_binding import ModelBinding, Models, ModelsBinding, NNXBinding, bind
 from fitjax.module._hparams import AttributeDict, collect_init_args
 from fitjax.module._host_model import hook_mode
 from fitjax._typing import Batch, Metrics, PyTree
 
 __all__ = ["LitModule", "initial_variables", "is_unfitted_linen", "overrides",
-           "own_variables", "set_variables"]
+           "own_variables", "set_variables", "take_params_edits"]
 
 
 class LitModule:
@@ -49,7 +50,8 @@ class LitModule:
     """
 
     #: Linen rng streams the trainer supplies to every call (`self.make_rng(name)` in the model).
-    #: NNX models carry their own `nnx.Rngs`, checkpointed with the model state.
+    #: NNX models carry their own `nnx.Rngs`, checkpointed with the model state, or take the
+    #: step's keys per call from `self.step_rngs()` (these streams).
     rng_streams: tuple[str, ...] = ("dropout",)
 
     #: Lightning's switch for several optimizers (a GAN). With False, `training_step` returns
@@ -148,7 +150,8 @@ class LitModule:
                 f"the step is compiled: the value would be frozen there. In training_step, "
                 f"`batch_idx` is the global step (a traced int32); an epoch-dependent value belongs in "
                 f"an optax schedule (a function of the step) or is computed from `batch_idx` and "
-                f"`self.trainer.num_training_batches`. Host hooks (on_train_epoch_end, ...) may read it."
+                f"`self.trainer.num_training_batches`. Host hooks (on_train_batch_start/_end, "
+                f"on_train_epoch_end, ...) may read it: host work per step belongs there."
             )
 
     def optimizers(self, *args: Any, **kwargs: Any) -> Any:
@@ -227,6 +230,54 @@ class LitModule:
             self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
                      **lightning_options)
 
+    def update_params(self, fn: Callable[[PyTree], PyTree]) -> None:
+        """Writes new weights from a host hook: the trainer replaces its parameters with
+        `fn(params)` before the next step (Lightning's `self.target_net.load_state_dict(...)`).
+
+        `fn` gets the current parameters (a dict keyed by model name with several models) and
+        returns a tree of the same structure, shapes and dtypes, checked. The new arrays take the
+        old ones' shardings as fresh buffers, so the step still donates its state; the edit is part
+        of the train state, so checkpoints record it and a resumed run continues bitwise. The
+        optimizer state is left as it is. Call it from a host hook of `fit` (`on_train_batch_end`,
+        `on_train_epoch_end`, ...); several calls before a step apply in order.
+
+        Example:
+            >>> def on_train_batch_end(self, outputs, batch, batch_idx):  # doctest: +SKIP
+            ...     if self.global_step % self.hparams.sync_rate == 0:  # a DQN's target sync
+            ...         self.update_params(lambda p: {**p, "target_net": p["net"]})
+        """
+        owner = type(self).__name__
+        if _lightning.tracing() or isinstance(jax.numpy.zeros(()), jax.core.Tracer):  # inside a jit trace
+            raise RuntimeError(f"{owner}.update_params(...) writes weights between steps: call it from a host "
+                               "hook (`on_train_batch_end`, ...), not inside the traced step.")
+        if not callable(fn):
+            raise TypeError(f"{owner}.update_params(fn) takes a function `params -> new params`, got "
+                            f"{type(fn).__name__}: {fn!r}; to set a tree `new`, pass `lambda _: new`.")
+        if self.trainer is None or getattr(self.trainer.stage, "name", None) != "fit":
+            raise RuntimeError(f"{owner}.update_params(...) acts on the weights of a running fit: call it "
+                               "from a hook of `Trainer.fit` (after fit, the weights are `module.variables`).")
+        edits = self.__dict__.setdefault("_params_edits", [])
+        edits.append(fn)
+
+    def step_rngs(self) -> nnx.Rngs:
+        """An `nnx.Rngs` of the step's keys, for NNX code that takes its randomness per call.
+
+        One stream per name in `rng_streams` (default `"dropout"`), drawn from the run's key
+        folded with the step, as a Linen model's streams are: different keys every step, the
+        same ones when a run resumes. Call it inside `loss` / `training_step` (traced) and pass
+        it on; each call starts the streams afresh, so make one per step and share it.
+
+        An `nnx.Rngs(0)` made inside the step instead would give the same keys (the same
+        dropout mask) at every step, since the step is compiled once: fitjax refuses it.
+
+        Example:
+            >>> class Classifier(fj.LitModule):  # doctest: +SKIP
+            ...     def loss(self, model, batch):  # model: an nnx.Module whose __call__(x, rngs) drops out
+            ...         logits = model(batch["x"], rngs=self.step_rngs())
+            ...         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+        """
+        return model_binding.step_rngs(tuple(self.rng_streams), type(self).__name__)
+
     @property
     def dataloader_idx(self) -> int:
         """Which of several validation (test) loaders `loss` and `metrics` are traced for.
@@ -246,6 +297,9 @@ class LitModule:
         """Builds what `stage` ("fit", "validate", "test" or "predict") needs before its data is
         asked for: the module's own `train_dataloader()`, `val_dataloader()`, ... when defined."""
 
+    def teardown(self, stage: str) -> None:
+        """Called when `stage` ends (also after an error), after the callbacks' `teardown`."""
+
     # lifecycle hooks, called before the callbacks' hooks of the same name
     def on_fit_start(self) -> None: ...
     def on_fit_end(self) -> None: ...
@@ -258,8 +312,11 @@ class LitModule:
     def on_test_epoch_start(self) -> None: ...
     def on_test_epoch_end(self) -> None: ...
 
-    # per-batch hooks of evaluation, as Lightning's: called after the callbacks' of the same name
-    BATCH_HOOKS = frozenset({"on_validation_batch_start", "on_test_batch_start", "on_predict_batch_start"})
+    # Every other Lightning module hook a subclass defines runs as in Lightning, or is refused
+    # when a stage starts with why and what to write instead: `fitjax.module.hook_table` lists
+    # them all (on_train_batch_start/end, on_validation_start/end, teardown, configure_model,
+    # on_before_batch_transfer, ...). Per-batch hooks are called after the callbacks' of the
+    # same name, with Lightning's arguments.
 
     def on_validation_batch_start(self, batch: Any, batch_idx: int) -> None: ...
     def on_test_batch_start(self, batch: Any, batch_idx: int) -> None: ...
@@ -329,22 +386,29 @@ class LitModule:
         summary lists first); empty before a Linen model is built."""
         return self._binding.order if self._binding is not None else ()
 
-    def _model_attribute_name(self) -> str | None:
-        """The attribute holding the flax model: `model`, else the one flax module attribute."""
+    def _model_attribute_names(self) -> tuple[str, ...]:
+        """The attributes holding flax models: `("model",)`, else every flax module attribute in
+        the order they were set (`self.net`, `self.target_net`; each a parameter group)."""
         if vars(self).get("model") is not None:
-            return "model"
-        found = [name for name, v in vars(self).items()
-                 if isinstance(_host_model.unwrap(v), (nn.Module, nnx.Module))]
-        return found[0] if len(found) == 1 else None
+            return ("model",)
+        return tuple(name for name, v in vars(self).items()
+                     if isinstance(_host_model.unwrap(v), (nn.Module, nnx.Module)))
+
+    def _model_attribute_name(self) -> str | None:
+        """The attribute holding the flax model when there is one (None with none or several)."""
+        names = self._model_attribute_names()
+        return names[0] if len(names) == 1 else None
 
     def _find_model(self) -> Any:
-        name = self._model_attribute_name()
-        if name is not None:
-            return _host_model.unwrap(vars(self)[name])
-        found = [v for v in vars(self).values() if isinstance(v, (nn.Module, nnx.Module))]
+        """The flax model, or a `Models` of several (bound by their attribute names)."""
+        names = self._model_attribute_names()
+        if len(names) == 1:
+            return _host_model.unwrap(vars(self)[names[0]])
+        if names:
+            return Models({name: _host_model.unwrap(vars(self)[name]) for name in names})
         raise AttributeError(
             f"{type(self).__name__} has no model: assign a flax.linen or flax.nnx module to "
-            f"`self.model` in __init__ (found {len(found)} flax modules among its attributes)."
+            f"`self.model` (or to attributes such as `self.net`, `self.target_net`) in __init__."
         )
 
     def _get_binding(self) -> ModelBinding:
@@ -355,10 +419,9 @@ class LitModule:
         return self._binding
 
     def _needs_host_model(self) -> bool:
-        """Whether the flax model attribute is a Linen module with no weights bound (host code)."""
-        name = self._model_attribute_name()
-        model = vars(self).get(name) if name is not None else None
-        return isinstance(model, nn.Module) and model.scope is None
+        """Whether a flax model attribute is a Linen module with no weights bound (host code)."""
+        return any(isinstance(vars(self)[name], nn.Module) and vars(self)[name].scope is None
+                   for name in self._model_attribute_names())
 
     # ------------------------------------------- what the step layer reads of a module (internal)
 
@@ -374,7 +437,7 @@ class LitModule:
             owner=type(self).__name__,
             binding=binding,
             variables=self.variables or binding.initial_variables(),
-            loss=self.loss,
+            loss=_lightning.binding_models(self, self.loss),  # several models: `self.net` bound too
             metrics=self.metrics,
             predict=_lightning.predict_fn(self, LitModule),
             optimizer=self.configure_optimizer,
@@ -398,6 +461,12 @@ def overrides(module: LitModule, hook: str) -> bool:
     return getattr(type(module), hook, None) is not getattr(LitModule, hook, None)
 
 
+def take_params_edits(module: LitModule) -> list:
+    """The `update_params` functions the module's hooks asked for since the last call (the loop
+    applies them, in order, before the next step); [] when none (one dict lookup)."""
+    return module.__dict__.pop("_params_edits", None) or []
+
+
 def own_variables(module: LitModule) -> tuple[PyTree, PyTree, Any] | None:
     """`(params, model_state, rng)` of the module's own weights (after fit or a restore); else None."""
     if module.variables is None:
@@ -409,7 +478,7 @@ def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> Non
     """Gives the module these weights (what `module.variables` returns; an NNX model holds them)."""
     module._variables = (params, model_state)
     binding = module._get_binding()
-    if isinstance(binding, NNXBinding):
+    if isinstance(binding, (NNXBinding, ModelsBinding)):
         binding.update_model(params, model_state)
 
 
@@ -420,4 +489,4 @@ def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:
 
 def is_unfitted_linen(module: LitModule) -> bool:
     """Whether the module's model is a Linen model that no fit nor restore gave weights."""
-    return module.variables is None and isinstance(module._find_model(), nn.Module)
+    return module.variables is None and module._get_binding().initial_variables() is None

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 # Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
 from fitjax import _storage
-from fitjax._logged import Logged, collecting
-from fitjax import module as module_lib
+from fitjax._logged import Logged
 from fitjax.module import LitModule
 
 __all__ = ["PassThroughProfiler", "Profiler"]
@@ -156,16 +154,10 @@ class PassThroughProfiler(Profiler):
         pass
 
 
-def _module_hook(hook: str) -> bool:
-    """Whether `hook` is one of the module's no-argument `on_*` hooks the callback list runs
-    first (not `setup(stage)` nor `on_save_checkpoint(checkpoint)`, which take arguments)."""
-    method = getattr(LitModule, hook, None) if hook.startswith("on_") else None
-    return method is not None and len(inspect.signature(method).parameters) == 1
-
-
 class _TimedHooks:
-    """Stands in for the loop's callback list: the same calls in the same order, each timed as
-    "[LitModule]<class>.<hook>" or "[Callback]<class>.<hook>". Everything else is the list's."""
+    """Stands in for the loop's callback list: the same calls in the same order (the list's own
+    dispatch), each timed as "[LitModule]<class>.<hook>" or "[Callback]<class>.<hook>".
+    Everything else is the list's."""
 
     def __init__(self, hooks: Any, profiler: Profiler) -> None:
         self._hooks = hooks
@@ -175,19 +167,8 @@ class _TimedHooks:
         return getattr(self._hooks, name)
 
     def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
-        logged = None
-        after = hook in LitModule.BATCH_HOOKS  # the module's after the callbacks', with their arguments
-        if _module_hook(hook) and not after:  # the module's own first, as the list runs them
-            with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
-                if module_lib.overrides(module, hook):
-                    with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
-                        getattr(module, hook)()
-                else:
-                    getattr(module, hook)()  # LitModule's own no-op: not worth a row
-        for cb in self._hooks.overriding(hook):
-            with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
-                getattr(cb, hook)(trainer, module, *args)
-        if after and module_lib.overrides(module, hook):
-            with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
-                getattr(module, hook)(*args)
-        return logged if logged is not None and logged.values else None
+        return self._hooks.call(hook, trainer, module, *args, timed=self._timed)
+
+    def _timed(self, owner: Any, hook: str) -> contextlib.AbstractContextManager[None]:
+        kind = "LitModule" if isinstance(owner, LitModule) else "Callback"
+        return self._profiler.profile(f"[{kind}]{type(owner).__name__}.{hook}")

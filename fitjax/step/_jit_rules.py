@@ -13,7 +13,7 @@ from typing import Iterator
 
 import jax
 
-__all__ = ["defined_at", "explain_jit_rules"]
+__all__ = ["HOST_WORK", "defined_at", "explain_jit_rules"]
 
 _JIT_RULES = (
     (jax.errors.TracerBoolConversionError,
@@ -33,6 +33,13 @@ _JIT_RULES = (
 )
 
 
+# Where the traced step's errors send work that needs Python values between steps.
+HOST_WORK = ("Work that needs Python values between steps (an environment step, a replay buffer, "
+             "a decision on a metric) belongs in the module's host hooks `on_train_batch_start(batch, "
+             "batch_idx)` / `on_train_batch_end(outputs, batch, batch_idx)`, called between steps as in "
+             "Lightning.")
+
+
 @contextlib.contextmanager
 def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
     """Re-raises JAX's tracer errors from a user method with the jit rule broken and the fix."""
@@ -42,7 +49,8 @@ def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
         what = next(text for kind, text in _JIT_RULES if isinstance(err, kind))
         raise TypeError(
             f"{owner}.{method} is traced under jax.jit (once, with abstract values) and does {what}. "
-            f"`print(x)` is fine but shows a tracer. JAX's message follows: {type(err).__name__}."
+            f"`print(x)` is fine but shows a tracer. {HOST_WORK} JAX's message follows: "
+            f"{type(err).__name__}."
         ) from err
 
 

@@ -9,11 +9,14 @@ kind of model it holds.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import numpy as np
 from flax import nnx
 
 from fitjax._typing import PyTree
@@ -102,7 +105,8 @@ class NNXBinding(ModelBinding):
             model.train()
         else:
             model.eval()
-        out = fn(model, *args)
+        with _step_key(rng), _refusing_fixed_rngs():
+            out = fn(model, *args)
         _, _, rest = nnx.split(model, nnx.Param, ...)
         return out, nnx.to_pure_dict(rest)
 
@@ -112,6 +116,156 @@ class NNXBinding(ModelBinding):
         nnx.replace_by_pure_dict(param_state, params)
         nnx.replace_by_pure_dict(rest_state, model_state)
         nnx.update(self.model, param_state, rest_state)
+
+
+class Models(Mapping):
+    """Several flax models of one module, bound: `models.net(x)` or `models["net"](x)`.
+
+    What `loss(self, model, batch)` gets as `model` when a module holds several flax models
+    (`self.net` and `self.target_net`, `self.generator` and `self.discriminator`); inside the
+    traced step the module's own attributes are these bound models too."""
+
+    def __init__(self, models: dict[str, Any]):
+        self.__dict__["_models"] = dict(models)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._models[name]
+        except KeyError:
+            raise AttributeError(f"no model named {name!r}; the module's models are {sorted(self._models)}") from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._models[name]
+
+    def __iter__(self):
+        return iter(self._models)
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+
+class ModelsBinding(ModelBinding):
+    """Several models, each bound by its own binding: `params` and `model_state` are dicts keyed
+    by the models' names (the module's attribute names), so each is a top-level parameter group
+    (`configure_optimizers` may return `{name: tx}`; manual optimization `{name: loss}`). `fn`
+    gets a `Models` of the bound models; each draws from its own fold of the step's key."""
+
+    def __init__(self, bindings: dict[str, ModelBinding]):
+        self.bindings = dict(bindings)
+        self.model = Models({name: b.model for name, b in self.bindings.items()})
+        self._gather_static()
+
+    def _gather_static(self) -> None:
+        self.order = tuple((name, *path) for name, b in self.bindings.items() for path in b.order)
+        self.annotations = {(root, name, *path): names for name, b in self.bindings.items()
+                            for (root, *path), names in b.annotations.items()}
+
+    def initial_variables(self):
+        initial = {name: b.initial_variables() for name, b in self.bindings.items()}
+        if any(v is None for v in initial.values()):
+            return None
+        return {n: v[0] for n, v in initial.items()}, {n: v[1] for n, v in initial.items()}
+
+    def init(self, fn, rng, *args):
+        names, variables = list(self.bindings), {}
+
+        def nest(i: int, bound: dict[str, Any]) -> Any:
+            if i == len(names):
+                return fn(Models(bound), *args)
+            name, binding, key = names[i], self.bindings[names[i]], jax.random.fold_in(rng, i)
+            inner = lambda m: nest(i + 1, {**bound, name: m})  # noqa: E731
+            held = binding.initial_variables()
+            if held is None:
+                variables[name] = binding.init(inner, key)
+            else:  # an NNX model holds its variables: bound (not initialised) around the others' init
+                variables[name] = held
+                binding.apply(inner, *held, key, train=True)
+            return None
+
+        nest(0, {})
+        self._gather_static()
+        return {n: variables[n][0] for n in names}, {n: variables[n][1] for n in names}
+
+    def apply(self, fn, params, model_state, rng, *args, train):
+        names, states = list(self.bindings), {}
+
+        def nest(i: int, bound: dict[str, Any]) -> Any:
+            if i == len(names):
+                return fn(Models(bound), *args)
+            name = names[i]
+            out, states[name] = self.bindings[name].apply(
+                lambda m: nest(i + 1, {**bound, name: m}), params[name], model_state[name],
+                jax.random.fold_in(rng, i), train=train)
+            return out
+
+        return nest(0, {}), states
+
+    def update_model(self, params: PyTree, model_state: PyTree) -> None:
+        """Writes trained values back into each NNX model object."""
+        for name, binding in self.bindings.items():
+            if isinstance(binding, NNXBinding):
+                binding.update_model(params[name], model_state[name])
+
+
+# The step's key (already folded with the step) while an NNX model's step code is traced: what
+# `LitModule.step_rngs()` builds its `nnx.Rngs` from.
+_STEP_KEY: contextvars.ContextVar[jax.Array | None] = contextvars.ContextVar("fitjax_step_key", default=None)
+
+
+@contextlib.contextmanager
+def _step_key(rng: jax.Array) -> Iterator[None]:
+    token = _STEP_KEY.set(rng)
+    try:
+        yield
+    finally:
+        _STEP_KEY.reset(token)
+
+
+def step_rngs(rng_streams: tuple[str, ...], owner: str) -> nnx.Rngs:
+    """An `nnx.Rngs` with one stream per name of `rng_streams`, drawn from the step's key (folded
+    with the step, as Linen's streams are): new keys every step, the same ones on a resume."""
+    rng = _STEP_KEY.get()
+    if rng is None:
+        raise RuntimeError(
+            f"{owner}.step_rngs() gives the keys of the step being traced: call it inside `loss`, "
+            "`training_step` or another traced hook of a module whose model is an NNX model, and pass "
+            "it to the model (`model(x, rngs=self.step_rngs())`).")
+    return nnx.Rngs(**{name: jax.random.fold_in(rng, i) for i, name in enumerate(rng_streams)})
+
+
+_FIXED_RNGS_ERROR = (
+    "`nnx.Rngs({seeds})` was made inside the traced step with a fixed seed: the step is compiled "
+    "once, so it would draw the same keys, e.g. the same dropout mask, at every step. Use the step's "
+    "keys instead: `model(x, rngs=self.step_rngs())` (new keys each step, resumed exactly), or give "
+    "the model its own `nnx.Rngs` in `__init__` (its counters are part of the model state).")
+
+
+@contextlib.contextmanager
+def _refusing_fixed_rngs() -> Iterator[None]:
+    """While an NNX model's step code is traced, an `nnx.Rngs` made from fixed seeds (Python
+    ints or concrete keys, not the traced step key) raises, saying what to use instead. Costs
+    nothing per step: it runs only while the step is traced."""
+    original = nnx.Rngs.__init__
+
+    def checked(self, default=None, /, **streams):
+        given = dict(default) if isinstance(default, Mapping) else {"default": default}
+        fixed = [seed for seed in (*given.values(), *streams.values()) if _is_fixed_seed(seed)]
+        if fixed:
+            raise TypeError(_FIXED_RNGS_ERROR.format(seeds=", ".join(map(repr, fixed))))
+        original(self, default, **streams)
+
+    nnx.Rngs.__init__ = checked
+    try:
+        yield
+    finally:
+        nnx.Rngs.__init__ = original
+
+
+def _is_fixed_seed(seed: Any) -> bool:
+    """A Python int or a concrete key: the same value every time a compiled step runs."""
+    if isinstance(seed, jax.core.Tracer) or seed is None or isinstance(seed, nnx.RngStream):
+        return False
+    return isinstance(seed, (int, np.integer, np.ndarray, jax.Array))
 
 
 def _paths_in_order(tree: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
@@ -165,7 +319,10 @@ def _nnx_annotations(root: str, state: nnx.State) -> dict[tuple[str, ...], tuple
 
 
 def bind(model: Any, *, rng_streams: tuple[str, ...], owner: str) -> ModelBinding:
-    """The binding for `model`, with an error naming what was found when it is no flax model."""
+    """The binding for `model` (a `Models` of several: one binding each), with an error naming
+    what was found when it is no flax model."""
+    if isinstance(model, Models):
+        return ModelsBinding({name: bind(m, rng_streams=rng_streams, owner=owner) for name, m in model.items()})
     if isinstance(model, nn.Module):
         return LinenBinding(model, rng_streams)
     if isinstance(model, nnx.Module):

@@ -27,7 +27,7 @@ class Snippet:
 
 def pages() -> list[Path]:
     """README and every page of the site's sources (the generated API pages have no snippets)."""
-    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.parts)]
+    return [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.relative_to(ROOT).parts)]
 
 
 def python_snippets(text: str) -> list[Snippet]:
