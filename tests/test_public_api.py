@@ -6,7 +6,7 @@ import pytest
 
 
 PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.integrations.ray",
-            "fitjax.plugins", "fitjax.plugins.environments", "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
+            "fitjax.plugins", "fitjax.plugins.environments", "fitjax.planner", "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -27,6 +27,6 @@ def test_docstring_examples_run():
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
-                 "fitjax.integrations.ray"]:
+                 "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.loop.plan"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name
