@@ -8,7 +8,7 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, plugins, precision, profilers, strategies, tuner
+from fitjax import callbacks, checkpoint, cli, data, loggers, metrics, plugins, precision, profilers, strategies, tuner
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -75,6 +75,7 @@ __all__ = [
     "cli",
     "data",
     "loggers",
+    "metrics",
     "plugins",
     "precision",
     "profilers",
