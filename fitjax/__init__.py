@@ -8,7 +8,8 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, planner, plugins, precision, profilers, strategies, tuner
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, planner, plugins, precision, profilers,
+                    strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -78,6 +79,7 @@ __all__ = [
     "cli",
     "data",
     "loggers",
+    "metrics",
     "plan",
     "planner",
     "plugins",

@@ -168,10 +168,18 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 
     rng = jax.random.key(seed)
     sharded_batch = strategy.shard_batch(batch)
+    variable_shardings = (shardings.params, shardings.model_state)
     if given is not None:
         # A copy, never an alias: the state is donated to the step, and these arrays belong to the
         # user's model (NNX) or to the module's last fit.
-        given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
+        given = jax.device_put(given, variable_shardings, may_alias=False)
+    if spec.weights is not None:  # weights from outside, read straight into their shardings
+        def initial(given=given):  # the model's own values, for what the source does not give
+            if given is not None:
+                return given
+            return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
+                rng, sharded_batch)
+        given = spec.weights((abstract_state.params, abstract_state.model_state), variable_shardings, initial)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
     programs = {}
@@ -355,6 +363,10 @@ def cost_of(compiled: Any) -> dict[str, float]:
     if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
         cost = cost[0] if cost else {}
     return {key: float(value) for key, value in (cost or {}).items() if isinstance(value, (int, float))}
+
+
+def _variables(state: TrainState) -> tuple[Any, Any]:
+    return state.params, state.model_state
 
 
 def _put(tree, sharding):
