@@ -8,7 +8,8 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, plugins, precision, profilers, strategies, tuner
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, planner, plugins, precision, profilers,
+                    strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -35,6 +36,8 @@ from fitjax.module import LitModule
 from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
+from fitjax.loop.plan import plan
+from fitjax.planner import TransformerShape
 from fitjax.tuner import Tuner
 from fitjax._seed import seed_everything
 
@@ -69,12 +72,16 @@ __all__ = [
     "Timer",
     "TrainState",
     "Trainer",
+    "TransformerShape",
     "Tuner",
     "callbacks",
     "checkpoint",
     "cli",
     "data",
     "loggers",
+    "metrics",
+    "plan",
+    "planner",
     "plugins",
     "precision",
     "profilers",
