@@ -290,7 +290,7 @@ def test_cli_config_and_profiler_outputs_land_under_an_s3_root(bucket):
 
 def test_two_launched_processes_save_one_fsdp_state_to_s3_and_resume_last_bitwise(bucket, tmp_path):
     # each process stages its shards locally, uploads them, the two meet at a barrier and
-    # process 0 writes commit_success.txt last (launch_s3_fsdp.py: a straight 6-step fit, then
+    # process 0 writes .fitjax-complete last (launch_s3_fsdp.py: a straight 6-step fit, then
     # 3 steps saved to the store every step and a resume from "last" to step 6)
     import json
 

@@ -82,13 +82,25 @@ def test_sigterm_while_a_save_waits_on_a_stalled_store_ends_the_fit(proxy, bucke
     monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "60")  # the store's own bound is far away
     monkeypatch.setattr(_writer, "SIGNAL_GRACE", 1.0)
     url = f"{bucket}/sigterm"
-    proxy.rule = lambda method, path: "dead" if method == "PUT" and "-step=2/" in path else "pass"
+    stalled = []
 
-    def sigterm_soon() -> None:  # while step 3's save waits for step 2's, stuck on the store
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    def rule(method, path):  # the save at step 2 never answered; SIGTERM soon after it stalls
+        if method == "PUT" and "-step=2/" in path:
+            if not stalled:
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            stalled.append(path)
+            return "dead"
+        return "pass"
 
+    proxy.rule = rule
     start = time.monotonic()
-    with pytest.raises(checkpoint.SaveFailed, match=r"SIGTERM received while waiting for the save of .*"
-                                                    r"has not answered for \d+ s"):
-        _fit(url, max_steps=6, extra=[_AtStep(2, sigterm_soon)])
+    trainer = quiet_trainer(max_steps=6, enable_checkpointing=True,
+                            callbacks=[fj.ModelCheckpoint(url, every_n_train_steps=1, save_top_k=-1)])
+    try:
+        trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    except checkpoint.SaveFailed as error:
+        assert "SIGTERM received while waiting for the save of" in str(error)
+        assert f"writing .fitjax-checkpoint of '{url}/epoch=0-step=2' has not answered for" in str(error)
+    else:
+        pytest.fail(f"fit returned at step {trainer.global_step}; stalled requests: {stalled}")
     assert time.monotonic() - start < 30
