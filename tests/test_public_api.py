@@ -5,8 +5,9 @@ import importlib
 import pytest
 
 
-PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.metrics", "fitjax.integrations.ray",
-            "fitjax.plugins", "fitjax.plugins.environments", "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.metrics",
+            "fitjax.integrations.ray", "fitjax.plugins", "fitjax.plugins.environments", "fitjax.planner",
+            "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -28,6 +29,6 @@ def test_docstring_examples_run():
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
-                 "fitjax.integrations.ray"]:
+                 "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.loop.plan"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

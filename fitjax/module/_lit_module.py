@@ -15,7 +15,7 @@ from flax import nnx
 import jax
 
 from fitjax import _logged, checkpoint
-from fitjax.module import _host_model, _lightning, _optimizers, _weights
+from fitjax.module import _host_model, _lightning, _optimizers, _weight_sources, _weights
 from fitjax.step import ModuleSpec, context, defined_at
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
@@ -377,6 +377,38 @@ class LitModule:
         the model's own, `block_0.up.kernel`; `load_weights` maps others)."""
         return self.load_weights(state_dict, strict=strict)
 
+    def save_weights(self, path: str | os.PathLike, *, mapping: _weights.NameMap = None,
+                     transpose: _weights.Transpose = (), dtype: Any = None,
+                     metadata: dict[str, str] | None = None) -> dict[str, tuple[int, ...]]:
+        """Writes the module's weights (`variables`, after a fit or a restore) as one
+        `.safetensors` file, the format `transformers`, `safe_open` and `load_weights` read: the
+        inverse of `load_weights`, with the same rules read the other way.
+
+        Args:
+            path: the file to write (its folder must exist); only process 0 writes.
+            mapping: renames the model's names to the file's (a dict `{regex: replacement}`, or a
+                function; None drops an array).
+            transpose: the model's arrays (regexes) whose axes are reversed in the file, or
+                `{regex: axis order}` (the order `load_weights` would be given to read it back).
+            dtype: floats are written in this dtype (`jnp.bfloat16`, ...); None keeps theirs.
+            metadata: strings stored in the file's header (`{"format": "pt"}` for transformers).
+
+        Returns:
+            `{name in the file: shape}` of what was written.
+
+        Example:
+            >>> # module.save_weights("out/model.safetensors", mapping={r"(.*)\\.kernel": r"\\1.weight"},
+            >>> #                     transpose=r".*kernel", metadata={"format": "pt"})
+        """
+        if self.variables is None:
+            raise ValueError(f"{type(self).__name__}.save_weights({str(path)!r}): the module has no weights yet; "
+                             "fit it, or restore it (`load_from_checkpoint`) first.")
+        arrays = _weights.export_arrays(self.variables, mapping=mapping, transpose=transpose, dtype=dtype,
+                                        owner=type(self).__name__)
+        if jax.process_index() == 0:
+            _weight_sources.save_safetensors(arrays, path, metadata)
+        return {name: a.shape for name, a in arrays.items()}
+
     def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
         optional = _weights.rng_names(abstract)
         variables, report = load.place(abstract, shardings, initial, optional)
@@ -494,5 +526,5 @@ def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:
 
 
 def is_unfitted_linen(module: LitModule) -> bool:
-    """Whether the module's model is a Linen model that no fit nor restore gave weights."""
-    return module.variables is None and isinstance(module._find_model(), nn.Module)
+    """Whether the module's model is a Linen model that no fit, restore nor load gave weights."""
+    return module.variables is None and module._weights_load is None and isinstance(module._find_model(), nn.Module)
