@@ -15,10 +15,8 @@ import statistics
 import sys
 
 import jax
-import numpy as np
 import pytest
-import optax
-import flax.linen as nn
+from helpers import Regressor, regression_data
 
 import fitjax as fj
 from fitjax.loop._log_fetch import Window
@@ -30,24 +28,6 @@ from fitjax.loop.progress import Progress
 # JAX's, for the train state's random key). 66 before issue 40's changes, 48 after.
 CALLS_PER_STEP = 48
 HOOK_CALLS_PER_STEP = 2  # on_train_batch_end of the progress bar and of the checkpoint
-
-
-class _MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(4)(nn.relu(nn.Dense(16)(x)))
-
-
-class _Module(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        self.model = _MLP()
-
-    def loss(self, model, batch):
-        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
-
-    def configure_optimizer(self):
-        return optax.adam(1e-3)
 
 
 class _Busy(fj.Callback):
@@ -105,13 +85,11 @@ _READY = Window.ready.__code__
 
 
 def _count_per_step(tmp_path, *extra: fj.Callback) -> _StepCounter:
-    rng = np.random.default_rng(0)
-    data = {"x": rng.normal(size=(16 * 64, 8)).astype(np.float32),
-            "y": rng.integers(0, 4, size=(16 * 64,)).astype(np.int32)}
+    data = regression_data(n=16 * 64)
     counter = _StepCounter()
     trainer = fj.Trainer(max_epochs=2, callbacks=[counter, *extra], default_root_dir=tmp_path,
                          strategy="single", log_every_n_steps=10)
-    trainer.fit(_Module(), fj.DataLoader(data, batch_size=16, shuffle=True, drop_last=True))
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(data, batch_size=16, shuffle=True, drop_last=True))
     assert len(counter.per_step) == 63  # from each step of epoch 1 to the next
     return counter
 
