@@ -228,7 +228,7 @@ class MetricLog:
         window, log_rows = self._windows.popleft()
         with self._profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
-        if not any(w > 0 for _, w in host.values()):
+        if not acc_lib.has_weight(host):
             return
         self._epoch = self._epoch.merged(_logged.keep(host, self._specs, "on_epoch"))
         if not log_rows:
@@ -254,7 +254,7 @@ class MetricLog:
         pending: HostMetrics = {}
         for window, log_rows in self._windows:
             host, extra = window.read()
-            if log_rows and any(w > 0 for _, w in host.values()):
+            if log_rows and acc_lib.has_weight(host):
                 extra, values, aliases = self._window_rows_of(host, extra)
                 pending.update({**extra, **aliases, **values})  # `_write`'s order of updates
         return pending

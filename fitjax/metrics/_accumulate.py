@@ -19,7 +19,8 @@ import numpy as np
 from fitjax._typing import HostMetrics
 from fitjax.metrics._base import Metric, is_metric
 
-__all__ = ["Tracked", "add", "compute", "compute_values", "empty_like", "merge_host", "zeros"]
+__all__ = ["Tracked", "add", "compute", "compute_values", "empty_like", "examples_seen", "has_weight", "merge_host",
+           "template_of", "zeros"]
 
 Accumulator = dict[str, Any]
 
@@ -106,6 +107,18 @@ def _reduce_rows(stacked: Any, keep: jax.Array) -> Any:
             jnp.stack([sa & sb, sa], -1), merged, a, b)
         stacked, seen, rows = both, sa | sb, rows // 2
     return jax.tree.map(lambda x: x[0], stacked)
+
+
+def examples_seen(acc: Mapping[str, Any]) -> jax.Array:
+    """How many examples the accumulator merged (traced; 0 when it holds nothing)."""
+    for entry in acc.values():
+        return entry.count if isinstance(entry, Tracked) else entry[1]
+    return jnp.zeros((), jnp.float32)
+
+
+def has_weight(acc: Mapping[str, Any]) -> bool:
+    """Whether any entry of a host accumulator merged an example."""
+    return any(float(e.count if isinstance(e, Tracked) else e[1]) > 0 for e in acc.values())
 
 
 def merge_host(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
