@@ -941,7 +941,7 @@ class Trainer:
             built = self._in_use
             evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
                                             *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
-            self._metric_log.log(evaluated.values, aliases=evaluated.aliases)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
             self._call(f"on_{hook}_epoch_end", module)
             self._call(f"on_{hook}_end", module)
             logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
@@ -1055,7 +1055,8 @@ class Trainer:
                                             run.loaders.val, self._eval_params(), run.state.model_state,
                                             run.state.rng, stage="val", limit=self.limits["val"],
                                             strategy=self.strategy)
-            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar)
+            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar,
+                                 pictures=evaluated.pictures)
             self._progress.last_validated = self._progress.position
             self._call("on_validation_epoch_end", module)
             self._call("on_validation_end", module)
