@@ -165,6 +165,7 @@ class CallbackList:
         self.callbacks = list(callbacks)
         self._overriding = {name: [cb for cb in self.callbacks if _overrides(cb, name)] for name in HOOKS}
         self.response: Any = None  # what the module's last hook returned (on_train_batch_start's -1)
+        self._defined: dict[type, frozenset[str]] = {}  # module class -> the hooks it defines
 
     def wants(self, hook: str, module: LitModule | None = None) -> bool:
         """True when some callback overrides `hook`, or `module` defines it (the trainer skips
@@ -185,24 +186,32 @@ class CallbackList:
         """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it
         has no such hook, or logged nothing), for the trainer to log. `timed(owner, hook)` is a
         profiler's context around each call that runs (a `fitjax.profilers` row)."""
-        timed = timed or _untimed  # a no-op context: ~0.1 µs a call
-        defined = module_lib.overrides(module, hook)
+        # per step: builtins only on the path of a hook the module does not define (no Python
+        # call besides the callbacks' own: tests/loop/test_host_cost.py counts them)
+        defined = self._defined.get(type(module))
+        if defined is None:
+            defined = self._defined[type(module)] = frozenset(
+                name for name in _MODULE_HOOKS if module_lib.overrides(module, name))
         logged, self.response = None, None
-        if defined and hook in module_lib.hook_table.BEFORE_CALLBACKS:
+        if hook in defined and hook in module_lib.hook_table.BEFORE_CALLBACKS:
             logged = self._call_module(hook, module, args, timed)
         for cb in self._overriding.get(hook, ()):
-            with timed(cb, hook):
+            if timed is None:
                 getattr(cb, hook)(trainer, module, *args)
-        if defined and hook not in module_lib.hook_table.BEFORE_CALLBACKS and hook in _MODULE_HOOKS:
+            else:
+                with timed(cb, hook):
+                    getattr(cb, hook)(trainer, module, *args)
+        if hook in defined and hook not in module_lib.hook_table.BEFORE_CALLBACKS:
             logged = self._call_module(hook, module, args, timed)
         return logged if logged is not None and logged.values else None
 
     def _call_module(self, hook: str, module, args: tuple, timed) -> Logged | None:
+        timing = _NULL if timed is None else timed(module, hook)
         if hook not in module_lib.hook_table.LOGGING_HOOKS:  # `self.log` raises, saying where to log
-            with timed(module, hook):
+            with timing:
                 self.response = getattr(module, hook)(*args)
             return None
-        with collecting(host=True) as logged, timed(module, hook):
+        with collecting(host=True) as logged, timing:
             self.response = getattr(module, hook)(*args)
         return logged
 
@@ -213,7 +222,3 @@ _MODULE_HOOKS = (module_lib.hook_table.BEFORE_CALLBACKS | module_lib.hook_table.
 
 
 _NULL = contextlib.nullcontext()
-
-
-def _untimed(owner: Any, hook: str) -> contextlib.AbstractContextManager:
-    return _NULL

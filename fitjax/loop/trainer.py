@@ -784,6 +784,7 @@ class Trainer:
         self._call("on_train_epoch_start", module)
         wants_batch_start = self._hooks.wants("on_train_batch_start", module)  # the module's or a callback's
         wants_batch_end = self._hooks.wants("on_train_batch_end", module)
+        module_batch_end = module_lib.overrides(module, "on_train_batch_end")
         hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start", module)
                                            or self._hooks.needs_batch("on_train_batch_end", module))
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
@@ -828,8 +829,11 @@ class Trainer:
             synced = progress.crossed(log_every)
             if synced:
                 run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
-            if wants_batch_end:
-                self._call("on_train_batch_end", module, outputs, batch, batch_idx)
+            if wants_batch_end:  # the module's own through `_call`: it may log or write weights
+                if module_batch_end:
+                    self._call("on_train_batch_end", module, outputs, batch, batch_idx)
+                else:
+                    self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
             # a signal's stop: every process after the same step (`_preemption`)
             if (reason := stopping.reached(position.global_step)) is not None:
                 self._sigterm = reason == "SIGTERM"  # the same on every process: a save is collective

@@ -115,16 +115,21 @@ def installed(module: Any, variables: Variables) -> Iterator[None]:
     """Inside the block the module's flax model attributes are `HostModel`s over `variables()`
     (one of several models is called by its name: `self.target_net(x)`)."""
     names = module._model_attribute_names()
-    models = {name: vars(module)[name] for name in names if not isinstance(vars(module)[name], HostModel)}
+    models = []
+    for name in names:  # a loop, not a comprehension: this runs at every hook call (host cost)
+        model = vars(module)[name]
+        if not isinstance(model, HostModel):
+            models.append((name, model))
     if not models:
         yield
         return
     cache = module.__dict__.setdefault("_host_model_cache", {})
-    root = (lambda name: ()) if len(names) == 1 else (lambda name: (name,))
-    for name, model in models.items():
-        setattr(module, name, HostModel(module, model, variables, root(name), cache, root(name)))
+    several = len(names) > 1  # one of several models is reached by its name: `self.target_net(x)`
+    for name, model in models:
+        root = (name,) if several else ()
+        setattr(module, name, HostModel(module, model, variables, root, cache, root))
     try:
         yield
     finally:
-        for name, model in models.items():
+        for name, model in models:
             setattr(module, name, model)

@@ -241,8 +241,9 @@ class LitModule:
         returns a tree of the same structure, shapes and dtypes, checked. The new arrays take the
         old ones' shardings as fresh buffers, so the step still donates its state; the edit is part
         of the train state, so checkpoints record it and a resumed run continues bitwise. The
-        optimizer state is left as it is. Call it from a host hook of `fit` (`on_train_batch_end`,
-        `on_train_epoch_end`, ...); several calls before a step apply in order.
+        optimizer state is left as it is. Call it from one of the module's own host hooks of `fit`
+        (`on_train_batch_end`, `on_train_epoch_end`, ...): the edit is applied when that hook
+        returns; several calls apply in order.
 
         Example:
             >>> def on_train_batch_end(self, outputs, batch, batch_idx):  # doctest: +SKIP
