@@ -155,6 +155,8 @@ class GPTModule(fj.LitModule):
         if width % heads:
             raise ValueError(f"GPTModule(width={width!r}, heads={heads!r}): heads must divide width")
         self.model = GPT(layers=layers, width=width, heads=heads, context=context)
+        # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
+        self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
         # read by fj.LearningRateMonitor (optax keeps the schedule inside the optimizer)
         self.lr_schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1),
                                                               end_value=lr / 10)

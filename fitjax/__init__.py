@@ -8,7 +8,8 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import callbacks, checkpoint, cli, data, loggers, plugins, precision, profilers, strategies, tuner
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, planner, plugins, precision, profilers,
+                    strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -31,10 +32,12 @@ from fitjax.callbacks import (
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
-from fitjax.module import LitModule
+from fitjax.module import LitModule, param_groups
 from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
+from fitjax.loop.plan import plan
+from fitjax.planner import TransformerShape
 from fitjax.tuner import Tuner
 from fitjax._seed import seed_everything
 
@@ -69,12 +72,17 @@ __all__ = [
     "Timer",
     "TrainState",
     "Trainer",
+    "TransformerShape",
     "Tuner",
     "callbacks",
     "checkpoint",
     "cli",
     "data",
     "loggers",
+    "metrics",
+    "param_groups",
+    "plan",
+    "planner",
     "plugins",
     "precision",
     "profilers",

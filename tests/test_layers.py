@@ -32,6 +32,9 @@ LAYERS = [
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module"]),
+    # will it fit, and how fast: the train step compiled for a target (`Trainer.plan`, and
+    # `strategy="plan"` in the loop, so below it)
+    ("plan", ["fitjax.planner"]),
     ("loop", ["fitjax.loop", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]

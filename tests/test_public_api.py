@@ -5,8 +5,9 @@ import importlib
 import pytest
 
 
-PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.integrations.ray",
-            "fitjax.plugins", "fitjax.plugins.environments", "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
+PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.metrics",
+            "fitjax.integrations.ray", "fitjax.plugins", "fitjax.plugins.environments", "fitjax.planner",
+            "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -21,12 +22,13 @@ def test_docstring_examples_run():
     import doctest
 
     for name in ["fitjax.module._lit_module", "fitjax.loop.trainer", "fitjax.loop.progress", "fitjax.loop.config",
-                 "fitjax.loop.metric_log",
+                 "fitjax.loop.metric_log", "fitjax.metrics", "fitjax.metrics._base", "fitjax.metrics._classification",
+                 "fitjax.metrics._ranking", "fitjax.metrics._regression", "fitjax.metrics._collection",
                  "fitjax.strategies.dp",
                  "fitjax.callbacks.ema", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
-                 "fitjax.integrations.ray"]:
+                 "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.loop.plan"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

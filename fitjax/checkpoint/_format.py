@@ -93,8 +93,8 @@ def damage(path: str | os.PathLike) -> str | None:
         return "it is the leftover of an interrupted save or deletion"
     if not path.is_dir():
         return "no such folder"
-    if _storage.is_url(path) and not (path / _storage.COMMIT).exists():
-        return f"{_storage.COMMIT} is missing (an interrupted upload)"
+    if _storage.is_url(path) and not (path / _storage.COMPLETE).exists():
+        return f"{_storage.COMPLETE} is missing (an incomplete upload)"
     for item, file in ((META_ITEM, "metadata"), (STATE_ITEM, "_METADATA")):
         if not (path / item / file).is_file():
             return f"{item}/{file} is missing"
@@ -333,7 +333,10 @@ def _readable(path: str | os.PathLike) -> Path:
     problem = damage(path)
     if problem is not None:
         raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {problem}.")
-    return _storage.download(path)
+    try:
+        return _storage.download(path)
+    except FileNotFoundError as error:  # a file its list names is gone, or of another size
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {_first_line(error)}.") from None
 
 
 def _restore(path: Path, target: PyTree) -> PyTree:

@@ -1,6 +1,7 @@
 """`LightningCLI`: a `Trainer`, a `LitModule` and a `DataModule` built from the command line and YAML.
 
-The shape is Lightning's: subcommands `fit`, `validate`, `test`, `predict`; `--config` files merged
+The shape is Lightning's: subcommands `fit`, `validate`, `test`, `predict` (and fitjax's `plan`:
+`Trainer.plan`, the train step `fit` would run compiled for a target and measured); `--config` files merged
 in order, then command-line overrides; `--print_config`; `--trainer.*`, `--model.*`, `--data.*`
 read from the classes' `__init__` signatures (types from the hints, help from the docstrings), so
 an argument added to `Trainer.__init__` appears here without an edit; callbacks, loggers and the
@@ -292,6 +293,7 @@ class LightningCLI:
             "validate": {"module", "data", "datamodule", "model", "dataloaders"},
             "test": {"module", "data", "datamodule", "model", "dataloaders"},
             "predict": {"module", "data", "datamodule", "model", "dataloaders", "return_predictions"},
+            "plan": {"module", "train_data", "datamodule"},
         }
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -321,6 +323,8 @@ class LightningCLI:
                 self.trainer_class, name, skip=set(skip), fail_untyped=False)
             if name == "predict":
                 _predictions.add_output_argument(sub)
+            if name == "plan":
+                sub.add_argument("--json", action="store_true", help="Print the plan as JSON instead of a table.")
             self._subcommand_parsers[name] = sub
             group.add_subcommand(name, sub, help=description)
 
@@ -464,6 +468,8 @@ class LightningCLI:
                 print(_predictions.report(self.result, output))
             elif subcommand == "fit":
                 print(self._where_fit_wrote())
+            elif subcommand == "plan":
+                print(self.result.to_json() if self.config_init["plan"].get("json") else self.result.render())
         after = getattr(self, f"after_{subcommand}", None)
         if callable(after):
             after()

@@ -312,7 +312,7 @@ class MetricLog:
         """Logs the means of a window (waits for it), at the row of the log step that started it."""
         with self._profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
-        if not any(w > 0 for _, w in host.values()):
+        if not acc_lib.has_weight(host):
             return
         self._epoch = self._epoch.merged(_logged.keep(host, self._specs, "on_epoch"))
         if not log_rows:
@@ -341,7 +341,7 @@ class MetricLog:
                 continue
             window, log_rows, _ = entry
             host, extra = window.read()
-            if log_rows and any(w > 0 for _, w in host.values()):
+            if log_rows and acc_lib.has_weight(host):
                 extra, values, aliases = self._window_rows_of(host, extra)
                 pending.update({**extra, **aliases, **values})  # `_write`'s order of updates
         return pending

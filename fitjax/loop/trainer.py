@@ -46,6 +46,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop import _pieces, _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
+from fitjax.loop._plan import plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
@@ -60,6 +61,7 @@ from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule, check_fit_data
 from fitjax.loggers import Logger, resolve_loggers
 from fitjax.module import LitModule, check_dataloader_idx
+from fitjax.planner import Plan
 from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax.state import TrainState
 from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
@@ -648,6 +650,39 @@ class Trainer:
             if run is not None and run.requeue_from is not None:
                 _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
         self._metric_log.finalize("success")
+
+    def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
+             target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
+             headroom: float = 0.1) -> Plan:
+        """Will it fit, and how fast: the train step `fit` would run, compiled for `target` and
+        measured, never run (nothing is allocated; the module and trainer are left as they were).
+
+        Reports per candidate, per device: memory (parameters, optimizer state, other state,
+        the batch, temporaries: gradients and activations; the peak, from XLA's memory analysis)
+        and whether it fits the device's memory with `headroom` of it kept free; model FLOPs
+        (6N + attention for a module declaring `transformer_shape`, else its `flops_per_batch`,
+        else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
+        estimate of the step's time and MFU from the device kind's peak figures. See
+        docs/guides/plan.md.
+
+        Args:
+            module, train_data, datamodule: as for `fit` (only the first batch's shapes are used).
+            target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
+                "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
+                'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
+            sweep: False: the trainer as configured; True: also other strategies and meshes,
+                remat and micro-batches with accumulation; or `{axis: [values]}` (axes
+                "strategy", "accumulate", "precision", "remat").
+            memory_bytes: memory per device to fit in (default: the device's, or the device
+                kind's from the table; none on CPU).
+            headroom: the fraction of the memory kept free (fragmentation, the runtime).
+
+        Returns:
+            A `fitjax.planner.Plan`: `print(plan)` shows the table, `plan.as_dict()` the figures,
+            `plan.recommended` the fastest candidate that fits and `plan.reason` why.
+        """
+        return plan_trainer(self, module, train_data, datamodule, target=target, sweep=sweep,
+                            memory_bytes=memory_bytes, headroom=headroom)
 
     def _fit(self, run: FitRun, ckpt_path=None) -> None:
         module, feed = run.module, run.feed

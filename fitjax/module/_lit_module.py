@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import warnings
 from typing import Any
 
 import flax.linen as nn
@@ -14,7 +15,7 @@ from flax import nnx
 import jax
 
 from fitjax import _logged, checkpoint
-from fitjax.module import _host_model, _lightning, _optimizers
+from fitjax.module import _host_model, _lightning, _optimizers, _weight_sources, _weights
 from fitjax.step import ModuleSpec, context, defined_at
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
@@ -63,6 +64,7 @@ class LitModule:
         self._hparams = AttributeDict()
         self._binding: ModelBinding | None = None
         self._variables: tuple[PyTree, PyTree] | None = None
+        self._weights_load: _weights.WeightsLoad | None = None  # until a build reads it
 
     # ----------------------------------------------------------------- user hooks (override these)
 
@@ -315,6 +317,107 @@ class LitModule:
         module.on_load_checkpoint(meta)  # Lightning's `load_from_checkpoint` calls it too
         return module
 
+    # ------------------------------------------------------------------ weights from outside
+
+    def load_weights(self, source: Any, *, mapping: _weights.NameMap = None,
+                     transpose: _weights.Transpose = (), strict: bool = True) -> _weights.WeightsReport | None:
+        """Starts the next fit (or validate, test, predict) from weights saved elsewhere.
+
+        The source is read when the trainer builds the state: each array straight into the
+        strategy's sharding, a safetensors file read slice by slice (under fsdp each process
+        reads only the rows its devices hold), an Orbax tree shard by shard. Arrays the source
+        lacks keep their initialised values (with `strict=False`). After the fit,
+        `module.variables` holds the trained weights and the load is done.
+
+        Names: the model's arrays are named by their dotted paths, `block_0.up.kernel` (the
+        model summary lists them), model state too (`batch_stats.BatchNorm_0.mean`).
+
+        Args:
+            source: a `.safetensors` file; a Hugging Face model folder (`config.json` with
+                `model.safetensors`, or shards listed in `model.safetensors.index.json`); a plain
+                Orbax tree folder; a fitjax checkpoint folder (its `params` and `model_state`);
+                a `.msgpack` file of `flax.serialization`; or a mapping `{name: array}`
+                (flat or nested; numpy, jax or torch tensors: a `state_dict()`).
+            mapping: renames the source's names to the model's: a dict `{regex: replacement}`
+                (the first pattern that matches a whole name wins; `\\1` refers to its groups;
+                a replacement None drops the array), or a function `name -> new name | None`.
+            transpose: the model's arrays (regexes) whose layout is the source's transposed: a
+                regex or list of them (axes reversed: torch `Linear.weight` [out, in] into a
+                flax kernel [in, out]), or `{regex: axis order}`.
+            strict: whether every array of the model must come from the source and every array
+                of the source must name one of the model (Lightning's `strict`).
+
+        Returns:
+            The report (loaded names, `missing_keys`, `unexpected_keys`) when the model's arrays
+            are known now (an NNX model, or a Linen one after a fit); None for a Linen model not
+            built yet, whose load is checked when the trainer builds it (`strict=False`: a
+            warning lists what was missing or unexpected).
+
+        Raises:
+            ValueError: naming each array whose shape or dtype differs (floats load into any
+                float dtype), each name given twice, and with `strict` each missing and unexpected
+                name; at the call when the model's arrays are known, else when fit builds.
+
+        Example:
+            >>> # module.load_weights("gpt2/model.safetensors", mapping={r"h\\.(\\d+)\\.(.*)": r"block_\\1.\\2"})
+            >>> # fj.Trainer(strategy="fsdp").fit(module, data)
+        """
+        load = _weights.WeightsLoad.make(source, mapping=mapping, transpose=transpose, strict=strict,
+                                         owner=type(self).__name__)
+        known = self.variables or self._get_binding().initial_variables()
+        report = None
+        if known is not None:  # checked now; read when a trainer builds the state
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), known)
+            report = load.plan(_weights.target_names(abstract), _weights.rng_names(abstract))[1]
+        self._weights_load = load
+        return report
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True) -> _weights.WeightsReport | None:
+        """Lightning's `load_state_dict`: `load_weights(state_dict, strict=strict)` (the names are
+        the model's own, `block_0.up.kernel`; `load_weights` maps others)."""
+        return self.load_weights(state_dict, strict=strict)
+
+    def save_weights(self, path: str | os.PathLike, *, mapping: _weights.NameMap = None,
+                     transpose: _weights.Transpose = (), dtype: Any = None,
+                     metadata: dict[str, str] | None = None) -> dict[str, tuple[int, ...]]:
+        """Writes the module's weights (`variables`, after a fit or a restore) as one
+        `.safetensors` file, the format `transformers`, `safe_open` and `load_weights` read: the
+        inverse of `load_weights`, with the same rules read the other way.
+
+        Args:
+            path: the file to write (its folder must exist); only process 0 writes.
+            mapping: renames the model's names to the file's (a dict `{regex: replacement}`, or a
+                function; None drops an array).
+            transpose: the model's arrays (regexes) whose axes are reversed in the file, or
+                `{regex: axis order}` (the order `load_weights` would be given to read it back).
+            dtype: floats are written in this dtype (`jnp.bfloat16`, ...); None keeps theirs.
+            metadata: strings stored in the file's header (`{"format": "pt"}` for transformers).
+
+        Returns:
+            `{name in the file: shape}` of what was written.
+
+        Example:
+            >>> # module.save_weights("out/model.safetensors", mapping={r"(.*)\\.kernel": r"\\1.weight"},
+            >>> #                     transpose=r".*kernel", metadata={"format": "pt"})
+        """
+        if self.variables is None:
+            raise ValueError(f"{type(self).__name__}.save_weights({str(path)!r}): the module has no weights yet; "
+                             "fit it, or restore it (`load_from_checkpoint`) first.")
+        arrays = _weights.export_arrays(self.variables, mapping=mapping, transpose=transpose, dtype=dtype,
+                                        owner=type(self).__name__)
+        if jax.process_index() == 0:
+            _weight_sources.save_safetensors(arrays, path, metadata)
+        return {name: a.shape for name, a in arrays.items()}
+
+    def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
+        optional = _weights.rng_names(abstract)
+        variables, report = load.place(abstract, shardings, initial, optional)
+        if report.missing_keys or report.unexpected_keys:
+            warnings.warn(f"{type(self).__name__}.load_weights from {load.source.description}: "
+                          f"{len(report.loaded)} arrays loaded; missing (kept as initialised): "
+                          f"{report.missing_keys}; unexpected (ignored): {report.unexpected_keys}.", stacklevel=2)
+        return variables
+
     # ------------------------------------------------------------------ model binding (internal)
 
     @property
@@ -385,6 +488,8 @@ class LitModule:
             eval_stages=("val", "test") if _lightning.is_lightning(self) else ("val",),
             mode=functools.partial(hook_mode, self),
             defined_at={method: defined_at(self, method) for method in ("loss", "metrics")},
+            weights=(None if vars(self).get("_weights_load") is None
+                     else functools.partial(self._place_weights, self._weights_load)),
         )
 
 
@@ -406,8 +511,10 @@ def own_variables(module: LitModule) -> tuple[PyTree, PyTree, Any] | None:
 
 
 def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> None:
-    """Gives the module these weights (what `module.variables` returns; an NNX model holds them)."""
+    """Gives the module these weights (what `module.variables` returns; an NNX model holds them);
+    a pending `load_weights` is done (the build that placed it is what gave these)."""
     module._variables = (params, model_state)
+    module._weights_load = None
     binding = module._get_binding()
     if isinstance(binding, NNXBinding):
         binding.update_model(params, model_state)
@@ -419,5 +526,5 @@ def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:
 
 
 def is_unfitted_linen(module: LitModule) -> bool:
-    """Whether the module's model is a Linen model that no fit nor restore gave weights."""
-    return module.variables is None and isinstance(module._find_model(), nn.Module)
+    """Whether the module's model is a Linen model that no fit, restore nor load gave weights."""
+    return module.variables is None and module._weights_load is None and isinstance(module._find_model(), nn.Module)

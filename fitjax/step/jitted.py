@@ -25,14 +25,16 @@ from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
-__all__ = ["Compiled", "EvalStep", "StepBuild", "block_sharding", "build", "check_optimizer", "train_step_cost"]
+__all__ = ["AbstractTrain", "Compiled", "EvalStep", "StepBuild", "abstract_train", "block_sharding", "build",
+           "check_optimizer", "cost_of", "step_inputs", "step_memory_bytes",
+           "train_step_cost"]
 
 
 class EvalStep(NamedTuple):
     """One evaluation's jitted step, the names of the values it returns and their log options."""
 
     step: Callable[..., Any]
-    names: tuple[str, ...]
+    names: dict[str, Any]  # name -> None (a mean) or the metric (`fitjax.metrics.zeros`'s slots)
     log_specs: dict[str, Any]  # name -> `_logged.LogSpec`
 
 
@@ -155,7 +157,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     abstract_given = None if given is None else _abstract(given)
     tx = check_optimizer(spec.optimizer(), owner) if fit else optax.identity()
     tx = options.wrap_optimizer(tx, groups=spec.manual) if fit else tx
-    train_names = options.train_metric_names(names.train) if fit else names.train
+    train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
     init_fn = options.wrap_init(init_fn, tx)
@@ -166,10 +168,18 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 
     rng = jax.random.key(seed)
     sharded_batch = strategy.shard_batch(batch)
+    variable_shardings = (shardings.params, shardings.model_state)
     if given is not None:
         # A copy, never an alias: the state is donated to the step, and these arrays belong to the
         # user's model (NNX) or to the module's last fit.
-        given = jax.device_put(given, (shardings.params, shardings.model_state), may_alias=False)
+        given = jax.device_put(given, variable_shardings, may_alias=False)
+    if spec.weights is not None:  # weights from outside, read straight into their shardings
+        def initial(given=given):  # the model's own values, for what the source does not give
+            if given is not None:
+                return given
+            return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
+                rng, sharded_batch)
+        given = spec.weights((abstract_state.params, abstract_state.model_state), variable_shardings, initial)
     state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
     programs = {}
@@ -198,19 +208,87 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
-    val = EvalStep(jit_eval("val"), names.eval, log_specs)
-    test = EvalStep(jit_eval("test"), test_names.eval, log_specs) if test_names else val
+    val = EvalStep(jit_eval("val"), names.slots(names.eval, train=False), log_specs)
+    test = EvalStep(jit_eval("test"), test_names.slots(test_names.eval, train=False), log_specs) if test_names else val
 
     @functools.cache
     def loader_eval_step(stage: str, dataloader_idx: int) -> EvalStep:
         """Another loader's step: its names traced again (a hook may log others for it)."""
         with context.stage(stage), context.dataloader_index(dataloader_idx):
             loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given)
-        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.eval, {**log_specs, **loader_names.log_specs})
+        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.slots(loader_names.eval, train=False),
+                        {**log_specs, **loader_names.log_specs})
 
     compiled = Compiled(shardings, options, log_specs, predict_step, {"val": val, "test": test},
                         loader_eval_step=loader_eval_step if loader_index.read else None, **programs)
     return StepBuild(state, compiled)
+
+
+class AbstractTrain(NamedTuple):
+    """The train program `fit` would compile, with nothing allocated (`abstract_train`)."""
+
+    #: the train state as `jax.ShapeDtypeStruct`s carrying the strategy's shardings
+    state: TrainState
+    #: one full call's inputs as `jax.ShapeDtypeStruct`s (`step_inputs`)
+    inputs: Any
+    #: the donated, jitted `train_step(state, inputs)` fit runs (to `.lower(state, inputs)`)
+    train_step: Callable[..., Any]
+    #: the same step with its scans unrolled, for XLA's cost analysis (`train_step_cost`)
+    unrolled_step: Callable[..., Any]
+
+
+def step_inputs(batch: Batch, options: StepOptions, *, processes: int = 1) -> Any:
+    """Abstract inputs of one full train-step call on batches shaped like `batch` (one
+    process's; the step takes `processes` times its rows): `[steps, micro-batches, batch, ...]`
+    stacked in front as `steps_per_execution` and `accumulate_grad_batches` ask, with the
+    micro-batch mask when accumulating."""
+    k, spe = options.accumulate_grad_batches, options.steps_per_execution
+    lead = ((spe,) if spe > 1 else ()) + ((k,) if k > 1 else ())
+    stacked = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((*lead, x.shape[0] * processes, *x.shape[1:]), x.dtype), batch)
+    return (stacked, jax.ShapeDtypeStruct(lead, jnp.bool_)) if k > 1 else stacked
+
+
+def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
+                   options: StepOptions = StepOptions()) -> AbstractTrain:
+    """The train step `build(..., purpose="fit")` makes for `strategy` and `options`, on an
+    abstract state: the same initialisation traced with `jax.eval_shape`, the same shardings,
+    the same step function and jit arguments, so lowering it (`train_step.lower(state,
+    inputs)`) compiles the program fit would run, for the strategy's devices (which need not
+    be this machine's: a TPU topology compiles deviceless) and without allocating the state.
+
+    `batch` gives shapes and dtypes only (arrays or `jax.ShapeDtypeStruct`s) of the whole
+    batch one step takes."""
+    abstract_batch = _abstract(batch)
+    given = None if spec.variables is None else _abstract(spec.variables)
+    names = forward.check_step_outputs(spec, abstract_batch, given)
+    tx = options.wrap_optimizer(check_optimizer(spec.optimizer(), spec.owner), groups=spec.manual)
+    train_names = options.train_metric_names(names.train)
+    init_fn = options.wrap_init(forward.make_init_fn(spec, tx, train_names, trace="loss"), tx)
+    abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
+    shardings = strategy.state_shardings(abstract_state, spec.binding.annotations)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
+    made = _train_programs(spec, tx, options, train_names, strategy, shardings)
+    make, spe = made["make"], options.steps_per_execution
+    inputs_sharding = _host_sharding(strategy, options, 1 if spe > 1 else 0)
+    step = _jit_train(make(single=False), strategy, shardings, inputs_sharding)
+    unrolled = _jit_train(make(single=False, unrolled=True), strategy, shardings, inputs_sharding, donate=False)
+    return AbstractTrain(state, step_inputs(abstract_batch, options), step, unrolled)
+
+
+def _host_sharding(strategy: Strategy, options: StepOptions, leading: int):
+    """Host inputs: stacked dimensions (steps, micro-batches) unsharded, the batch's kept; the
+    micro-batch mask replicated."""
+    if options.accumulate_grad_batches > 1:
+        return stacked_sharding(strategy.batch_sharding, leading + 1), strategy.replicated
+    return stacked_sharding(strategy.batch_sharding, leading)
+
+
+def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, donate: bool = True,
+               compiler_options: dict | None = None) -> Callable:
+    """`fn(state, inputs)` jitted with the state's shardings (donated unless `donate=False`)."""
+    return strategy.jit(fn, in_shardings=(shardings, inputs_sharding), out_shardings=(shardings, strategy.replicated),
+                        donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings
@@ -221,18 +299,13 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     replicated = strategy.replicated
 
     def host_sharding(leading: int):
-        """Host inputs: stacked dimensions (steps, micro-batches) unsharded, the batch's kept;
-        the micro-batch mask replicated."""
-        if k > 1:
-            return stacked_sharding(strategy.batch_sharding, leading + 1), replicated
-        return stacked_sharding(strategy.batch_sharding, leading)
+        return _host_sharding(strategy, options, leading)
 
     def jit_train(fn: Callable, inputs_sharding) -> Callable:
         """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `xla_cpu` plans."""
         def jit(donate: bool = True, compiler_options: dict | None = None):
-            return strategy.jit(fn, in_shardings=(shardings, inputs_sharding),
-                                out_shardings=(shardings, replicated),
-                                donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
+            return _jit_train(fn, strategy, shardings, inputs_sharding, donate=donate,
+                              compiler_options=compiler_options)
         return xla_cpu.step(jit, platform=strategy.platform)
 
     def make(single: bool, unrolled: bool = False) -> Callable:
@@ -271,23 +344,30 @@ def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: S
     micro-batches and steps) would report one micro-batch's FLOPs. Compiled once per call of
     this function, with the step's own shardings and nothing donated.
     """
-    k, spe = options.accumulate_grad_batches, options.steps_per_execution
-    lead = ((spe,) if spe > 1 else ()) + ((k,) if k > 1 else ())
-    processes = jax.process_count()
+    leading = 1 if options.steps_per_execution > 1 else 0
+    jitted = _jit_train(step_fn, strategy, shardings, _host_sharding(strategy, options, leading), donate=False)
+    inputs = step_inputs(abstract_batch, options, processes=jax.process_count())
+    return cost_of(jitted.lower(abstract_state, inputs).compile())
 
-    def global_stacked(x):  # this process's batch -> the step's global inputs, stacked in front
-        return jax.ShapeDtypeStruct((*lead, x.shape[0] * processes, *x.shape[1:]), x.dtype)
 
-    inputs = jax.tree.map(global_stacked, abstract_batch)
-    batch_sharding = stacked_sharding(strategy.batch_sharding, len(lead))
-    in_shardings = jax.tree.map(lambda _: batch_sharding, inputs)
-    if k > 1:
-        inputs, in_shardings = (inputs, jax.ShapeDtypeStruct(lead, jnp.bool_)), (in_shardings, strategy.replicated)
-    jitted = strategy.jit(step_fn, in_shardings=(shardings, in_shardings), out_shardings=(shardings, strategy.replicated))
-    cost = jitted.lower(abstract_state, inputs).compile().cost_analysis()
+def step_memory_bytes(memory_analysis: Any) -> int:
+    """Bytes a compiled program holds per device at its peak, as XLA reports them: its arguments
+    and outputs (a donated argument counted once: XLA reports it as aliased) and its scratch."""
+    m = memory_analysis
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+               + m.temp_size_in_bytes)
+
+
+def cost_of(compiled: Any) -> dict[str, float]:
+    """A compiled program's `cost_analysis()` as `{name: float}` (`flops`, `bytes accessed`, ...)."""
+    cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
         cost = cost[0] if cost else {}
     return {key: float(value) for key, value in (cost or {}).items() if isinstance(value, (int, float))}
+
+
+def _variables(state: TrainState) -> tuple[Any, Any]:
+    return state.params, state.model_state
 
 
 def _put(tree, sharding):

@@ -39,6 +39,10 @@ class ModuleSpec:
         mode: `mode(training)`, a context in which the module's `training` flag is `training`.
         defined_at: `{"loss": ..., "metrics": ...}`, where the user's method is, for errors about
             what it returned (" (X.loss is defined at file:line)", or "").
+        weights: weights from outside to start from (`LitModule.load_weights`), or None:
+            `weights(abstract, shardings, initial) -> (params, model_state)` takes the abstract
+            `(params, model_state)` and their shardings and returns the arrays placed in them;
+            `initial()` gives the model's own (sharded) values for what the source lacks.
     """
 
     owner: str
@@ -53,3 +57,5 @@ class ModuleSpec:
     eval_stages: tuple[str, ...]
     mode: Callable[[bool], contextlib.AbstractContextManager[None]]
     defined_at: Mapping[str, str]
+    weights: Callable[[tuple[PyTree, PyTree], tuple[PyTree, PyTree], Callable[[], tuple[PyTree, PyTree]]],
+                      tuple[PyTree, PyTree]] | None = None

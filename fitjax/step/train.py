@@ -115,6 +115,11 @@ def _check_groups(owner: str, losses: dict, params: Any) -> None:
         )
 
 
+def _numbers(values: dict) -> dict:
+    """The step's values without the metric states (those are merged into the accumulators)."""
+    return {name: value for name, value in values.items() if not acc_lib.is_metric(value)}
+
+
 def _all_finite(tree: Any) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
@@ -149,7 +154,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
             model_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_state, model_state)
             weight = keep * leading_dim(batch)
             acc = {**acc, **acc_lib.add({n: acc[n] for n in user_names}, values, weight)}
-            return (grads_sum, model_state, acc), (values, weight)
+            return (grads_sum, model_state, acc), (_numbers(values), weight)
 
         (grads, model_state, acc), (values, weights) = jax.lax.scan(
             body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask),
@@ -173,6 +178,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
             grads, values, model_state = grads_of(state.params, state.model_state, rng, inputs, scale)
             weight = leading_dim(inputs)
             acc = {**state.metrics, **acc_lib.add({n: state.metrics[n] for n in user_names}, values, weight)}
+            values = _numbers(values)  # a metric's state leaves the step only in the accumulators
         divisor = float(k) * (1.0 if scale is None else scale)
         if scale is not None or k > 1:
             grads = jax.tree.map(lambda g, p: (g / divisor).astype(p.dtype), grads, state.params)

@@ -9,25 +9,10 @@ import jax
 import numpy as np
 
 from fitjax import step as step_lib
+from fitjax.planner import device_memory_limit
+from fitjax.step.jitted import step_memory_bytes
 
 __all__ = ["BatchSizeProbe", "device_memory_limit", "search", "step_memory_bytes"]
-
-
-def step_memory_bytes(memory_analysis: Any) -> int:
-    """Bytes a compiled program holds per device at its peak, as XLA reports them: its arguments
-    and outputs (a donated argument counted once: XLA reports it as aliased) and its scratch."""
-    m = memory_analysis
-    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-               + m.temp_size_in_bytes)
-
-
-def device_memory_limit(device: jax.Device) -> int | None:
-    """The device's memory limit in bytes (None where it reports none, as XLA:CPU)."""
-    try:
-        stats = device.memory_stats()
-    except Exception:  # noqa: BLE001 - backends without memory statistics raise various errors
-        return None
-    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
 
 
 class BatchSizeProbe:

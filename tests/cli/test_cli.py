@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import jax
@@ -144,6 +145,19 @@ def test_every_subcommand_runs_and_reads_ckpt_path(tmp_path, capsys):
         rows = list(csv.reader(f))
     assert rows[0] == ["predictions"] and len(rows) == 78
     np.testing.assert_allclose(np.array(rows[1:], dtype=np.float32), expected, rtol=1e-6)
+
+
+def test_plan_prints_the_table_or_json_of_the_step_fit_would_run(tmp_path, capsys):
+    common = ["--trainer.default_root_dir", tmp_path, "--trainer.strategy=fsdp", "--trainer.precision=bf16-mixed"]
+    cli = run_cli("plan", "--json", *common)
+    out = json.loads(capsys.readouterr().out)
+    assert out["target"] == "local" and out["devices"] == 8 and out["recommended"] == "as configured"
+    [candidate] = out["candidates"]
+    assert candidate["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and candidate["precision"] == "bf16-mixed"
+    assert candidate["memory"]["peak"] == cli.result.candidates[0].memory["peak"] > 0
+    assert not (tmp_path / "fitjax_logs").exists()  # a plan writes nothing
+    run_cli("plan", "--trainer.strategy=dp")
+    assert "plan for local: 8 × cpu" in capsys.readouterr().out
 
 
 def test_subclasses_callbacks_logger_optimizer_and_schedule_from_config(tmp_path):

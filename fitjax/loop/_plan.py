@@ -1,0 +1,34 @@
+"""`Trainer.plan` and `fj.plan`: the trainer's train step planned for a target before training."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from fitjax import planner
+from fitjax.loop.train_feed import fit_loaders
+
+__all__ = ["first_train_batch", "plan_trainer"]
+
+
+def first_train_batch(module, train_data, datamodule) -> Any:
+    """The first batch fit would train on (host arrays), from the same sources fit reads."""
+    loaders = fit_loaders(module, train_data, None, datamodule, overfit=False)
+    batch = next(iter(loaders.train), None)
+    if batch is None:
+        raise ValueError("Trainer.plan: the train data is empty: it yielded no batch.")
+    return jax.tree.map(np.asarray, batch)
+
+
+def plan_trainer(trainer, module, train_data, datamodule, *, target: str | None, sweep: bool | Mapping[str, Sequence],
+                 memory_bytes: int | None, headroom: float) -> planner.Plan:
+    if memory_bytes is not None and (isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int)
+                                     or memory_bytes <= 0):
+        raise ValueError(f"Trainer.plan(memory_bytes=...) must be a positive int (bytes per device) or None, "
+                         f"got {memory_bytes!r}.")
+    resolved = planner.resolve_target(target, trainer.devices, memory_bytes=memory_bytes)
+    batch = first_train_batch(module, train_data, datamodule)
+    return planner.plan(module, batch, resolved, strategy=trainer.strategy, options=trainer.step_options,
+                        sweep=sweep, headroom=headroom)

@@ -1,0 +1,161 @@
+"""On-device metric accumulators, read on the host rarely.
+
+An accumulator is `{name: entry}`. A mean's entry is `float32[2]` holding
+`(sum of value * weight, sum of weight)`, where the weight is the number of examples a value stands
+for. A stateful metric's entry (`F1Score`, `AUROC`, a clu or metrax metric) is a `Tracked`: the
+examples merged so far and the metric holding their merged state. Updating either is a few adds
+inside the jitted step; reading one (`compute`) is the only host sync, done at log time for every
+name in one transfer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fitjax._typing import HostMetrics
+from fitjax.metrics._base import Metric, is_metric
+
+__all__ = ["Tracked", "add", "compute", "compute_values", "empty_like", "examples_seen", "has_weight", "merge_host",
+           "template_of", "zeros"]
+
+Accumulator = dict[str, Any]
+
+
+@jax.tree_util.register_pytree_node_class
+class Tracked:
+    """A stateful metric's accumulator entry: `count` (float32: the examples merged) and `metric`
+    (the metric holding their merged state; before any, zeros shaped like it)."""
+
+    def __init__(self, count: Any, metric: Any) -> None:
+        self.count, self.metric = count, metric
+
+    def tree_flatten(self):
+        return (self.count, self.metric), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    def __repr__(self) -> str:
+        return f"Tracked(count={self.count!r}, metric={self.metric!r})"
+
+
+def empty_like(metric: Any) -> Tracked:
+    """An empty entry for a metric shaped like `metric` (an abstract or concrete metric state)."""
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), metric)
+    return Tracked(jnp.zeros((), jnp.float32), zeros)
+
+
+def zeros(names: Iterable[str] | Mapping[str, Any]) -> Accumulator:
+    """An empty accumulator: `names` are means, or a mapping `name -> None` (a mean) or `name ->
+    metric` (a state shaped like it; abstract `ShapeDtypeStruct` leaves are enough)."""
+    templates = names if isinstance(names, Mapping) else dict.fromkeys(names)
+    return {name: jnp.zeros((2,), jnp.float32) if template is None else empty_like(template)
+            for name, template in templates.items()}
+
+
+def add(acc: Accumulator, values: Mapping[str, Any], weight: jax.Array | float) -> Accumulator:
+    """Adds `values` (scalars, or one value per example when `weight` is a vector; metrics: one
+    batch's state, or one state per example stacked on a leading axis when `weight` is a vector)."""
+    weight = jnp.asarray(weight, jnp.float32)
+    out = {}
+    for name, total in acc.items():
+        if isinstance(total, Tracked):
+            out[name] = _add_state(total, values[name], weight)
+            continue
+        value = jnp.asarray(values[name], jnp.float32)
+        if weight.ndim:  # per-example values with a mask: padding rows weigh 0
+            out[name] = total + jnp.stack([jnp.sum(value * weight), jnp.sum(weight)])
+        else:
+            out[name] = total + jnp.stack([value * weight, weight])
+    return out
+
+
+def _add_state(total: Tracked, value: Any, weight: jax.Array) -> Tracked:
+    if weight.ndim:  # one state per example: merged over the real rows first
+        keep = weight > 0
+        value = value.reduce_rows(keep) if isinstance(value, Metric) else _reduce_rows(value, keep)
+        weight = weight.sum()
+    had = total.count > 0
+    merged = _select(had, total.metric.merge(value), value)
+    return Tracked(total.count + weight, _select(weight > 0, merged, total.metric))
+
+
+def _select(condition: jax.Array, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda n, o: jnp.where(condition, n, o).astype(o.dtype), new, old)
+
+
+def _reduce_rows(stacked: Any, keep: jax.Array) -> Any:
+    """The merge of a foreign metric's states stacked on a leading axis, rows with `keep` False
+    left out: a tree of pairwise merges, log2(rows) vectorised levels."""
+    rows = keep.shape[0]
+    seen = keep
+    while rows > 1:
+        if rows % 2:  # an odd row out: pair it with an unseen copy of the first
+            stacked = jax.tree.map(lambda x: jnp.concatenate([x, x[:1]]), stacked)
+            seen = jnp.concatenate([seen, jnp.zeros((1,), bool)])
+            rows += 1
+        a = jax.tree.map(lambda x: x[0::2], stacked)
+        b = jax.tree.map(lambda x: x[1::2], stacked)
+        sa, sb = seen[0::2], seen[1::2]
+        merged = jax.vmap(lambda x, y: x.merge(y))(a, b)
+        both = jax.vmap(lambda c, m, x, y: _select(c[0], m, _select(c[1], x, y)))(
+            jnp.stack([sa & sb, sa], -1), merged, a, b)
+        stacked, seen, rows = both, sa | sb, rows // 2
+    return jax.tree.map(lambda x: x[0], stacked)
+
+
+def examples_seen(acc: Mapping[str, Any]) -> jax.Array:
+    """How many examples the accumulator merged (traced; 0 when it holds nothing)."""
+    for entry in acc.values():
+        return entry.count if isinstance(entry, Tracked) else entry[1]
+    return jnp.zeros((), jnp.float32)
+
+
+def has_weight(acc: Mapping[str, Any]) -> bool:
+    """Whether any entry of a host accumulator merged an example."""
+    return any(float(e.count if isinstance(e, Tracked) else e[1]) > 0 for e in acc.values())
+
+
+def merge_host(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Merges two host accumulators (e.g. an epoch total and the window just fetched): means are
+    summed in float64, metric states merged with their `merge`."""
+    out = {}
+    for k in {*a, *b}:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, Tracked) or isinstance(y, Tracked):
+            out[k] = _merge_tracked(x, y)
+        else:
+            out[k] = np.asarray(0.0 if x is None else x, np.float64) + np.asarray(0.0 if y is None else y, np.float64)
+    return out
+
+
+def _merge_tracked(x: Tracked | None, y: Tracked | None) -> Tracked:
+    if x is None or not float(x.count) > 0:
+        return y if y is not None else x
+    if y is None or not float(y.count) > 0:
+        return x
+    return Tracked(np.float64(x.count) + np.float64(y.count), jax.device_get(x.metric.merge(y.metric)))
+
+
+def compute(acc: Mapping[str, Any]) -> HostMetrics:
+    """Weighted means of a host accumulator; names with no weight yet are left out. Metric
+    entries are left out too: see `compute_values`."""
+    return {name: float(entry[0] / entry[1]) for name, entry in acc.items()
+            if not isinstance(entry, Tracked) and entry[1] > 0}
+
+
+def compute_values(acc: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The computed value of each metric entry that merged any example (host numpy arrays: a
+    scalar, a vector of per-class numbers, or a matrix)."""
+    return {name: np.asarray(jax.device_get(entry.metric.compute()))
+            for name, entry in acc.items() if isinstance(entry, Tracked) and float(entry.count) > 0}
+
+
+def template_of(value: Any) -> Any:
+    """What `zeros` needs for a step value: None for a mean, the metric for a stateful one."""
+    return value if is_metric(value) else None

@@ -1,0 +1,21 @@
+"""The planner: will a training step fit, and how fast will it run, on a target, before training.
+
+It compiles the very train step `fit` would run (`fitjax.step.jitted.abstract_train`: the same
+state, options and shardings, the state abstract so nothing is allocated) for a target's devices
+(this machine's, or a TPU slice compiled deviceless with libtpu) and reads XLA's own memory and
+cost analyses and the compiled program's collectives (`measure`). `Trainer.plan` / `fj.plan` and
+`fitjax plan` drive it.
+"""
+
+from fitjax.planner._devices import KINDS, DeviceSpec, spec_for
+from fitjax.planner._flops import ModelFlops, TransformerShape, model_flops
+from fitjax.planner._hlo import Collective, collectives
+from fitjax.planner._measure import Candidate, Measured, measure
+from fitjax.planner._plan import plan
+from fitjax.planner._report import Plan, human_bytes
+from fitjax.planner._sweep import AXES, candidates, recommend
+from fitjax.planner._targets import Target, device_memory_limit, quiet_stderr, resolve_target
+
+__all__ = ["AXES", "Candidate", "Collective", "DeviceSpec", "KINDS", "Measured", "ModelFlops", "Plan", "Target",
+           "TransformerShape", "candidates", "collectives", "device_memory_limit", "human_bytes", "measure", "model_flops", "plan",
+           "quiet_stderr", "recommend", "resolve_target", "spec_for"]

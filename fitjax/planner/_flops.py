@@ -1,0 +1,74 @@
+"""Model FLOPs: the work a step must do, as opposed to what XLA's compiled program does.
+
+XLA's count includes what rematerialization recomputes, so an MFU from it reads high. The model
+count is the one MaxText and PaLM report: for a transformer that declares its shape, 6 FLOPs per
+parameter per token (forward and backward) plus the attention scores and their weighted sum
+(`12 × layers × context × width` per token, PaLM's appendix B, the causal mask's skipped half
+counted); for any module, Lightning's `flops_per_batch` attribute when it defines one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+
+__all__ = ["ModelFlops", "TransformerShape", "model_flops"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerShape:
+    """A transformer's shape, declared on a `LitModule` as `transformer_shape` so that the planner
+    and `ThroughputMonitor` count its model FLOPs as `6N + 12·layers·context·width` per token.
+
+    Args:
+        layers: transformer blocks.
+        width: the residual width (d_model).
+        context: tokens per sequence (each batch row is one sequence of `context` tokens).
+
+    Example:
+        >>> import fitjax as fj
+        >>> class GPTModule(fj.LitModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.transformer_shape = fj.TransformerShape(layers=12, width=768, context=1024)
+    """
+
+    layers: int
+    width: int
+    context: int
+
+    def flops_per_token(self, num_params: int) -> int:
+        """Training FLOPs per token for a model of `num_params` parameters (N: all of them,
+        embeddings included)."""
+        return 6 * num_params + 12 * self.layers * self.context * self.width
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFlops:
+    """Model FLOPs of one optimizer step over the whole batch, and where the count comes from."""
+
+    per_step: float
+    #: "6N+attention" (a declared `transformer_shape`), "flops_per_batch" (the module's attribute)
+    source: str
+
+
+def model_flops(module: Any, params: Any, *, rows_per_step: int, batches_per_step: int,
+                devices: int) -> ModelFlops | None:
+    """The module's model FLOPs per optimizer step (all devices together), or None when it
+    declares neither a `transformer_shape` nor a `flops_per_batch`.
+
+    `rows_per_step`: sequences in one optimizer step (all micro-batches); `batches_per_step`:
+    micro-batches per step; `devices`: over which Lightning's per-device `flops_per_batch`
+    counts."""
+    shape = getattr(module, "transformer_shape", None)
+    if isinstance(shape, TransformerShape):
+        n = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
+        return ModelFlops(float(shape.flops_per_token(n)) * rows_per_step * shape.context, "6N+attention")
+    per_batch = getattr(module, "flops_per_batch", None)
+    if isinstance(per_batch, (int, float)) and not isinstance(per_batch, bool) and per_batch > 0:
+        # Lightning's meaning: one batch's FLOPs on one device
+        return ModelFlops(float(per_batch) * batches_per_step * devices, "flops_per_batch")
+    return None

@@ -1,0 +1,182 @@
+"""One candidate measured: the train step fit would run, compiled for the target, never run.
+
+`measure` lowers `step.abstract_train`'s program (the state abstract, nothing allocated) for the
+candidate's strategy and options on the target's devices, and reads XLA's memory analysis (what
+one device holds at the step's peak), cost analysis (FLOPs and bytes accessed) and the compiled
+HLO's collectives. The roofline then estimates a step's time on the target:
+`max(FLOPs / peak, bytes accessed / memory bandwidth) + collective bytes / interconnect`, with no
+overlap of communication and compute assumed (so an upper bound on the time, where the figures
+hold), and MFU as model FLOPs over that time at peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+import jax
+
+from fitjax import step as step_lib
+from fitjax.planner import _flops, _hlo
+from fitjax.planner._targets import Target, quiet_stderr
+from fitjax.step import jitted
+from fitjax.strategies import Strategy, bytes_per_device
+
+__all__ = ["Candidate", "Measured", "measure"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to run the step: a strategy over the target's devices and the step options."""
+
+    name: str
+    strategy: Strategy  # set up over the target's devices
+    options: step_lib.StepOptions
+    #: one step's batch: shapes and dtypes (`jax.ShapeDtypeStruct`s), the global batch
+    batch: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What the compiled step of one candidate costs each device (all byte counts per device)."""
+
+    name: str
+    mesh: dict[str, int]
+    precision: str
+    remat: str
+    zero1: bool
+    micro_batch: int
+    accumulate: int
+    #: params, optimizer, other_state, batch, temporaries (gradients and activations), peak
+    memory: dict[str, int]
+    memory_limit: int | None
+    headroom: float
+    #: model FLOPs of one optimizer step on one device, and where the count comes from
+    model_flops: float | None
+    model_flops_source: str
+    #: XLA's FLOPs of one optimizer step on one device (rematerialized work included)
+    xla_flops: float | None
+    bytes_accessed: float | None
+    collectives: dict[str, _hlo.Collective]
+    step_time_s: float | None
+    mfu: float | None
+    compile_s: float
+    #: the compiler's own refusal when the program cannot fit the device (XLA:TPU checks the
+    #: memory as it compiles); then `memory["peak"]` is what it said it needs (None: unsaid)
+    out_of_memory: str | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the peak fits the device's memory with `headroom` of it kept free (None: the
+        device states no memory)."""
+        if self.out_of_memory is not None:
+            return False
+        if self.memory_limit is None:
+            return None
+        return self.memory["peak"] <= self.memory_limit * (1.0 - self.headroom)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["fits"] = self.fits
+        out["collectives"] = {k: c._asdict() for k, c in self.collectives.items()}
+        return out
+
+
+_OUT_OF_MEMORY = "RESOURCE_EXHAUSTED"
+_NEEDED = re.compile(r"\((\d+(?:\.\d+)?)([KMGT])\)")
+
+
+def _refused(candidate: Candidate, target: Target, program, error: str, headroom: float, compile_s: float
+             ) -> Measured:
+    """A candidate the compiler refused for memory: what the state takes, what it said it needs."""
+    options = candidate.options
+    memory = _memory(program, None, candidate.strategy)
+    said = _NEEDED.search(error)
+    if said:
+        memory["peak"] = int(float(said.group(1)) * 1024 ** " KMGT".index(said.group(2)))
+    return Measured(
+        name=candidate.name, mesh=dict(candidate.strategy.mesh.shape), precision=options.precision.name,
+        remat=_options_remat(options), zero1=bool(getattr(candidate.strategy, "zero1", False)),
+        micro_batch=jax.tree.leaves(candidate.batch)[0].shape[0], accumulate=options.accumulate_grad_batches,
+        memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=None,
+        model_flops_source="-", xla_flops=None, bytes_accessed=None, collectives={}, step_time_s=None, mfu=None,
+        compile_s=compile_s, out_of_memory=error.splitlines()[0])
+
+
+def _options_remat(options: step_lib.StepOptions) -> str:
+    return getattr(options, "remat", "none")
+
+
+def measure(candidate: Candidate, target: Target, module: Any, *, headroom: float) -> Measured:
+    """Compiles `candidate`'s train step for `target` and reads what it costs (see the module)."""
+    spec = module.step_spec()
+    strategy, options = candidate.strategy, candidate.options
+    started = time.perf_counter()
+    k, spe = options.accumulate_grad_batches, options.steps_per_execution
+    with quiet_stderr() as said, options.precision.context():
+        program = jitted.abstract_train(spec, strategy, candidate.batch, options=options)
+        try:
+            compiled = program.train_step.lower(program.state, program.inputs).compile()
+            # XLA's cost analysis counts a loop body once: the unrolled program counts every micro-batch
+            counted = compiled if k == 1 and spe == 1 else program.unrolled_step.lower(
+                program.state, program.inputs).compile()
+        except Exception as exc:
+            if _OUT_OF_MEMORY in str(exc):
+                return _refused(candidate, target, program, str(exc), headroom, time.perf_counter() - started)
+            if target.platform == "tpu" and said().strip():
+                exc.add_note(f"libtpu said:\n{said()}")
+            raise
+    compile_s = time.perf_counter() - started
+    memory = _memory(program, compiled.memory_analysis(), strategy)
+    cost = jitted.cost_of(counted)
+    xla_flops = cost.get("flops")
+    xla_flops = xla_flops / spe if xla_flops and xla_flops > 0 else None
+    accessed = cost.get("bytes accessed")
+    accessed = accessed / spe if accessed and accessed > 0 else None
+    found = _hlo.collectives(compiled.as_text(), len(target.devices))
+    found = {kind: c._replace(count=c.count // spe, bytes=c.bytes // spe, wire_bytes=c.wire_bytes / spe)
+             for kind, c in found.items()}
+    rows = jax.tree.leaves(candidate.batch)[0].shape[0]
+    counted_model = _flops.model_flops(module, program.state.params, rows_per_step=rows * k,
+                                       batches_per_step=k, devices=len(target.devices))
+    if counted_model is not None:
+        model, source = counted_model.per_step / len(target.devices), counted_model.source
+    else:
+        model, source = xla_flops, "xla"
+    step_s, mfu = _roofline(target, xla_flops, accessed, found, model)
+    return Measured(
+        name=candidate.name, mesh=dict(strategy.mesh.shape), precision=options.precision.name,
+        remat=_options_remat(options), zero1=bool(getattr(strategy, "zero1", False)), micro_batch=rows,
+        accumulate=k, memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=model,
+        model_flops_source=source, xla_flops=xla_flops, bytes_accessed=accessed, collectives=found,
+        step_time_s=step_s, mfu=mfu, compile_s=compile_s)
+
+
+def _memory(program: jitted.AbstractTrain, analysis: Any, strategy: Strategy) -> dict[str, int]:
+    state = program.state
+    other = (state.step, state.model_state, state.rng, state.metrics, state.loss_scale, state.extras)
+    batch = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(program.inputs))
+    return {
+        "params": bytes_per_device(state.params),
+        "optimizer": bytes_per_device(state.opt_state),
+        "other_state": bytes_per_device(other),
+        "batch": batch // strategy.num_batch_shards,
+        "temporaries": None if analysis is None else int(analysis.temp_size_in_bytes),
+        # XLA's own peak: arguments + outputs (a donated argument counted once) + scratch
+        "peak": None if analysis is None else jitted.step_memory_bytes(analysis),
+    }
+
+
+def _roofline(target: Target, flops: float | None, accessed: float | None, found: dict,
+              model: float | None) -> tuple[float | None, float | None]:
+    spec = target.spec
+    if spec is None or flops is None:
+        return None, None
+    compute = flops / spec.peak_flops
+    memory = (accessed or 0.0) / spec.memory_bandwidth
+    comm = sum(c.wire_bytes for c in found.values()) / spec.interconnect_bandwidth
+    step_s = max(compute, memory) + comm
+    mfu = model / (step_s * spec.peak_flops) if model and step_s > 0 else None
+    return step_s, mfu

@@ -1,0 +1,143 @@
+"""The candidates a plan compares, and the one it recommends.
+
+Without a sweep the plan has one candidate: the trainer as configured, exactly what `fit` would
+run. A sweep varies what the user leaves open, each axis a list: the strategy and its mesh
+(`single` on one device, `dp`, `fsdp`, hybrid `fsdp` with 2 data replicas), activation
+rematerialization, micro-batches with gradient accumulation (the same global batch in `k`
+micro-batches of `1/k` of it: same numbers, less activation memory) and precision.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from fitjax import precision as precision_lib
+from fitjax import step as step_lib
+from fitjax.planner._measure import Candidate, Measured
+from fitjax.strategies import FSDP, DataParallel, SingleDevice, Strategy
+
+__all__ = ["AXES", "candidates", "recommend"]
+
+#: what `sweep=True` varies; `sweep={axis: [values]}` picks its own
+AXES = ("strategy", "accumulate", "precision", "remat")
+
+
+def _strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[[], Strategy]]:
+    """name -> a fresh strategy, FSDP variants keeping the configured FSDP's rules (a model whose
+    parameters carry logical names needs them)."""
+    fsdp_args = {}
+    if isinstance(base, FSDP):
+        fsdp_args = {"rules": base.rules, "min_size_to_shard": base.min_size_to_shard}
+    n = len(devices)
+    if n == 1:
+        return {"single": SingleDevice}
+    made: dict[str, Callable[[], Strategy]] = {"dp": DataParallel, "fsdp": lambda: FSDP(**fsdp_args)}
+    if n >= 4 and n % 2 == 0:
+        made[f"fsdp(data=2,fsdp={n // 2})"] = lambda: FSDP(data=2, **fsdp_args)
+    return made
+
+
+def _axis(sweep: Mapping[str, Sequence], name: str, default: Sequence) -> list:
+    values = sweep.get(name, default)
+    if isinstance(values, (str, int)) or not isinstance(values, Sequence):
+        raise ValueError(f"plan(sweep={{{name!r}: ...}}) must be a list of values, got {values!r}.")
+    return list(values)
+
+
+def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, devices: Sequence,
+               sweep: bool | Mapping[str, Sequence]) -> list[tuple[str, Callable[[], Candidate]]]:
+    """`(name, make)` for each candidate (`make` builds it: a strategy is set up over `devices`
+    only when its candidate is measured). `batch`: the global batch of one optimizer step."""
+    def configured() -> Candidate:
+        chosen = copy.copy(strategy)
+        chosen.setup(devices)
+        return Candidate("as configured", chosen, options, batch)
+
+    if sweep is False or sweep is None:
+        return [("as configured", configured)]
+    if not isinstance(sweep, Mapping) and sweep is not True or isinstance(sweep, Mapping) and set(sweep) - set(AXES):
+        raise ValueError(f"plan(sweep=...) takes True, False or {{axis: [values]}} with axes {list(AXES)}, "
+                         f"got {sweep!r}.")
+    variants = _strategy_variants(strategy, devices)
+    if sweep is True:  # every axis
+        sweep = {"strategy": list(variants)}
+        every = True
+    else:  # the axes named; the others as configured
+        every = False
+        variants["as configured"] = lambda: copy.copy(strategy)
+    names = _axis(sweep, "strategy", ["as configured"])
+    unknown = [s for s in names if s not in variants]
+    if unknown:
+        raise ValueError(f"plan(sweep={{'strategy': ...}}) got {unknown}; on {len(devices)} devices the "
+                         f"strategies are {list(variants)}.")
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    k0 = options.accumulate_grad_batches
+    accumulate = _axis(sweep, "accumulate", [k0] + ([2 * k0] if every and rows % 2 == 0 else []))
+    precisions = _axis(sweep, "precision", [options.precision.name])
+    remat = getattr(options, "remat", "none")
+    remats = _axis(sweep, "remat", list(dict.fromkeys([remat, "none", "full"])) if every and hasattr(options, "remat")
+                   else [remat])
+    made = []
+    for name, k, precision, remat in itertools.product(names, accumulate, precisions, remats):
+        total = rows * k0  # the global batch of one optimizer step stays the same
+        if total % k:
+            continue
+        micro = total // k
+        if micro % len(devices):  # no strategy here splits fewer rows than devices
+            continue
+        label = " ".join([name, *([precision] if len(precisions) > 1 else []),
+                          *([f"remat={remat}"] if remat != "none" else []), *([f"{k}×{micro}"] if k > 1 else [])])
+
+        def make(name=name, k=k, precision=precision, remat=remat, micro=micro, label=label) -> Candidate:
+            chosen = variants[name]()
+            chosen.setup(devices)
+            replaced = {"accumulate_grad_batches": k, "precision": precision_lib.resolve(precision)}
+            if hasattr(options, "remat"):
+                replaced["remat"] = remat
+            micro_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((micro, *x.shape[1:]), x.dtype), batch)
+            return Candidate(label, chosen, dataclasses.replace(options, **replaced), micro_batch)
+
+        made.append((label, make))
+    return made
+
+
+def recommend(measured: Sequence[Measured]) -> tuple[Measured | None, str]:
+    """The candidate to train with and why: the fastest estimated step among those that fit
+    (all of them where the device states no memory); without a roofline (a device with no peak
+    FLOPs in the table) the fewest XLA FLOPs, then the fewest collective bytes, then the
+    smallest peak memory."""
+    if not measured:
+        return None, "no candidate compiled"
+    fitting = [m for m in measured if m.fits is not False]
+    if not fitting:
+        best = min(measured, key=lambda m: m.memory["peak"] or float("inf"))
+        return None, (f"none fits: the smallest peak is {best.name}'s, {_gib(best.memory['peak'])} per device, "
+                      f"over {_gib(best.memory_limit * (1 - best.headroom))} ({_gib(best.memory_limit)} less "
+                      f"{best.headroom:.0%} headroom); add devices, or try fsdp, remat or smaller micro-batches")
+    timed = [m for m in fitting if m.step_time_s is not None]
+    misses = [m.name for m in measured if m.fits is False]
+    miss = f"; {', '.join(misses)} do{'es' if len(misses) == 1 else ''} not fit" if misses else ""
+    room = (f" in {_gib(fitting[0].memory_limit * (1 - fitting[0].headroom))} per device"
+            if fitting[0].memory_limit else "")
+    if timed:
+        best = min(timed, key=lambda m: m.step_time_s)
+        mfu = f", MFU {best.mfu:.0%}" if best.mfu is not None else ""
+        return best, (f"fastest estimated step ({best.step_time_s * 1e3:.3g} ms{mfu}) of the {len(fitting)} "
+                      f"candidates that fit{room}{miss}")
+
+    def cost(m: Measured):
+        wire = sum(c.wire_bytes for c in m.collectives.values())
+        return (round(m.xla_flops or 0.0, -3), wire, m.memory["peak"] or 0)
+
+    best = min(fitting, key=cost)
+    return best, (f"fewest FLOPs and collective bytes per device of the {len(fitting)} candidates that fit{room}"
+                  f"{miss} (no peak FLOP/s known for this device kind: no time estimate)")
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.3g} GiB"
