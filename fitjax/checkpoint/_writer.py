@@ -34,6 +34,7 @@ stages and uploads its part, and process 0 commits once all are up (`_save_shard
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
@@ -94,10 +95,13 @@ class CheckpointWriter:
             self.wait()  # a newer state: the older copies are written first, then dropped
             self._host = None
         directory = path.parent
-        if not _storage.is_url(path) and not (directory.is_dir() and os.access(directory, os.W_OK)):
-            # a folder made read-only mid-run: say so now
-            raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
-                             "writable (any more).")
+        if not _storage.is_url(path):
+            with contextlib.suppress(OSError):  # deleted during the fit: made again (Lightning does)
+                directory.mkdir(parents=True, exist_ok=True)
+            if not (directory.is_dir() and os.access(directory, os.W_OK)):
+                # a folder made read-only mid-run: say so now
+                raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
+                                 "writable (any more).")
         meta = {**meta, "saved_at": time.time()}
         if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(state)):
             if self._host is None:  # the step donates the state's buffers: the thread owns a host copy

@@ -75,14 +75,14 @@ class EpochAccumulators:
         """These plus `host` (a window's accumulators)."""
         return EpochAccumulators(acc_lib.merge_host(self.acc, host))
 
-    def to_meta(self) -> dict[str, list[float]]:
-        """As plain (JSON) data, bitwise: float64 values."""
-        return {k: np.asarray(v, np.float64).tolist() for k, v in self.acc.items()}
+    def to_meta(self) -> dict[str, Any]:
+        """As plain (JSON) data, bitwise: float64 values (a metric's state: its arrays and dtypes)."""
+        return {k: acc_lib.to_plain(v) for k, v in self.acc.items()}
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Sequence[float]]) -> EpochAccumulators:
+    def from_meta(cls, meta: Mapping[str, Any]) -> EpochAccumulators:
         """The accumulators `to_meta` wrote."""
-        return cls({k: np.asarray(v, np.float64) for k, v in meta.items()})
+        return cls({k: acc_lib.from_plain(v) for k, v in meta.items()})
 
 
 class CallbackMetrics(dict):
@@ -109,6 +109,7 @@ class _Row:
     epoch: int
     aliases: HostMetrics | None = None
     to_loggers: bool = True
+    pictures: Mapping[str, np.ndarray] | None = None
 
 
 # the per-batch train hooks: what they log reaches the loggers at log steps only (Lightning's)
@@ -187,13 +188,14 @@ class MetricLog:
         self._latest_step = outputs
 
     def log(self, values: HostMetrics, *, aliases: HostMetrics | None = None,
-            progress_bar: HostMetrics | None = None) -> None:
+            progress_bar: HostMetrics | None = None, pictures: Mapping[str, np.ndarray] | None = None) -> None:
         """Records `values` as the latest and writes them to the loggers (after the windows on
         their way: rows reach the loggers in step order); `aliases` (Lightning's plain names of
-        forked values) go to `callback_metrics` only, `progress_bar` to the bar."""
+        forked values) go to `callback_metrics` only, `progress_bar` to the bar, `pictures` (a
+        confusion matrix) to the loggers that draw them."""
         if progress_bar:
             self.progress_bar_metrics.update(progress_bar)
-        self._enqueue(_Row(values, self._row(), self._loop.epoch, aliases))
+        self._enqueue(_Row(values, self._row(), self._loop.epoch, aliases, pictures=pictures))
 
     def log_hook(self, logged: _logged.Logged, *, owner: str, hook: str) -> None:
         """Logs what a host hook (the module's or a callback's) passed to `module.log`, under the
@@ -247,7 +249,8 @@ class MetricLog:
         self._latest_step = self._latest_step_host = None  # over the plain names of both)
         acc, specs = self._epoch.acc, self._specs
         self.log(_logged.compute(acc, specs, stage="train", epoch=True),
-                 aliases=_logged.plain_names(acc, specs, epoch=True))
+                 aliases=_logged.plain_names(acc, specs, epoch=True),
+                 pictures=_logged.pictures(acc, specs, stage="train", epoch=True))
         return state
 
     def finalize(self, status: str) -> None:
@@ -289,13 +292,18 @@ class MetricLog:
 
     def _write_row(self, row: _Row) -> None:
         if row.to_loggers:
-            self._write(row.values, step=row.step, epoch=row.epoch, aliases=row.aliases)
+            self._write(row.values, step=row.step, epoch=row.epoch, aliases=row.aliases, pictures=row.pictures)
         else:
             self._callback_metrics.update({**(row.aliases or {}), **row.values})
 
-    def _write(self, values: HostMetrics, *, step: int, epoch: int, aliases: HostMetrics | None = None) -> None:
+    def _write(self, values: HostMetrics, *, step: int, epoch: int, aliases: HostMetrics | None = None,
+               pictures: Mapping[str, np.ndarray] | None = None) -> None:
         """Writes `values` to the loggers at `step` (with the compile times taken since the last
         row): the only call of `Logger.log_metrics` in fitjax outside the loggers."""
+        if pictures:
+            with self._profiler.profile("[log] loggers"):
+                for logger in self._loggers:
+                    logger.log_pictures(pictures, step=step)
         if aliases:
             self._callback_metrics.update(aliases)
         compiled = self._compile_seconds.take()  # compile/<program>_s: for the loggers, not the callbacks
@@ -312,9 +320,10 @@ class MetricLog:
         """Logs the means of a window (waits for it), at the row of the log step that started it."""
         with self._profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
+        # merged even when empty: a resumed epoch's saved metric states take the window's structure
+        self._epoch = self._epoch.merged(_logged.keep(host, self._specs, "on_epoch"))
         if not acc_lib.has_weight(host):
             return
-        self._epoch = self._epoch.merged(_logged.keep(host, self._specs, "on_epoch"))
         if not log_rows:
             return
         extra, values, aliases = self._window_rows_of(host, extra)

@@ -17,15 +17,18 @@ Example:
 """
 
 from fitjax.metrics._accumulate import (
+    Saved,
     Tracked,
     add,
     compute,
     compute_values,
     empty_like,
     examples_seen,
+    from_plain,
     has_weight,
     merge_host,
     template_of,
+    to_plain,
     zeros,
 )
 from fitjax.metrics._base import Metric, is_metric, recorded, recording
@@ -61,6 +64,7 @@ __all__ = [
     "Precision",
     "R2Score",
     "Recall",
+    "Saved",
     "SumMetric",
     "Tracked",
     "add",
@@ -68,11 +72,13 @@ __all__ = [
     "compute_values",
     "empty_like",
     "examples_seen",
+    "from_plain",
     "has_weight",
     "is_metric",
     "merge_host",
     "recorded",
     "recording",
     "template_of",
+    "to_plain",
     "zeros",
 ]

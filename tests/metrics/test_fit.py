@@ -168,3 +168,20 @@ def test_model_checkpoint_keeps_the_epoch_with_the_best_f1(tmp_path):
     logits = np.asarray(restored.model.apply({"params": restored.variables[0]}, X))
     ref = torchmetrics.F1Score(**MC, average="macro")(torch.tensor(logits), torch.tensor(Y)).item()
     assert best == pytest.approx(ref, abs=1e-6)
+
+
+def test_resume_mid_epoch_logs_the_epoch_metrics_of_the_uninterrupted_run(tmp_path):
+    """The train epoch's metric states (read up to the checkpoint) are saved with it and merged
+    with the rest of the epoch after the resume: the epoch's numbers are the same, bitwise."""
+    def fit(root, **kwargs):
+        ckpt_path = kwargs.pop("ckpt_path", None)
+        trainer = _trainer(root, max_epochs=2, log_every_n_steps=2, num_sanity_val_steps=0, **kwargs)
+        trainer.fit(Native(lr=0.5), TRAIN, ckpt_path=ckpt_path)
+        return {k: v for k, v in trainer.callback_metrics.items() if k.endswith("_epoch") or "_epoch/" in k}
+
+    saving = fj.ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=9, save_top_k=-1)
+    full = fit(tmp_path / "full", callbacks=[saving])
+    mid_epoch = tmp_path / "ckpt" / "epoch=1-step=9"  # 3 of epoch 1's 6 steps done
+    assert mid_epoch.exists()
+    resumed = fit(tmp_path / "resumed", ckpt_path=mid_epoch)
+    assert "train/f1_none_epoch/0" in full and resumed == full

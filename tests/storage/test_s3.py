@@ -76,11 +76,14 @@ def test_two_callbacks_on_s3_resume_last_bitwise_keep_top_k_and_load(bucket, tmp
     assert trainer.validate(module, fj.DataLoader(VAL, batch_size=16), ckpt_path="best", verbose=False)
 
 
-def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server):
+@pytest.mark.parametrize("where", ["dirpath", "default_root_dir"])
+def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server, where):
     history = LossHistory()
-    trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True,
-                            callbacks=[history, fj.ModelCheckpoint("s3://no-such-bucket-fitjax/run")])
-    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run'.*bucket") as error:
+    url = "s3://no-such-bucket-fitjax/run"
+    trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True, **(
+        {"callbacks": [history, fj.ModelCheckpoint(url)]} if where == "dirpath"
+        else {"callbacks": [history], "default_root_dir": url, "logger": fj.TensorBoardLogger(url)}))
+    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run.*'.*bucket") as error:
         trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
     assert history.losses == [] and len(str(error.value).splitlines()) == 1
 
@@ -306,3 +309,16 @@ def test_two_launched_processes_save_one_fsdp_state_to_s3_and_resume_last_bitwis
     assert resumed_params == straight_params
     assert _listed(url) == ["epoch=1-step=5", "epoch=1-step=6"]  # top 2 of the resumed run
     assert all(checkpoint.is_checkpoint(f"{url}/{name}") for name in _listed(url))
+
+
+def test_a_damaged_store_checkpoint_is_named_by_its_url_not_its_local_copy(bucket):
+    import fsspec
+
+    url = f"{bucket}/damaged"
+    _fit([fj.ModelCheckpoint(url, every_n_train_steps=4, save_top_k=1)], max_epochs=1)
+    fs, root = fsspec.core.url_to_fs(f"{url}/epoch=0-step=4")
+    for name in fs.find(f"{root}/state"):  # every array file garbled, its size kept
+        if "/d/" in name:
+            fs.pipe_file(name, b"\xff" * fs.size(name))
+    with pytest.raises(checkpoint.CheckpointDamaged, match=rf"^checkpoint '{url}/epoch=0-step=4' is damaged: state/"):
+        checkpoint.verify(f"{url}/epoch=0-step=4")
