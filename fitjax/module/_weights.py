@@ -181,6 +181,11 @@ def export_arrays(variables: tuple[PyTree, PyTree], *, mapping: NameMap, transpo
     return arrays
 
 
+def flat_arrays(variables: tuple[PyTree, PyTree]) -> dict[str, Any]:
+    """`{name: array}` of `(params, model_state)` under the names `load_weights` uses."""
+    return _named(variables, None, keep=True)[0]
+
+
 def target_names(variables: tuple[PyTree, PyTree]) -> dict[str, jax.ShapeDtypeStruct]:
     """The model's arrays by name, as `plan` takes them."""
     return _named(variables, None)[0]
