@@ -7,7 +7,7 @@
 # It runs, each under its own time limit so that the whole stays under 8 minutes:
 #   1. benchmarks/gpt.py --gpu      GPT-2 small's shape: tokens/s and MFU of fitjax against the
 #                                   hand-written loop (bf16-mixed, accumulation 2, clip 1.0)
-#   2. benchmarks/overhead.py       the overhead rows (clip, ema, steps_per_execution, defaults)
+#   2. benchmarks/overhead.py       the overhead rows (tiny, clip, ema, steps_per_execution, defaults)
 #   3. benchmarks/peers.py --gpu    fitjax against Lightning 2.6 (torch on CUDA) on the tiny MLP,
 #                                   the MNIST-sized MLP and the small CNN of overhead.py
 # fitjax runs from this checkout (PYTHONPATH), not an installed copy. What the machine lacks of

@@ -7,6 +7,14 @@
 Rows (each a ratio of steps/s, the median over `--repeats` of per-repeat ratios, runs alternated
 so drifts in machine load hit both sides; the steps/s columns are the best runs):
 
+- `tiny` (first: the case users start with): the tiny MLP (64-64-10, batch 32, 1024-step epochs)
+  fed by `fj.DataLoader`, against the naive hand-written loop the Flax docs teach (`@jax.jit`
+  step, numpy batches sliced from a shuffled array) on the same data: fitjax with its defaults
+  (progress bar, model summary, TensorBoard, a checkpoint per epoch; target >= 0.95), with one of
+  them off (`bar off`, `logger off`, `ckpt off`), with all of them off (target >= 1.05: fitjax
+  keeps the data on the device and donates the state), and `steps_per_execution=32` with all off
+  against a raw `lax.scan` of 32 steps a call (target >= 0.95). Then the µs per step each default
+  costs (the defaults' time per step less that with the default off; target <= 3% each).
 - `clip`: `gradient_clip_val=1.0` against the unclipped run (tiny MLP, progress bar, logger,
   summary and checkpointing off). Target >= 0.95. `clip/hand`: the same clipped fits against
   the hand-written naive loop with `optax.clip_by_global_norm(1.0)` chained before Adam (target
@@ -277,9 +285,49 @@ def _row(name: str, workload: str, runs: list[float], base: list[float], base_na
             f"{ratio:>6.2f}x {'>= ' + format(target, '.2f'):>8}  {verdict}")
 
 
+# the `tiny` rows: name -> the defaults kept on (None: the hand-written loop)
+TINY_RUNS = {"hand": None, "defaults": tuple(DEFAULT_PARTS),
+             **{f"{part.split()[-1] if part != 'checkpoint' else 'ckpt'} off":
+                tuple(p for p in DEFAULT_PARTS if p != part) for part in ("progress bar", "logger", "checkpoint")},
+             "all off": ()}
+
+
+def tiny_rows(args, workload, root, spe: int) -> None:
+    """The `tiny` rows: each of `TINY_RUNS` and the spe pair, alternated in every repeat."""
+    factory, data, batch_size = workload
+    epochs = args.epochs
+    runs = {name: [] for name in (*TINY_RUNS, "spe", "scan")}
+    for repeat in range(args.repeats):
+        order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]
+        for name in order:
+            if name == "hand":
+                result = hand_written(factory(), data, batch_size, epochs)
+            elif name == "spe":
+                result = with_fitjax(factory(), data, batch_size, epochs, root, defaults=False,
+                                     steps_per_execution=spe)
+            elif name == "scan":
+                result = hand_written_scan(factory(), data, batch_size, epochs, spe)
+            else:
+                result = with_fitjax(factory(), data, batch_size, epochs, root, defaults=TINY_RUNS[name])
+            runs[name].append(result)
+    for name, target in (("defaults", 0.95), ("bar off", 0.95), ("logger off", 0.95), ("ckpt off", 0.95),
+                         ("all off", 1.05)):
+        print(_row(name, "tiny_mlp", runs[name], runs["hand"], "hand-written naive", target), flush=True)
+    print(_row("spe=32", "tiny_mlp", runs["spe"], runs["scan"], "hand lax.scan of 32", 0.95), flush=True)
+    # a default's cost: the defaults' time per step less that with the default off, per repeat
+    per_step = statistics.median(1e6 / r for r in runs["defaults"])
+    costs = []
+    for name in ("bar off", "logger off", "ckpt off"):
+        cost = statistics.median(1e6 / d - 1e6 / o for d, o in zip(runs["defaults"], runs[name]))
+        costs.append(f"{name.removesuffix(' off')} {cost:+.1f} µs ({cost / per_step:+.1%})")
+    all_off = statistics.median(1e6 / d - 1e6 / o for d, o in zip(runs["defaults"], runs["all off"]))
+    print(f"tiny: each default's cost a step (target <= 3% of the defaults' {per_step:.0f} µs): "
+          f"{', '.join(costs)}; all four {all_off:+.1f} µs ({all_off / per_step:+.1%})", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("clip", "ema", "spe", "defaults", "parts"), action="append",
+    parser.add_argument("--only", choices=("tiny", "clip", "ema", "spe", "defaults", "parts"), action="append",
                         help="run only these rows (repeatable)")
     parser.add_argument("--epochs", type=int, default=3,
                         help="including one warm-up epoch (the clip and spe rows run at least 6: their "
@@ -297,7 +345,7 @@ def main(argv=None):
         workloads = {"tiny_mlp": (factory, shape, batch, 64)}
         defaults_on = defaults_on[:1]
     # `parts` (20 more fits per workload) runs when asked for, and in the smoke run
-    rows = args.only or ["clip", "ema", "spe", "defaults", *(["parts"] if args.smoke else [])]
+    rows = args.only or ["tiny", "clip", "ema", "spe", "defaults", *(["parts"] if args.smoke else [])]
     spe = 32
     short = args.epochs if args.smoke else max(args.epochs, 6)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
@@ -310,6 +358,8 @@ def main(argv=None):
             factory, shape, batch_size, steps = workloads[name]
             return factory, make_data(shape, batch_size * steps), batch_size
 
+        if "tiny" in rows:
+            tiny_rows(args, data_for("tiny_mlp"), root, spe)
         if "clip" in rows:
             factory, data, batch_size = data_for("tiny_mlp")
             plain, clipped = [], []

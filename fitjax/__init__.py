@@ -32,7 +32,7 @@ from fitjax.callbacks import (
 )
 from fitjax.data import DataLoader, DataModule
 from fitjax.loggers import CSVLogger, Logger, TensorBoardLogger
-from fitjax.module import LitModule
+from fitjax.module import LitModule, param_groups
 from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
@@ -82,6 +82,7 @@ __all__ = [
     "data",
     "loggers",
     "metrics",
+    "param_groups",
     "plan",
     "planner",
     "plugins",

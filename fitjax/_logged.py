@@ -22,7 +22,7 @@ import numpy as np
 from fitjax import metrics as acc_lib
 
 __all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "loader_count",
-           "loader_suffix", "of_loader", "plain_names", "record"]
+           "loader_suffix", "numbers", "of_loader", "pictures", "plain_names", "record"]
 
 REDUCE_FX = ("mean",)
 
@@ -47,6 +47,8 @@ class Logged:
         self.values: dict[str, Any] = {}
         self.specs: dict[str, LogSpec] = {}
         self.host = host
+        # the updates of metric declarations made inside the block (`fitjax.metrics.recording`)
+        self.updates: dict[int, Any] = {}
 
 
 _CURRENT: contextvars.ContextVar[Logged | None] = contextvars.ContextVar("fitjax_logged", default=None)
@@ -59,7 +61,8 @@ def collecting(*, host: bool = False, into: Logged | None = None) -> Iterator[Lo
     logged = Logged(host) if into is None else into
     token = _CURRENT.set(logged)
     try:
-        yield logged
+        with acc_lib.recording(logged.updates):
+            yield logged
     finally:
         _CURRENT.reset(token)
 
@@ -71,7 +74,11 @@ def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
             f"{owner}.log(name=...) must be a non-empty string other than 'loss' (the loss is logged "
             f"for you), got {name!r}."
         )
-    if spec.reduce_fx not in REDUCE_FX:
+    metric = acc_lib.is_metric(value) or isinstance(value, acc_lib.MetricCollection)
+    if isinstance(value, acc_lib.MetricCollection):
+        raise TypeError(f"{owner}.log({name!r}, <MetricCollection>): log a collection with "
+                        f"`self.log_dict(collection)`, which logs each of its metrics under its own name.")
+    if spec.reduce_fx not in REDUCE_FX and not metric:
         raise ValueError(
             f"{owner}.log({name!r}, reduce_fx=...) must be one of {REDUCE_FX}, got {spec.reduce_fx!r}. "
             "Values are averaged over examples on device; compute other reductions inside `metrics`."
@@ -89,7 +96,13 @@ def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
         )
     if name in logged.values:
         raise ValueError(f"{owner}.log({name!r}, ...) was called twice in one step; use distinct names.")
-    logged.values[name] = value
+    if metric and logged.host:
+        raise TypeError(
+            f"{owner}.log({name!r}, {value!r}) in a host hook: a metric's state lives in the train state, "
+            f"so log it where it is updated (`training_step`, `validation_step`, `metrics`); the trainer "
+            f"computes it at each log step and epoch end."
+        )
+    logged.values[name] = acc_lib.recorded(value) if metric else value
     logged.specs[name] = spec
 
 
@@ -98,22 +111,42 @@ def keep(values: dict[str, Any], specs: dict[str, LogSpec], option: str) -> dict
     return {k: v for k, v in values.items() if getattr(specs.get(k), option, None) is not False}
 
 
+def numbers(acc: dict[str, Any]) -> dict[str, float]:
+    """The numbers a host accumulator gives: the means, and each metric's value, a vector of them
+    as `name/0`, `name/1`, ... (a matrix is left out here: see `pictures`)."""
+    out = acc_lib.compute(acc)
+    for name, value in acc_lib.compute_values(acc).items():
+        if value.ndim == 0:
+            out[name] = float(value)
+        elif value.ndim == 1:
+            out.update({f"{name}/{i}": float(v) for i, v in enumerate(value)})
+    return out
+
+
+def pictures(acc: dict[str, Any], specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> dict[str, np.ndarray]:
+    """The matrices a host accumulator's metrics give (a confusion matrix), under their logged keys."""
+    return {_key(name, specs, stage=stage, epoch=epoch): value
+            for name, value in acc_lib.compute_values(acc).items() if value.ndim >= 2}
+
+
+def _key(name: str, specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> str:
+    base, _, tail = name.partition("/")  # a vector's `name/i` takes the spec and suffix of `name`
+    spec = specs.get(base)
+    if spec is not None and spec.lightning:
+        key = base + (("_epoch" if epoch else "_step") if spec.on_step and spec.on_epoch else "")
+    else:
+        key = f"{stage}/{base}" + ("_epoch" if epoch and stage == "train" else "")
+    return key + (f"/{tail}" if tail else "")
+
+
 def compute(acc: dict[str, Any], specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> dict[str, float]:
-    """The means of a host accumulator under their logged keys.
+    """The means and metric values of a host accumulator under their logged keys.
 
     fitjax's keys are `<stage>/<name>`, with `_epoch` on train epoch means. Names logged from a
     Lightning-style hook keep Lightning's keys: the bare name, or `<name>_step` (train window)
     and `<name>_epoch` (epoch and evaluation means) when logged both on_step and on_epoch.
     """
-    out = {}
-    for name, value in acc_lib.compute(acc).items():
-        spec = specs.get(name)
-        if spec is not None and spec.lightning:
-            key = name + (("_epoch" if epoch else "_step") if spec.on_step and spec.on_epoch else "")
-        else:
-            key = f"{stage}/{name}" + ("_epoch" if epoch and stage == "train" else "")
-        out[key] = value
-    return out
+    return {_key(name, specs, stage=stage, epoch=epoch): value for name, value in numbers(acc).items()}
 
 
 def for_progress_bar(values: dict[str, float], specs: dict[str, LogSpec]) -> dict[str, float]:
@@ -130,8 +163,9 @@ def plain_names(acc: dict[str, Any], specs: dict[str, LogSpec], *, epoch: bool) 
     """Lightning's plain names in `callback_metrics` for values logged from a Lightning-style
     hook with both `on_step` and `on_epoch`: `name` holds the latest of `name_step` (a train
     window) and `name_epoch` (an epoch or evaluation mean); loggers get the suffixed keys only."""
-    return {name: value for name, value in acc_lib.compute(acc).items()
-            if (spec := specs.get(name)) is not None and spec.lightning and spec.on_step and spec.on_epoch}
+    return {name: value for name, value in numbers(acc).items()
+            if (spec := specs.get(name.partition("/")[0])) is not None and spec.lightning and spec.on_step
+            and spec.on_epoch}
 
 
 def host_values(logged: Logged, *, owner: str, hook: str) -> dict[str, float]:

@@ -6,32 +6,56 @@ through fsspec (`s3fs` for `s3://`, `gcsfs` for `gs://`): the one file layer for
 
 Checkpoints on a store. Orbax (0.12) writes arrays to local folders and `gs://` only, and a store
 has no atomic rename, so a checkpoint for a URL is written by Orbax into a local staging folder
-on the writer's thread, then uploaded file by file with `COMMIT` uploaded last: a reader (and
-`damage`) counts a checkpoint on a store complete only once `COMMIT` is there, so it never sees a
-half-uploaded one. Deleting one removes `COMMIT` first. Reading one downloads it once into a
-per-process cache (a checkpoint folder is never changed once committed).
+on the writer's thread, then uploaded file by file between two objects of fitjax's own:
+`.fitjax-checkpoint` first (this prefix is fitjax's: only such a prefix is ever deleted) and
+`.fitjax-complete` last, which lists every file and its size. Every reader and lister counts a
+checkpoint on a store complete only once `.fitjax-complete` is there (Orbax's own
+`commit_success.txt` is uploaded early, in sorted order, so it proves nothing). Deleting one
+removes `.fitjax-complete` first and `.fitjax-checkpoint` last: a kill at any object leaves either
+a complete checkpoint or a prefix the next writer recognises as its own and removes. Reading one
+downloads the listed files once into a per-process cache, sizes checked, its own copy of the
+marker written last: an interrupted download is never trusted.
+
+Waits on a store are bounded: every request has `store_timeout()` seconds to answer (connect and
+read), and fitjax's operations retry transient failures (refused or dropped connections,
+timeouts, 5xx) with back-off until that much time has passed since their first try, then raise
+`StoreTimeout` naming the URL and the operation.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
+import logging
 import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
-from typing import Union
+from typing import Any, Callable, TypeVar, Union
 
 from etils import epath
 
-__all__ = ["COMMIT", "AnyPath", "as_path", "commit", "create_new", "download", "folder", "is_url", "put_file", "put_folder", "remove",
-           "store_error", "upload"]
+__all__ = ["AnyPath", "CLAIM", "COMPLETE", "StoreTimeout", "as_path", "begin", "commit", "create_new",
+           "download", "folder", "in_flight", "is_partial", "is_url", "put_file", "put_folder", "remove",
+           "store_error", "store_timeout", "temp_folder", "upload"]
 
 AnyPath = Union[Path, epath.Path]
-COMMIT = "commit_success.txt"  # Orbax's own name for the marker it writes on gs://
+CLAIM = ".fitjax-checkpoint"  # the first object of a checkpoint's upload: this prefix is fitjax's
+COMPLETE = ".fitjax-complete"  # the last: the checkpoint's file list; without it, incomplete
+TIMEOUT_VAR = "FITJAX_STORE_TIMEOUT"
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _CACHE: Path | None = None
+_T = TypeVar("_T")
+log = logging.getLogger("fitjax")
+
+
+class StoreTimeout(TimeoutError):
+    """A store that did not answer, or kept failing, for `store_timeout()` seconds."""
 
 
 def is_url(path: str | os.PathLike) -> bool:
@@ -44,6 +68,7 @@ def as_path(path: str | os.PathLike) -> AnyPath:
     absolute paths only, and later working directories must not matter)."""
     text = os.fspath(path)
     if is_url(text):
+        _bound_requests()
         return epath.Path(text)
     return Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -54,35 +79,190 @@ def folder(path: str | os.PathLike) -> AnyPath:
     return as_path(path) if is_url(path) else Path(path)
 
 
+# ------------------------------------------------------------------------------ bounded waits
+
+def store_timeout() -> float:
+    """Seconds a store request may go unanswered, and an operation may keep failing, before it
+    is an error: `FITJAX_STORE_TIMEOUT` (default 60)."""
+    text = os.environ.get(TIMEOUT_VAR, "60")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_VAR} must be a number of seconds above 0; got {text!r}. "
+                         f"Set it like {TIMEOUT_VAR}=120, or unset it for the default (60).")
+    return value
+
+
+_BOUND: dict[str, Any] = {}  # the request bounds set in fsspec's s3 configuration, to update them
+
+
+def _bound_requests() -> None:
+    """Makes every request of fsspec's s3 filesystem (the one `epath` and fitjax share) give up
+    after `store_timeout()` seconds, one attempt each (fitjax's operations retry, `_call`), and
+    list afresh each time, by fsspec's per-protocol defaults; values a user set there are kept.
+    A changed timeout or `AWS_ENDPOINT_URL` takes effect at the next URL."""
+    timeout = store_timeout()
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if _BOUND.get("read_timeout") == timeout and _BOUND.get("endpoint") == endpoint:
+        return
+    import fsspec.config  # noqa: PLC0415 - only for stores
+
+    conf = fsspec.config.conf.setdefault("s3", {})
+    mine = {"connect_timeout": timeout, "read_timeout": timeout,
+            "retries": {"total_max_attempts": 1, "mode": "standard"}}
+    kwargs = conf.setdefault("config_kwargs", {})
+    for key, value in mine.items():
+        if key not in kwargs or kwargs[key] == _BOUND.get(key):
+            kwargs[key] = value
+    if "endpoint" in _BOUND:  # settings changed since the filesystems were made: made again
+        _forget_filesystems()
+    # s3fs keeps every listing forever by default: another process's saves, or a deletion,
+    # would stay unseen ("last" resuming from an older checkpoint)
+    conf.setdefault("use_listings_cache", False)
+    _BOUND.update(mine, endpoint=endpoint)
+
+
+def _forget_filesystems() -> None:
+    """Drops fsspec's and epath's s3 filesystems (each keeps the first it made, with the
+    settings of then), so the next request uses the current timeout and endpoint."""
+    import fsspec  # noqa: PLC0415 - only for stores
+
+    with contextlib.suppress(ImportError, ValueError):
+        fsspec.get_filesystem_class("s3").clear_instance_cache()
+    cached = getattr(getattr(epath.backend, "_FileSystemSpecBackend", None), "_get_filesystem", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+_FLIGHT: dict[int, tuple[str, str, float]] = {}  # thread -> (operation, URL, since when)
+_TRANSIENT = {"TimeoutError", "ConnectionError", "EndpointConnectionError", "ConnectTimeoutError",
+              "ReadTimeoutError", "ConnectionClosedError", "HTTPClientError", "ServerDisconnectedError",
+              "ClientConnectorError", "ClientOSError", "ClientPayloadError", "IncompleteRead",
+              "ResponseParserError", "FSTimeoutError", "ProxyConnectionError"}
+_TRANSIENT_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "503 ", "500 ",
+                    "(503)", "(500)")
+
+
+def _transient(error: BaseException) -> bool:
+    """A failure worth retrying: the network or the store's momentary state, not the request."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, NotImplementedError)):
+            return False
+        if {c.__name__ for c in type(error).__mro__} & _TRANSIENT or any(
+                code in str(error) for code in _TRANSIENT_CODES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _call(operation: str, url: str, call: Callable[[], _T]) -> _T:
+    """`call()`, retried with back-off (0.25 s doubling to 8 s) while it fails transiently and
+    `store_timeout()` has not passed since the first try; then `StoreTimeout` naming `url` and
+    `operation`."""
+    timeout, start, delay, tries = store_timeout(), time.monotonic(), 0.25, 0
+    me = threading.get_ident()
+    try:
+        while True:
+            tries += 1
+            _FLIGHT[me] = (operation, url, time.monotonic())
+            try:
+                return call()
+            except Exception as error:  # noqa: BLE001 - botocore, aiohttp and s3fs raise many kinds
+                if not _transient(error):
+                    raise
+                if time.monotonic() - start + delay > timeout:
+                    raise StoreTimeout(
+                        f"{url!r}: {operation} did not complete within {timeout:g} s, the store unreachable "
+                        f"or stalled ({tries} tries, the last failing with {type(error).__name__}). Check "
+                        f"the network and the endpoint, or allow more time with {TIMEOUT_VAR}=<seconds>."
+                    ) from error
+                time.sleep(delay)
+                delay = min(2 * delay, 8.0)
+    finally:
+        _FLIGHT.pop(me, None)
+
+
+def in_flight() -> list[tuple[str, str, float]]:
+    """The store operations running now, on any thread: `(operation, URL, try started at)`
+    (`time.monotonic()`)."""
+    return list(_FLIGHT.values())
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
+
+
+# ------------------------------------------------------------------------------ files
+
 def _fs(path: AnyPath):
     import fsspec  # noqa: PLC0415 - only for stores
 
+    _bound_requests()
     try:
-        return fsspec.core.url_to_fs(os.fspath(path))
+        fs, root = fsspec.core.url_to_fs(os.fspath(path))
     except ImportError as error:  # s3fs / gcsfs missing
         scheme = os.fspath(path).split("://")[0]
         package = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}.get(scheme, f"the fsspec package for {scheme}://")
         raise ImportError(f"{os.fspath(path)!r} needs {package}: pip install {package} "
                           "(or pip install 'fitjax[stores]').") from error
+    if type(fs).__name__ == "S3FileSystem":
+        # s3fs retries a timed-out request 5 times itself (a class attribute, no argument sets
+        # it): once here, `_call` retries on a clock. The instance is the one epath shares.
+        fs.retries = 1
+    return fs, root
+
+
+def _files(local: Path) -> list[Path]:
+    return sorted(p for p in local.rglob("*") if p.is_file())
 
 
 def upload(local: Path, target: AnyPath) -> None:
-    """Copies the folder `local` to the store folder `target`, then writes `target/COMMIT`."""
+    """Copies the checkpoint folder `local` to the store folder `target`: `CLAIM` first, then
+    its files, then `COMPLETE` listing them (`begin`, `put_folder`, `commit`)."""
+    begin(target)
     put_folder(local, target)
-    commit(target)
+    commit(target, {f.relative_to(local).as_posix(): f.stat().st_size for f in _files(local)})
 
 
-def commit(target: AnyPath) -> None:
-    """Writes `target/COMMIT`: the store folder `target` is complete (call it last)."""
+def begin(target: AnyPath) -> None:
+    """Writes `target/CLAIM`: fitjax is uploading a checkpoint there (call it first)."""
     fs, root = _fs(target)
-    fs.pipe_file(f"{root}/{COMMIT}", uuid.uuid4().hex.encode())
+    _call(f"writing {CLAIM}", os.fspath(target), lambda: fs.pipe_file(f"{root}/{CLAIM}", b"fitjax checkpoint\n"))
+
+
+def commit(target: AnyPath, files: dict[str, int] | None = None) -> None:
+    """Writes `target/COMPLETE`, listing `files` (name -> size; None: what the store holds under
+    `target` now, for parts several processes uploaded): the checkpoint is complete (call it last)."""
+    fs, root = _fs(target)
+    url = os.fspath(target)
+    if files is None:
+        fs.invalidate_cache(root)
+        found = _call("listing", url, lambda: fs.find(root, detail=True))
+        files = {name[len(root):].lstrip("/"): int(info["size"]) for name, info in found.items()}
+        files = {name: size for name, size in files.items() if name not in (CLAIM, COMPLETE)}
+    listing = json.dumps({"id": uuid.uuid4().hex, "files": files}, sort_keys=True).encode()
+    _call(f"writing {COMPLETE}", url, lambda: fs.pipe_file(f"{root}/{COMPLETE}", listing))
+
+
+def is_partial(target: AnyPath) -> bool:
+    """True for a store folder fitjax began writing (or deleting) a checkpoint in and did not
+    finish: `CLAIM` there, `COMPLETE` not."""
+    fs, root = _fs(target)
+    return _call("listing", os.fspath(target),
+                 lambda: fs.exists(f"{root}/{CLAIM}") and not fs.exists(f"{root}/{COMPLETE}"))
 
 
 def put_folder(local: Path, target: AnyPath) -> None:
     """Copies every file under the local folder `local` to the same place under `target`."""
     fs, root = _fs(target)
-    for file in sorted(p for p in local.rglob("*") if p.is_file()):
-        fs.put_file(str(file), f"{root}/{file.relative_to(local).as_posix()}")
+    for file in _files(local):
+        name = file.relative_to(local).as_posix()
+        _call(f"uploading {name}", os.fspath(target), lambda: fs.put_file(str(file), f"{root}/{name}"))
 
 
 def create_new(target: AnyPath, data: bytes = b"") -> bool:
@@ -109,33 +289,79 @@ def create_new(target: AnyPath, data: bytes = b"") -> bool:
 def put_file(local: Path, target: AnyPath) -> None:
     """Copies the local file `local` to the store path `target`."""
     fs, root = _fs(target)
-    fs.put_file(str(local), root)
+    _call("uploading", os.fspath(target), lambda: fs.put_file(str(local), root))
 
 
 def remove(target: AnyPath) -> None:
-    """Deletes the store folder `target`, its `COMMIT` first (no reader takes it as complete
-    while its files go)."""
+    """Deletes the checkpoint folder `target` from the store: `COMPLETE` first (no reader takes it
+    as complete while its files go), `CLAIM` last (until then, its next writer knows it as
+    fitjax's and finishes the deletion)."""
     fs, root = _fs(target)
-    if fs.exists(f"{root}/{COMMIT}"):
-        fs.rm_file(f"{root}/{COMMIT}")
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
+    url = os.fspath(target)
+    _call(f"deleting {COMPLETE}", url, lambda: fs.rm_file(f"{root}/{COMPLETE}"))
+    fs.invalidate_cache(root)
+    rest = [name for name in _call("listing", url, lambda: fs.find(root)) if name != f"{root}/{CLAIM}"]
+    if rest:
+        _call("deleting", url, lambda: fs.rm(rest))
+    _call(f"deleting {CLAIM}", url, lambda: fs.rm_file(f"{root}/{CLAIM}"))
+    fs.invalidate_cache(root)
+
+
+def _cache() -> Path:
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = temp_folder("store")
+        atexit.register(shutil.rmtree, _CACHE, True)
+    return _CACHE
+
+
+_TEMP = re.compile(r"fitjax-(stage|store)-(\d+)-")
+_SWEPT = False
+
+
+def temp_folder(kind: str) -> Path:
+    """A new local folder `fitjax-<kind>-<pid>-*` in the temporary folder ("stage": a store
+    save's staging copy, "store": the download cache). The first call of a process removes the
+    ones whose process is gone (killed, or ended by `os._exit` before its own cleanup ran)."""
+    global _SWEPT
+    if not _SWEPT:
+        _SWEPT = True
+        with contextlib.suppress(OSError):
+            for path in Path(tempfile.gettempdir()).iterdir():
+                found = _TEMP.match(path.name)
+                if found and not _alive(int(found.group(2))):
+                    shutil.rmtree(path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"fitjax-{kind}-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
 
 
 def download(target: AnyPath) -> Path:
-    """A local copy of the committed store folder `target`, downloaded once per commit."""
-    global _CACHE
+    """A local copy of the complete store checkpoint `target` (downloaded once per upload): the
+    files its `COMPLETE` lists, each checked for its size, then the copy's own `COMPLETE`.
+
+    Raises `FileNotFoundError` naming the file when one is missing or of another size."""
     fs, root = _fs(target)
-    commit = fs.cat_file(f"{root}/{COMMIT}").decode().strip() or "commit"
-    if _CACHE is None:
-        _CACHE = Path(tempfile.mkdtemp(prefix="fitjax-store-"))
-        atexit.register(shutil.rmtree, _CACHE, True)
-    local = _CACHE / commit / target.name
-    if not (local / COMMIT).is_file():
-        for remote in fs.find(root):
-            file = local / remote[len(root):].lstrip("/")
-            file.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(remote, str(file))
+    url = os.fspath(target)
+    listing = json.loads(_call(f"reading {COMPLETE}", url, lambda: fs.cat_file(f"{root}/{COMPLETE}")))
+    local = _cache() / listing["id"] / target.name
+    if (local / COMPLETE).is_file():
+        return local
+    for name, size in sorted(listing["files"].items()):
+        file = local / name
+        file.parent.mkdir(parents=True, exist_ok=True)
+        _call(f"downloading {name}", url, lambda: fs.get_file(f"{root}/{name}", str(file)))
+        if file.stat().st_size != size:
+            raise FileNotFoundError(f"{url}/{name} holds {file.stat().st_size} bytes, and {COMPLETE} lists {size}")
+    (local / COMPLETE).write_text(json.dumps(listing))  # last: this copy is complete
     return local
 
 

@@ -276,6 +276,8 @@ class ModelCheckpoint(Callback):
 
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         self._failing = True
+        if isinstance(exception, KeyboardInterrupt):  # the waits below give up on a stalled store
+            checkpoint.writer().signalled("Ctrl-C")
         if (trainer.received_sigterm or self.save_on_exception) and trainer.state is not None:
             self._save(trainer, module, always=True)
 

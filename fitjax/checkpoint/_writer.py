@@ -18,9 +18,13 @@ written under `<name>.orbax-checkpoint-tmp-<n>` and renamed to `<name>` once com
 
 Faults: a save that fails on the thread is kept until `raise_failure()` (the checkpoint callbacks
 call it at every step) raises it as `SaveFailed`, after running the `on_failure` given with that
-save, which undoes what the save promised (best and last paths). Old checkpoints are deleted by
-renaming them to a temporary name first (atomic), then removing the files: a kill half-way leaves
-a folder `cleanup()` recognises, never a half-deleted checkpoint under its real name. A state that
+save, which undoes what the save promised (best and last paths); a deletion that fails is a
+warning there (the checkpoint stays). Nothing a save or deletion raises ends the thread. Old
+checkpoints are deleted by renaming them to a temporary name first (atomic), then removing the
+files: a kill half-way leaves a folder `cleanup()` recognises, never a half-deleted checkpoint
+under its real name (on a store: `fitjax._storage.remove`'s order). Waits for the thread are
+bounded by the store's (`fitjax._storage.store_timeout`), and after SIGTERM (`signalled`) a wait
+on a store operation that has not answered for `SIGNAL_GRACE` seconds ends with `SaveFailed`. A state that
 is not fully addressable from this process (several processes) is handed to Orbax's
 `AsyncCheckpointer` on the caller's thread, after the queue is drained (one Orbax save at a time),
 which copies this process's shards to the host before returning; for a store URL each process
@@ -30,14 +34,15 @@ stages and uploads its part, and process 0 commits once all are up (`_save_shard
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -53,6 +58,8 @@ ocp = LazyModule("orbax.checkpoint")  # imported at the first save
 __all__ = ["CheckpointWriter", "cleanup", "prepare", "writer"]
 
 _DELETING = _format.TMP_MARK + "-deleting"  # an old checkpoint on its way out
+SIGNAL_GRACE = 5.0  # seconds a store operation may go unanswered after SIGTERM before the wait ends
+log = logging.getLogger("fitjax")
 
 
 class CheckpointWriter:
@@ -66,6 +73,8 @@ class CheckpointWriter:
         self._idle = threading.Condition()
         self._queued: dict[str, int] = {}  # paths queued or being written -> how many times
         self._failures: list[tuple[str, BaseException, Callable[[], None] | None]] = []
+        self._undeleted: list[tuple[str, BaseException]] = []  # deletions that failed: warned about
+        self._signal: str | None = None  # a stop signal received during this fit (`signalled`)
         self._host: tuple[Any, Any, dict[str, str]] | None = None  # (state, host tree, key impls)
         self._sharded_saves = 0  # multi-process saves so far: names their barriers (same on every process)
 
@@ -85,10 +94,13 @@ class CheckpointWriter:
             self.wait()  # a newer state: the older copies are written first, then dropped
             self._host = None
         directory = path.parent
-        if not _storage.is_url(path) and not (directory.is_dir() and os.access(directory, os.W_OK)):
-            # a folder made read-only mid-run: say so now
-            raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
-                             "writable (any more).")
+        if not _storage.is_url(path):
+            with contextlib.suppress(OSError):  # deleted during the fit: made again (Lightning does)
+                directory.mkdir(parents=True, exist_ok=True)
+            if not (directory.is_dir() and os.access(directory, os.W_OK)):
+                # a folder made read-only mid-run: say so now
+                raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
+                                 "writable (any more).")
         meta = {**meta, "saved_at": time.time()}
         if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(state)):
             if self._host is None:  # the step donates the state's buffers: the thread owns a host copy
@@ -124,9 +136,12 @@ class CheckpointWriter:
                 with self._idle:
                     self._failures.append((str(path), error, on_failure))
             else:
-                if jax.process_index() == 0:
-                    for old in doomed:
+                for old in doomed if jax.process_index() == 0 else ():
+                    try:
                         _delete(old)
+                    except BaseException as error:  # noqa: BLE001 - a warning on the loop's thread
+                        with self._idle:
+                            self._undeleted.append((str(old), error))
             finally:
                 with self._idle:
                     self._queued[str(path)] -= 1
@@ -141,6 +156,11 @@ class CheckpointWriter:
         running the `on_failure` of every save that failed."""
         with self._idle:
             failures, self._failures = self._failures, []
+            undeleted, self._undeleted = self._undeleted, []
+        for path, error in undeleted:
+            warnings.warn(f"ModelCheckpoint could not delete {path!r}, which top-k no longer keeps: "
+                          f"{type(error).__name__}: {_first_line(error).rstrip('.')}. It stays; delete it by hand "
+                          "if it is not wanted.", stacklevel=3)
         if not failures:
             return
         for _, _, on_failure in failures:
@@ -153,15 +173,36 @@ class CheckpointWriter:
 
     def wait(self) -> None:
         """Blocks until every queued save is written, then raises a failure among them, if any."""
-        with self._idle:
-            self._idle.wait_for(lambda: not self._queued)
+        self.drain()
         self._host = None  # written: the host copy is not needed any more
         self.raise_failure()
 
     def drain(self) -> None:
-        """Blocks until every queued save is written; failures stay pending for `raise_failure`."""
+        """Blocks until every queued save is written; failures stay pending for `raise_failure`.
+
+        Polls (Ctrl-C is raised here at once); after `signalled`, a store operation of the thread
+        that has not answered for `SIGNAL_GRACE` seconds ends the wait with `SaveFailed`."""
         with self._idle:
-            self._idle.wait_for(lambda: not self._queued)
+            while self._queued:
+                try:
+                    self._idle.wait(timeout=0.2)
+                except KeyboardInterrupt:
+                    self._signal = "Ctrl-C"  # the waits of the teardown that follows give up on a stall
+                    raise
+                if self._signal is not None and self._queued:
+                    stalled = [(op, url, time.monotonic() - since) for op, url, since in _storage.in_flight()
+                               if time.monotonic() - since > SIGNAL_GRACE]
+                    if stalled:
+                        op, url, waited = stalled[0]
+                        raise SaveFailed(
+                            f"{self._signal} received while waiting for the save of "
+                            f"{next(iter(self._queued))!r}: {op} of {url!r} has not answered for "
+                            f"{waited:.0f} s; that save is not complete (the checkpoints before it stay).")
+
+    def signalled(self, reason: str | None) -> None:
+        """Records a stop signal (`"SIGTERM"`) the loop received, or None at a fit's start: from
+        then on a wait gives up on a stalled store (`drain`). Safe in a signal handler."""
+        self._signal = reason
 
 
 _WRITER = CheckpointWriter()
@@ -175,8 +216,12 @@ def writer() -> CheckpointWriter:
 @atexit.register
 def _finish_saves() -> None:
     # The thread is a daemon (a hung store must not hang the interpreter's exit), so a save
-    # still queued when the program ends is finished here rather than lost.
-    _WRITER.drain()
+    # still queued when the program ends is finished here rather than lost (a wait bounded by
+    # the store's timeout, or ended by a stall after a stop signal).
+    try:
+        _WRITER.drain()
+    except SaveFailed as error:
+        log.warning("fitjax: %s", error)
 
 
 # ------------------------------------------------------------------------------ folders
@@ -187,7 +232,7 @@ def _write(path: _storage.AnyPath, args: Any) -> None:
     if not _storage.is_url(path):
         ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
         return
-    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    stage = _storage.temp_folder("stage")
     try:
         ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(stage / path.name, args=args)
         _storage.upload(stage / path.name, path)
@@ -203,7 +248,7 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
     hosts without a shared disk (`primary_host=None`: each process creates, writes and renames
     its own folder; zarr, one file per chunk, rather than OCDBT, whose manifests process 0 would
     merge from every process's files), uploads it, and waits for the others at a barrier;
-    process 0 then writes `COMMIT` last. The union of the parts is the whole checkpoint (every
+    process 0 then writes `_storage.COMPLETE` last. The union of the parts is the whole checkpoint (every
     part holds the same metadata and the chunks of the shards its process writes).
     """
     if not _storage.is_url(path):
@@ -216,7 +261,7 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
 
         return finish
     _quiet_orbax_staging()
-    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    stage = _storage.temp_folder("stage")
     local = ocp.options.MultiprocessingOptions(primary_host=None)  # each process its own folder and rename
     # folders made before the save returns (local mkdirs): made in the background, the
     # checkpoint's folder and its items' folders race (each process makes both here)
@@ -232,12 +277,13 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
         try:
             saver.wait_until_finished()
             saver.close()
+            _storage.begin(path)  # every process: the prefix is fitjax's before any part of it lands
             _storage.put_folder(stage / path.name, path)  # this process's chunks, and the metadata
             # barriers of the distributed client, safe on this thread (no device collective)
             barrier = ocp.multihost.get_barrier_sync_fn()
             barrier(key=f"fitjax-uploaded-{number}", timeout_ms=600_000)
             if jax.process_index() == 0:
-                _storage.commit(path)  # last: every process's part is on the store
+                _storage.commit(path)  # last, listing every process's part, all on the store now
             # and no process counts the save done (a resume lists the store) before it is committed
             barrier(key=f"fitjax-committed-{number}", timeout_ms=600_000)
         finally:
@@ -287,19 +333,24 @@ def prepare(directory: _storage.AnyPath) -> None:
 
 
 def cleanup(directory: Path) -> list[Path]:
-    """Removes what interrupted saves and deletions left in `directory`
-    (`*.orbax-checkpoint-tmp*`), on process 0, once this process's queued saves are written
-    (one in flight looks the same). Call it when a run starts."""
+    """Removes what interrupted saves and deletions left in `directory`, on process 0, once this
+    process's queued saves are written (one in flight looks the same), and nothing else: on disk
+    Orbax's temporary folders (`*.orbax-checkpoint-tmp*`), on a store the folders fitjax began
+    uploading or deleting a checkpoint in and did not finish (`_storage.is_partial`), each named
+    in a log line. Call it when a run starts."""
     _WRITER.drain()
     if jax.process_index() != 0 or not directory.is_dir():
         return []
     removed = []
     for path in directory.iterdir():
-        if _storage.is_url(path):  # an upload never committed
-            if path.is_dir() and not (path / _storage.COMMIT).exists():
+        if _storage.is_url(path):
+            if path.is_dir() and _storage.is_partial(path):
+                log.warning("fitjax: removing %s, a checkpoint whose upload or deletion was interrupted "
+                            "(%s missing)", path, _storage.COMPLETE)
                 _storage.remove(path)
                 removed.append(path)
         elif _format.TMP_MARK in path.name and path.is_dir():
+            log.warning("fitjax: removing %s, what an interrupted save or deletion left", path)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -71,6 +71,10 @@ class Logger(abc.ABC):
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Records the run's hyperparameters, a flat or nested mapping."""
 
+    def log_pictures(self, pictures: Mapping[str, Any], step: int) -> None:
+        """Records matrices a metric computed (a confusion matrix: `[C, C]` host arrays) at
+        `step`; loggers that show pictures draw them, the others ignore them."""
+
     def claim_version(self) -> None:
         """Called by every process when a fit starts, before anything reads `log_dir`: a file
         logger makes its version folder then, so two runs started at once never share one."""

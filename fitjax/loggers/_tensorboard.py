@@ -8,6 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fitjax._lazy import import_without
 from fitjax.loggers._base import check_status
 from fitjax.loggers._hparams import Scalar, check_params, flatten, write_yaml
@@ -108,6 +110,16 @@ class TensorBoardLogger(VersionedLogger):
             return
         self._get_writer().file_writer.add_summary(_scalars(metrics), global_step=int(step))
         self._tags.update(dict.fromkeys(metrics))
+        self._note_step(int(step))
+
+    def log_pictures(self, pictures: Mapping[str, Any], step: int) -> None:
+        """Draws each matrix as an image (a confusion matrix: one square per cell, darker the
+        larger its share of the row, so each true class reads across) in TensorBoard's Images tab."""
+        if not self._is_writer() or not pictures:
+            return
+        writer = self._get_writer()
+        for key, matrix in pictures.items():
+            writer.add_image(key, _heatmap(matrix), global_step=int(step), dataformats="HWC")
         self._note_step(int(step))
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
@@ -244,3 +256,18 @@ def _plugin_summary(tag: str, **data: Any) -> Summary:
     plugin_data = SummaryMetadata.PluginData(plugin_name=_PLUGIN, content=content)
     metadata = SummaryMetadata(plugin_data=plugin_data)
     return Summary(value=[Summary.Value(tag=tag, metadata=metadata)])
+
+
+def _heatmap(matrix: Any, cell: int = 16) -> np.ndarray:
+    """An RGB uint8 picture of a matrix (`[..., rows, cols]`, leading axes stacked vertically):
+    white for 0 through blue for a row's largest share, a grey line between cells. Drawn with
+    numpy alone (no matplotlib)."""
+    m = np.asarray(matrix, np.float64)
+    m = m.reshape(-1, m.shape[-1]) if m.ndim > 2 else np.atleast_2d(m)
+    rows = np.abs(m).sum(-1, keepdims=True)
+    share = np.divide(np.abs(m), rows, out=np.zeros_like(m), where=rows > 0)
+    white, blue = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+    colours = white + share[..., None] * (blue - white)
+    picture = np.repeat(np.repeat(colours, cell, 0), cell, 1)
+    picture[::cell, :], picture[:, ::cell] = 160.0, 160.0
+    return picture.round().astype(np.uint8)

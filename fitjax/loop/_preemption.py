@@ -65,6 +65,9 @@ def stop_on_signals(environment) -> Iterator[StopAgreement]:
 
     def handler(signum, frame):
         agreement.request(reasons[signum])  # the first request stands
+        checkpoint.writer().signalled(reasons[signum])  # a save waiting on a stalled store gives up
+
+    checkpoint.writer().signalled(None)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():

@@ -72,6 +72,8 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
         evaluated.values.update({k + suffix: v for k, v in values.items()})
         evaluated.aliases.update({k + suffix: v for k, v in _logged.plain_names(host, specs, epoch=True).items()})
         evaluated.progress_bar.update({k + suffix: v for k, v in _logged.for_progress_bar(values, specs).items()})
+        evaluated.pictures.update({k + suffix: v for k, v in
+                                   _logged.pictures(host, specs, stage=stage, epoch=True).items()})
     return evaluated
 
 
@@ -193,11 +195,14 @@ def stage_loaders(module, data, datamodule, *, stage: str, method: str, several:
 @dataclasses.dataclass(frozen=True)
 class Evaluated:
     """An evaluation's values under their logged keys, the plain names Lightning adds to
-    `callback_metrics` (see `_logged.plain_names`) and the values a progress bar shows."""
+    `callback_metrics` (see `_logged.plain_names`), the values a progress bar shows and the
+    matrices drawn as pictures."""
 
     values: HostMetrics
     aliases: HostMetrics
     progress_bar: HostMetrics
+    #: matrices metrics computed (a confusion matrix), for the loggers that draw them
+    pictures: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def _real_rows(outputs: Any, padded_rows: int, size: int) -> Any:

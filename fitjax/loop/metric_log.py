@@ -59,14 +59,14 @@ class EpochAccumulators:
         """These plus `host` (a window's accumulators)."""
         return EpochAccumulators(acc_lib.merge_host(self.acc, host))
 
-    def to_meta(self) -> dict[str, list[float]]:
-        """As plain (JSON) data, bitwise: float64 values."""
-        return {k: np.asarray(v, np.float64).tolist() for k, v in self.acc.items()}
+    def to_meta(self) -> dict[str, Any]:
+        """As plain (JSON) data, bitwise: float64 values (a metric's state: its arrays and dtypes)."""
+        return {k: acc_lib.to_plain(v) for k, v in self.acc.items()}
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Sequence[float]]) -> EpochAccumulators:
+    def from_meta(cls, meta: Mapping[str, Any]) -> EpochAccumulators:
         """The accumulators `to_meta` wrote."""
-        return cls({k: np.asarray(v, np.float64) for k, v in meta.items()})
+        return cls({k: acc_lib.from_plain(v) for k, v in meta.items()})
 
 
 class MetricLog:
@@ -138,9 +138,10 @@ class MetricLog:
         self._latest_step = outputs
 
     def log(self, values: HostMetrics, *, aliases: HostMetrics | None = None,
-            progress_bar: HostMetrics | None = None) -> None:
+            progress_bar: HostMetrics | None = None, pictures: Mapping[str, np.ndarray] | None = None) -> None:
         """Records `values` as the latest and writes them to the loggers; `aliases` (Lightning's
-        plain names of forked values) go to `callback_metrics` only, `progress_bar` to the bar.
+        plain names of forked values) go to `callback_metrics` only, `progress_bar` to the bar,
+        `pictures` (a confusion matrix) to the loggers that draw them.
 
         The step is Lightning's: during fit the index of the last step taken (`global_step - 1`),
         else `global_step`."""
@@ -150,7 +151,7 @@ class MetricLog:
             self._read_oldest_window()  # its rows first, so the loggers get rows in step order
         step = self._loop.global_step
         self._write(values, step=max(step - 1, 0) if self._fitting else step, epoch=self._loop.epoch,
-                    aliases=aliases)
+                    aliases=aliases, pictures=pictures)
 
     def log_hook(self, logged: _logged.Logged, *, owner: str, hook: str) -> None:
         """Logs what a host hook passed to `self.log` (under the names given)."""
@@ -196,7 +197,8 @@ class MetricLog:
         self._latest_step = self._latest_step_host = None  # over the plain names of both)
         acc, specs = self._epoch.acc, self._specs
         self.log(_logged.compute(acc, specs, stage="train", epoch=True),
-                 aliases=_logged.plain_names(acc, specs, epoch=True))
+                 aliases=_logged.plain_names(acc, specs, epoch=True),
+                 pictures=_logged.pictures(acc, specs, stage="train", epoch=True))
         return state
 
     def finalize(self, status: str) -> None:
@@ -206,8 +208,13 @@ class MetricLog:
 
     # -------------------------------------------------------------------------- inside
 
-    def _write(self, values: HostMetrics, *, step: int, epoch: int, aliases: HostMetrics | None = None) -> None:
+    def _write(self, values: HostMetrics, *, step: int, epoch: int, aliases: HostMetrics | None = None,
+               pictures: Mapping[str, np.ndarray] | None = None) -> None:
         """Writes `values` to the loggers at `step` (with the compile times taken since the last row)."""
+        if pictures:
+            with self._profiler.profile("[log] loggers"):
+                for logger in self._loggers:
+                    logger.log_pictures(pictures, step=step)
         if aliases:
             self._callback_metrics.update(aliases)
         compiled = self._compile_seconds.take()  # compile/<program>_s: for the loggers, not the callbacks
@@ -228,9 +235,10 @@ class MetricLog:
         window, log_rows = self._windows.popleft()
         with self._profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
-        if not any(w > 0 for _, w in host.values()):
-            return
+        # merged even when empty: a resumed epoch's saved metric states take the window's structure
         self._epoch = self._epoch.merged(_logged.keep(host, self._specs, "on_epoch"))
+        if not acc_lib.has_weight(host):
+            return
         if not log_rows:
             return
         at = {"step": window.step - 1, "epoch": window.epoch}
@@ -254,7 +262,7 @@ class MetricLog:
         pending: HostMetrics = {}
         for window, log_rows in self._windows:
             host, extra = window.read()
-            if log_rows and any(w > 0 for _, w in host.values()):
+            if log_rows and acc_lib.has_weight(host):
                 extra, values, aliases = self._window_rows_of(host, extra)
                 pending.update({**extra, **aliases, **values})  # `_write`'s order of updates
         return pending

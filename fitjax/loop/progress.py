@@ -174,16 +174,18 @@ class ProgressView:
     def crossed(self, every: int | None) -> bool:
         """Whether the last call of the train step passed a multiple of `every` optimizer steps:
         True at the first step boundary at or after each multiple (several steps per call)."""
-        p = self._progress
-        return crossed(p.step_before, p.global_step, every)
+        p = self._progress  # `crossed` inline: callbacks ask this every step
+        return bool(every) and p.global_step // every > p.step_before // every
 
     def crossed_batches(self, every: int | None, *, across_epochs: bool = False) -> bool:
         """Whether the last call passed a multiple of `every` train batches, counted in the
         epoch (or over the whole run with `across_epochs`)."""
         p = self._progress
+        if not every:
+            return False
         if across_epochs:
-            return crossed(p.total_before, p.total_batches, every)
-        return crossed(p.batches_before, p.batches_done, every)
+            return p.total_batches // every > p.total_before // every
+        return p.batches_done // every > p.batches_before // every
 
     @property
     def batch_idx(self) -> int:

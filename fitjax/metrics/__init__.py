@@ -17,13 +17,18 @@ Example:
 """
 
 from fitjax.metrics._accumulate import (
+    Saved,
     Tracked,
     add,
     compute,
     compute_values,
     empty_like,
+    examples_seen,
+    from_plain,
+    has_weight,
     merge_host,
     template_of,
+    to_plain,
     zeros,
 )
 from fitjax.metrics._base import Metric, is_metric, recorded, recording
@@ -59,16 +64,21 @@ __all__ = [
     "Precision",
     "R2Score",
     "Recall",
+    "Saved",
     "SumMetric",
     "Tracked",
     "add",
     "compute",
     "compute_values",
     "empty_like",
+    "examples_seen",
+    "from_plain",
+    "has_weight",
     "is_metric",
     "merge_host",
     "recorded",
     "recording",
     "template_of",
+    "to_plain",
     "zeros",
 ]

@@ -19,7 +19,8 @@ import numpy as np
 from fitjax._typing import HostMetrics
 from fitjax.metrics._base import Metric, is_metric
 
-__all__ = ["Tracked", "add", "compute", "compute_values", "empty_like", "merge_host", "zeros"]
+__all__ = ["Saved", "Tracked", "add", "compute", "compute_values", "empty_like", "examples_seen", "from_plain", "has_weight",
+           "merge_host", "template_of", "to_plain", "zeros"]
 
 Accumulator = dict[str, Any]
 
@@ -108,12 +109,59 @@ def _reduce_rows(stacked: Any, keep: jax.Array) -> Any:
     return jax.tree.map(lambda x: x[0], stacked)
 
 
+def examples_seen(acc: Mapping[str, Any]) -> jax.Array:
+    """How many examples the accumulator merged (traced; 0 when it holds nothing)."""
+    for entry in acc.values():
+        return entry.count if isinstance(entry, Tracked) else entry[1]
+    return jnp.zeros((), jnp.float32)
+
+
+def has_weight(acc: Mapping[str, Any]) -> bool:
+    """Whether any entry of a host accumulator merged an example."""
+    return any(float(e.count if isinstance(e, Tracked) else e[1]) > 0 for e in acc.values())
+
+
+class Saved:
+    """A metric entry read back from plain data (`to_plain`), waiting for the structure of the
+    next entry of its name (`merge_host`) to become a `Tracked` again, bitwise."""
+
+    def __init__(self, plain: Mapping[str, Any]) -> None:
+        self.plain = plain
+
+    def like(self, other: Tracked) -> Tracked:
+        leaves, tree = jax.tree.flatten(other)
+        saved = self.plain["leaves"]
+        if len(saved) != len(leaves):
+            raise ValueError(f"a saved metric state has {len(saved)} arrays, the module's has {len(leaves)}: "
+                             "the checkpoint was written by a module with other metrics.")
+        return jax.tree.unflatten(tree, [np.asarray(v, np.dtype(d)).reshape(np.shape(leaf))
+                                         for v, d, leaf in zip(saved, self.plain["dtypes"], leaves)])
+
+
+def to_plain(entry: Any) -> Any:
+    """An accumulator entry as JSON data, bitwise (a mean: 2 float64; a metric: its arrays)."""
+    if isinstance(entry, Saved):
+        return dict(entry.plain)
+    if isinstance(entry, Tracked):
+        leaves = jax.tree.leaves(entry)
+        return {"leaves": [np.asarray(x).astype(np.float64).tolist() for x in leaves],
+                "dtypes": [str(np.asarray(x).dtype) for x in leaves]}
+    return np.asarray(entry, np.float64).tolist()
+
+
+def from_plain(plain: Any) -> Any:
+    """What `to_plain` wrote (a metric's state as `Saved` until merged with a window's)."""
+    return Saved(plain) if isinstance(plain, Mapping) else np.asarray(plain, np.float64)
+
+
 def merge_host(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """Merges two host accumulators (e.g. an epoch total and the window just fetched): means are
     summed in float64, metric states merged with their `merge`."""
     out = {}
     for k in {*a, *b}:
         x, y = a.get(k), b.get(k)
+        if isinstance(x, Saved) and isinstance(y, Tracked):
+            x = x.like(y)
         if isinstance(x, Tracked) or isinstance(y, Tracked):
             out[k] = _merge_tracked(x, y)
         else:
@@ -133,7 +181,7 @@ def compute(acc: Mapping[str, Any]) -> HostMetrics:
     """Weighted means of a host accumulator; names with no weight yet are left out. Metric
     entries are left out too: see `compute_values`."""
     return {name: float(entry[0] / entry[1]) for name, entry in acc.items()
-            if not isinstance(entry, Tracked) and entry[1] > 0}
+            if not isinstance(entry, (Tracked, Saved)) and entry[1] > 0}
 
 
 def compute_values(acc: Mapping[str, Any]) -> dict[str, np.ndarray]:

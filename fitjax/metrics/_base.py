@@ -34,7 +34,7 @@ State = dict[str, jax.Array]
 
 _MERGE_OPS = ("sum", "max", "min")
 
-# the open recording block: {id(declaration): metric holding the step's merged updates}
+# the open recording block: {id(declaration): (declaration, metric holding the step's merged updates)}
 _UPDATES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fitjax_metric_updates", default=None)
 
 
@@ -54,7 +54,7 @@ def recorded(metric: Any) -> Any:
     if not isinstance(metric, Metric) or metric.state is not None:
         return metric
     updates = _UPDATES.get()
-    found = None if updates is None else updates.get(id(metric))
+    found = None if updates is None else updates.get(id(metric), (None, None))[1]
     if found is None:
         raise ValueError(
             f"{metric!r} holds no state: it is a declaration, and it was not updated in this step. "
@@ -139,8 +139,9 @@ class Metric:
         new = batch if self._state is None else self.merge(batch)
         updates = _UPDATES.get()
         if updates is not None and self._state is None:
+            # keyed by identity, holding the declaration so that its id is not reused in the block
             key = id(self)
-            updates[key] = batch if key not in updates else updates[key].merge(batch)
+            updates[key] = (self, batch if key not in updates else updates[key][1].merge(batch))
         return new
 
     def __call__(self, *args: Any, **kwargs: Any) -> "Metric":

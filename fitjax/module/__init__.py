@@ -4,6 +4,7 @@ hyperparameters `save_hyperparameters` collects, what `configure_optimizers` may
 model host code calls with the trainer's current weights."""
 
 from fitjax.module._lit_module import LitModule
+from fitjax.module._param_groups import param_groups
 
 # What fitjax's loop, callbacks and checkpoints do with a module (functions, so that they take no
 # names from the user's subclass): which hooks it defines, Lightning's train/eval mode around host
@@ -24,4 +25,4 @@ from fitjax.module._host_model import installed as host_model_installed
 from fitjax.module._host_model import unwrap as unwrap_host_model
 from fitjax.module._lightning import check_dataloader_idx
 
-__all__ = ["LitModule"]
+__all__ = ["LitModule", "param_groups"]

@@ -15,7 +15,7 @@ from flax import nnx
 import jax
 
 from fitjax import _logged, checkpoint
-from fitjax.module import _host_model, _lightning, _optimizers, _weights
+from fitjax.module import _host_model, _lightning, _lora, _optimizers, _weight_sources, _weights
 from fitjax.step import ModuleSpec, context, defined_at
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step.model_binding import ModelBinding, NNXBinding, bind
@@ -65,6 +65,7 @@ class LitModule:
         self._binding: ModelBinding | None = None
         self._variables: tuple[PyTree, PyTree] | None = None
         self._weights_load: _weights.WeightsLoad | None = None  # until a build reads it
+        self._lora: _lora.LoraSpec | None = None
 
     # ----------------------------------------------------------------- user hooks (override these)
 
@@ -368,7 +369,7 @@ class LitModule:
         report = None
         if known is not None:  # checked now; read when a trainer builds the state
             abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), known)
-            report = load.plan(_weights.target_names(abstract), _weights.rng_names(abstract))[1]
+            report = load.plan(_weights.target_names(abstract), self._optional_names(abstract))[1]
         self._weights_load = load
         return report
 
@@ -377,9 +378,116 @@ class LitModule:
         the model's own, `block_0.up.kernel`; `load_weights` maps others)."""
         return self.load_weights(state_dict, strict=strict)
 
-    def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
+    def save_weights(self, path: str | os.PathLike, *, mapping: _weights.NameMap = None,
+                     transpose: _weights.Transpose = (), dtype: Any = None,
+                     metadata: dict[str, str] | None = None, lora: str = "merge") -> dict[str, tuple[int, ...]]:
+        """Writes the module's weights (`variables`, after a fit or a restore) as one
+        `.safetensors` file, the format `transformers`, `safe_open` and `load_weights` read: the
+        inverse of `load_weights`, with the same rules read the other way.
+
+        Args:
+            path: the file to write (its folder must exist); only process 0 writes.
+            mapping: renames the model's names to the file's (a dict `{regex: replacement}`, or a
+                function; None drops an array).
+            transpose: the model's arrays (regexes) whose axes are reversed in the file, or
+                `{regex: axis order}` (the order `load_weights` would be given to read it back).
+            dtype: floats are written in this dtype (`jnp.bfloat16`, ...); None keeps theirs.
+            metadata: strings stored in the file's header (`{"format": "pt"}` for transformers).
+            lora: with `apply_lora` adapters: "merge" writes each adapted weight as
+                `W + A @ B * alpha / rank` and no adapter (the model to export); "adapters"
+                writes the adapters alone (the small file to keep or share); "keep" writes both
+                as they are.
+
+        Returns:
+            `{name in the file: shape}` of what was written.
+
+        Example:
+            >>> # module.save_weights("out/model.safetensors", mapping={r"(.*)\\.kernel": r"\\1.weight"},
+            >>> #                     transpose=r".*kernel", metadata={"format": "pt"})
+        """
+        if self.variables is None:
+            raise ValueError(f"{type(self).__name__}.save_weights({str(path)!r}): the module has no weights yet; "
+                             "fit it, or restore it (`load_from_checkpoint`) first.")
+        variables = self.variables
+        if vars(self).get("_lora") is not None:
+            variables = self._lora_variables(lora)
+        arrays = _weights.export_arrays(variables, mapping=mapping, transpose=transpose, dtype=dtype,
+                                        owner=type(self).__name__)
+        if jax.process_index() == 0:
+            _weight_sources.save_safetensors(arrays, path, metadata)
+        return {name: a.shape for name, a in arrays.items()}
+
+    def _lora_variables(self, lora: str) -> tuple[PyTree, PyTree]:
+        params, model_state = self.variables
+        if lora == "merge":
+            return _lora.merged(params, self._lora), model_state
+        if lora == "adapters":
+            flat = _weights.flat_arrays((params, {}))
+            return {n: a for n, a in flat.items() if n in _lora.adapter_names(flat)}, {}
+        if lora == "keep":
+            return params, model_state
+        raise ValueError(f"{type(self).__name__}.save_weights(lora={lora!r}): pass 'merge' (the adapted weights, "
+                         "for export), 'adapters' (the adapters alone) or 'keep' (both as they are).")
+
+    def _optional_names(self, abstract) -> frozenset[str]:
+        """The model's arrays a load need not give: NNX rng state, and LoRA adapters (new)."""
         optional = _weights.rng_names(abstract)
-        variables, report = load.place(abstract, shardings, initial, optional)
+        if vars(self).get("_lora") is not None:
+            optional |= _lora.adapter_names(_weights.target_names(abstract))
+        return optional
+
+    # ------------------------------------------------------------------------------- LoRA
+
+    def apply_lora(self, targets: str = ".*", *, rank: int = 8, alpha: float | None = None, dropout: float = 0.0,
+                   example_input: Any = None) -> None:
+        """Adds LoRA adapters (Google's qwix) to the layers `targets` names; from then on only the
+        adapters train, and only they hold optimizer state.
+
+        Each matmul of a matching layer gets `x @ A @ B * alpha / rank` added, `A`
+        (`<weight>_lora_a`, [inputs, rank]) and `B` (`<weight>_lora_b`, [rank, outputs], zeros:
+        training starts from the base model exactly) created beside the weight. The optimizer
+        `configure_optimizer` returns is applied to the adapters; the base weights get
+        `optax.set_to_zero` (unchanged, no state). Weights the module holds (after a fit) or
+        `load_weights` gives become the base; the adapters are not expected from a source.
+        `save_weights` merges the adapters into the base for export, or writes them alone.
+
+        Sharding: each adapter inherits its base weight's logical axis names (`A` the input
+        axis, `B` the output axis; the rank axis unsharded), so under `fj.strategies.FSDP` with
+        rules they are sharded as the weight is; unannotated, FSDP's size rule applies (small
+        adapters stay replicated).
+
+        Args:
+            targets: a regex on the layers' module paths (`r".*(q_proj|v_proj)"`, `"block_.*/up"`
+                for Linen's `/`-joined paths; `".*"`: every matmul with a weight).
+            rank: the adapters' inner size.
+            alpha: the scale's numerator (`alpha / rank`); default `2 * rank`.
+            dropout: dropout on the adapters' input (qwix applies it in evaluation too).
+            example_input: an input of the model, for an NNX model (qwix runs it once to create
+                the adapters): one array, or a tuple of the positional inputs.
+        """
+        spec = _lora.LoraSpec.make(targets=targets, rank=rank, alpha=alpha, dropout=dropout,
+                                   owner=type(self).__name__)
+        if vars(self).get("_lora") is not None:
+            raise ValueError(f"{type(self).__name__}.apply_lora was called before: the model has adapters already.")
+        name = self._model_attribute_name()
+        model = self._find_model()
+        if self.variables is not None:  # the fitted weights become the base of the adapted model
+            rng = _weights.rng_names(self.variables)
+            arrays = {n: a for n, a in _weights.flat_arrays(self.variables).items() if n not in rng}
+            self._weights_load = _weights.WeightsLoad.make(arrays, mapping=None, transpose=(), strict=True,
+                                                           owner=type(self).__name__)
+        example = () if example_input is None else (
+            tuple(example_input) if isinstance(example_input, tuple) else (example_input,))
+        setattr(self, name, spec.wrap(model, example, type(self).__name__))
+        self._lora, self._binding, self._variables = spec, None, None
+
+    def _optimizer(self) -> optax.GradientTransformation:
+        tx = self.configure_optimizer()
+        lora = vars(self).get("_lora")
+        return tx if lora is None else lora.optimizer(tx)
+
+    def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
+        variables, report = load.place(abstract, shardings, initial, self._optional_names(abstract))
         if report.missing_keys or report.unexpected_keys:
             warnings.warn(f"{type(self).__name__}.load_weights from {load.source.description}: "
                           f"{len(report.loaded)} arrays loaded; missing (kept as initialised): "
@@ -448,7 +556,7 @@ class LitModule:
             loss=self.loss,
             metrics=self.metrics,
             predict=_lightning.predict_fn(self, LitModule),
-            optimizer=self.configure_optimizer,
+            optimizer=self._optimizer,
             lr_schedule=functools.partial(lr_lib.schedule_of, self),
             # each parameter group updated by the gradient of its own loss (see docs/porting.md)
             manual=_lightning.is_manual(self),
@@ -494,5 +602,5 @@ def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:
 
 
 def is_unfitted_linen(module: LitModule) -> bool:
-    """Whether the module's model is a Linen model that no fit nor restore gave weights."""
-    return module.variables is None and isinstance(module._find_model(), nn.Module)
+    """Whether the module's model is a Linen model that no fit, restore nor load gave weights."""
+    return module.variables is None and module._weights_load is None and isinstance(module._find_model(), nn.Module)

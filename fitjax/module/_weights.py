@@ -153,6 +153,39 @@ class WeightsLoad:
         return jax.tree.unflatten(treedef, [loaded[name] for name in leaves]), report
 
 
+def export_arrays(variables: tuple[PyTree, PyTree], *, mapping: NameMap, transpose: Transpose, dtype: Any,
+                  owner: str) -> dict[str, np.ndarray]:
+    """`{file name: host array}` of the model's arrays (NNX rng state left out): renamed by
+    `mapping` (None drops one), those whose model name matches `transpose` transposed, floats cast
+    to `dtype` (None: as they are). Arrays sharded over several processes are gathered first."""
+    from jax.experimental import multihost_utils
+
+    rename = WeightsLoad(None, mapping, transpose, True, owner)  # the same renaming and layout rules
+    skip = rng_names(variables)
+    arrays: dict[str, np.ndarray] = {}
+    for name, leaf in _named(variables, None, keep=True)[0].items():
+        new = rename._rename(name)
+        if name in skip or new is None:
+            continue
+        if new in arrays:
+            raise ValueError(f"{owner}.save_weights(mapping=...): {new!r} is the name of two arrays; map "
+                             "each array of the model to a name of its own.")
+        if not getattr(leaf, "is_fully_addressable", True):
+            leaf = multihost_utils.process_allgather(leaf, tiled=True)
+        array = np.asarray(jax.device_get(leaf))
+        perm = rename._perm(name, array.ndim)
+        array = array if perm is None else array.transpose(np.argsort(perm))
+        if dtype is not None and jax.dtypes.issubdtype(array.dtype, np.floating):
+            array = array.astype(dtype)
+        arrays[new] = np.ascontiguousarray(array)
+    return arrays
+
+
+def flat_arrays(variables: tuple[PyTree, PyTree]) -> dict[str, Any]:
+    """`{name: array}` of `(params, model_state)` under the names `load_weights` uses."""
+    return _named(variables, None, keep=True)[0]
+
+
 def target_names(variables: tuple[PyTree, PyTree]) -> dict[str, jax.ShapeDtypeStruct]:
     """The model's arrays by name, as `plan` takes them."""
     return _named(variables, None)[0]

@@ -150,8 +150,7 @@ def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str
         rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
         # Every earlier batch was full (only the last may be padded), so examples seen / batch
         # size is the index of this batch.
-        seen = next(iter(acc.values()))[1] if acc else jnp.zeros(())
-        index = (seen / mask.shape[0]).astype(jnp.int32)
+        index = (acc_lib.examples_seen(acc) / mask.shape[0]).astype(jnp.int32)
 
         def one(example):
             example = jax.tree.map(lambda x: x[None], example)
@@ -163,7 +162,8 @@ def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str
             per_example = jax.vmap(one)(batch)
         weight = mask.astype(jnp.float32)
         real = jnp.maximum(weight.sum(), 1.0)
-        values = {name: (jnp.asarray(per_example[name], jnp.float32) * weight).sum() / real for name in acc}
+        values = {name: (jnp.asarray(per_example[name], jnp.float32) * weight).sum() / real for name in acc
+                  if not isinstance(acc[name], acc_lib.Tracked)}
         return acc_lib.add(acc, per_example, mask), values
 
     return eval_step
@@ -188,6 +188,14 @@ class StepNames:
     train: tuple[str, ...]
     eval: tuple[str, ...]
     log_specs: dict[str, _logged.LogSpec]
+    #: the stateful metrics among them: name -> the metric with abstract state (train, eval)
+    train_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    eval_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def slots(self, names: tuple[str, ...], *, train: bool) -> dict[str, Any]:
+        """`names` as `fitjax.metrics.zeros` takes them: name -> None (a mean) or the metric."""
+        found = self.train_metrics if train else self.eval_metrics
+        return {name: found.get(name) for name in names}
 
 
 def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
@@ -212,6 +220,8 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
             specs.setdefault(name, log_spec)
         return loss, values, logged.values
 
+    found: dict[bool, dict[str, Any]] = {True: {}, False: {}}
+
     def names(train: bool) -> tuple[str, ...]:
         loss, values, logged = jax.eval_shape(functools.partial(probe, train=train),
                                               jax.random.key(0), batch, given)
@@ -221,12 +231,14 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
                 raise ValueError(
                     f"{owner}.log({name!r}, ...) logs a name `metrics` also returns; rename one of them."
                 )
-            _check_scalar(f"{owner}.log({name!r}, value)", value)
+            if not acc_lib.is_metric(value):
+                _check_scalar(f"{owner}.log({name!r}, value)", value)
+        found[train] = {name: v for name, v in {**values, **logged}.items() if acc_lib.is_metric(v)}
         return (*(() if no_loss else ("loss",)), *values, *logged)
 
     train_names = names(True)
     eval_names = names(False)
-    return StepNames(train_names, eval_names, specs)
+    return StepNames(train_names, eval_names, specs, found[True], found[False])
 
 
 def _as_array(value: Any) -> Any:
@@ -237,7 +249,9 @@ def _as_array(value: Any) -> Any:
 def _check_scalar(what: str, value: Any, where: str = "") -> None:
     value = _as_array(value)
     if not hasattr(value, "shape"):
-        raise TypeError(f"{what} must be one scalar array per batch, got {type(value).__name__}: {value!r}{where}.")
+        raise TypeError(f"{what} must be one scalar array per batch (or a metric, e.g. "
+                        f"`fitjax.metrics.F1Score(...).update(preds, target)`), got {type(value).__name__}: "
+                        f"{value!r}{where}.")
     if value.shape != ():
         raise ValueError(
             f"{what} must be one scalar per batch, got shape {value.shape!r}. "
@@ -269,5 +283,11 @@ def _check_metrics(owner: str, values: Any, where: str = "") -> dict[str, Any]:
                 f"{owner}.metrics returned the key {name!r}; keys must be strings other than 'loss' "
                 f"(the loss is logged for you){where}."
             )
+        if isinstance(value, acc_lib.MetricCollection):
+            raise TypeError(f"{owner}.metrics()[{name!r}] is a MetricCollection; return its metrics, "
+                            f"each under its own name: `{{**collection.update(preds, target)}}`{where}.")
+        if acc_lib.is_metric(value):
+            values = {**values, name: acc_lib.recorded(value)}  # a declaration: the state its updates gave
+            continue
         _check_scalar(f"{owner}.metrics()[{name!r}]", value, where)
     return values

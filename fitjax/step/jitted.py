@@ -34,7 +34,7 @@ class EvalStep(NamedTuple):
     """One evaluation's jitted step, the names of the values it returns and their log options."""
 
     step: Callable[..., Any]
-    names: tuple[str, ...]
+    names: dict[str, Any]  # name -> None (a mean) or the metric (`fitjax.metrics.zeros`'s slots)
     log_specs: dict[str, Any]  # name -> `_logged.LogSpec`
 
 
@@ -157,7 +157,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     abstract_given = None if given is None else _abstract(given)
     tx = check_optimizer(spec.optimizer(), owner) if fit else optax.identity()
     tx = options.wrap_optimizer(tx, groups=spec.manual) if fit else tx
-    train_names = options.train_metric_names(names.train) if fit else names.train
+    train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
     init_fn = options.wrap_init(init_fn, tx)
@@ -208,15 +208,16 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
-    val = EvalStep(jit_eval("val"), names.eval, log_specs)
-    test = EvalStep(jit_eval("test"), test_names.eval, log_specs) if test_names else val
+    val = EvalStep(jit_eval("val"), names.slots(names.eval, train=False), log_specs)
+    test = EvalStep(jit_eval("test"), test_names.slots(test_names.eval, train=False), log_specs) if test_names else val
 
     @functools.cache
     def loader_eval_step(stage: str, dataloader_idx: int) -> EvalStep:
         """Another loader's step: its names traced again (a hook may log others for it)."""
         with context.stage(stage), context.dataloader_index(dataloader_idx):
             loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given)
-        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.eval, {**log_specs, **loader_names.log_specs})
+        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.slots(loader_names.eval, train=False),
+                        {**log_specs, **loader_names.log_specs})
 
     compiled = Compiled(shardings, options, log_specs, predict_step, {"val": val, "test": test},
                         loader_eval_step=loader_eval_step if loader_index.read else None, **programs)

@@ -134,6 +134,11 @@ def _check_groups(owner: str, losses: dict, params: Any) -> None:
         )
 
 
+def _numbers(values: dict) -> dict:
+    """The step's values without the metric states (those are merged into the accumulators)."""
+    return {name: value for name, value in values.items() if not acc_lib.is_metric(value)}
+
+
 def _all_finite(tree: Any) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
@@ -170,7 +175,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
             weight = keep * leading_dim(batch)
             acc = {**acc, **acc_lib.add({n: acc[n] for n in user_names}, values, weight)}
             tokens = jnp.where(keep, count, 0.0) if count is not None else None
-            return (grads_sum, model_state, acc), (values, weight, tokens)
+            return (grads_sum, model_state, acc), (_numbers(values), weight, tokens)
 
         (grads, model_state, acc), (values, weights, tokens) = jax.lax.scan(
             body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask),
@@ -197,6 +202,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
             grads, values, model_state, tokens = grads_of(state.params, state.model_state, rng, inputs, scale)
             weight = leading_dim(inputs)
             acc = {**state.metrics, **acc_lib.add({n: state.metrics[n] for n in user_names}, values, weight)}
+            values = _numbers(values)  # a metric's state leaves the step only in the accumulators
         # each micro-batch weighs 1/k, as in Lightning; a TokenLoss's tokens weigh the same each
         divisor = float(k) if tokens is None else jnp.maximum(tokens, 1.0)
         divisor = divisor * (1.0 if scale is None else scale)

@@ -176,3 +176,19 @@ def test_a_source_that_is_none_of_the_accepted_kinds_is_named(tmp_path):
         Net().load_weights(tmp_path / "nowhere")
     with pytest.raises(ValueError, match=r"mapping=...\): '\(' is not a regular expression"):
         Net().load_weights({}, mapping={"(": "x"})
+
+
+def test_save_weights_hands_the_weights_back_to_torch_under_its_names_and_layouts(tmp_path):
+    from safetensors.torch import load_file
+
+    module = Net(lr=0.1)
+    with pytest.raises(ValueError, match=r"has no weights yet; fit it"):
+        module.save_weights(tmp_path / "early.safetensors")
+    fit(module)
+    written = module.save_weights(tmp_path / "net.safetensors", transpose=r".*kernel",
+                                  mapping={r"layers_(\d+)\.kernel": r"\1.weight", r"layers_(\d+)\.bias": r"\1.bias"})
+    assert written["0.weight"] == (64, 8)
+    net = torch_net()
+    net.load_state_dict(load_file(tmp_path / "net.safetensors"))  # strict: every name and shape torch's
+    x = data()["x"]
+    np.testing.assert_allclose(net(torch.from_numpy(x)).detach().numpy(), outputs(module, x), atol=1e-5)

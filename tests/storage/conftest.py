@@ -3,6 +3,7 @@ process of its own for the test session, and one fresh bucket per test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -61,3 +62,26 @@ def bucket(s3_server):
     name = f"fitjax-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return f"s3://{name}"
+
+
+@pytest.fixture
+def proxy(s3_server, monkeypatch):
+    """A `FaultProxy` in front of the S3 server, which this process's store requests go through
+    (`AWS_ENDPOINT_URL`); afterwards it passes everything and the checkpoint writer finishes what
+    it was doing before the proxy stops."""
+    from fault_proxy import FaultProxy
+
+    from fitjax import checkpoint
+
+    proxy = FaultProxy(s3_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    try:
+        yield proxy
+    finally:
+        proxy.rule = lambda method, path: "pass"
+        proxy.release()
+        checkpoint.writer().signalled(None)
+        checkpoint.writer().drain()
+        with contextlib.suppress(Exception):
+            checkpoint.writer().raise_failure()  # a stalled save's failure, raised by its test already
+        proxy.close()

@@ -1,0 +1,97 @@
+"""LoRA through Google's qwix: low-rank adapters beside the weights a rule names, trained alone.
+
+`LitModule.apply_lora(...)` wraps the module's flax model with `qwix.apply_lora_to_model`: every
+matmul of a layer whose path matches `targets` gets `x @ A @ B * alpha / rank` added, with `A`
+(`<weight>_lora_a`, He-uniform) and `B` (`<weight>_lora_b`, zeros, so training starts from the
+base model exactly) created beside the weight. fitjax then trains the adapters only: the
+optimizer is the module's, over the adapters, and `optax.set_to_zero` (no state) over the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from fitjax._typing import PyTree
+from fitjax.module._param_groups import param_groups
+
+__all__ = ["LoraSpec"]
+
+ADAPTER = re.compile(r".*_lora_[ab]")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """What `apply_lora` was given: which layers (a regex on their module path), the rank, the
+    scale's alpha (`alpha / rank` multiplies the adapters' output) and the adapters' input dropout."""
+
+    targets: str
+    rank: int
+    alpha: float
+    dropout: float
+
+    @classmethod
+    def make(cls, *, targets: str, rank: int, alpha: float | None, dropout: float, owner: str) -> "LoraSpec":
+        where = f"{owner}.apply_lora"
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"{where}(rank=...) must be a positive int (the adapters' inner size, e.g. 8); "
+                             f"got {rank!r}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{where}(dropout=...) must be in [0, 1); got {dropout!r}.")
+        try:
+            re.compile(targets)
+        except (re.error, TypeError) as error:
+            raise ValueError(f"{where}(targets=...): {targets!r} is not a regular expression ({error}); it "
+                             "matches the layers' module paths, e.g. r'.*(q_proj|v_proj)'.") from None
+        return cls(targets, rank, float(2 * rank if alpha is None else alpha), float(dropout))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def wrap(self, model: Any, example: tuple, owner: str) -> Any:
+        """The model with adapters (a copy: the user's model object is left as it was)."""
+        import qwix
+
+        provider = qwix.LoraProvider(module_path=self.targets, rank=self.rank, alpha=self.alpha,
+                                     dropout=self.dropout)
+        if isinstance(model, nn.Module):
+            return qwix.apply_lora_to_model(model, provider)
+        if not example:
+            raise ValueError(f"{owner}.apply_lora(example_input=...) is needed for an NNX model: qwix runs the "
+                             "model once on it to create the adapters (values do not matter, shapes do).")
+        return qwix.apply_lora_to_model(model, provider, *example, rngs=nnx.Rngs(0))
+
+    def optimizer(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+        """`tx` over the adapters; the rest frozen, with no optimizer state."""
+        return param_groups({ADAPTER.pattern: tx}, default=None)
+
+
+def merged(params: PyTree, spec: LoraSpec) -> PyTree:
+    """The parameters with each adapted weight replaced by `W + A @ B * alpha / rank` and the
+    adapters left out: the base model the adapters make, for export."""
+    if isinstance(params, dict):
+        out = {}
+        for key, value in params.items():
+            if isinstance(key, str) and ADAPTER.fullmatch(key):
+                continue
+            a, b = params.get(f"{key}_lora_a"), params.get(f"{key}_lora_b")
+            if a is not None and b is not None:
+                delta = (jnp.asarray(a, jnp.float32) @ jnp.asarray(b, jnp.float32)) * spec.scale
+                # qwix's A is [contracting, rank], B [rank, remaining]: a Dense kernel's order
+                value = (jnp.asarray(value, jnp.float32) + delta.reshape(value.shape)).astype(value.dtype)
+            out[key] = merged(value, spec)
+        return out
+    return params
+
+
+def adapter_names(names: Any) -> frozenset[str]:
+    return frozenset(n for n in names if ADAPTER.fullmatch(n))
+

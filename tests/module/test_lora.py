@@ -1,0 +1,120 @@
+"""`LitModule.apply_lora` (qwix): only the adapters train and hold optimizer state, the base stays
+bitwise, the merged export is the adapted model, and dp and fsdp train as one device does."""
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+from helpers import assert_trees_close, quiet_trainer
+
+import fitjax as fj
+
+X = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+RIGHT = (X[:, 1] > 0).astype(np.int32)
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(2, name="down")(nn.relu(nn.Dense(32, name="up")(x)))
+
+
+class NNXNet(nnx.Module):
+    def __init__(self, rngs):
+        self.up, self.down = nnx.Linear(8, 32, rngs=rngs), nnx.Linear(32, 2, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(nnx.relu(self.up(x)))
+
+
+class Classifier(fj.LitModule):
+    def __init__(self, model=None):
+        super().__init__()
+        self.model = Net() if model is None else model
+
+    def loss(self, model, batch):
+        return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+    def configure_optimizer(self):
+        return optax.adam(3e-2)
+
+
+def fit(module, labels, steps, **kwargs):
+    trainer = quiet_trainer(max_steps=steps, **{"strategy": "single", **kwargs})
+    trainer.fit(module, fj.DataLoader({"x": X, "y": labels}, batch_size=16))
+    return trainer
+
+
+def loss(module, labels):
+    logits = module.model.apply({"params": module.variables[0]}, X)
+    return float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
+
+
+def nbytes(tree):
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
+
+
+@pytest.fixture(scope="module")
+def based():
+    """Random weights: a base that is wrong on the task, which the adapters correct."""
+    return jax.device_get(Net().init(jax.random.key(0), X)["params"])
+
+
+def adapted(based):
+    module = Classifier()
+    module.load_weights(based)  # the adapters are new: not expected from the source
+    module.apply_lora(r".*", rank=2)
+    return module
+
+
+def test_only_the_adapters_train_and_hold_state_and_the_merged_export_is_the_adapted_model(based, tmp_path):
+    module = adapted(based)
+    trainer = fit(module, RIGHT, 30)
+    params = jax.device_get(module.variables[0])
+    for layer in ("up", "down"):  # the base, bitwise
+        for name in ("kernel", "bias"):
+            assert np.array_equal(params[layer][name], based[layer][name])
+    adapters = {k: v for layer in params.values() for k, v in layer.items() if "_lora_" in k}
+    assert len(adapters) == 2  # A and B of each layer (names repeat across layers)
+    adapter_bytes = sum(nbytes(v) for layer in params.values() for k, v in layer.items() if "_lora_" in k)
+    assert adapter_bytes * 2 <= nbytes(trainer.state.opt_state) <= adapter_bytes * 2 + 4  # Adam: 2 moments, 1 count
+    base_loss = float(optax.softmax_cross_entropy_with_integer_labels(Net().apply({"params": based}, X), RIGHT).mean())
+    assert loss(module, RIGHT) < 0.5 * base_loss
+
+    written = module.save_weights(tmp_path / "merged.safetensors")  # W + A @ B * alpha / rank, no adapters
+    assert set(written) == {"up.kernel", "up.bias", "down.kernel", "down.bias"}
+    flat = load_file(tmp_path / "merged.safetensors")
+    merged = {layer: {name: flat[f"{layer}.{name}"] for name in ("kernel", "bias")} for layer in ("up", "down")}
+    np.testing.assert_allclose(np.asarray(Net().apply({"params": merged}, X)),
+                               np.asarray(module.model.apply({"params": module.variables[0]}, X)), atol=1e-5)
+    written = module.save_weights(tmp_path / "adapters.safetensors", lora="adapters")
+    assert sorted(written) == ["down.kernel_lora_a", "down.kernel_lora_b", "up.kernel_lora_a", "up.kernel_lora_b"]
+
+
+def test_fsdp_with_accumulation_trains_the_adapters_as_one_device(based):
+    runs = {}
+    for strategy in ("single", fj.strategies.FSDP(min_size_to_shard=0)):  # dp: the same program, replicated
+        module = adapted(based)
+        fit(module, RIGHT, 3, strategy=strategy, accumulate_grad_batches=2)
+        runs[str(strategy)] = jax.device_get(module.variables[0])
+    first, *others = runs.values()
+    for other in others:
+        assert_trees_close(other, first, rtol=1e-5, atol=1e-6)
+
+
+def test_an_nnx_model_takes_adapters_from_an_example_input_and_keeps_its_base():
+    module = Classifier(NNXNet(nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=r"apply_lora\(example_input=...\) is needed for an NNX model"):
+        Classifier(NNXNet(nnx.Rngs(0))).apply_lora()
+    before = jax.device_get(nnx.to_pure_dict(nnx.state(module.model, nnx.Param)))
+    module.apply_lora(r".*up.*", rank=4, example_input=X[:2])
+    fit(module, RIGHT, 5, precision="bf16-mixed")
+    params = jax.device_get(module.variables[0])
+    assert set(params["up"]) == {"kernel", "bias", "kernel_lora_a", "kernel_lora_b"} and "kernel_lora_a" not in params[
+        "down"]
+    assert_trees_close({k: params[k][n] for k in ("up", "down") for n in ("kernel", "bias")},
+                       {k: before[k][n] for k in ("up", "down") for n in ("kernel", "bias")}, rtol=0, atol=0)
+    assert np.abs(params["up"]["kernel_lora_b"]).max() > 0

@@ -1,0 +1,106 @@
+"""A store that is slow, drops connections, or never answers (a fault proxy on 127.0.0.1 in front
+of moto's S3 server, tests/storage/fault_proxy.py): saves retry through short outages, a stall
+ends with an error naming the URL and the operation within its bound, a failed deletion is a
+warning and the saves after it go on, and SIGTERM is acted on while a save waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from helpers import Regressor, quiet_trainer, regression_data
+
+import fitjax as fj
+from fitjax import checkpoint
+from fitjax.checkpoint import _writer
+
+DATA = regression_data(n=64)  # 4 batches of 16 an epoch
+
+
+class _AtStep(fj.Callback):
+    """Runs `action()` once, at the end of train step `step`."""
+
+    def __init__(self, step: int, action) -> None:
+        self.step, self.action = step, action
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.action()
+
+
+def _fit(url: str, *, max_steps: int, top_k: int = -1, extra=()) -> fj.Trainer:
+    trainer = quiet_trainer(max_steps=max_steps, enable_checkpointing=True, callbacks=[
+        *extra, fj.ModelCheckpoint(url, every_n_train_steps=1, save_top_k=top_k)])
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    return trainer
+
+
+def test_an_outage_shorter_than_the_timeout_is_retried_and_every_save_lands(proxy, bucket, monkeypatch):
+    monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "20")
+    url = f"{bucket}/outage"
+    until = []
+
+    def outage(method, path):  # every request dropped for 2 s from the end of step 2
+        return "drop" if until and time.monotonic() < until[0] else "pass"
+
+    proxy.rule = outage
+    _fit(url, max_steps=4, extra=[_AtStep(2, lambda: until.append(time.monotonic() + 2.0))])
+    assert sum(what == "drop" for _, _, what in proxy.seen) >= 2  # the outage was met, and retried
+    for step in (1, 2, 3, 4):
+        checkpoint.verify(f"{url}/epoch={(step - 1) // 4}-step={step}")
+
+
+def test_a_store_that_never_answers_ends_the_fit_naming_the_url_and_operation(proxy, bucket, monkeypatch):
+    monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "3")
+    url = f"{bucket}/stalled"
+    proxy.rule = lambda method, path: "dead" if method == "PUT" and "-step=2/" in path else "pass"
+    start = time.monotonic()
+    with pytest.raises(checkpoint.SaveFailed) as error:
+        _fit(url, max_steps=4)
+    assert time.monotonic() - start < 60
+    message = str(error.value)
+    assert f"{url}/epoch=0-step=2" in message and "did not complete within 3 s" in message
+    assert "writing .fitjax-checkpoint" in message and "FITJAX_STORE_TIMEOUT" in message
+    assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=1")
+
+
+def test_a_failed_deletion_is_a_warning_and_the_saves_after_it_go_on(proxy, bucket, monkeypatch):
+    monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "2")
+    url = f"{bucket}/undeletable"
+    proxy.rule = lambda method, path: "drop" if method == "DELETE" and "-step=" in path else "pass"
+    with pytest.warns(UserWarning, match=r"could not delete '.*epoch=0-step=1'.*It stays"):
+        trainer = _fit(url, max_steps=3, top_k=1)
+    assert trainer.checkpoint_callback.last_model_path.endswith("epoch=0-step=3")
+    for step in (1, 2, 3):  # the deletions failed before touching anything: all still complete
+        checkpoint.verify(f"{url}/epoch=0-step={step}")
+
+
+def test_sigterm_while_a_save_waits_on_a_stalled_store_ends_the_fit(proxy, bucket, monkeypatch):
+    monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "60")  # the store's own bound is far away
+    monkeypatch.setattr(_writer, "SIGNAL_GRACE", 1.0)
+    url = f"{bucket}/sigterm"
+    stalled = []
+
+    def rule(method, path):  # the save at step 2 never answered; SIGTERM soon after it stalls
+        if method == "PUT" and "-step=2/" in path:
+            if not stalled:
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            stalled.append(path)
+            return "dead"
+        return "pass"
+
+    proxy.rule = rule
+    start = time.monotonic()
+    trainer = quiet_trainer(max_steps=6, enable_checkpointing=True,
+                            callbacks=[fj.ModelCheckpoint(url, every_n_train_steps=1, save_top_k=-1)])
+    try:
+        trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    except checkpoint.SaveFailed as error:
+        assert "SIGTERM received while waiting for the save of" in str(error)
+        assert f"writing .fitjax-checkpoint of '{url}/epoch=0-step=2' has not answered for" in str(error)
+    else:
+        pytest.fail(f"fit returned at step {trainer.global_step}; stalled requests: {stalled}")
+    assert time.monotonic() - start < 30
