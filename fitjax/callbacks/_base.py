@@ -22,10 +22,9 @@ trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost not
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
+from typing import Any, Callable
 
-from fitjax._logged import Logged, collecting
+from fitjax._logged import collecting
 from fitjax import module as module_lib
 from fitjax.module import LitModule
 
@@ -156,16 +155,24 @@ def _overrides(cb: Callback, hook: str) -> bool:
 
 class CallbackList:
     """The one dispatcher of hooks: a hook runs on the module (when its class defines it) and on
-    each callback that overrides it, in the order of `fitjax.module.hook_table`: the module's
-    no-argument lifecycle hooks first, its hooks with arguments after the callbacks' (Lightning's
-    order). Which callbacks override a hook is decided once, here; whether the module does, once
-    per stage by the loop (`wants(hook, module)`), so an undefined hook costs nothing per step."""
+    each callback that overrides it, each in a `collecting()` block, so what it passes to
+    `module.log` reaches the trainer's metric log (the one road of logged values). The order is
+    `fitjax.module.hook_table`'s: the module's no-argument lifecycle hooks first, its hooks with
+    arguments after the callbacks' (Lightning's order). Which callbacks override a hook is
+    decided once, here; which hooks a module class defines, once per class, so an undefined
+    hook costs nothing per step."""
 
-    def __init__(self, callbacks: list[Callback]):
+    def __init__(self, callbacks: list[Callback], *, profile: Callable[[str], Any] | None = None):
         self.callbacks = list(callbacks)
         self._overriding = {name: [cb for cb in self.callbacks if _overrides(cb, name)] for name in HOOKS}
+        self._profile = profile  # action name -> context manager (a profiler's), or None: untimed
         self.response: Any = None  # what the module's last hook returned (on_train_batch_start's -1)
         self._defined: dict[type, frozenset[str]] = {}  # module class -> the hooks it defines
+
+    def timed(self, profile: Callable[[str], Any]) -> CallbackList:
+        """The same list, each hook timed as "[LitModule]<class>.<hook>" / "[Callback]<class>.<hook>"
+        in `profile(name)` (a profiler's `profile`)."""
+        return CallbackList(self.callbacks, profile=profile)
 
     def wants(self, hook: str, module: LitModule | None = None) -> bool:
         """True when some callback overrides `hook`, or `module` defines it (the trainer skips
@@ -182,43 +189,38 @@ class CallbackList:
         return (module is not None and module_lib.overrides(module, hook)) or any(
             not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
 
-    def call(self, hook: str, trainer, module, *args: Any, timed=None) -> Logged | None:
-        """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it
-        has no such hook, or logged nothing), for the trainer to log. `timed(owner, hook)` is a
-        profiler's context around each call that runs (a `fitjax.profilers` row)."""
-        # per step: builtins only on the path of a hook the module does not define (no Python
-        # call besides the callbacks' own: tests/loop/test_host_cost.py counts them)
+    def call(self, hook: str, trainer, module, *args: Any, log: Callable[..., None] | None = None) -> None:
+        """Calls `hook`; what each hook (the module's, each callback's) passed to `module.log`
+        goes to `log(logged, owner=<its class name>, hook=hook)` as soon as that hook returns, so
+        the next one sees it in `trainer.callback_metrics` (the trainer's metric log's
+        `log_hook`; None: dropped). What the module's hook returned is `self.response`."""
+        # per step: builtins only on the path of a hook the module does not define
+        # (tests/loop/test_host_cost.py counts the Python calls)
         defined = self._defined.get(type(module))
         if defined is None:
             defined = self._defined[type(module)] = frozenset(
                 name for name in _MODULE_HOOKS if module_lib.overrides(module, name))
-        logged, self.response = None, None
+        self.response = None
         if hook in defined and hook in module_lib.hook_table.BEFORE_CALLBACKS:
-            logged = self._call_module(hook, module, args, timed)
+            self.response = self._run(module, hook, args, log)
         for cb in self._overriding.get(hook, ()):
-            if timed is None:
-                getattr(cb, hook)(trainer, module, *args)
-            else:
-                with timed(cb, hook):
-                    getattr(cb, hook)(trainer, module, *args)
+            self._run(cb, hook, (trainer, module, *args), log)
         if hook in defined and hook not in module_lib.hook_table.BEFORE_CALLBACKS:
-            logged = self._call_module(hook, module, args, timed)
-        return logged if logged is not None and logged.values else None
+            self.response = self._run(module, hook, args, log)
 
-    def _call_module(self, hook: str, module, args: tuple, timed) -> Logged | None:
-        timing = _NULL if timed is None else timed(module, hook)
-        if hook not in module_lib.hook_table.LOGGING_HOOKS:  # `self.log` raises, saying where to log
-            with timing:
-                self.response = getattr(module, hook)(*args)
-            return None
-        with collecting(host=True) as logged, timing:
-            self.response = getattr(module, hook)(*args)
-        return logged
+    def _run(self, owner: Any, hook: str, args: tuple, log: Callable[..., None] | None) -> Any:
+        with collecting(host=True) as logged:
+            if self._profile is None:
+                response = getattr(owner, hook)(*args)
+            else:
+                kind = "LitModule" if isinstance(owner, LitModule) else "Callback"
+                with self._profile(f"[{kind}]{type(owner).__name__}.{hook}"):
+                    response = getattr(owner, hook)(*args)
+        if logged.values and log is not None:
+            log(logged, owner=type(owner).__name__, hook=hook)
+        return response
 
 
 # The module hooks the list runs (`setup`, the data and checkpoint hooks have their own places).
 _MODULE_HOOKS = (module_lib.hook_table.BEFORE_CALLBACKS | module_lib.hook_table.AFTER_CALLBACKS
                  | module_lib.hook_table.MODULE_ONLY)
-
-
-_NULL = contextlib.nullcontext()

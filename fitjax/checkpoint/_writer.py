@@ -40,7 +40,6 @@ import logging
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -233,7 +232,7 @@ def _write(path: _storage.AnyPath, args: Any) -> None:
     if not _storage.is_url(path):
         ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
         return
-    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    stage = _storage.temp_folder("stage")
     try:
         ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(stage / path.name, args=args)
         _storage.upload(stage / path.name, path)
@@ -262,7 +261,7 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
 
         return finish
     _quiet_orbax_staging()
-    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    stage = _storage.temp_folder("stage")
     local = ocp.options.MultiprocessingOptions(primary_host=None)  # each process its own folder and rename
     # folders made before the save returns (local mkdirs): made in the background, the
     # checkpoint's folder and its items' folders race (each process makes both here)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AFTER_CALLBACKS", "BEFORE_CALLBACKS", "HOST_HOOKS", "LOGGING_HOOKS", "MODULE_ONLY",
+__all__ = ["AFTER_CALLBACKS", "BEFORE_CALLBACKS", "HOST_HOOKS", "MODULE_ONLY",
            "REFUSED_HOOKS", "TRACED_HOOKS", "check_hooks"]
 
 # No-argument lifecycle hooks: the module's runs before the callbacks' of the same name, so what
@@ -45,10 +45,6 @@ MODULE_ONLY = frozenset({
     "on_validation_model_eval", "on_validation_model_train", "on_validation_model_zero_grad",
     "on_test_model_eval", "on_test_model_train", "on_predict_model_eval",
 })  # fmt: skip
-
-# The module hooks whose `self.log(...)` values the trainer logs (host values, at the step they
-# are logged); an evaluation batch hook has no such place: `self.log` there raises, saying where.
-LOGGING_HOOKS = BEFORE_CALLBACKS | {"on_train_batch_start", "on_train_batch_end"}
 
 # Called on the host where fit/validate/test/predict ask for data and build the model.
 _DATA_HOOKS = {

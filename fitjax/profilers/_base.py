@@ -9,8 +9,6 @@ from typing import Any
 
 # Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
 from fitjax import _storage
-from fitjax._logged import Logged
-from fitjax.module import LitModule
 
 __all__ = ["PassThroughProfiler", "Profiler"]
 
@@ -126,7 +124,7 @@ class Profiler:
 
     def wrap_hooks(self, hooks: Any) -> Any:
         """The loop's callback list, each hook of each callback timed as "[Callback]<class>.<hook>"."""
-        return _TimedHooks(hooks, self)
+        return hooks.timed(self.profile)
 
 
 class PassThroughProfiler(Profiler):
@@ -152,23 +150,3 @@ class PassThroughProfiler(Profiler):
 
     def describe(self) -> None:
         pass
-
-
-class _TimedHooks:
-    """Stands in for the loop's callback list: the same calls in the same order (the list's own
-    dispatch), each timed as "[LitModule]<class>.<hook>" or "[Callback]<class>.<hook>".
-    Everything else is the list's."""
-
-    def __init__(self, hooks: Any, profiler: Profiler) -> None:
-        self._hooks = hooks
-        self._profiler = profiler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._hooks, name)
-
-    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
-        return self._hooks.call(hook, trainer, module, *args, timed=self._timed)
-
-    def _timed(self, owner: Any, hook: str) -> contextlib.AbstractContextManager[None]:
-        kind = "LitModule" if isinstance(owner, LitModule) else "Callback"
-        return self._profiler.profile(f"[{kind}]{type(owner).__name__}.{hook}")
