@@ -672,7 +672,9 @@ class Trainer:
         docs/guides/plan.md.
 
         Args:
-            module, train_data, datamodule: as for `fit` (only the first batch's shapes are used).
+            module: the `LitModule`, as for `fit` (left as it was).
+            train_data: as for `fit` (only the first batch's shapes and dtypes are used).
+            datamodule: or a `DataModule`, as for `fit`.
             target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
                 "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
                 'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
