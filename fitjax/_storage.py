@@ -42,7 +42,7 @@ from etils import epath
 
 __all__ = ["AnyPath", "CLAIM", "COMPLETE", "StoreTimeout", "as_path", "begin", "commit", "create_new",
            "download", "folder", "in_flight", "is_partial", "is_url", "put_file", "put_folder", "remove",
-           "store_error", "store_timeout", "upload"]
+           "store_error", "store_timeout", "temp_folder", "upload"]
 
 AnyPath = Union[Path, epath.Path]
 CLAIM = ".fitjax-checkpoint"  # the first object of a checkpoint's upload: this prefix is fitjax's
@@ -310,9 +310,38 @@ def remove(target: AnyPath) -> None:
 def _cache() -> Path:
     global _CACHE
     if _CACHE is None:
-        _CACHE = Path(tempfile.mkdtemp(prefix="fitjax-store-"))
+        _CACHE = temp_folder("store")
         atexit.register(shutil.rmtree, _CACHE, True)
     return _CACHE
+
+
+_TEMP = re.compile(r"fitjax-(stage|store)-(\d+)-")
+_SWEPT = False
+
+
+def temp_folder(kind: str) -> Path:
+    """A new local folder `fitjax-<kind>-<pid>-*` in the temporary folder ("stage": a store
+    save's staging copy, "store": the download cache). The first call of a process removes the
+    ones whose process is gone (killed, or ended by `os._exit` before its own cleanup ran)."""
+    global _SWEPT
+    if not _SWEPT:
+        _SWEPT = True
+        with contextlib.suppress(OSError):
+            for path in Path(tempfile.gettempdir()).iterdir():
+                found = _TEMP.match(path.name)
+                if found and not _alive(int(found.group(2))):
+                    shutil.rmtree(path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"fitjax-{kind}-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
 
 
 def download(target: AnyPath) -> Path:

@@ -168,14 +168,14 @@ VERIFY_BYTES = 256 * 2**20
 def verify(path: str | os.PathLike) -> None:
     """Raises `CheckpointDamaged` naming the damage if `path` cannot be restored: its files
     checked, its state read back (when under `VERIFY_BYTES`; else only its array metadata)."""
-    path = _readable(path)
-    tree = _saved_tree(path)
+    shown, path = local_path(path), _readable(path)
+    tree = _saved_tree(path, shown)
     size = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
                for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape"))
     if size <= VERIFY_BYTES:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
-        with _reading(path):
+        with _reading(path, shown):
             jax.block_until_ready(_restore(path, target))
 
 
@@ -230,17 +230,17 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     field (`loss_scale`: `precision`). `options` are this run's (e.g. `{"precision": "32-true"}`),
     quoted in those errors next to the ones saved in the checkpoint.
     """
-    path = _readable(path)
+    shown, path = local_path(path), _readable(path)
     meta = read_meta(path)
     target, impls = saveable_tree(like)
     target = jax.tree.map(_abstract, target)
-    _check_tree(_saved_tree(path), target, path, saved_options=meta.get("options", {}),
+    _check_tree(_saved_tree(path, shown), target, shown, saved_options=meta.get("options", {}),
                 options=options or {})
     saved, ours = meta.get("options", {}).get("precision"), (options or {}).get("precision")
     if saved is not None and ours is not None and saved != ours:
-        raise ValueError(f"checkpoint {str(path)!r} was saved with precision={saved!r}, and this run "
+        raise ValueError(f"checkpoint {str(shown)!r} was saved with precision={saved!r}, and this run "
                          f"uses precision={ours!r}. Resume with precision={saved!r}, {_LOAD_WEIGHTS}")
-    with _reading(path):
+    with _reading(path, shown):
         tree = _restore(path, target)
     saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})
 
@@ -263,8 +263,8 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
     With `like`, laid out like it (shapes checked, shardings kept, the average cast to the
     parameters' dtypes); without, restored as saved onto the first local device.
     """
-    path = _readable(path)
-    saved = _saved_tree(path)
+    shown, path = local_path(path), _readable(path)
+    saved = _saved_tree(path, shown)
     key = read_meta(path).get("eval_params") or ["params"]
     saved_params = _at(saved, key)
     if like is None:
@@ -273,14 +273,14 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
                               {"params": saved_params, "model_state": saved["model_state"]})
     else:
         target = jax.tree.map(_abstract, {"params": like[0], "model_state": like[1]})
-        _check_tree({"params": saved_params, "model_state": saved["model_state"]}, target, path,
+        _check_tree({"params": saved_params, "model_state": saved["model_state"]}, target, shown,
                     saved_options={}, options={})
         # the average is read in its own dtype (float32 for bf16 parameters), cast below
         target["params"] = jax.tree.map(lambda t, m: jax.ShapeDtypeStruct(t.shape, m.dtype, sharding=t.sharding),
                                         target["params"], saved_params)
     # the params at their place in the saved tree: a partial restore reads them alone
     read = {"model_state": target["model_state"], **_nested(key, target["params"])}
-    with _reading(path):
+    with _reading(path, shown):
         tree = ocp.PyTreeCheckpointer().restore(
             path / STATE_ITEM,
             args=ocp.args.PyTreeRestore(item=read, restore_args=ocp.checkpoint_utils.construct_restore_args(read),
@@ -347,21 +347,23 @@ def _restore(path: Path, target: PyTree) -> PyTree:
 
 
 @contextlib.contextmanager
-def _reading(path: Path) -> Iterator[None]:
-    """Orbax's and TensorStore's read errors (several KB each) as one short line naming `path`."""
+def _reading(path: Path, shown: _storage.AnyPath | None = None) -> Iterator[None]:
+    """Orbax's and TensorStore's read errors (several KB each) as one short line naming `shown`
+    (the URL of a store checkpoint whose local copy `path` is), else `path`."""
+    shown = path if shown is None else shown
     problem = damage(path)
     if problem is not None:
-        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {problem}.")
+        raise CheckpointDamaged(f"checkpoint {str(shown)!r} is damaged: {problem}.")
     try:
         yield
     except Exception as error:  # noqa: BLE001 - Orbax and TensorStore raise many kinds
-        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {STATE_ITEM}/ cannot be "
+        raise CheckpointDamaged(f"checkpoint {str(shown)!r} is damaged: {STATE_ITEM}/ cannot be "
                                 f"read ({_first_line(error)}).") from None
 
 
-def _saved_tree(path: Path) -> PyTree:
+def _saved_tree(path: Path, shown: _storage.AnyPath | None = None) -> PyTree:
     """The saved state's tree of array metadata (shape, dtype), read without loading arrays."""
-    with _reading(path):
+    with _reading(path, shown):
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(path / STATE_ITEM))
     return metadata.tree if hasattr(metadata, "tree") else metadata
 

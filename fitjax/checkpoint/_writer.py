@@ -34,12 +34,12 @@ stages and uploads its part, and process 0 commits once all are up (`_save_shard
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -94,10 +94,13 @@ class CheckpointWriter:
             self.wait()  # a newer state: the older copies are written first, then dropped
             self._host = None
         directory = path.parent
-        if not _storage.is_url(path) and not (directory.is_dir() and os.access(directory, os.W_OK)):
-            # a folder made read-only mid-run: say so now
-            raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
-                             "writable (any more).")
+        if not _storage.is_url(path):
+            with contextlib.suppress(OSError):  # deleted during the fit: made again (Lightning does)
+                directory.mkdir(parents=True, exist_ok=True)
+            if not (directory.is_dir() and os.access(directory, os.W_OK)):
+                # a folder made read-only mid-run: say so now
+                raise SaveFailed(f"ModelCheckpoint cannot write {str(path)!r}: the folder is not "
+                                 "writable (any more).")
         meta = {**meta, "saved_at": time.time()}
         if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(state)):
             if self._host is None:  # the step donates the state's buffers: the thread owns a host copy
@@ -229,7 +232,7 @@ def _write(path: _storage.AnyPath, args: Any) -> None:
     if not _storage.is_url(path):
         ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(path, args=args)
         return
-    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    stage = _storage.temp_folder("stage")
     try:
         ocp.Checkpointer(ocp.CompositeCheckpointHandler()).save(stage / path.name, args=args)
         _storage.upload(stage / path.name, path)
@@ -258,7 +261,7 @@ def _save_shards(path: _storage.AnyPath, args: Any, number: int) -> Callable[[],
 
         return finish
     _quiet_orbax_staging()
-    stage = Path(tempfile.mkdtemp(prefix="fitjax-stage-"))
+    stage = _storage.temp_folder("stage")
     local = ocp.options.MultiprocessingOptions(primary_host=None)  # each process its own folder and rename
     # folders made before the save returns (local mkdirs): made in the background, the
     # checkpoint's folder and its items' folders race (each process makes both here)

@@ -98,6 +98,9 @@ def launch(argv: list[str] | None = None) -> int:
         # a fresh port each time: the failed coordinator's may still be held
         group = _Group(command, opts.nproc, opts.port or _free_port(), opts.devices_per_process, restart=restart)
         status = group.run()
+        if status != 0 and not group.signals and opts.max_restarts and restart == opts.max_restarts:
+            group._say(f"failed again (status {status}) and no restart is left (--max-restarts "
+                       f"{opts.max_restarts} used up): giving up")
         if status == 0 or group.signals or restart == opts.max_restarts:
             return status  # done, stopped by the user (a forwarded signal), or out of restarts
         group._say(f"restarting all {opts.nproc} processes (restart {restart + 1} of {opts.max_restarts})")

@@ -54,6 +54,18 @@ def claim_version(root: Path) -> int:
         >>> claim_version(root), claim_version(root)
         (0, 1)
     """
+    if not _storage.is_url(root):
+        return _claim_version(root)
+    try:
+        return _claim_version(root)
+    except Exception as error:  # noqa: BLE001 - botocore, gcsfs and fsspec raise many kinds
+        # the first store request of a run under an s3:// default_root_dir: the same one line as
+        # ModelCheckpoint's probe, rather than a botocore traceback without the URL
+        raise PermissionError(f"the logger cannot write its version folder to "
+                              f"{_storage.store_error(str(root), error)}") from None
+
+
+def _claim_version(root: Path) -> int:
     on_store = _storage.is_url(root)
     if not on_store:
         root.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ thread (a real file-size limit, as a full disk), and leftovers of interrupted sa
 from __future__ import annotations
 
 import resource
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -106,3 +107,25 @@ def test_a_save_failing_on_its_thread_raises_at_the_next_step_and_names_no_missi
     trainer, resumed = _fit(fj.ModelCheckpoint(tmp_path, save_top_k=-1), max_epochs=2, ckpt_path="last")
     assert len(resumed.losses) == 4 and trainer.global_step == 6
     assert not any(checkpoint.TMP_MARK in p.name for p in tmp_path.iterdir())
+
+
+class _DeleteFolder(fj.Callback):
+    """Deletes the checkpoint folder, with everything saved so far, at the end of train step
+    `step` (before that step's save: the checkpoint callbacks run last)."""
+
+    def __init__(self, folder: Path, step: int) -> None:
+        self.folder, self.step = folder, step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            checkpoint.writer().wait()  # the saves before it are written, then removed with it
+            shutil.rmtree(self.folder)
+
+
+def test_a_checkpoint_folder_deleted_during_the_fit_is_made_again_and_the_saves_go_on(tmp_path):
+    folder = tmp_path / "checkpoints"
+    ckpt = fj.ModelCheckpoint(folder, every_n_train_steps=1, every_n_epochs=0, save_top_k=-1)
+    _fit(ckpt, max_steps=4, callbacks=[_DeleteFolder(folder, 2)])
+    # step 1's save went with the folder; the saves from step 2 on made it again
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch=0-step=2", "epoch=0-step=3", "epoch=1-step=4"]
+    checkpoint.verify(ckpt.last_model_path)

@@ -176,3 +176,13 @@ def test_max_restarts_after_kill_9_resumes_from_the_last_checkpoint_and_ends_as_
     assert result["resumed_at"] >= 4 and result["resumed_at"] % 4 == 0, result["resumed_at"]  # not from scratch
     for resumed, reference in zip(result["params"], result["reference"], strict=True):
         np.testing.assert_array_equal(resumed, reference)  # bitwise: the same processes, devices and steps
+
+
+def test_a_failure_after_the_last_restart_says_the_restarts_are_used_up(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    proc = start_launch("--nproc", 1, "--max-restarts", 1, script, cwd=tmp_path)
+    out = finish(proc, timeout=120)
+    assert proc.returncode == 3, out[-3000:]
+    assert "restarting all 1 processes (restart 1 of 1)" in out
+    assert "failed again (status 3) and no restart is left (--max-restarts 1 used up): giving up" in out

@@ -76,11 +76,14 @@ def test_two_callbacks_on_s3_resume_last_bitwise_keep_top_k_and_load(bucket, tmp
     assert trainer.validate(module, fj.DataLoader(VAL, batch_size=16), ckpt_path="best", verbose=False)
 
 
-def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server):
+@pytest.mark.parametrize("where", ["dirpath", "default_root_dir"])
+def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server, where):
     history = LossHistory()
-    trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True,
-                            callbacks=[history, fj.ModelCheckpoint("s3://no-such-bucket-fitjax/run")])
-    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run'.*bucket") as error:
+    url = "s3://no-such-bucket-fitjax/run"
+    trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True, **(
+        {"callbacks": [history, fj.ModelCheckpoint(url)]} if where == "dirpath"
+        else {"callbacks": [history], "default_root_dir": url, "logger": fj.TensorBoardLogger(url)}))
+    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run.*'.*bucket") as error:
         trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
     assert history.losses == [] and len(str(error.value).splitlines()) == 1
 
@@ -100,10 +103,10 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _killed_during_upload(proxy, url: str, cache: Path, step: int, nth) -> str:
+def _killed_during_upload(proxy, url: str, tmp: Path, step: int, nth) -> tuple[str, int]:
     """Runs `_CHILD` (resuming from "last") and SIGKILLs it when it sends its `nth` object
     (`nth(name)` says which) of the upload of `epoch=0-step=<step>`, before the store gets
-    it: a real kill at a real point of a real upload. Returns the child's output."""
+    it: a real kill at a real point of a real upload. Returns the child's output and pid."""
     box, sent = [], []
 
     def rule(method, path):
@@ -115,27 +118,30 @@ def _killed_during_upload(proxy, url: str, cache: Path, step: int, nth) -> str:
         return "pass"
 
     proxy.rule = rule
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": str(cache),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    (tmp / "temp").mkdir(exist_ok=True)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": str(tmp / "xla"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "TMPDIR": str(tmp / "temp")}
     box.append(subprocess.Popen([sys.executable, "-c", _CHILD.format(tests=str(HERE.parent), url=url)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     out = box[0].communicate(timeout=300)[0]
     proxy.rule = lambda method, path: "pass"
     assert box[0].returncode == -signal.SIGKILL, out[-3000:]
-    return out
+    return out, box[0].pid
 
 
 def test_kill_9_at_any_object_of_an_upload_leaves_only_loadable_names_and_last_resumes(proxy, bucket, tmp_path):
     url = f"{bucket}/killed"
-    cache = tmp_path / "xla"
+    staged = lambda pid: list((tmp_path / "temp").glob(f"fitjax-stage-{pid}-*"))
     # killed half-way through the save at step 3 (at its fifth object) ...
-    _killed_during_upload(proxy, url, cache, 3, lambda sent: len(sent) == 5)
+    _, first = _killed_during_upload(proxy, url, tmp_path, 3, lambda sent: len(sent) == 5)
+    assert staged(first)  # its staging copy, left by the kill
     assert _listed(url) == ["epoch=0-step=1", "epoch=0-step=2", "epoch=0-step=3"]
     assert checkpoint.damage(f"{url}/epoch=0-step=3") == ".fitjax-complete is missing (an incomplete upload)"
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=2")
     # ... then a resumed run at the last object of its save at step 4 (every file up but the marker)
-    out = _killed_during_upload(proxy, url, cache, 4, lambda sent: sent[-1] == ".fitjax-complete")
+    out, second = _killed_during_upload(proxy, url, tmp_path, 4, lambda sent: sent[-1] == ".fitjax-complete")
     assert f"fitjax: removing {url}/epoch=0-step=3," in out  # the next writer removed the torn upload
+    assert not staged(first) and staged(second)  # and the staging copy the killed one left
     assert _listed(url) == ["epoch=0-step=2", "epoch=0-step=3", "epoch=0-step=4"]
     assert not checkpoint.is_checkpoint(f"{url}/epoch=0-step=4")
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=3")
@@ -306,3 +312,16 @@ def test_two_launched_processes_save_one_fsdp_state_to_s3_and_resume_last_bitwis
     assert resumed_params == straight_params
     assert _listed(url) == ["epoch=1-step=5", "epoch=1-step=6"]  # top 2 of the resumed run
     assert all(checkpoint.is_checkpoint(f"{url}/{name}") for name in _listed(url))
+
+
+def test_a_damaged_store_checkpoint_is_named_by_its_url_not_its_local_copy(bucket):
+    import fsspec
+
+    url = f"{bucket}/damaged"
+    _fit([fj.ModelCheckpoint(url, every_n_train_steps=4, save_top_k=1)], max_epochs=1)
+    fs, root = fsspec.core.url_to_fs(f"{url}/epoch=0-step=4")
+    for name in fs.find(f"{root}/state"):  # every array file garbled, its size kept
+        if "/d/" in name:
+            fs.pipe_file(name, b"\xff" * fs.size(name))
+    with pytest.raises(checkpoint.CheckpointDamaged, match=rf"^checkpoint '{url}/epoch=0-step=4' is damaged: state/"):
+        checkpoint.verify(f"{url}/epoch=0-step=4")
