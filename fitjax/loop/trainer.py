@@ -158,6 +158,10 @@ class Trainer:
             hooks fire once per k steps with the last step's outputs and the stacked batch; logging
             and validation happen at the first k-step boundary at or after their interval. An epoch's
             leftover steps (fewer than k) run one at a time (a second, smaller compilation).
+        remat: activation rematerialization of a Linen model's layers (the submodules its root
+            calls): "none", "full" (keep only each layer's inputs, recompute the rest in the
+            backward pass) or "dots" (also keep the weight products). Less activation memory for
+            more FLOPs, the same numbers (`fitjax.step.remat`; `trainer.plan` shows both).
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
@@ -216,6 +220,7 @@ class Trainer:
         gradient_clip_algorithm: str = "norm",
         log_grad_norm: bool = False,
         steps_per_execution: int = 1,
+        remat: str = "none",
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
@@ -246,7 +251,7 @@ class Trainer:
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
-            log_grad_norm=log_grad_norm,
+            log_grad_norm=log_grad_norm, remat=remat,
         )
         self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
