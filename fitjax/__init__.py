@@ -38,6 +38,7 @@ from fitjax.state import TrainState
 from fitjax.loop import Trainer
 from fitjax.loop.plan import plan
 from fitjax.planner import TransformerShape
+from fitjax.step import TokenLoss
 from fitjax.tuner import Tuner
 from fitjax._seed import seed_everything
 
@@ -70,6 +71,7 @@ __all__ = [
     "TensorBoardLogger",
     "ThroughputMonitor",
     "Timer",
+    "TokenLoss",
     "TrainState",
     "Trainer",
     "TransformerShape",

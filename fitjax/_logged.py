@@ -22,7 +22,7 @@ import numpy as np
 from fitjax import metrics as acc_lib
 
 __all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "loader_count",
-           "loader_suffix", "numbers", "of_loader", "pictures", "plain_names", "record"]
+           "loader_suffix", "numbers", "of_loader", "open_host_block", "pictures", "plain_names", "record"]
 
 REDUCE_FX = ("mean",)
 
@@ -67,6 +67,13 @@ def collecting(*, host: bool = False, into: Logged | None = None) -> Iterator[Lo
         _CURRENT.reset(token)
 
 
+def open_host_block() -> Logged | None:
+    """The innermost open block when it wraps a host hook (its values are logged when it returns;
+    `callback_metrics` shows them meanwhile), else None."""
+    logged = _CURRENT.get()
+    return logged if logged is not None and logged.host else None
+
+
 def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
     """Adds `value` under `name` to the open block; raises when none is open or `name` repeats."""
     if not isinstance(name, str) or not name or name == "loss":
@@ -90,9 +97,9 @@ def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
     logged = _CURRENT.get()
     if logged is None:
         raise RuntimeError(
-            f"{owner}.log({name!r}, ...) was called outside `loss`, `metrics` and the module's hooks "
-            "the trainer calls (`on_train_epoch_end`, `on_validation_epoch_end`, ...). Log from one "
-            "of those, or write to `trainer.logger.log_metrics` directly."
+            f"{owner}.log({name!r}, ...) was called outside `loss`, `metrics` and the hooks the "
+            "trainer calls (the module's `on_train_epoch_end`, ..., and every callback hook). Log "
+            "from one of those: a callback logs with `module.log(name, value)` in its hook."
         )
     if name in logged.values:
         raise ValueError(f"{owner}.log({name!r}, ...) was called twice in one step; use distinct names.")

@@ -22,7 +22,7 @@ trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost not
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fitjax._logged import Logged, collecting
 from fitjax import module as module_lib
@@ -151,11 +151,20 @@ def _overrides(cb: Callback, hook: str) -> bool:
 
 
 class CallbackList:
-    """Calls a hook on the module first (if it has it) and then on each callback that overrides it."""
+    """The one dispatcher of hooks: calls a hook on the module first (if it has it) and then on
+    each callback that overrides it, each in a `collecting()` block, so what the module's hook
+    and the callbacks' hooks pass to `module.log` reaches the trainer's metric log (the one road
+    of logged values)."""
 
-    def __init__(self, callbacks: list[Callback]):
+    def __init__(self, callbacks: list[Callback], *, profile: Callable[[str], Any] | None = None):
         self.callbacks = list(callbacks)
         self._overriding = {name: [cb for cb in self.callbacks if _overrides(cb, name)] for name in HOOKS}
+        self._profile = profile  # action name -> context manager (a profiler's), or None: untimed
+
+    def timed(self, profile: Callable[[str], Any]) -> CallbackList:
+        """The same list, each hook timed as "[LitModule]<class>.<hook>" / "[Callback]<class>.<hook>"
+        in `profile(name)` (a profiler's `profile`)."""
+        return CallbackList(self.callbacks, profile=profile)
 
     def wants(self, hook: str) -> bool:
         """True when some callback overrides `hook` (the trainer skips per-step work otherwise)."""
@@ -170,18 +179,29 @@ class CallbackList:
         (all but those marked with `ignores_batch`, fitjax's own)."""
         return any(not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
 
-    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
-        """Calls `hook`; returns what the module's own hook passed to `self.log` (None if it
-        has no such hook), for the trainer to log."""
-        logged = None
-        if hook in MODULE_HOOKS:
-            with collecting(host=True) as logged:
-                getattr(module, hook)()
+    def call(self, hook: str, trainer, module, *args: Any, log: Callable[..., None] | None = None) -> None:
+        """Calls `hook`; what each hook (the module's, each callback's) passed to `module.log`
+        goes to `log(logged, owner=<its class name>, hook=hook)` as soon as that hook returns, so
+        the next one sees it in `trainer.callback_metrics` (the trainer's metric log's
+        `log_hook`; None: dropped)."""
+        if hook in MODULE_HOOKS:  # the module's own, before the callbacks'
+            self._run(module, hook, (), log, timed=module_lib.overrides(module, hook))
         for cb in self._overriding[hook]:
-            getattr(cb, hook)(trainer, module, *args)
-        if hook in LitModule.BATCH_HOOKS and module_lib.overrides(module, hook):  # Lightning's: after the callbacks'
-            getattr(module, hook)(*args)
-        return logged if logged is not None and logged.values else None
+            self._run(cb, hook, (trainer, module, *args), log)
+        if hook in LitModule.BATCH_HOOKS and module_lib.overrides(module, hook):  # Lightning's: after them
+            self._run(module, hook, args, log)
+
+    def _run(self, owner: Any, hook: str, args: tuple, log: Callable[..., None] | None, *,
+             timed: bool = True) -> None:
+        with collecting(host=True) as logged:
+            if self._profile is None or not timed:  # LitModule's own no-op hooks: not worth a row
+                getattr(owner, hook)(*args)
+            else:
+                kind = "LitModule" if isinstance(owner, LitModule) else "Callback"
+                with self._profile(f"[{kind}]{type(owner).__name__}.{hook}"):
+                    getattr(owner, hook)(*args)
+        if logged.values and log is not None:
+            log(logged, owner=type(owner).__name__, hook=hook)
 
 
 # The no-argument hooks a LitModule may override; called before the callbacks' hooks.

@@ -96,45 +96,41 @@ class DeviceStatsMonitor(Callback):
             values.update(host_stats())
         return values
 
-    def _log(self, trainer, hook: str, step: int) -> None:
+    def _log(self, module, hook: str) -> None:
         values = self.stats()
-        if not values:
-            return
-        prefixed = {f"{type(self).__qualname__}.{hook}/{k}": v for k, v in values.items()}
-        for logger in trainer.loggers:
-            logger.log_metrics(prefixed, step=step)
+        if values:  # at the row of the batch's train values (the metric log's rule)
+            module.log_dict({f"{type(self).__qualname__}.{hook}/{k}": v for k, v in values.items()})
 
     @ignores_batch
     def on_train_batch_start(self, trainer, module, batch: Any, batch_idx: int) -> None:
-        step = trainer.global_step  # the coming step is a log step: logged at that train row's step
-        if _next_is_multiple(step, trainer.log_every_n_steps):
-            self._log(trainer, "on_train_batch_start", step)
+        if _next_is_multiple(trainer.global_step, trainer.log_every_n_steps):  # the coming step
+            self._log(module, "on_train_batch_start")
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.progress.crossed(trainer.log_every_n_steps):
-            self._log(trainer, "on_train_batch_end", max(trainer.global_step - 1, 0))
+            self._log(module, "on_train_batch_end")
 
     @ignores_batch
     def on_validation_batch_start(self, trainer, module, batch: Any, batch_idx: int,
                                   dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
-            self._log(trainer, "on_validation_batch_start", trainer.global_step)
+            self._log(module, "on_validation_batch_start")
 
     @ignores_batch
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
-            self._log(trainer, "on_validation_batch_end", trainer.global_step)
+            self._log(module, "on_validation_batch_end")
 
     @ignores_batch
     def on_test_batch_start(self, trainer, module, batch: Any, batch_idx: int,
                             dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
-            self._log(trainer, "on_test_batch_start", trainer.global_step)
+            self._log(module, "on_test_batch_start")
 
     @ignores_batch
     def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
-            self._log(trainer, "on_test_batch_end", trainer.global_step)
+            self._log(module, "on_test_batch_end")

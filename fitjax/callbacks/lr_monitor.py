@@ -89,11 +89,11 @@ class LearningRateMonitor(Callback):
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "step" and trainer.progress.crossed(trainer.log_every_n_steps):
-            self._log(trainer)
+            self._log(trainer, module)
 
     def on_train_epoch_end(self, trainer, module) -> None:
         if self.logging_interval == "epoch":
-            self._log(trainer)
+            self._log(trainer, module)
 
     def current(self, trainer) -> dict[str, float]:
         """The learning rates of the last update, as host floats (one small transfer)."""
@@ -104,10 +104,8 @@ class LearningRateMonitor(Callback):
         count = trainer.global_step if count is None else int(jax.device_get(count))
         return {"lr": float(np.asarray(self._schedule(max(count - 1, 0))))}
 
-    def _log(self, trainer) -> None:
+    def _log(self, trainer, module) -> None:
         values = self.current(trainer)
         for key, value in values.items():
             self.history.setdefault(key, []).append((trainer.global_step, value))
-        trainer.callback_metrics.update(values)  # as Lightning: monitorable by other callbacks
-        for logger in trainer.loggers:  # the row of the step's train values (Lightning: step - 1)
-            logger.log_metrics(values, step=max(trainer.global_step - 1, 0))
+        module.log_dict(values)  # the loggers and `callback_metrics` (monitorable, as in Lightning)

@@ -102,18 +102,17 @@ class SpikeDetection(Callback):
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.progress.crossed(trainer.log_every_n_steps):
-            self._read(trainer, log=True)
+            self._read(trainer, module, log=True)
 
     def on_train_epoch_end(self, trainer, module) -> None:
-        self._read(trainer)
+        self._read(trainer, module)
 
-    def _read(self, trainer, *, log: bool = False) -> None:
+    def _read(self, trainer, module, *, log: bool = False) -> None:
         # sync point: a few scalars, at log steps and epoch ends only
         record = jax.device_get(trainer.state.extras[self.name])
         self.skipped = int(record["skipped"])
         if log and self.skip_update:
-            for logger in trainer.loggers:
-                logger.log_metrics({"train/skipped_spikes": self.skipped}, step=max(trainer.global_step - 1, 0))
+            module.log("train/skipped_spikes", float(self.skipped))
         batch = int(np.asarray(record["spike"])[0])
         if batch >= 0 and not self.skip_update:
             self._stop(trainer, batch)

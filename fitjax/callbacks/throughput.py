@@ -165,7 +165,7 @@ class ThroughputMonitor(Callback):
         jax.block_until_ready(outputs)  # sync point: the first call and each log step, not every step
         self._points.append(_Point(time.perf_counter() - self._t0, self._batches, self._samples, self._lengths))
         if log_step:
-            self._log(trainer)
+            self._log(trainer, module)
 
     def on_validation_start(self, trainer, module) -> None:
         if trainer.stage.name == "fit" and not trainer.sanity_checking and self._t0 is not None:
@@ -229,10 +229,9 @@ class ThroughputMonitor(Callback):
             self._flops_per_batch = float("nan") if per_step is None else per_step / k
         return None if self._flops_per_batch != self._flops_per_batch else self._flops_per_batch
 
-    def _log(self, trainer) -> None:
+    def _log(self, trainer, module) -> None:
         self.metrics = self.compute(trainer)
-        for logger in trainer.loggers:  # the row of the step's train values (Lightning: step - 1)
-            logger.log_metrics(self.metrics, step=max(trainer.global_step - 1, 0))
+        module.log_dict(self.metrics)  # at the row of the step's train values (Lightning's)
 
 
 def _number(value: float) -> float | int:

@@ -39,11 +39,6 @@ class Window:
         """Whether reading the values would not wait (checked every step: one leaf, no tree walk)."""
         return self.probe is None or self.probe.is_ready()
 
-    @property
-    def was_read(self) -> bool:
-        """Whether `read` was called (the values are on the host: using them waits for nothing)."""
-        return bool(self._host)
-
     def read(self) -> tuple[dict, dict]:
         """The host values; waits for the step that computed them if it has not finished."""
         if not self._host:

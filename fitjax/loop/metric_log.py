@@ -1,13 +1,29 @@
 """The metric log: where the loop's values go (the loggers, `callback_metrics`, the progress
 bar's values), and the one owner of them.
 
+The road of a logged value (the only one; `tests/loop/test_logging_road.py` holds it): every
+number the loggers receive passes through `MetricLog`, and only `MetricLog._write` (and the
+loggers themselves) call `Logger.log_metrics`. A new kind of value joins at one of three doors:
+- values computed inside the jitted train step (the step's metrics, `LitModule.log` in `loss`):
+  the loop hands them over in log windows (`start_window`), read when they reach the host;
+- values of a host hook, the module's or a callback's: the hook calls `module.log(name, value)`
+  (the public road, for fitjax's own callbacks too: `LearningRateMonitor`, `ThroughputMonitor`,
+  `SpikeDetection`, `DeviceStatsMonitor`), `CallbackList.call` collects them and the loop passes
+  them to `log_hook`;
+- values the loop computes on the host (an evaluation's means, a stateful metric computed from
+  its state when logged): `log(values, aliases=..., progress_bar=...)`.
+`MetricLog` picks the row (Lightning's logger step, `_row`: the one place that rule lives), keeps
+the rows in step order (a host row waits behind the windows still on their way), updates
+`callback_metrics`, `logged_metrics` and the bar's values. `callback_metrics` is read-only to
+everyone else: a callback that wants a value there logs it.
+
 `MetricLog` is built with what it writes to and reads from (the loggers, the profiler, the
 compile times, the loop's position, read-only) and owns `callback_metrics`, `logged_metrics`,
 `progress_bar_metrics`, the train epoch's accumulators (`EpochAccumulators`, what a checkpoint
 stores of it) and the train log windows on their way to the host. The loop tells it when it may
 fetch: `start_window` at a log step, `read_arrived` after each step, `finish_windows` before a
 validation or a save, `log_train_epoch` at an epoch's end, `end_fit` when fit ends. Its reads
-(`callback_metrics`, `epoch_accumulators`) write nothing to the loggers.
+(`callback_metrics`, `epoch_accumulators`) change nothing.
 
 The train values reach the host in windows (`fitjax.loop._log_fetch`): one is started at a log
 step and read at a later step, once it has arrived, so the loop never waits for the device to log.
@@ -42,7 +58,7 @@ from fitjax.loop import _log_fetch
 from fitjax.loop.progress import Position, ProgressView
 from fitjax.state import TrainState
 
-__all__ = ["EpochAccumulators", "MetricLog"]
+__all__ = ["CallbackMetrics", "EpochAccumulators", "MetricLog"]
 
 _IN_FLIGHT = 4  # log windows on their way to the host at most (each holds a few scalars)
 
@@ -69,6 +85,37 @@ class EpochAccumulators:
         return cls({k: acc_lib.from_plain(v) for k, v in meta.items()})
 
 
+class CallbackMetrics(dict):
+    """`trainer.callback_metrics`: the latest value of every logged key, read-only (a snapshot
+    taken at the read). A value gets here by being logged: `module.log(name, value)` in a hook."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(
+            "trainer.callback_metrics is read-only: it holds what was logged. To add a value (a "
+            "callback's too), log it from a hook with `module.log(name, value)`: it reaches "
+            "callback_metrics, the loggers and the monitors of ModelCheckpoint and EarlyStopping."
+        )
+
+    __setitem__ = __delitem__ = update = pop = popitem = setdefault = clear = __ior__ = _read_only
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """Host values waiting behind a log window on its way, so that the loggers get rows in step
+    order; `to_loggers=False`: they update `callback_metrics` (and the bar) only."""
+
+    values: HostMetrics
+    step: int
+    epoch: int
+    aliases: HostMetrics | None = None
+    to_loggers: bool = True
+    pictures: Mapping[str, np.ndarray] | None = None
+
+
+# the per-batch train hooks: what they log reaches the loggers at log steps only (Lightning's)
+_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
+
+
 class MetricLog:
     """The values logged by a Trainer: the loggers' rows, `callback_metrics`, the progress bar's.
 
@@ -79,37 +126,40 @@ class MetricLog:
         progress: the loop's position, read-only (the step and epoch of rows and windows).
         on_window_logged: told the position and the progress-bar values of each train window that
             reached the loggers (`Progress.logged`).
+        log_every_n_steps: what a per-batch train hook logs reaches the loggers at these steps.
     """
 
     def __init__(self, loggers: list, *, profiler: Any, compile_times: Any, progress: ProgressView,
-                 on_window_logged: Callable[[Position, HostMetrics], None]) -> None:
+                 on_window_logged: Callable[[Position, HostMetrics], None],
+                 log_every_n_steps: int | None = None) -> None:
         self._loggers = loggers
         self._profiler = profiler
         self._compile_seconds = compile_times
         self._loop = progress
         self._on_window_logged = on_window_logged
+        self._every = log_every_n_steps
         self._callback_metrics: HostMetrics = {}
         self.logged_metrics: HostMetrics = {}  # every key's latest value written to the loggers
         self.progress_bar_metrics: HostMetrics = {}  # the progress bar's values
         self._epoch = EpochAccumulators()
         self._specs: dict = {}  # the fit's `LitModule.log` options by name
         self._fitting = False  # rows default to Lightning's fit step (`global_step - 1`)
-        self._windows: collections.deque = collections.deque()  # (log window on its way, writes rows)
+        # in step order: log windows on their way `(window, log_rows, row)` and host `_Row`s behind them
+        self._queue: collections.deque = collections.deque()
         self._latest_step: dict | None = None  # the last train step's values, on the device
         self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
 
     # ---------------------------------------------------------------------------- reads
 
     @property
-    def callback_metrics(self) -> HostMetrics:
-        """The latest value of every logged key (see `Trainer.callback_metrics`): with the train
-        windows on their way and the last step's values (read from the device now, once per
-        step and window); nothing reaches the loggers (the loop logs the windows later)."""
-        # the same updates the loop makes when it logs the windows: the dict itself is returned,
-        # as Lightning's callbacks update it
-        self._callback_metrics.update(self._pending_callback_metrics())
-        self._callback_metrics.update(self._latest_step_metrics())  # newer than any window
-        return self._callback_metrics
+    def callback_metrics(self) -> CallbackMetrics:
+        """The latest value of every logged key (see `Trainer.callback_metrics`): with the rows
+        on their way (train windows, read from the device now) and the last step's values (read
+        once per step, when asked). A snapshot: reading changes nothing here or in the loggers."""
+        pending = self._pending_callback_metrics()
+        block = _logged.open_host_block()  # what the hook running now logged: logged when it returns
+        now = _logged.host_values(block, owner="module", hook="a hook") if block is not None else {}
+        return CallbackMetrics({**self._callback_metrics, **pending, **self._latest_step_metrics(), **now})
 
     @property
     def epoch_accumulators(self) -> EpochAccumulators:
@@ -125,7 +175,7 @@ class MetricLog:
 
     def end_fit(self) -> None:
         """Fit ends: the values of an interrupted window, or of the last step, are not logged."""
-        self._windows.clear()
+        self._queue.clear()
         self._latest_step = self._latest_step_host = None
         self._fitting = False
 
@@ -139,24 +189,25 @@ class MetricLog:
 
     def log(self, values: HostMetrics, *, aliases: HostMetrics | None = None,
             progress_bar: HostMetrics | None = None, pictures: Mapping[str, np.ndarray] | None = None) -> None:
-        """Records `values` as the latest and writes them to the loggers; `aliases` (Lightning's
-        plain names of forked values) go to `callback_metrics` only, `progress_bar` to the bar,
-        `pictures` (a confusion matrix) to the loggers that draw them.
-
-        The step is Lightning's: during fit the index of the last step taken (`global_step - 1`),
-        else `global_step`."""
+        """Records `values` as the latest and writes them to the loggers (after the windows on
+        their way: rows reach the loggers in step order); `aliases` (Lightning's plain names of
+        forked values) go to `callback_metrics` only, `progress_bar` to the bar, `pictures` (a
+        confusion matrix) to the loggers that draw them."""
         if progress_bar:
             self.progress_bar_metrics.update(progress_bar)
-        while self._windows and self._windows[0][0].was_read:  # read by `callback_metrics`:
-            self._read_oldest_window()  # its rows first, so the loggers get rows in step order
-        step = self._loop.global_step
-        self._write(values, step=max(step - 1, 0) if self._fitting else step, epoch=self._loop.epoch,
-                    aliases=aliases, pictures=pictures)
+        self._enqueue(_Row(values, self._row(), self._loop.epoch, aliases, pictures=pictures))
 
     def log_hook(self, logged: _logged.Logged, *, owner: str, hook: str) -> None:
-        """Logs what a host hook passed to `self.log` (under the names given)."""
+        """Logs what a host hook (the module's or a callback's) passed to `module.log`, under the
+        names given. A per-batch train hook's values reach the loggers at log steps only, and
+        `callback_metrics` and the bar at every call (Lightning's)."""
         values = _logged.host_values(logged, owner=owner, hook=hook)
-        self.log(values, progress_bar={k: values[k] for k in logged.specs if logged.specs[k].prog_bar})
+        bar = {k: values[k] for k in logged.specs if logged.specs[k].prog_bar}
+        if bar:
+            self.progress_bar_metrics.update(bar)
+        before = hook == "on_train_batch_start"
+        to_loggers = hook not in _BATCH_HOOKS or self._log_step(before_step=before)
+        self._enqueue(_Row(values, self._row(before_step=before), self._loop.epoch, to_loggers=to_loggers))
 
     def start_window(self, state: TrainState, reset: Callable[[TrainState], TrainState], *,
                      log_rows: bool = True) -> TrainState:
@@ -168,23 +219,24 @@ class MetricLog:
         device and then wake up, and on a loaded machine that wake-up can leave the device idle
         for longer than the step (several steps per call put a log step in most calls)."""
         self.read_arrived()
-        while len(self._windows) >= _IN_FLIGHT:
-            self._read_oldest_window()
+        while sum(not isinstance(entry, _Row) for entry in self._queue) >= _IN_FLIGHT:
+            self._write_oldest()
         progress = self._loop
         state, window = _log_fetch.start(state, reset, step=progress.global_step, epoch=progress.epoch,
                                          batches_done=progress.batches_done)
-        self._windows.append((window, log_rows))
+        self._queue.append((window, log_rows, self._row()))
         return state
 
     def read_arrived(self) -> None:
-        """Logs the windows whose values have reached the host, oldest first (never waits)."""
-        while self._windows and self._windows[0][0].ready():
-            self._read_oldest_window()
+        """Logs the rows whose values have reached the host, oldest first (never waits)."""
+        queue = self._queue
+        while queue and (isinstance(queue[0], _Row) or queue[0][0].ready()):
+            self._write_oldest()
 
     def finish_windows(self) -> None:
-        """Logs every window on its way, oldest first, each at the step it ended (waits for them)."""
-        while self._windows:
-            self._read_oldest_window()
+        """Logs every window on its way (and the rows behind them), oldest first (waits for them)."""
+        while self._queue:
+            self._write_oldest()
 
     def log_train_epoch(self, state: TrainState, reset: Callable[[TrainState], TrainState]) -> TrainState:
         """Logs the train epoch's means (the windows read so far and the steps since the last log
@@ -208,9 +260,46 @@ class MetricLog:
 
     # -------------------------------------------------------------------------- inside
 
+    def _row(self, *, before_step: bool = False) -> int:
+        """Lightning's logger step of a row logged now (its `_batches_that_stepped`): outside fit
+        the global step; during fit the steps finished before the batch in progress, which is
+        `global_step - 1` once its step ran (its train values, its hooks, a validation after
+        it, an epoch's end: Lightning's first row of `log_every_n_steps=n` is at step n-1), and
+        `global_step` before it runs (`before_step`: `on_train_batch_start`)."""
+        step = self._loop.global_step
+        return step if before_step or not self._fitting else max(step - 1, 0)
+
+    def _log_step(self, *, before_step: bool) -> bool:
+        """Whether the batch in progress is a log step (Lightning's `should_update_logs`)."""
+        if before_step:  # the coming step
+            return bool(self._every) and (self._loop.global_step + 1) % self._every == 0
+        return self._loop.crossed(self._every)
+
+    def _enqueue(self, row: _Row) -> None:
+        """Writes `row` now, or after the windows on their way when some are (the loop writes
+        those that have arrived after each step, `read_arrived`)."""
+        if self._queue:
+            self._queue.append(row)
+        else:
+            self._write_row(row)
+
+    def _write_oldest(self) -> None:
+        entry = self._queue.popleft()
+        if isinstance(entry, _Row):
+            self._write_row(entry)
+        else:
+            self._write_window(*entry)
+
+    def _write_row(self, row: _Row) -> None:
+        if row.to_loggers:
+            self._write(row.values, step=row.step, epoch=row.epoch, aliases=row.aliases, pictures=row.pictures)
+        else:
+            self._callback_metrics.update({**(row.aliases or {}), **row.values})
+
     def _write(self, values: HostMetrics, *, step: int, epoch: int, aliases: HostMetrics | None = None,
                pictures: Mapping[str, np.ndarray] | None = None) -> None:
-        """Writes `values` to the loggers at `step` (with the compile times taken since the last row)."""
+        """Writes `values` to the loggers at `step` (with the compile times taken since the last
+        row): the only call of `Logger.log_metrics` in fitjax outside the loggers."""
         if pictures:
             with self._profiler.profile("[log] loggers"):
                 for logger in self._loggers:
@@ -227,12 +316,8 @@ class MetricLog:
             for logger in self._loggers:
                 logger.log_metrics(row, step=step)
 
-    def _read_oldest_window(self) -> None:
-        """Logs the means of the oldest window on its way (waits for it).
-
-        Rows are written at step `global_step - 1` of the step that ended the window, as
-        Lightning does (its first row of `log_every_n_steps=n` is at step n-1)."""
-        window, log_rows = self._windows.popleft()
+    def _write_window(self, window: _log_fetch.Window, log_rows: bool, row: int) -> None:
+        """Logs the means of a window (waits for it), at the row of the log step that started it."""
         with self._profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
         # merged even when empty: a resumed epoch's saved metric states take the window's structure
@@ -241,11 +326,10 @@ class MetricLog:
             return
         if not log_rows:
             return
-        at = {"step": window.step - 1, "epoch": window.epoch}
         extra, values, aliases = self._window_rows_of(host, extra)
-        self._write(extra, **at)
+        self._write(extra, step=row, epoch=window.epoch)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, self._specs))
-        self._write(values, aliases=aliases, **at)
+        self._write(values, aliases=aliases, step=row, epoch=window.epoch)
         self._on_window_logged(Position(window.epoch, window.batches_done, window.step), self.progress_bar_metrics)
 
     def _window_rows_of(self, host: dict, extra: dict) -> tuple[HostMetrics, HostMetrics, HostMetrics]:
@@ -257,10 +341,14 @@ class MetricLog:
                 _logged.plain_names(on_step, self._specs, epoch=False))
 
     def _pending_callback_metrics(self) -> HostMetrics:
-        """What `callback_metrics` holds once the windows on their way are logged (waits for
-        them; writes nothing: the loop logs them before its next write to the loggers)."""
+        """What `callback_metrics` holds once the rows on their way are logged (waits for the
+        windows; writes nothing: the loop logs them before its next write to the loggers)."""
         pending: HostMetrics = {}
-        for window, log_rows in self._windows:
+        for entry in self._queue:
+            if isinstance(entry, _Row):
+                pending.update({**(entry.aliases or {}), **entry.values})
+                continue
+            window, log_rows, _ = entry
             host, extra = window.read()
             if log_rows and acc_lib.has_weight(host):
                 extra, values, aliases = self._window_rows_of(host, extra)

@@ -158,6 +158,10 @@ class Trainer:
             hooks fire once per k steps with the last step's outputs and the stacked batch; logging
             and validation happen at the first k-step boundary at or after their interval. An epoch's
             leftover steps (fewer than k) run one at a time (a second, smaller compilation).
+        remat: activation rematerialization of a Linen model's layers (the submodules its root
+            calls): "none", "full" (keep only each layer's inputs, recompute the rest in the
+            backward pass) or "dots" (also keep the weight products). Less activation memory for
+            more FLOPs, the same numbers (`fitjax.step.remat`; `trainer.plan` shows both).
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
@@ -216,6 +220,7 @@ class Trainer:
         gradient_clip_algorithm: str = "norm",
         log_grad_norm: bool = False,
         steps_per_execution: int = 1,
+        remat: str = "none",
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
@@ -246,7 +251,7 @@ class Trainer:
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
-            log_grad_norm=log_grad_norm,
+            log_grad_norm=log_grad_norm, remat=remat,
         )
         self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
@@ -266,7 +271,6 @@ class Trainer:
         if self._config.fast_dev_run:  # a smoke test leaves no checkpoints behind
             callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
         self.callbacks: list[Callback] = callbacks
-        self._hooks = HostHooks(CallbackList(callbacks), self._host_variables)
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
@@ -279,7 +283,11 @@ class Trainer:
         self.should_stop = False
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
         self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
-                                     progress=self._progress_view, on_window_logged=self._progress.logged)
+                                     progress=self._progress_view, on_window_logged=self._progress.logged,
+                                     log_every_n_steps=self.log_every_n_steps)
+        # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
+        self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
+                                muted=lambda: self.sanity_checking)
         self.num_val_batches: list[int | None] = []
         self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
         self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
@@ -550,13 +558,6 @@ class Trainer:
                                 else flops / compiled.options.steps_per_execution,)
         return self._step_flops[0]
 
-    def _call(self, hook: str, module: LitModule, *args: Any, log: bool = True) -> None:
-        """Calls `hook` on the module and the callbacks; logs what the module's hook passed to
-        `self.log` (host values, under the names given), unless `log` is False (sanity check)."""
-        logged = self._hooks.call(hook, self, module, *args)
-        if logged and log:
-            self._metric_log.log_hook(logged, owner=type(module).__name__, hook=hook)
-
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
@@ -712,11 +713,11 @@ class Trainer:
             logger.log_hyperparams(dict(module.hparams))
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)
-        self._call("on_fit_start", module)
+        self._hooks.call("on_fit_start", self, module)
         self._sanity_check(run)
         if not schedule.skip_training(self._config, self.progress, should_stop=self.should_stop):
             run.last_val_time = time.monotonic()  # a time-based val_check_interval counts from here
-            self._call("on_train_start", module)
+            self._hooks.call("on_train_start", self, module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
             while not schedule.done_training(self._config, self.progress, should_stop=self.should_stop):
                 if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
@@ -728,10 +729,10 @@ class Trainer:
                 run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
                 lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
             self._sync_module(module, run.state)
-            self._call("on_train_end", module)
+            self._hooks.call("on_train_end", self, module)
         else:
             self._sync_module(module, run.state)
-        self._call("on_fit_end", module)
+        self._hooks.call("on_fit_end", self, module)
 
     def _resume_fit(self, run: FitRun, path) -> Iterable:
         """Restores the train state, the progress, callbacks and loggers from checkpoint `path`;
@@ -780,7 +781,7 @@ class Trainer:
             run.compiled = feed.use_options(options, run.compiled, run.state.params)
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             run.state = run.pieces.epoch_start(run.state, self.current_epoch)
-        self._call("on_train_epoch_start", module)
+        self._hooks.call("on_train_epoch_start", self, module)
         wants_batch_start = self._hooks.wants("on_train_batch_start")
         wants_batch_end = self._hooks.wants("on_train_batch_end")
         hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start")
@@ -870,7 +871,7 @@ class Trainer:
         run = self._run
         run.state = self._metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
         self._progress.epoch_end_done = True
-        self._call("on_train_epoch_end", module)
+        self._hooks.call("on_train_epoch_end", self, module)
         self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
         if self.should_stop and not schedule.can_stop_early(self._config, self.progress):
             log.info(
@@ -938,14 +939,14 @@ class Trainer:
             if stage == "val":
                 self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
             earlier = dict(self._metric_log.callback_metrics)
-            self._call(f"on_{hook}_start", module)
-            self._call(f"on_{hook}_epoch_start", module)
+            self._hooks.call(f"on_{hook}_start", self, module)
+            self._hooks.call(f"on_{hook}_epoch_start", self, module)
             built = self._in_use
             evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
                                             *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
             self._metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
-            self._call(f"on_{hook}_epoch_end", module)
-            self._call(f"on_{hook}_end", module)
+            self._hooks.call(f"on_{hook}_epoch_end", self, module)
+            self._hooks.call(f"on_{hook}_end", self, module)
             logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
         finally:
             self._hooks.call("teardown", self, module, name)
@@ -1032,18 +1033,18 @@ class Trainer:
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
         try:
             with module_lib.hook_mode(module, False):  # Lightning's eval mode
-                self._call("on_sanity_check_start", module)
+                self._hooks.call("on_sanity_check_start", self, module)
                 self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
-                self._call("on_validation_start", module, log=False)
-                self._call("on_validation_epoch_start", module, log=False)
+                self._hooks.call("on_validation_start", self, module)
+                self._hooks.call("on_validation_epoch_start", self, module)
                 evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks, val_loaders,
                                     self._eval_params(), run.state.model_state, run.state.rng, stage="val",
                                     limit=limit or self.limits["val"], strategy=self.strategy)
-                self._call("on_validation_epoch_end", module, log=False)
-                self._call("on_validation_end", module, log=False)
+                self._hooks.call("on_validation_epoch_end", self, module)
+                self._hooks.call("on_validation_end", self, module)
         finally:
             self._stage = before
-        self._call("on_sanity_check_end", module)
+        self._hooks.call("on_sanity_check_end", self, module)
 
     def _validate_during_fit(self, run: FitRun) -> None:
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
@@ -1051,8 +1052,8 @@ class Trainer:
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
         with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
-            self._call("on_validation_start", module)
-            self._call("on_validation_epoch_start", module)
+            self._hooks.call("on_validation_start", self, module)
+            self._hooks.call("on_validation_epoch_start", self, module)
             evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
                                             run.loaders.val, self._eval_params(), run.state.model_state,
                                             run.state.rng, stage="val", limit=self.limits["val"],
@@ -1060,8 +1061,8 @@ class Trainer:
             self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar,
                                  pictures=evaluated.pictures)
             self._progress.last_validated = self._progress.position
-            self._call("on_validation_epoch_end", module)
-            self._call("on_validation_end", module)
+            self._hooks.call("on_validation_epoch_end", self, module)
+            self._hooks.call("on_validation_end", self, module)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
 
     # ------------------------------------------------------------------------ checkpoints

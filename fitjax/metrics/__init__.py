@@ -46,6 +46,7 @@ from fitjax.metrics._regression import (
     SumMetric,
 )
 
+# what users write: the classes (the accumulator functions above are fitjax's own, not listed)
 __all__ = [
     "AUROC",
     "Accuracy",
@@ -64,21 +65,5 @@ __all__ = [
     "Precision",
     "R2Score",
     "Recall",
-    "Saved",
     "SumMetric",
-    "Tracked",
-    "add",
-    "compute",
-    "compute_values",
-    "empty_like",
-    "examples_seen",
-    "from_plain",
-    "has_weight",
-    "is_metric",
-    "merge_host",
-    "recorded",
-    "recording",
-    "template_of",
-    "to_plain",
-    "zeros",
 ]

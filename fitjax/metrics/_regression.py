@@ -58,7 +58,7 @@ class MeanSquaredError(Metric):
 
 
 class MeanAbsoluteError(MeanSquaredError):
-    """torchmetrics' `MeanAbsoluteError`."""
+    """torchmetrics' `MeanAbsoluteError`: the mean of `|preds - target|` over every element seen."""
 
     def __init__(self, num_outputs: int = 1, **kwargs: Any) -> None:
         super().__init__(squared=True, num_outputs=num_outputs)

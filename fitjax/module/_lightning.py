@@ -126,12 +126,34 @@ def _calling(module: Any, model: Any, hook: str) -> Iterator[None]:
     `hook`'s defaults; both are restored however the block ends."""
     name = _model_attribute(module)
     previous = vars(module)[name]
+    lists = {k: len(v) for k, v in vars(module).items() if isinstance(v, list)}
     setattr(module, name, model)
     try:
         with context.setting(_HOOK, hook), explain_jit_rules(type(module).__name__, hook):
             yield
+        _check_no_traced_appends(module, hook, lists)
     finally:
         setattr(module, name, previous)
+
+
+def _check_no_traced_appends(module: Any, hook: str, lengths: dict[str, int]) -> None:
+    """Lightning 2.x's `self.validation_step_outputs.append(preds)` keeps a value per batch on
+    the module; here the hook runs once, traced, so the list would hold one tracer. Fails at
+    once, naming fitjax's ways (the tracers appended are removed first)."""
+    for attr, before in lengths.items():
+        items = vars(module).get(attr)
+        if not isinstance(items, list) or len(items) <= before:
+            continue
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(items[before:])):
+            del items[before:]
+            raise TypeError(
+                f"{type(module).__name__}.{hook} appended a traced value to `self.{attr}`: the hook runs "
+                f"once, when the step is compiled, so the list would hold one placeholder, not a value per "
+                f"batch. In fitjax, for a number over the epoch use a metric (`fitjax.metrics.F1Score`, "
+                f"`AUROC`, ...: update it here and `self.log` it; its state is merged on the device); to see "
+                f"the batch's arrays on the host, return them from {hook} and read them in "
+                f"`on_{hook.replace('_step', '')}_batch_end(self, outputs, batch, batch_idx)`."
+            )
 
 
 def _positional(method: Callable) -> list[inspect.Parameter]:

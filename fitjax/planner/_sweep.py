@@ -2,7 +2,8 @@
 
 Without a sweep the plan has one candidate: the trainer as configured, exactly what `fit` would
 run. A sweep varies what the user leaves open, each axis a list: the strategy and its mesh
-(`single` on one device, `dp`, `fsdp`, hybrid `fsdp` with 2 data replicas), activation
+(`single` on one device, `dp`, `zero1` (dp with the optimizer state sharded), `fsdp`, hybrid
+`fsdp` with 2 data replicas), activation
 rematerialization, micro-batches with gradient accumulation (the same global batch in `k`
 micro-batches of `1/k` of it: same numbers, less activation memory) and precision.
 """
@@ -36,7 +37,8 @@ def _strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[
     n = len(devices)
     if n == 1:
         return {"single": SingleDevice}
-    made: dict[str, Callable[[], Strategy]] = {"dp": DataParallel, "fsdp": lambda: FSDP(**fsdp_args)}
+    made: dict[str, Callable[[], Strategy]] = {"dp": DataParallel, "zero1": lambda: DataParallel(zero1=True),
+                                               "fsdp": lambda: FSDP(**fsdp_args)}
     if n >= 4 and n % 2 == 0:
         made[f"fsdp(data=2,fsdp={n // 2})"] = lambda: FSDP(data=2, **fsdp_args)
     return made

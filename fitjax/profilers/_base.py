@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 # Nothing from fitjax.callbacks: the loop imports profilers, and callbacks sit above the loop.
 from fitjax import _storage
-from fitjax._logged import Logged, collecting
-from fitjax import module as module_lib
-from fitjax.module import LitModule
 
 __all__ = ["PassThroughProfiler", "Profiler"]
 
@@ -128,7 +124,7 @@ class Profiler:
 
     def wrap_hooks(self, hooks: Any) -> Any:
         """The loop's callback list, each hook of each callback timed as "[Callback]<class>.<hook>"."""
-        return _TimedHooks(hooks, self)
+        return hooks.timed(self.profile)
 
 
 class PassThroughProfiler(Profiler):
@@ -154,40 +150,3 @@ class PassThroughProfiler(Profiler):
 
     def describe(self) -> None:
         pass
-
-
-def _module_hook(hook: str) -> bool:
-    """Whether `hook` is one of the module's no-argument `on_*` hooks the callback list runs
-    first (not `setup(stage)` nor `on_save_checkpoint(checkpoint)`, which take arguments)."""
-    method = getattr(LitModule, hook, None) if hook.startswith("on_") else None
-    return method is not None and len(inspect.signature(method).parameters) == 1
-
-
-class _TimedHooks:
-    """Stands in for the loop's callback list: the same calls in the same order, each timed as
-    "[LitModule]<class>.<hook>" or "[Callback]<class>.<hook>". Everything else is the list's."""
-
-    def __init__(self, hooks: Any, profiler: Profiler) -> None:
-        self._hooks = hooks
-        self._profiler = profiler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._hooks, name)
-
-    def call(self, hook: str, trainer, module, *args: Any) -> Logged | None:
-        logged = None
-        after = hook in LitModule.BATCH_HOOKS  # the module's after the callbacks', with their arguments
-        if _module_hook(hook) and not after:  # the module's own first, as the list runs them
-            with collecting(host=True) as logged:  # what the hook logs: for the trainer to log
-                if module_lib.overrides(module, hook):
-                    with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
-                        getattr(module, hook)()
-                else:
-                    getattr(module, hook)()  # LitModule's own no-op: not worth a row
-        for cb in self._hooks.overriding(hook):
-            with self._profiler.profile(f"[Callback]{type(cb).__name__}.{hook}"):
-                getattr(cb, hook)(trainer, module, *args)
-        if after and module_lib.overrides(module, hook):
-            with self._profiler.profile(f"[LitModule]{type(module).__name__}.{hook}"):
-                getattr(module, hook)(*args)
-        return logged if logged is not None and logged.values else None

@@ -13,8 +13,9 @@ from fitjax.step.jitted import Compiled, build, check_optimizer
 from fitjax.step.grouping import StepInputs, group_batches
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions, host_values
+from fitjax.step.token_loss import TokenLoss
 
 # For the Lightning adapter (fitjax.module): its traced hooks break the same jit rules as `loss`.
 from fitjax.step._jit_rules import defined_at, explain_jit_rules
 
-__all__ = ["Compiled", "ModuleSpec", "StepInputs", "StepOptions", "build", "check_optimizer", "group_batches", "host_values"]
+__all__ = ["Compiled", "ModuleSpec", "StepInputs", "StepOptions", "TokenLoss", "build", "check_optimizer", "group_batches", "host_values"]

@@ -25,6 +25,7 @@ from fitjax import precision as precision_lib
 from fitjax.step import context
 from fitjax.step._jit_rules import explain_jit_rules
 from fitjax.step.module_spec import ModuleSpec
+from fitjax.step.token_loss import TokenLoss
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
 
@@ -80,10 +81,13 @@ def forward(spec: ModuleSpec, fn: str, params: PyTree | None, model_state: PyTre
     return Forward(out, new_state, logged)
 
 
-def split_loss(out: Any) -> tuple[jax.Array, Any]:
-    if isinstance(out, tuple) and len(out) == 2:
-        return out
-    return out, None
+def split_loss(out: Any, *, token_loss: bool = False) -> tuple[Any, Any]:
+    """`(loss, outputs)` of what `loss` returned; a `TokenLoss` as its mean unless `token_loss`
+    (the train step keeps it whole, to weigh micro-batches by their counts)."""
+    loss, outputs = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
+    if isinstance(loss, TokenLoss) and not token_loss:
+        loss = loss.mean
+    return loss, outputs
 
 
 def user_metrics(spec: ModuleSpec, batch: Batch, outputs: Any, logged: _logged.Logged, *, train: bool

@@ -16,6 +16,7 @@ import optax
 
 from fitjax import precision as precision_lib
 from fitjax.step import pieces as pieces_lib
+from fitjax.step.remat import check_remat
 from fitjax.state import TrainState
 
 __all__ = ["StepOptions"]
@@ -41,11 +42,12 @@ class StepOptions:
     detect_anomaly: bool = False
     log_grad_norm: bool = False
     pieces: tuple[pieces_lib.StatePiece, ...] = ()  # from the callbacks' `step_pieces()`
+    remat: str = "none"  # activation rematerialization per layer (`fitjax.step.remat`)
 
     @classmethod
     def create(cls, *, precision="32-true", accumulate_grad_batches=1, gradient_clip_val=None,
                gradient_clip_algorithm="norm", steps_per_execution=1, detect_anomaly=False,
-               log_grad_norm=False) -> "StepOptions":
+               log_grad_norm=False, remat="none") -> "StepOptions":
         """Checks the Trainer's arguments; the error names the argument and what it takes."""
         if gradient_clip_val is not None and (
             isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float))
@@ -67,6 +69,7 @@ class StepOptions:
             steps_per_execution=_positive_int("steps_per_execution", steps_per_execution),
             detect_anomaly=bool(detect_anomaly),
             log_grad_norm=bool(log_grad_norm),
+            remat=check_remat(remat),
         )
 
     @property

@@ -3,7 +3,9 @@
     for each of `steps_per_execution` optimizer steps (a `lax.scan` when > 1):
         for each of `accumulate_grad_batches` micro-batches (a `lax.scan` when > 1):
             grads += grad(loss(cast(params), cast(micro_batch)) * loss_scale)   # `gradients`
-        grads /= k * loss_scale                  # each micro-batch loss divided by k, like Lightning
+                                                 # (each layer rematerialized with `remat`)
+        grads /= k * loss_scale                  # each micro-batch loss divided by k, like Lightning;
+                                                 # a TokenLoss: by the step's total token count
         grad_norm = global_norm(grads)           # before clipping (logged with log_grad_norm)
         grads of frozen groups zeroed            # BaseFinetuning (a piece's `group_scales`), if any
         updates = (clip ∘ user optimizer)(grads) # clipping is an optax transform chained first;
@@ -45,6 +47,9 @@ from fitjax.step import context, learning_rate, pieces
 from fitjax.step.forward import forward, leading_dim, split_loss, step_values
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions, global_norm
+from fitjax.step.model_binding import LinenBinding
+from fitjax.step.remat import remat_layers
+from fitjax.step.token_loss import split_token_loss
 
 __all__ = ["ANOMALY_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
 
@@ -52,21 +57,31 @@ ANOMALY_KEY = "_anomaly"  # step output holding [loss, gradients, parameters] no
 _ANOMALY_NAMES = ("loss", "gradients", "parameters")
 
 
-def gradients(spec: ModuleSpec, policy) -> Callable:
-    """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state)`.
+def gradients(spec: ModuleSpec, policy, remat: str = "none") -> Callable:
+    """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state, count)`.
 
     `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
-    loss (None: no loss scaling). Params and floating inputs are cast to the policy's compute
-    dtype; the loss and the model state keep float32 / their own dtype.
+    loss (None: no loss scaling). For a `TokenLoss` the gradient is its sum's, `count` its count
+    (the step divides by the counts of all its micro-batches) and the logged loss its mean;
+    otherwise `count` is None. Params and floating inputs are cast to the policy's compute
+    dtype; the loss and the model state keep float32 / their own dtype. `remat` rematerializes
+    each layer's activations (`fitjax.step.remat`).
     """
     owner = spec.owner
+    if remat != "none" and not isinstance(spec.binding, LinenBinding):
+        raise ValueError(f"Trainer(remat={remat!r}) rematerializes the layers of a flax.linen model; "
+                         f"{owner}'s model is a {type(spec.binding).__name__.removesuffix('Binding')} model: "
+                         "wrap its layers in `nnx.remat` instead and leave remat='none'.")
 
     def loss_of(params, model_state, rng, batch):
-        out, new_state, logged = forward(spec, "loss", params, model_state, rng, batch, train=True, policy=policy)
-        loss, outputs = split_loss(out)
+        with remat_layers(remat):
+            out, new_state, logged = forward(spec, "loss", params, model_state, rng, batch, train=True,
+                                             policy=policy)
+        loss, outputs = split_loss(out, token_loss=True)
+        loss, count = split_token_loss(loss)  # a TokenLoss: its sum is differentiated
         # Model state (BatchNorm statistics) keeps its dtype: the donated state's layout must not change.
         new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
-        return loss.astype(jnp.float32), outputs, new_state, logged.values
+        return loss.astype(jnp.float32), count, outputs, new_state, logged.values
 
     def values_of(batch, outputs, loss, logged_values):
         """The step's values, `metrics` traced outside the differentiated function."""
@@ -76,16 +91,20 @@ def gradients(spec: ModuleSpec, policy) -> Callable:
 
     def automatic(params, model_state, rng, batch, scale):
         def loss_fn(p):
-            loss, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
-            return (loss if scale is None else loss * scale), (loss, outputs, new_state, logged)
+            loss, count, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
+            return (loss if scale is None else loss * scale), (loss, count, outputs, new_state, logged)
 
-        (_, (loss, outputs, new_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        return grads, values_of(batch, outputs, loss, logged), new_state
+        (_, (loss, count, outputs, new_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        mean = loss if count is None else loss / jnp.maximum(count, 1.0)
+        return grads, values_of(batch, outputs, mean, logged), new_state, count
 
     def per_group(params, model_state, rng, batch, scale):
         """One forward pass, one backward pass per group (a GAN's generator and discriminator)."""
         def group_losses(p):
-            total, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
+            total, count, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
+            if count is not None:
+                raise ValueError(f"{owner} sets `automatic_optimization = False`: its loss is per group "
+                                 "(`{param group: loss}`); a TokenLoss is for automatic optimization.")
             if not isinstance(outputs, context.GroupLosses):
                 raise ValueError(
                     f"{owner} sets `automatic_optimization = False`: its training step must return "
@@ -101,7 +120,7 @@ def gradients(spec: ModuleSpec, policy) -> Callable:
         for group in losses:
             seed = {g: jnp.ones_like(v) if g == group else jnp.zeros_like(v) for g, v in losses.items()}
             grads[group] = pullback(seed)[0][group]
-        return grads, values_of(batch, None, total, logged), new_state
+        return grads, values_of(batch, None, total, logged), new_state, None
 
     return per_group if spec.manual else automatic
 
@@ -137,7 +156,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
     policy = options.precision
     k = options.accumulate_grad_batches
     user_names = tuple(n for n in metric_names if n != "grad_norm")
-    grads_of = gradients(spec, policy)
+    grads_of = gradients(spec, policy, options.remat)
 
     def accumulate(state: TrainState, rng, batches, mask, scale):
         """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
@@ -147,21 +166,26 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         def body(carry, xs):
             grads_sum, model_state, acc = carry
             i, batch, keep = xs
-            grads, values, new_state = grads_of(state.params, model_state, jax.random.fold_in(rng, i), batch, scale)
+            grads, values, new_state, count = grads_of(state.params, model_state, jax.random.fold_in(rng, i),
+                                                       batch, scale)
             # `where`, not a product: a skipped micro-batch's NaN must not leak into the sum
             grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(s.dtype), 0.0),
                                      grads_sum, grads)
             model_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_state, model_state)
             weight = keep * leading_dim(batch)
             acc = {**acc, **acc_lib.add({n: acc[n] for n in user_names}, values, weight)}
-            return (grads_sum, model_state, acc), (_numbers(values), weight)
+            tokens = jnp.where(keep, count, 0.0) if count is not None else None
+            return (grads_sum, model_state, acc), (_numbers(values), weight, tokens)
 
-        (grads, model_state, acc), (values, weights) = jax.lax.scan(
+        (grads, model_state, acc), (values, weights, tokens) = jax.lax.scan(
             body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask),
             unroll=k if unrolled else 1)
         total = jnp.maximum(weights.sum(), 1.0)
         means = jax.tree.map(lambda v: (v.astype(jnp.float32) * weights).sum() / total, values)
-        return grads, means, model_state, acc, weights.sum()
+        if tokens is not None:  # TokenLoss: the step's loss is Σ sums / Σ counts
+            means["loss"] = (values["loss"] * tokens).sum() / jnp.maximum(tokens.sum(), 1.0)
+            tokens = tokens.sum()
+        return grads, means, model_state, acc, weights.sum(), tokens
 
     def one_step(state: TrainState, inputs):
         with context.batch_index(state.step):  # a Lightning `training_step` sees the step
@@ -173,14 +197,16 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         scale = ls.scale if ls is not None else None
         if k > 1:
             batches, mask = inputs
-            grads, values, model_state, acc, weight = accumulate(state, rng, batches, mask, scale)
+            grads, values, model_state, acc, weight, tokens = accumulate(state, rng, batches, mask, scale)
         else:
-            grads, values, model_state = grads_of(state.params, state.model_state, rng, inputs, scale)
+            grads, values, model_state, tokens = grads_of(state.params, state.model_state, rng, inputs, scale)
             weight = leading_dim(inputs)
             acc = {**state.metrics, **acc_lib.add({n: state.metrics[n] for n in user_names}, values, weight)}
             values = _numbers(values)  # a metric's state leaves the step only in the accumulators
-        divisor = float(k) * (1.0 if scale is None else scale)
-        if scale is not None or k > 1:
+        # each micro-batch weighs 1/k, as in Lightning; a TokenLoss's tokens weigh the same each
+        divisor = float(k) if tokens is None else jnp.maximum(tokens, 1.0)
+        divisor = divisor * (1.0 if scale is None else scale)
+        if scale is not None or k > 1 or tokens is not None:
             grads = jax.tree.map(lambda g, p: (g / divisor).astype(p.dtype), grads, state.params)
         finite = _all_finite(grads) if (ls is not None or options.detect_anomaly) else None
 

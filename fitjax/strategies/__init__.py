@@ -44,6 +44,7 @@ _REGISTRY: dict[str, Callable[[], Strategy]] = {
     "dp": DataParallel,
     "ddp": DataParallel,  # Lightning's name for the same thing
     "fsdp": FSDP,
+    "zero1": lambda: DataParallel(zero1=True),  # optimizer state sharded, parameters replicated
 }
 
 

@@ -59,26 +59,32 @@ def _module_reentries(frames):
     return len(runs) - len(set(runs))
 
 
-def test_a_train_metric_reaches_the_tensorboard_file_in_few_frames_and_modules(tmp_path, monkeypatch):
-    """Issue 24's measure: from the loop frame that called the train step to tensorboardX's
-    `add_summary`, the stack of every row holding a value of `metrics` (`train/mae`) is at most
-    12 frames in at most 6 modules, none entered twice (measured: 6 frames in 4 modules within an
-    epoch, 8 at its end)."""
+@pytest.mark.parametrize("tag", ["train/mae", "val/loss", "lr"])
+def test_a_logged_value_reaches_the_tensorboard_file_in_few_frames_and_modules(tmp_path, monkeypatch, tag):
+    """Issue 24's and 35's measure: from the loop frame (the train step's or the validation's) to
+    tensorboardX's `add_summary`, the stack of every row holding a value of `metrics`
+    (`train/mae`), of an evaluation (`val/loss`) or of a callback (`lr`, `LearningRateMonitor`
+    logging with `module.log`) is at most 12 frames in at most 6 modules, none entered twice
+    (measured: 6 frames in 4 modules for `train/mae` within an epoch, 8 at its end)."""
     stacks = []
     add_summary = tensorboardX.writer.FileWriter.add_summary
 
     def spy(self, summary, global_step=None, walltime=None):
-        if any(value.tag == "train/mae" for value in summary.value):
+        if any(value.tag == tag for value in summary.value):
             stack = traceback.extract_stack()[:-1]
-            loop = max(i for i, frame in enumerate(stack) if frame.name == "_train_epoch")
+            loop = max(i for i, frame in enumerate(stack) if frame.name in ("_train_epoch", "_validate_during_fit"))
             stacks.append(stack[loop:] + [traceback.FrameSummary(tensorboardX.writer.__file__, 0, "add_summary")])
         return add_summary(self, summary, global_step, walltime)
 
     monkeypatch.setattr(tensorboardX.writer.FileWriter, "add_summary", spy)
     trainer = fj.Trainer(max_epochs=1, log_every_n_steps=2, default_root_dir=tmp_path, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False)
-    trainer.fit(Regressor(), fj.DataLoader(regression_data(n=64), batch_size=8))
-    assert len(stacks) == 4  # the rows at steps 1, 3, 5 and 7
+                         enable_model_summary=False, enable_checkpointing=False,
+                         callbacks=[fj.LearningRateMonitor()])
+    module = Regressor()
+    module.lr_schedule = 0.05
+    trainer.fit(module, fj.DataLoader(regression_data(n=64), batch_size=8),
+                fj.DataLoader(regression_data(n=16, seed=1), batch_size=8))
+    assert len(stacks) == {"train/mae": 4, "val/loss": 1, "lr": 4}[tag]  # rows at steps 1, 3, 5, 7
     for stack in stacks:
         where = [f"{frame.filename}:{frame.name}" for frame in stack]
         assert len(stack) <= 12 and len({frame.filename for frame in stack}) <= 6, where

@@ -48,9 +48,9 @@ def live_bytes_on(device) -> int:
 
 @pytest.fixture(scope="module")
 def digits_plans():
-    """The digits CNN planned with dp and with fsdp on the 8 CPU devices (one sweep)."""
+    """The digits CNN planned with dp, ZeRO-1 and fsdp on the 8 CPU devices (one sweep)."""
     module = digits.DigitsClassifier(total_steps=10)
-    plan = quiet_trainer(strategy="fsdp").plan(module, digits_data(), sweep={"strategy": ["dp", "fsdp"]})
+    plan = quiet_trainer(strategy="fsdp").plan(module, digits_data(), sweep={"strategy": ["dp", "zero1", "fsdp"]})
     return {m.name: m for m in plan.candidates}
 
 
@@ -69,8 +69,10 @@ def test_planned_state_bytes_match_what_a_real_fit_holds_after_its_first_step(di
     assert measured.memory["peak"] >= planned + measured.memory["batch"]
 
 
-def test_fsdp_keeps_an_eighth_of_the_parameters_and_optimizer_state_on_each_device(digits_plans):
-    dp, fsdp = digits_plans["dp"], digits_plans["fsdp"]
+def test_fsdp_keeps_an_eighth_of_the_state_and_zero1_of_the_optimizer_state_on_each_device(digits_plans):
+    dp, zero1, fsdp = digits_plans["dp"], digits_plans["zero1"], digits_plans["fsdp"]
+    assert zero1.zero1 and zero1.memory["params"] == dp.memory["params"]
+    assert zero1.memory["optimizer"] == pytest.approx(dp.memory["optimizer"] / 8, rel=0.25)
     # the conv kernels and biases (under FSDP's min_size_to_shard) stay whole: ~1/8 overall
     assert fsdp.memory["params"] == pytest.approx(dp.memory["params"] / 8, rel=0.25)
     assert fsdp.memory["optimizer"] == pytest.approx(dp.memory["optimizer"] / 8, rel=0.25)

@@ -24,7 +24,7 @@ import pytest
 from helpers import HostBatches, LossHistory, assert_trees_close, count_compiles, quiet_trainer
 
 import fitjax as fj
-from fitjax.strategies import FSDP
+from fitjax.strategies import FSDP, DataParallel
 
 N, BATCH, EPOCHS, STOP_AT = 64, 8, 2, 5
 
@@ -85,7 +85,9 @@ ROWS = {
     "steps_per_execution 4": {"steps_per_execution": 4},
     "manual": {},
 }
-STRATEGIES = {"single": lambda: "single", "dp": lambda: "dp", "fsdp": lambda: FSDP(min_size_to_shard=0)}
+STRATEGIES = {"single": lambda: "single", "dp": lambda: "dp", "fsdp": lambda: FSDP(min_size_to_shard=0),
+              # ZeRO-1: every optimizer-state matrix sharded over the 8 devices, parameters replicated
+              "zero1": lambda: DataParallel(zero1=True, min_size_to_shard=0)}
 
 # (a): the tolerance against the plain cell of the same strategy and data, and why
 SAME_MATH = {
@@ -152,7 +154,10 @@ def compilation_cache(tmp_path_factory):
     compilation_cache.reset_cache()
 
 
-CELLS = [(row, strategy, where) for row in ROWS for strategy in STRATEGIES for where in ("host", "device")]
+CELLS = [(row, strategy, where) for row in ROWS for strategy in STRATEGIES if strategy != "zero1"
+         for where in ("host", "device")]
+# ZeRO-1 changes only where the optimizer state lives: a few rows, host batches, and dp's numbers bitwise
+CELLS += [(row, "zero1", "host") for row in ("plain", "accumulate 2", "manual")]
 
 
 @pytest.mark.parametrize("row, strategy, where", CELLS)
@@ -183,6 +188,13 @@ def test_cell(row, strategy, where, tmp_path):
         rtol, atol = max(SAME_MATH.get(row, (0, 0)), (1e-5, 1e-6))  # low precision rounds the sums
         assert_trees_close(params, single, rtol=rtol, atol=atol)
         np.testing.assert_allclose(losses, single_losses, rtol=rtol, atol=atol)
+    if strategy == "zero1":  # the update is elementwise: each device's slice of it is dp's
+        dp, dp_losses, _, _ = _uninterrupted(row, "dp", where)
+        assert_trees_close(params, dp, rtol=0, atol=0)
+        assert losses == dp_losses
+        opt_state = trainer.state.opt_state
+        assert any(leaf.sharding.spec != jax.sharding.PartitionSpec() for leaf in jax.tree.leaves(opt_state))
+        assert all(leaf.sharding.spec == jax.sharding.PartitionSpec() for leaf in jax.tree.leaves(trainer.state.params))
     if where == "device":  # the same batches picked on the device: the same program's numbers
         host, host_losses, _, _ = _uninterrupted(row, strategy, "host")
         assert_trees_close(params, host, rtol=0, atol=0)
