@@ -709,7 +709,9 @@ class Trainer:
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = self._resume_fit(run, ckpt_path)
-        for logger in self.loggers:
+        # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
+        kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
+        for logger in self.loggers if not kept else ():
             logger.log_hyperparams(dict(module.hparams))
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)

@@ -15,11 +15,10 @@ import jax
 
 __all__ = ["CompileTimes"]
 
-_EVENTS = frozenset({
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-})
+# A compilation is traced, lowered, then compiled: three events, one entry per compilation.
+_BEFORE_COMPILE = frozenset({"/jax/core/compile/jaxpr_trace_duration",
+                             "/jax/core/compile/jaxpr_to_mlir_module_duration"})
+_COMPILE = "/jax/core/compile/backend_compile_duration"
 #: Programs compiled faster than this are logged together as `compile/other_s`.
 MIN_SECONDS = 0.1
 _NOT_IN_KEY = re.compile(r"[^A-Za-z0-9_]+")
@@ -52,14 +51,20 @@ class CompileTimes:
     """
 
     def __init__(self) -> None:
-        self._seconds: dict[str, list[float]] = collections.defaultdict(list)
+        self._seconds: dict[str, list[float]] = collections.defaultdict(list)  # one entry per compilation
+        self._pending: dict[str, float] = collections.defaultdict(float)  # traced and lowered, not compiled yet
         self._lock = threading.Lock()
         self._active = False
 
     def _listen(self, event: str, duration: float, **kwargs) -> None:
-        if event in _EVENTS:
-            with self._lock:
-                self._seconds[program_key(str(kwargs.get("fun_name", "program")))].append(duration)
+        if event != _COMPILE and event not in _BEFORE_COMPILE:
+            return
+        name = program_key(str(kwargs.get("fun_name", "program")))
+        with self._lock:
+            if event == _COMPILE:  # the compilation's trace and lowering join it
+                self._seconds[name].append(self._pending.pop(name, 0.0) + duration)
+            else:
+                self._pending[name] += duration
 
     def __enter__(self) -> CompileTimes:
         if not self._active:
@@ -88,7 +93,16 @@ class CompileTimes:
         return logged
 
     def take_each(self) -> dict[str, list[float]]:
-        """Each program's durations since the last take (trace, lowering and compile events)."""
+        """Each program's compilations since the last take: one entry per XLA compilation, its
+        trace, lowering and compile seconds together (a program traced or lowered but not
+        compiled, as for a cost analysis, adds its seconds to its last entry, or is one)."""
         with self._lock:
-            taken, self._seconds = dict(self._seconds), collections.defaultdict(list)
-        return taken
+            taken, self._seconds = self._seconds, collections.defaultdict(list)
+            pending, self._pending = self._pending, collections.defaultdict(float)
+        for name, seconds in pending.items():
+            entries = taken[name]
+            if entries:
+                entries[-1] += seconds
+            else:
+                entries.append(seconds)
+        return dict(taken)

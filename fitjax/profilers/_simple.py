@@ -20,9 +20,9 @@ class SimpleProfiler(Profiler):
     done), `[sync] log step values` (waiting for the device where the loop reads values),
     `[Callback]<name>.<hook>` and `[LitModule]<name>.<hook>` (checkpoint saves show as
     ModelCheckpoint's hooks), `[log] loggers`, `[loop] validation`, `[build] state and programs`
-    (tracing, initialisation and the first compilations) and `[compile] <program>` (each XLA
-    program's trace, lowering and compilation, from JAX's own compile events; these overlap the
-    phases that triggered them). A phase's share is its self time (time inside it and inside no
+    (tracing, initialisation and the first compilations) and `[compile] <program>` (its count is
+    the program's XLA compilations, each timed with its trace and lowering, from JAX's own compile
+    events; these overlap the phases that triggered them). A phase's share is its self time (time inside it and inside no
     phase it encloses: validation's own time, not its callbacks'), so the shares with `[other]`
     (time in no phase) sum to 100%; compiles overlap the phases, so they are a block of their own,
     small programs grouped in one row. The table is printed when the stage ends and written to

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import flax.linen as nn
+import jax
 import numpy as np
 import optax
 import pytest
@@ -135,3 +136,20 @@ def test_profiler_arguments_are_checked():
         fj.Trainer(profiler="pytorch")
     with pytest.raises(ValueError, match=r"num_steps=.*>= 1; got 0"):
         JaxProfiler(num_steps=0)
+
+
+def test_compile_times_count_one_entry_per_xla_compilation():
+    """Each compilation is one entry (its trace, lowering and compile seconds together), so the
+    simple profiler's `[compile]` rows count compilations, not JAX's three events of each."""
+    from fitjax.profilers import CompileTimes
+
+    def add_two(x):
+        return x + 2
+
+    step = jax.jit(add_two)
+    with CompileTimes() as times:
+        step(np.ones(3, np.float32))
+        step(np.ones(3, np.float32))  # cached: no compilation
+        step(np.ones(5, np.float32))  # a new shape: a second one
+    entries = times.take_each()["add_two"]
+    assert len(entries) == 2 and all(seconds > 0 for seconds in entries)
