@@ -16,6 +16,10 @@ may read from the trainer (never its `_private` attributes):
   for decisions from host-local facts such as time), `trainer.checkpoint_meta(module)` (the
   plain data a checkpoint stores besides the state, after the `on_save_checkpoint` hooks) and `trainer.record_save()` (a
   save of the current position happens: `progress.last_saved`), `trainer.received_sigterm`.
+- A callback logs a value with `module.log(name, value)` (`module.log_dict`) in any hook, as
+  Lightning's `pl_module.log`: it is in `trainer.callback_metrics` at once and reaches the
+  loggers through the trainer's metric log, at the row of the step in progress (from the train
+  batch hooks at log steps only). `trainer.callback_metrics` itself is read-only.
 - A callback may set `trainer.should_stop = True` (Lightning's contract). A hook no callback overrides is never called: the
 trainer asks `CallbackList.wants(name)` once per fit, so per-step hooks cost nothing unless used.
 """

@@ -20,7 +20,7 @@ from fitjax.loop.metric_log import EpochAccumulators
 from fitjax.step import pieces as pieces_lib
 
 __all__ = ["Preempted", "ResumePoint", "call_load_hooks", "fit_meta", "load_states", "resolve_ckpt_path", "stood_at",
-           "warn_unpositioned"]
+           "warn_changed_hparams", "warn_unpositioned"]
 
 
 class Preempted(Exception):
@@ -146,6 +146,25 @@ def warn_unpositioned(path, point: ResumePoint, loader) -> None:
     if point.batches_done and point.loader is None and callable(getattr(loader, "state_dict", None)):
         warnings.warn(f"checkpoint {str(path)!r} holds no data position; the first {point.batches_done} "
                       "batches of the epoch are replayed from the loader and dropped.", stacklevel=4)
+
+
+def warn_changed_hparams(path, module) -> bool:
+    """Warns, and returns True, when `module`'s hyperparameters differ from those checkpoint
+    `path` was saved with: the run resumed goes on with the module's, and its logger version's
+    `hparams.yaml` keeps what that run was started with (the caller does not log them again)."""
+    saved = checkpoint.read_meta(path).get("hparams", {})
+    ours = checkpoint.jsonable(dict(module.hparams))[0]
+    changed = sorted(name for name in {*saved, *ours} if saved.get(name, _MISSING) != ours.get(name, _MISSING))
+    if changed:
+        diff = ", ".join(f"{name}: {saved.get(name, '(none)')!r} -> {ours.get(name, '(none)')!r}" for name in changed)
+        warnings.warn(f"ckpt_path {str(path)!r} was saved with other hyperparameters than this module's "
+                      f"({diff}): the resumed run goes on with the module's, and its logger keeps the "
+                      "hparams.yaml it was started with. Start a new run (no ckpt_path) to log them as a "
+                      "run of their own.", stacklevel=4)
+    return bool(changed)
+
+
+_MISSING = object()
 
 
 def stood_at(meta: dict) -> str:

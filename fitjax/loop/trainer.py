@@ -678,7 +678,9 @@ class Trainer:
         docs/guides/plan.md.
 
         Args:
-            module, train_data, datamodule: as for `fit` (only the first batch's shapes are used).
+            module: the `LitModule`, as for `fit` (left as it was).
+            train_data: as for `fit` (only the first batch's shapes and dtypes are used).
+            datamodule: or a `DataModule`, as for `fit`.
             target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
                 "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
                 'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
@@ -713,7 +715,9 @@ class Trainer:
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = self._resume_fit(run, ckpt_path)
-        for logger in self.loggers:
+        # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
+        kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
+        for logger in self.loggers if not kept else ():
             logger.log_hyperparams(dict(module.hparams))
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)

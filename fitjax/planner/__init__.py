@@ -16,6 +16,6 @@ from fitjax.planner._report import Plan, human_bytes
 from fitjax.planner._sweep import AXES, candidates, recommend
 from fitjax.planner._targets import Target, device_memory_limit, quiet_stderr, resolve_target
 
-__all__ = ["AXES", "Candidate", "Collective", "DeviceSpec", "KINDS", "Measured", "ModelFlops", "Plan", "Target",
-           "TransformerShape", "candidates", "collectives", "device_memory_limit", "human_bytes", "measure", "model_flops", "plan",
-           "quiet_stderr", "recommend", "resolve_target", "spec_for"]
+__all__ = ["Candidate", "Collective", "DeviceSpec", "Measured", "ModelFlops", "Plan", "Target",
+           "TransformerShape", "candidates", "collectives", "device_memory_limit", "human_bytes", "measure",
+           "model_flops", "plan", "quiet_stderr", "recommend", "resolve_target", "spec_for"]

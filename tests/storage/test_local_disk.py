@@ -91,3 +91,16 @@ def test_a_resumed_run_continues_its_version_and_leaves_no_empty_one(tmp_path):
                       ckpt_path="last")
     assert trainer.logger.version == 0 and trainer.global_step == 12
     assert [p.name for p in (tmp_path / "fitjax_logs").iterdir()] == ["version_0"]
+
+
+def test_a_resume_with_other_hyperparameters_warns_and_keeps_the_runs_hparams_yaml(tmp_path):
+    logger = lambda: fj.loggers.CSVLogger(tmp_path)
+    _fit(fj.ModelCheckpoint(), max_epochs=1, logger=logger(), default_root_dir=tmp_path)
+    saved = tmp_path / "fitjax_logs" / "version_0" / "hparams.yaml"
+    before = saved.read_text()
+    assert "lr: 0.05" in before
+    trainer = quiet_trainer(max_epochs=2, enable_checkpointing=True, logger=logger(), default_root_dir=tmp_path,
+                            callbacks=[fj.ModelCheckpoint()])
+    with pytest.warns(UserWarning, match=r"other hyperparameters than this module's \(lr: 0\.05 -> 0\.1\)"):
+        trainer.fit(Regressor(lr=0.1, batchnorm=False), fj.DataLoader(DATA, batch_size=16), ckpt_path="last")
+    assert trainer.global_step == 8 and saved.read_text() == before
