@@ -351,3 +351,15 @@ def test_the_module_private_check_catches_one():
     assert privates == {"_mode", "_variables"}
     files = {"loop.py": "def fit(module):\n    with module._mode():\n        return self._variables\n"}
     assert _module_private_uses(files, privates) == ["loop.py:2: module._mode"]
+
+
+def test_no_two_test_files_share_a_basename():
+    """pytest's default import mode refuses a second `test_x.py` at collection, which stops the whole
+    suite before its first test (it happened twice when two folders grew a `test_logging.py`)."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(Path(__file__).parent.rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name]} and {path}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files sharing a basename (rename one): " + "; ".join(clashes)
