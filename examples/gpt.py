@@ -5,7 +5,7 @@
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
-    fitjax fit --config examples/configs/gpt.yaml             # the tiny recipe through fitjax's CLI
+    fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
 
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
 code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by

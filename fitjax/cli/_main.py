@@ -25,6 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     # Like `python -m`, the working directory is importable: `--model.class_path mypkg.MyModule`.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from fitjax.cli._cli import LightningCLI
-
+    try:
+        from fitjax.cli._cli import LightningCLI
+    except ModuleNotFoundError as exc:
+        if exc.name != "jsonargparse":
+            raise
+        command = argv[0] if argv and not argv[0].startswith("-") else "fit|validate|test|predict|plan"
+        sys.exit(f"fitjax {command} reads configs with jsonargparse, which is not installed here.\n"
+                 "Install the CLI extra: pip install 'fitjax[cli]'   (or: pip install -e '.[cli]' in a checkout)")
     LightningCLI(args=argv, parser_kwargs={"prog": "fitjax", "description": _DESCRIPTION})

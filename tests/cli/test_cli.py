@@ -276,3 +276,17 @@ def test_help_documents_trainer_model_and_data_arguments(capsys):
     for name in inspect.signature(fj.Trainer.__init__).parameters:
         if name != "self":
             assert f"--trainer.{name}" in out
+
+
+def test_a_command_without_the_cli_extra_names_the_extra_and_the_install_command():
+    """README's first install has no jsonargparse: `fitjax fit` says what to install, no traceback."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['jsonargparse'] = None\n"  # as if not installed
+            "from fitjax.cli import main; main(['fit', '--config', 'examples/configs/digits.yaml'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "fitjax fit reads configs with jsonargparse" in result.stderr
+    assert "pip install 'fitjax[cli]'" in result.stderr
