@@ -9,6 +9,9 @@ meaning: passing a value under both spellings is an error naming both.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import logging
 import warnings
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 from fitjax import module as module_lib
 from fitjax.data import DataModule
 
-__all__ = ["either", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
+__all__ = ["UnknownArgumentError", "check_names", "either", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
 
 log = logging.getLogger("fitjax")
 
@@ -99,3 +102,42 @@ def lightning_flags(**flags: Any) -> None:
             raise ValueError(f"Trainer({name}=...) must be True or False, got {value!r}")
         if value is not None and value != default:
             log.info(f"Trainer({name}={value!r}) has no effect under JAX: {instead}.")
+
+
+# --------------------------------------------------------------------- unknown argument names
+
+class UnknownArgumentError(TypeError):
+    """An argument name a constructor does not take, with the names it does (a TypeError, so code
+    catching Python's own error for it keeps working)."""
+
+
+# Lightning 1.x and common habits whose fitjax name is not close in spelling
+_RENAMED = {"gpus": "devices (with accelerator='gpu')", "tpu_cores": "devices (with accelerator='tpu')",
+            "num_processes": "devices", "epochs": "max_epochs", "steps": "max_steps",
+            "resume_from_checkpoint": "Trainer.fit(ckpt_path=...)"}
+
+
+@functools.lru_cache(maxsize=None)
+def _names(cls: type) -> tuple[str, ...] | None:
+    """The keyword names `cls(...)` takes; None when it takes any (`**kwargs`)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.name != "self")
+
+
+def check_names(cls: type, given: dict[str, Any]) -> None:
+    """Raises `UnknownArgumentError` for names in `given` that `cls(...)` does not take, saying
+    which known name each one probably meant ("did you mean")."""
+    names = _names(cls)
+    unknown = [name for name in given if names is not None and name not in names]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = _RENAMED.get(name) or next(iter(difflib.get_close_matches(name, names, n=1, cutoff=0.6)), None)
+        hints.append(f"{name}= (did you mean {close}?)" if close else f"{name}=")
+    raise UnknownArgumentError(
+        f"{cls.__name__}() got unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; it "
+        f"takes {', '.join(names)}."
+    )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import itertools
 import logging
 import math
@@ -72,7 +73,22 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-class Trainer:
+class _CheckedArguments(type):
+    """Trainer's metaclass: an unknown argument name gets "did you mean" and the valid names (an
+    `UnknownArgumentError`, a TypeError) before `__init__` binds them; Python's own error names
+    neither. Tools reading the class's arguments (jsonargparse, `inspect`) still see `__init__`'s."""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        _arguments.check_names(cls, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+class Trainer(metaclass=_CheckedArguments):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
