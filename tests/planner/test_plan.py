@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import quiet_trainer  # first: it puts examples/ on the path
+from helpers import in_own_process, quiet_trainer  # first: it puts examples/ on the path
 
 import digits  # noqa: E402,I001
 import gpt  # noqa: E402
@@ -80,6 +80,7 @@ def test_fsdp_keeps_an_eighth_of_the_state_and_zero1_of_the_optimizer_state_on_e
     assert dp.model_flops_source == "xla" and dp.model_flops == dp.xla_flops  # the CNN declares no shape
 
 
+@in_own_process  # libtpu stays out of the suite's process
 def test_gpt_example_planned_for_tpu_slices_declares_its_shape_and_is_deterministic():
     module = gpt.GPTModule(**TINY_GPT)
     kwargs = dict(strategy=fj.strategies.FSDP(rules=gpt.GPT_RULES), precision="bf16-mixed")
@@ -114,6 +115,7 @@ class Wide(fj.LitModule):
         return optax.adam(1e-3)
 
 
+@in_own_process  # libtpu stays out of the suite's process
 def test_a_model_too_big_for_a_v5e_chip_does_not_fit_with_dp_and_fsdp_is_recommended():
     data = [{"x": np.zeros((16, 4096), np.float32)}]
     plan = fj.plan(Wide(), data, target="tpu-v5e-16", sweep={"strategy": ["dp", "fsdp"]})
@@ -126,6 +128,7 @@ def test_a_model_too_big_for_a_v5e_chip_does_not_fit_with_dp_and_fsdp_is_recomme
     assert by_name["fsdp"].memory["params"] == (6 << 30) // 16
 
 
+@in_own_process  # libtpu stays out of the suite's process
 def test_bad_targets_say_what_to_use():
     module, data = digits.DigitsClassifier(), digits_data()
     trainer = quiet_trainer()
