@@ -140,7 +140,8 @@ BAD_ARGUMENTS = {
     "min_epochs": [(-2, ValueError, r"min_epochs=\.\.\.\) must be an int >= 0 or None, got -2")],
     "min_steps": [("1", ValueError, r"min_steps=\.\.\.\) must be an int >= 0 or None, got '1'")],
     "accelerator": [("x", ValueError, r"accelerator=\.\.\.\) must be one of 'auto', 'cpu', 'gpu', 'tpu', 'cuda'; got 'x'")],
-    "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'ddp', 'dp', 'fsdp', 'single'\]")],
+    "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'ddp', 'dp', 'fsdp', 'single', 'zero1'\]")],
+    "remat": [("x", ValueError, r"remat=\.\.\.\) got 'x'; use one of \['none', 'full', 'dots'\]")],
     "devices": [(99, ValueError, r"devices=99\) asks for more devices than the 8 available"),
                 ("x", ValueError, r"devices=\.\.\.\) takes 'auto', a positive int or a list of jax devices, got 'x'")],
     "num_nodes": [(0, ValueError, r"num_nodes=\.\.\.\) must be a positive int \(machines\) or None .*got 0")],
@@ -246,7 +247,7 @@ def test_a_default_root_dir_fit_cannot_write_into_is_refused_at_once(tmp_path):
              r"\(Odd.loss is defined at .*test_errors.py:\d+\)"),
     ("metrics", r"Odd.metrics must return a dict of name -> scalar, got str: 'abc' "
                 r"\(Odd.metrics is defined at .*test_errors.py:\d+\)"),
-    ("metric", r"Odd.metrics\(\)\['acc'\] must be one scalar array per batch, got str: 'abc' "
+    ("metric", r"Odd.metrics\(\)\['acc'\] must be one scalar array per batch \(or a metric, .*\), got str: 'abc' "
                r"\(Odd.metrics is defined at .*test_errors.py:\d+\)"),
 ])
 def test_a_str_from_loss_or_metrics_names_the_method_and_its_file(returns, message):
