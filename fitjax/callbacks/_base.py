@@ -58,7 +58,9 @@ HOOKS = (
 class Callback:
     """Base class for callbacks; override the hooks you need.
 
-    Per-batch hooks receive `outputs`: the step's metrics as device arrays (a dict). Reading one
+    Batch-end hooks receive `outputs`: what the step returned (`training_step`'s dict, the batch's
+    real rows of `validation_step`'s) merged with the step's values, as device arrays (see
+    docs/porting.md). Overriding one makes the steps return them; reading one
     (`float(outputs["loss"])`) waits for that step to finish — a host sync per batch that stalls
     the pipeline of queued steps; read them every N batches, or use the values the trainer
     fetches every `log_every_n_steps` in `trainer.callback_metrics` (reading it after a log step
@@ -152,6 +154,13 @@ def ignores_batch(hook):
     return hook
 
 
+def ignores_outputs(hook):
+    """Marks a batch-end hook that never reads its `outputs`: when no other hook reads them,
+    the step then does not return what `training_step` / `validation_step` returned."""
+    hook.ignores_outputs = True
+    return hook
+
+
 def _overrides(cb: Callback, hook: str) -> bool:
     # A hook set on the instance counts too (`LambdaCallback` keeps its functions there).
     return hook in getattr(cb, "__dict__", {}) or getattr(type(cb), hook) is not getattr(Callback, hook)
@@ -192,6 +201,12 @@ class CallbackList:
         (all but those marked with `ignores_batch`, fitjax's own), or `module` defines it."""
         return (module is not None and module_lib.overrides(module, hook)) or any(
             not getattr(getattr(cb, hook), "ignores_batch", False) for cb in self._overriding[hook])
+
+    def reads_outputs(self, hook: str, module: LitModule | None = None) -> bool:
+        """True when a callback overriding the batch-end `hook` may read its `outputs` (all but
+        those marked with `ignores_outputs`, fitjax's own), or `module` defines it."""
+        return (module is not None and module_lib.overrides(module, hook)) or any(
+            not getattr(getattr(cb, hook), "ignores_outputs", False) for cb in self._overriding[hook])
 
     def call(self, hook: str, trainer, module, *args: Any, log: Callable[..., None] | None = None) -> None:
         """Calls `hook`; what each hook (the module's, each callback's) passed to `module.log`

@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 
 __all__ = ["DeviceStatsMonitor"]
 
@@ -106,6 +106,7 @@ class DeviceStatsMonitor(Callback):
         if _next_is_multiple(trainer.global_step, trainer.log_every_n_steps):  # the coming step
             self._log(module, "on_train_batch_start")
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.progress.crossed(trainer.log_every_n_steps):
@@ -117,6 +118,7 @@ class DeviceStatsMonitor(Callback):
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(module, "on_validation_batch_start")
 
+    @ignores_outputs
     @ignores_batch
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
@@ -129,6 +131,7 @@ class DeviceStatsMonitor(Callback):
         if _next_is_multiple(batch_idx, trainer.log_every_n_steps):
             self._log(module, "on_test_batch_start")
 
+    @ignores_outputs
     @ignores_batch
     def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step.learning_rate import update_count
 
@@ -86,6 +86,7 @@ class LearningRateMonitor(Callback):
                 f"lr_schedule={schedule!r}."
             )
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.logging_interval == "step" and trainer.progress.crossed(trainer.log_every_n_steps):

@@ -21,7 +21,7 @@ from typing import Any
 
 from fitjax import _storage, checkpoint
 from fitjax.strategies import broadcast_str
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 
 __all__ = ["ModelCheckpoint"]
 
@@ -221,6 +221,7 @@ class ModelCheckpoint(Callback):
         self._last_time = time.monotonic()
         self._deferred = False
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if self._writer is not None:

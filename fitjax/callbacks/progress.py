@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from fitjax import _logged
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
 _SPEED_SAMPLES = 50  # it/s is measured over the last this many train batches
@@ -233,6 +233,7 @@ class RichProgressBar(Callback):
         elif note:
             self._print(note)
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Runs every step: on the tiny MLP's ~70 µs step each call here costs ~0.5% of it, so
@@ -362,6 +363,7 @@ class RichProgressBar(Callback):
         name = "Sanity Checking" if trainer.sanity_checking else "Validation"
         self._eval_start(trainer, name, "validation")
 
+    @ignores_outputs
     def on_validation_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
         self._eval_batch(trainer, batch_idx, "Validation", dataloader_idx)
@@ -375,6 +377,7 @@ class RichProgressBar(Callback):
     def on_test_start(self, trainer, module) -> None:
         self._eval_start(trainer, "Test", "test")
 
+    @ignores_outputs
     def on_test_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
         self._eval_batch(trainer, batch_idx, "Test", dataloader_idx)

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 from fitjax.step.pieces import SpikeGuard
 
 __all__ = ["SpikeDetection", "TrainingSpikeException"]
@@ -99,6 +99,7 @@ class SpikeDetection(Callback):
             if isinstance(piece, SpikeGuard) and piece.name == self.name:
                 piece.batches_per_step = k
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.progress.crossed(trainer.log_every_n_steps):

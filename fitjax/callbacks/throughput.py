@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fitjax.callbacks._base import Callback
+from fitjax.callbacks._base import Callback, ignores_outputs
 
 __all__ = ["PEAK_FLOPS", "ThroughputMonitor", "peak_flops"]
 
@@ -151,6 +151,7 @@ class ThroughputMonitor(Callback):
             self._available = peak_flops(devices.flat[0].device_kind, trainer.step_options.precision.compute_dtype)
         self._t0 = time.perf_counter()
 
+    @ignores_outputs
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:
         progress = trainer.progress
         batches = progress.total_batches - progress.total_before

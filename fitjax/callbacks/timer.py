@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any, Iterable, Union
 
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 
 __all__ = ["Timer", "parse_duration", "with_timer"]
 
@@ -129,6 +129,7 @@ class Timer(Callback):
         if self._duration is not None:
             self._check_time_remaining(trainer)
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         if self._interval == "step" and self._duration is not None:

@@ -27,7 +27,7 @@ import time
 
 import jax
 
-from fitjax.callbacks._base import Callback, ignores_batch
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 
 __all__ = ["Watchdog"]
 
@@ -74,6 +74,7 @@ class Watchdog(Callback):
         self._thread = threading.Thread(target=self._watch, name="fitjax-watchdog", daemon=True)
         self._thread.start()
 
+    @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self._step = trainer.global_step
@@ -83,6 +84,7 @@ class Watchdog(Callback):
         if self._last is not None and not self._validated:
             self._last = None  # the first validation compiles its step: not a hang
 
+    @ignores_outputs
     @ignores_batch
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self._thread is not None and self._step:

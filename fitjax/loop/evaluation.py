@@ -25,7 +25,7 @@ from fitjax.data import as_loader, as_loaders, batch_size_of, checked_batches, p
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
-from fitjax.loop import _resume
+from fitjax.loop import _resume, _step_outputs
 from fitjax.loop._host_hooks import with_transfer_hooks
 from fitjax.loop.fit_run import Built
 from fitjax.strategies import gather_rows
@@ -47,6 +47,7 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
     Lightning's `/dataloader_idx_<i>` suffix."""
     hook = {"val": "on_validation_batch_end", "test": "on_test_batch_end"}[stage]
     wants_batch_end = hooks.wants(hook, module)  # the module's or a callback's
+    reads_outputs = hooks.reads_outputs(hook, module)
     start_hook = hook.replace("_end", "_start")
     wants_batch_start = hooks.wants(start_hook, module)
     several = len(loaders) > 1
@@ -54,17 +55,26 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
     for dataloader_idx, loader in enumerate(loaders):
         # Lightning passes `dataloader_idx` to the batch hooks only with several loaders
         extra, which = ((dataloader_idx,), f" (loader {dataloader_idx})") if several else ((), "")
-        eval_step, names, specs = compiled.evaluator(stage, dataloader_idx)
+        evaluator = compiled.evaluator(stage, dataloader_idx)
+        names, specs = evaluator.names, evaluator.log_specs
+        # what the step returned and appended travels only where something reads it
+        returning = reads_outputs or bool(evaluator.appends)
+        eval_step = evaluator.returning if returning else evaluator.step
         acc = jax.device_put(acc_lib.zeros(names), strategy.replicated)
         batches = eval_batches(loader, stage, strategy, limit, with_mask=True)
         for batch_idx, (padded, mask, batch) in enumerate(batches):
             if wants_batch_start:
                 hooks.call(start_hook, trainer, module, batch, batch_idx, *extra)
             try:
-                acc, outputs = eval_step(params, model_state, rng, acc, padded, mask)
+                acc, outputs, *returned = eval_step(params, model_state, rng, acc, padded, mask)
             except Exception as err:
                 built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}{which}")
                 raise
+            if returning:
+                rows = {"padded_rows": mask.shape[0], "size": batch_size_of(batch)}
+                _step_outputs.append_rows(module, returned[0]["appends"], **rows)
+                if reads_outputs:
+                    outputs = _step_outputs.eval_outputs(outputs, returned[0]["outputs"], **rows)
             if wants_batch_end:
                 hooks.call(hook, trainer, module, outputs, batch, batch_idx, *extra)
         host = jax.device_get(acc)  # sync point: once per loader of an evaluation

@@ -44,7 +44,7 @@ from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _pieces, _preemption, _resume
+from fitjax.loop import _pieces, _preemption, _resume, _step_outputs
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._plan import plan_trainer
@@ -650,7 +650,7 @@ class Trainer(metaclass=_CheckedArguments):
         hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
         self._sigterm = None
         feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
-                         options=self._epoch_options(self.current_epoch))
+                         options=self._epoch_options(self.current_epoch, module))
         run = None
         try:
             with _preemption.stop_on_signals(self.cluster_environment) as stopping, self._compile_times, \
@@ -774,12 +774,16 @@ class Trainer(metaclass=_CheckedArguments):
         _resume.warn_unpositioned(path, point, run.feed.loader)
         return run.feed.epoch_batches(self._progress.epoch, start=point.batches_done, state=point.loader)
 
-    def _epoch_options(self, epoch: int) -> step_lib.StepOptions:
-        """The step options of train epoch `epoch`: an accumulation schedule's count then."""
+    def _epoch_options(self, epoch: int, module: LitModule) -> step_lib.StepOptions:
+        """The step options of train epoch `epoch`: an accumulation schedule's count then; the
+        step returns what `training_step` returned when a batch-end hook may read it."""
+        options = self.step_options
+        if self._hooks.reads_outputs("on_train_batch_end", module):
+            options = dataclasses.replace(options, hook_outputs=True)
         if self._accumulation is None:
-            return self.step_options
+            return options
         k = self._accumulation.get_accumulate_grad_batches(epoch)
-        return dataclasses.replace(self.step_options, accumulate_grad_batches=k)
+        return dataclasses.replace(options, accumulate_grad_batches=k)
 
     def _reload_due(self, loaded_at: int) -> bool:
         n = self.reload_dataloaders_every_n_epochs
@@ -800,7 +804,7 @@ class Trainer(metaclass=_CheckedArguments):
         if not offset:  # a resumed epoch's means start from the checkpoint's accumulators
             self._metric_log.start_epoch()
         self._progress.start_epoch(offset)
-        options = self._epoch_options(self.current_epoch)
+        options = self._epoch_options(self.current_epoch, module)
         if options != feed.options:  # an accumulation schedule's count for this epoch: its own steps
             run.compiled = feed.use_options(options, run.compiled, run.state.params)
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
@@ -846,6 +850,9 @@ class Trainer(metaclass=_CheckedArguments):
             except Exception as err:
                 self._explain_train_failure(run, err, chunk, batch_idx)
                 raise
+            returned = None  # what training_step returned, when a batch-end hook may read it
+            if feed.options.hook_outputs:
+                outputs, returned = _step_outputs.train_returned(outputs, chunk, feed.options.accumulate_grad_batches)
             self._metric_log.step_done(outputs)  # a reference: read only if `callback_metrics` is
             self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
             self._metric_log.read_arrived()  # the log steps' values that have arrived
@@ -856,7 +863,9 @@ class Trainer(metaclass=_CheckedArguments):
             if synced:
                 run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
             if wants_batch_end:
-                self._hooks.call("on_train_batch_end", self, module, outputs, batch, batch_idx)
+                self._hooks.call("on_train_batch_end", self, module,
+                                 outputs if returned is None else _step_outputs.merged(outputs, returned),
+                                 batch, batch_idx)
                 if module_batch_end:  # the module's hook may have written weights
                     self._write_params(module)
             # a signal's stop: every process after the same step (`_preemption`)

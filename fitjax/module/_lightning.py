@@ -158,22 +158,31 @@ def _calling(module: Any, model: Any, hook: str) -> Iterator[None]:
 
 def _check_no_traced_appends(module: Any, hook: str, lengths: dict[str, int]) -> None:
     """Lightning 2.x's `self.validation_step_outputs.append(preds)` keeps a value per batch on
-    the module; here the hook runs once, traced, so the list would hold one tracer. Fails at
-    once, naming fitjax's ways (the tracers appended are removed first)."""
+    the module; here the hook runs once, traced. In an evaluation step the appended values are
+    taken out of the list and handed to the step (`context.collecting_appends`), which returns
+    them per batch for the loop to append, each batch's real rows; anywhere else (the train
+    step) it fails at once, naming fitjax's ways (the tracers appended are removed first)."""
     for attr, before in lengths.items():
         items = vars(module).get(attr)
         if not isinstance(items, list) or len(items) <= before:
             continue
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(items[before:])):
-            del items[before:]
-            raise TypeError(
-                f"{type(module).__name__}.{hook} appended a traced value to `self.{attr}`: the hook runs "
-                f"once, when the step is compiled, so the list would hold one placeholder, not a value per "
-                f"batch. In fitjax, for a number over the epoch use a metric (`fitjax.metrics.F1Score`, "
-                f"`AUROC`, ...: update it here and `self.log` it; its state is merged on the device); to see "
-                f"the batch's arrays on the host, return them from {hook} and read them in "
-                f"`on_{hook.replace('_step', '')}_batch_end(self, outputs, batch, batch_idx)`."
-            )
+        if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(items[before:])):
+            continue
+        appended = items[before:]
+        del items[before:]
+        collector = context.appends()
+        if collector is not None and hook in _EVAL_STEPS:
+            collector.setdefault(attr, []).extend(appended)
+            continue
+        raise TypeError(
+            f"{type(module).__name__}.{hook} appended a traced value to `self.{attr}`: the hook runs "
+            f"once, when the step is compiled, so the list would hold one placeholder, not a value per "
+            f"batch (fitjax appends per batch only in `validation_step` / `test_step`). For a number over "
+            f"the epoch use a metric (`fitjax.metrics.F1Score`, `AUROC`, ...: update it here and "
+            f"`self.log` it; its state is merged on the device); to see the batch's arrays on the host, "
+            f"return them from {hook} (`{{'loss': loss, 'preds': preds}}`) and read them in "
+            f"`on_{hook.replace('_step', '').replace('training', 'train')}_batch_end(self, outputs, batch, batch_idx)`."
+        )
 
 
 def _positional(method: Callable) -> list[inspect.Parameter]:
@@ -219,8 +228,10 @@ def check_dataloader_idx(module: Any, stage: str, *, several: bool) -> None:
 
 
 def loss(module: Any, model: Any, batch: Any) -> Any:
-    """`LitModule.loss` for a Lightning-style module: `(loss, outputs)`, where `loss` is None for
-    an evaluation hook that returns nothing (or is not defined)."""
+    """`LitModule.loss` for a Lightning-style module: `(loss, context.Returned(what the hook
+    returned))`, or `(loss, GroupLosses)` under manual optimization. `loss` is None for an
+    evaluation hook that returns no loss: nothing, no hook, or arrays without a scalar "loss"
+    (predictions for the batch-end hooks, as Lightning allows)."""
     owner = type(module).__name__
     if module.training:
         hook = "training_step"
@@ -229,20 +240,27 @@ def loss(module: Any, model: Any, batch: Any) -> Any:
         if not _defines(module, hook):
             return None, None
     with _calling(module, model, hook):
-        out = _call_hook(module, hook, batch)
-    if isinstance(out, dict) and "loss" in out:
-        out = out["loss"]
+        returned = _call_hook(module, hook, batch)
+    out = returned["loss"] if isinstance(returned, dict) and "loss" in returned else returned
     if hook == "training_step" and is_manual(module):
         return _manual_losses(owner, model, out)
-    if out is None and hook != "training_step":
-        return None, None
-    if not hasattr(out, "shape") or out.shape != ():
+    if hook == "training_step" and not _is_scalar(out):
         raise ValueError(
             f"{owner}.{hook} must return the loss (a scalar array) or a dict with a 'loss' entry, "
             f"got {type(out).__name__}: {out!r}{defined_at(module, hook)}. fitjax differentiates that "
             "loss; there is no `None` return to skip a step under jit (multiply the loss by 0 instead)."
         )
-    return out, None
+    if not all(hasattr(leaf, "shape") or isinstance(leaf, (int, float)) for leaf in jax.tree.leaves(returned)):
+        raise ValueError(
+            f"{owner}.{hook} must return the loss (a scalar array), a dict of arrays or arrays, "
+            f"got {type(out).__name__}: {out!r}{defined_at(module, hook)}. The step is jitted: only "
+            "arrays leave it (they reach `on_validation_batch_end(outputs=...)`)."
+        )
+    return (out if _is_scalar(out) else None), context.Returned(returned)
+
+
+def _is_scalar(value: Any) -> bool:
+    return getattr(value, "shape", None) == ()
 
 
 def _manual_losses(owner: str, model: Any, out: Any) -> tuple[jax.Array, context.GroupLosses]:

@@ -6,7 +6,11 @@ reads them to pass `batch_idx` and to pick `validation_step` or `test_step`. The
 variables, set only while tracing, so nothing leaks between steps or threads.
 
 `GroupLosses` is what `module.loss` returns as its outputs under manual optimization: one loss
-per parameter group, each group updated by the gradient of its own loss.
+per parameter group, each group updated by the gradient of its own loss. `Returned` is what a
+Lightning-style `training_step` / `validation_step` / `test_step` returned whole (the loss is
+taken out of it for the gradient), for the batch-end hooks' `outputs`. `collecting_appends` is
+where such a hook's `self.validation_step_outputs.append(preds)` lands while it is traced: the
+eval step returns the appended values and the loop appends each batch's to the list.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GroupLosses", "LoaderIndex", "batch_index", "current_batch_index", "current_dataloader_index",
+__all__ = ["GroupLosses", "LoaderIndex", "Returned", "appends", "batch_index", "collecting_appends", "current_batch_index", "current_dataloader_index",
            "current_stage", "dataloader_index", "setting", "stage"]
 
 _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("fitjax_eval_stage", default="val")
@@ -92,3 +96,30 @@ class GroupLosses:
 
 
 jax.tree_util.register_dataclass(GroupLosses, data_fields=["losses"], meta_fields=[])
+
+
+@dataclasses.dataclass(frozen=True)
+class Returned:
+    """What a Lightning-style step hook returned (a pytree: a dict, an array or None)."""
+
+    value: Any
+
+
+jax.tree_util.register_dataclass(Returned, data_fields=["value"], meta_fields=[])
+
+# attribute name -> the values a traced hook appended to that list on the module
+_APPENDS: contextvars.ContextVar[dict[str, list] | None] = contextvars.ContextVar("fitjax_appends", default=None)
+
+
+@contextlib.contextmanager
+def collecting_appends() -> Iterator[dict[str, list]]:
+    """Inside the block, what traced hooks append to the module's lists is recorded in the
+    dict yielded (`{attribute: [values]}`) instead of failing."""
+    found: dict[str, list] = {}
+    with setting(_APPENDS, found):
+        yield found
+
+
+def appends() -> dict[str, list] | None:
+    """The dict of the innermost `collecting_appends` block, or None outside one."""
+    return _APPENDS.get()

@@ -32,7 +32,9 @@ from fitjax.state import TrainState
 __all__ = [
     "Forward",
     "StepNames",
+    "WHOLE",
     "check_step_outputs",
+    "for_hooks",
     "forward",
     "leading_dim",
     "make_eval_step",
@@ -42,6 +44,10 @@ __all__ = [
     "step_values",
     "user_metrics",
 ]
+
+# the key of `for_hooks`'s dict that holds a step's return that is not a dict (an array): the
+# hooks get it as it is instead of the values merged with it
+WHOLE = "__returned__"
 
 _EVAL_RNG_SALT = 0x5EED  # eval/predict draw from a fixed key: the same params give the same numbers
 
@@ -94,8 +100,29 @@ def user_metrics(spec: ModuleSpec, batch: Batch, outputs: Any, logged: _logged.L
                  ) -> dict[str, Any]:
     """`spec.metrics(batch, outputs)`, checked; what it logs joins `logged`, the block of the
     forward call that gave `outputs` (a name logged in both raises)."""
+    if isinstance(outputs, (context.Returned, context.GroupLosses)):  # a Lightning-style hook's
+        outputs = None
     with spec.mode(train), _logged.collecting(into=logged), explain_jit_rules(spec.owner, "metrics"):
         return _check_metrics(spec.owner, spec.metrics(batch, outputs), spec.defined_at["metrics"])
+
+
+def for_hooks(outputs: Any, *, train: bool) -> dict[str, Any]:
+    """What the batch-end hooks' `outputs` add to the step's values, from the `outputs` half of
+    what `loss` returned: a Lightning-style hook's dict without its loss (the values hold it),
+    or an evaluation hook's array under `WHOLE` (the hooks get it alone, as Lightning passes
+    it; `training_step`'s array is its loss, in the values); `loss`'s own outputs dict as it
+    is, anything else under "outputs"."""
+    if isinstance(outputs, context.GroupLosses) or outputs is None:
+        return {}
+    if isinstance(outputs, context.Returned):
+        value = outputs.value
+        if value is None or (train and not isinstance(value, dict)):
+            return {}
+        found = {k: v for k, v in value.items() if k != "loss"} if isinstance(value, dict) else {WHOLE: value}
+    else:
+        found = dict(outputs) if isinstance(outputs, dict) else {"outputs": outputs}
+    # only arrays can leave the jitted step: anything else (a string, an object) reads as None
+    return jax.tree.map(lambda x: x if hasattr(x, "shape") or isinstance(x, (bool, int, float)) else None, found)
 
 
 def step_values(spec: ModuleSpec, batch: Batch, outputs: Any, loss: jax.Array | None, logged: _logged.Logged,
@@ -133,7 +160,8 @@ def make_init_fn(spec: ModuleSpec, tx: optax.GradientTransformation, metric_name
     return init
 
 
-def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str = "val", dataloader_idx: int = 0):
+def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str = "val", dataloader_idx: int = 0,
+                   *, returns: bool = False):
     """`eval_step(params, model_state, rng, acc, batch, mask) -> (acc, values)` for the
     evaluation `stage` ("val" or "test": `context.current_stage()` while traced) of the loader
     `dataloader_idx` (`context.current_dataloader_index()`), computing in `policy`'s dtype.
@@ -141,9 +169,13 @@ def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str
     The loss and metrics are computed per example (`vmap` over the batch) and weighted by
     `mask`, so the padded rows of a last partial batch count for nothing and every real example
     counts exactly once, without compiling a second shape. `values` are this batch's means over
-    its real examples (what `on_validation_batch_end` receives as `outputs`; a few scalars that
-    stay on the device unless a hook reads them). The batch index the user's code sees counts
-    the batches of this evaluation.
+    its real examples. The batch index the user's code sees counts the batches of this
+    evaluation.
+
+    `returns=True`: `(acc, values, returned)`, where `returned` is `{"outputs": for_hooks(...),
+    "appends": {attribute: [values]}}`, what the step returned and appended to the module's lists,
+    each leaf the batch's rows (a leaf with a row per example: `[batch, ...]`, padding included)
+    or, for a leaf of another shape (a scalar), its mean over the real examples.
     """
 
     def eval_step(params, model_state, rng, acc, batch: Batch, mask: jax.Array):
@@ -154,17 +186,29 @@ def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str
 
         def one(example):
             example = jax.tree.map(lambda x: x[None], example)
-            out, _, logged = forward(spec, "loss", params, model_state, rng, example, train=False, policy=policy)
+            with context.collecting_appends() as appended:
+                out, _, logged = forward(spec, "loss", params, model_state, rng, example, train=False, policy=policy)
             loss, outputs = split_loss(out)
-            return step_values(spec, example, outputs, loss, logged, train=False)
+            values = step_values(spec, example, outputs, loss, logged, train=False)
+            return values, ({"outputs": for_hooks(outputs, train=False), "appends": appended} if returns else None)
 
         with context.stage(stage), context.batch_index(index), context.dataloader_index(dataloader_idx):
-            per_example = jax.vmap(one)(batch)
+            per_example, returned = jax.vmap(one)(batch)
         weight = mask.astype(jnp.float32)
         real = jnp.maximum(weight.sum(), 1.0)
-        values = {name: (jnp.asarray(per_example[name], jnp.float32) * weight).sum() / real for name in acc
-                  if not isinstance(acc[name], acc_lib.Tracked)}
-        return acc_lib.add(acc, per_example, mask), values
+
+        def mean(x):
+            x = jnp.asarray(x, jnp.float32)
+            return (x * weight.reshape(-1, *[1] * (x.ndim - 1))).sum(0) / real
+
+        values = {name: mean(per_example[name]) for name in acc if not isinstance(acc[name], acc_lib.Tracked)}
+        acc = acc_lib.add(acc, per_example, mask)
+        if not returns:
+            return acc, values
+        # an example's row (its leading axis of 1) becomes the batch's row; anything else a mean
+        rows = jax.tree.map(lambda x: x.reshape(x.shape[0], *x.shape[2:]) if x.ndim > 1 and x.shape[1] == 1
+                            else mean(x), returned)
+        return acc, values, rows
 
     return eval_step
 
@@ -191,6 +235,8 @@ class StepNames:
     #: the stateful metrics among them: name -> the metric with abstract state (train, eval)
     train_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     eval_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the module's lists an evaluation hook appends to (`self.validation_step_outputs`)
+    eval_appends: tuple[str, ...] = ()
 
     def slots(self, names: tuple[str, ...], *, train: bool) -> dict[str, Any]:
         """`names` as `fitjax.metrics.zeros` takes them: name -> None (a mean) or the metric."""
@@ -211,7 +257,9 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
     def probe(rng, batch, given, train):
         if given is None:  # what `log` records here is dropped
             given = forward(spec, "loss", None, None, rng, batch, train=True)[:2]
-        out, _, logged = forward(spec, "loss", *given, rng, batch, train=train)
+        with context.collecting_appends() as appended:  # the eval hooks' (the train one's fail)
+            out, _, logged = forward(spec, "loss", *given, rng, batch, train=train)
+        appends[train] = tuple(appended)
         loss, outputs = split_loss(out)
         no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
         _check_loss(owner, jnp.zeros(()) if no_loss else loss, spec.defined_at["loss"])  # a str cannot leave the trace
@@ -221,6 +269,7 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
         return loss, values, logged.values
 
     found: dict[bool, dict[str, Any]] = {True: {}, False: {}}
+    appends: dict[bool, tuple[str, ...]] = {True: (), False: ()}
 
     def names(train: bool) -> tuple[str, ...]:
         loss, values, logged = jax.eval_shape(functools.partial(probe, train=train),
@@ -238,7 +287,7 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
 
     train_names = names(True)
     eval_names = names(False)
-    return StepNames(train_names, eval_names, specs, found[True], found[False])
+    return StepNames(train_names, eval_names, specs, found[True], found[False], appends[False])
 
 
 def _as_array(value: Any) -> Any:

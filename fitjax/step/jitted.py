@@ -36,6 +36,11 @@ class EvalStep(NamedTuple):
     step: Callable[..., Any]
     names: dict[str, Any]  # name -> None (a mean) or the metric (`fitjax.metrics.zeros`'s slots)
     log_specs: dict[str, Any]  # name -> `_logged.LogSpec`
+    #: the same step also returning what the user's step returned and appended, for the
+    #: batch-end hooks (`forward.make_eval_step(returns=True)`); compiled only when first called
+    returning: Callable[..., Any] | None = None
+    #: the module's lists the evaluation hook appends to (`self.validation_step_outputs`)
+    appends: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,9 +198,10 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 
         programs = {**train_programs_for(options), "train_programs_for": train_programs_for}
 
-    def jit_eval(stage: str, dataloader_idx: int = 0) -> Callable[..., Any]:
+    def jit_eval(stage: str, dataloader_idx: int = 0, returns: bool = False) -> Callable[..., Any]:
+        # every output replicated: the returned rows too (each process reads the whole batch's)
         return strategy.jit(
-            forward.make_eval_step(spec, options.precision, stage, dataloader_idx),
+            forward.make_eval_step(spec, options.precision, stage, dataloader_idx, returns=returns),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
@@ -208,16 +214,19 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
-    val = EvalStep(jit_eval("val"), names.slots(names.eval, train=False), log_specs)
-    test = EvalStep(jit_eval("test"), test_names.slots(test_names.eval, train=False), log_specs) if test_names else val
+    def eval_step(stage: str, found: forward.StepNames, specs: dict, dataloader_idx: int = 0) -> EvalStep:
+        return EvalStep(jit_eval(stage, dataloader_idx), found.slots(found.eval, train=False), specs,
+                        jit_eval(stage, dataloader_idx, returns=True), found.eval_appends)
+
+    val = eval_step("val", names, log_specs)
+    test = eval_step("test", test_names, log_specs) if test_names else val
 
     @functools.cache
     def loader_eval_step(stage: str, dataloader_idx: int) -> EvalStep:
         """Another loader's step: its names traced again (a hook may log others for it)."""
         with context.stage(stage), context.dataloader_index(dataloader_idx):
             loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given)
-        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.slots(loader_names.eval, train=False),
-                        {**log_specs, **loader_names.log_specs})
+        return eval_step(stage, loader_names, {**log_specs, **loader_names.log_specs}, dataloader_idx)
 
     compiled = Compiled(shardings, options, log_specs, predict_step, {"val": val, "test": test},
                         loader_eval_step=loader_eval_step if loader_index.read else None, **programs)

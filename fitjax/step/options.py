@@ -43,6 +43,9 @@ class StepOptions:
     log_grad_norm: bool = False
     pieces: tuple[pieces_lib.StatePiece, ...] = ()  # from the callbacks' `step_pieces()`
     remat: str = "none"  # activation rematerialization per layer (`fitjax.step.remat`)
+    # the step also returns what `training_step` / `loss` returned, for batch-end hooks that
+    # read `outputs` (set by the trainer from its hooks, not a Trainer argument)
+    hook_outputs: bool = False
 
     @classmethod
     def create(cls, *, precision="32-true", accumulate_grad_batches=1, gradient_clip_val=None,

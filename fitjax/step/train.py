@@ -44,20 +44,23 @@ from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
 from fitjax.step import context, learning_rate, pieces
-from fitjax.step.forward import forward, leading_dim, split_loss, step_values
+from fitjax.step.forward import for_hooks, forward, leading_dim, split_loss, step_values
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions, global_norm
 from fitjax.step.model_binding import LinenBinding
 from fitjax.step.remat import remat_layers
 from fitjax.step.token_loss import split_token_loss
 
-__all__ = ["ANOMALY_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
+__all__ = ["ANOMALY_KEY", "OUTPUTS_KEY", "check_anomaly", "gradients", "make_train_step", "picking"]
 
 ANOMALY_KEY = "_anomaly"  # step output holding [loss, gradients, parameters] non-finite flags
+# step output holding what `loss` / `training_step` returned (`forward.for_hooks`), with
+# `StepOptions.hook_outputs`: stacked `[steps][micro-batches]` like the hooks' batch
+OUTPUTS_KEY = "_outputs"
 _ANOMALY_NAMES = ("loss", "gradients", "parameters")
 
 
-def gradients(spec: ModuleSpec, policy, remat: str = "none") -> Callable:
+def gradients(spec: ModuleSpec, policy, remat: str = "none", *, returns: bool = False) -> Callable:
     """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state, count)`.
 
     `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
@@ -65,7 +68,8 @@ def gradients(spec: ModuleSpec, policy, remat: str = "none") -> Callable:
     (the step divides by the counts of all its micro-batches) and the logged loss its mean;
     otherwise `count` is None. Params and floating inputs are cast to the policy's compute
     dtype; the loss and the model state keep float32 / their own dtype. `remat` rematerializes
-    each layer's activations (`fitjax.step.remat`).
+    each layer's activations (`fitjax.step.remat`). `returns`: `values[OUTPUTS_KEY]` holds what
+    the user's step returned, for the batch-end hooks (`forward.for_hooks`).
     """
     owner = spec.owner
     if remat != "none" and not isinstance(spec.binding, LinenBinding):
@@ -81,13 +85,23 @@ def gradients(spec: ModuleSpec, policy, remat: str = "none") -> Callable:
         loss, count = split_token_loss(loss)  # a TokenLoss: its sum is differentiated
         # Model state (BatchNorm statistics) keeps its dtype: the donated state's layout must not change.
         new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, model_state)
-        return loss.astype(jnp.float32), count, outputs, new_state, logged.values
+        # the updates of metric declarations made in `loss` (`self.f1.update(...)`) leave the
+        # differentiated function as their states; the declarations, keys of `metrics`'s
+        # `{"f1": self.f1}`, are Python objects kept here (a pytree round trip would copy them)
+        declarations.update({key: declared for key, (declared, _) in logged.updates.items()})
+        updated = {key: state for key, (_, state) in logged.updates.items()}
+        return loss.astype(jnp.float32), count, outputs, new_state, (logged.values, updated)
+
+    declarations: dict[int, Any] = {}
 
     def values_of(batch, outputs, loss, logged_values):
         """The step's values, `metrics` traced outside the differentiated function."""
+        logged_values, updated = logged_values
         logged = _logged.Logged()
         logged.values.update(logged_values)
-        return step_values(spec, batch, outputs, loss, logged, train=True)
+        logged.updates.update({key: (declarations[key], state) for key, state in updated.items()})
+        values = step_values(spec, batch, outputs, loss, logged, train=True)
+        return {**values, OUTPUTS_KEY: for_hooks(outputs, train=True)} if returns else values
 
     def automatic(params, model_state, rng, batch, scale):
         def loss_fn(p):
@@ -156,7 +170,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
     policy = options.precision
     k = options.accumulate_grad_batches
     user_names = tuple(n for n in metric_names if n != "grad_norm")
-    grads_of = gradients(spec, policy, options.remat)
+    grads_of = gradients(spec, policy, options.remat, returns=options.hook_outputs)
 
     def accumulate(state: TrainState, rng, batches, mask, scale):
         """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
@@ -180,8 +194,11 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         (grads, model_state, acc), (values, weights, tokens) = jax.lax.scan(
             body, (zeros, state.model_state, state.metrics), (jnp.arange(k), batches, mask),
             unroll=k if unrolled else 1)
+        returned = values.pop(OUTPUTS_KEY, None)  # each micro-batch's, stacked: not averaged
         total = jnp.maximum(weights.sum(), 1.0)
         means = jax.tree.map(lambda v: (v.astype(jnp.float32) * weights).sum() / total, values)
+        if returned is not None:
+            means[OUTPUTS_KEY] = returned
         if tokens is not None:  # TokenLoss: the step's loss is Σ sums / Σ counts
             means["loss"] = (values["loss"] * tokens).sum() / jnp.maximum(tokens.sum(), 1.0)
             tokens = tokens.sum()
@@ -257,9 +274,11 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
     def train_step(state, inputs):
         state, values = jax.lax.scan(one_step, state, inputs,
                                      unroll=options.steps_per_execution if unrolled else 1)
-        last = {name: v[-1] for name, v in values.items() if name != ANOMALY_KEY}
+        last = {name: v[-1] for name, v in values.items() if name not in (ANOMALY_KEY, OUTPUTS_KEY)}
         if ANOMALY_KEY in values:
             last[ANOMALY_KEY] = values[ANOMALY_KEY]  # [steps, 3]: which step went bad
+        if OUTPUTS_KEY in values:
+            last[OUTPUTS_KEY] = values[OUTPUTS_KEY]  # every step's, as the hooks' batch holds them
         return state, last
 
     return train_step

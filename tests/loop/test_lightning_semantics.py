@@ -316,7 +316,7 @@ class ValOutputs(fj.Callback):
 
     def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if not trainer.sanity_checking:
-            self.seen.append((batch_idx, {k: float(v) for k, v in outputs.items()}))
+            self.seen.append((batch_idx, {k: np.asarray(v) for k, v in outputs.items()}))
 
 
 class LitVal(fj.LitModule):
@@ -340,10 +340,11 @@ class LitVal(fj.LitModule):
 def test_on_validation_batch_end_receives_what_the_step_returned(module):
     """trainer/logging_/test_eval_loop_logging.py / callbacks/test_lambda_function.py style:
     Lightning passes `validation_step`'s return to `on_validation_batch_end(outputs=...)` (a
-    dict with "loss" here). fitjax's outputs are the batch's values on the device: the loss and
-    every metric or logged value, each the mean over the batch's real examples; so over the
-    batches, weighted by their sizes, they give the logged `val/...` means. The last batch
-    (2 of 4 examples) is padded and its padding does not count."""
+    dict with "loss" here). fitjax's outputs are that dict (for `loss`: its outputs dict, the
+    predictions "pred") with the batch's values: the loss and every metric or logged value,
+    each the mean over the batch's real examples; so over the batches, weighted by their
+    sizes, they give the logged `val/...` means. The last batch (2 of 4 examples) is padded
+    and its padding does not count, nor appear among the rows."""
     recorder = ValOutputs()
     trainer = quiet_trainer(strategy="single", max_epochs=1, callbacks=[recorder])
     val = fj.DataLoader(regression_data(n=10, seed=1), batch_size=4)
@@ -358,6 +359,8 @@ def test_on_validation_batch_end_receives_what_the_step_returned(module):
     params, _ = module.variables
     pred = MLP(batchnorm=False).apply({"params": params}, x, train=False)
     np.testing.assert_allclose(recorder.seen[2][1]["loss"], float(((pred - y) ** 2).mean()), rtol=1e-5)
+    if isinstance(module, Regressor):  # what its `loss` returned: the batch's real rows
+        np.testing.assert_allclose(recorder.seen[2][1]["pred"], pred, rtol=1e-5)
 
 
 class BatchEnds(fj.Callback):
@@ -386,7 +389,8 @@ def test_eval_and_predict_batch_hooks_get_the_batch_and_its_real_rows():
     on_validation_batch_end and on_test_batch_end get batches (4, 8), (4, 8), (2, 8) and outputs
     {"loss": ()}; on_predict_batch_end gets batches (4, 8), (4, 8), (2, 8) and outputs (4, 1),
     (4, 1), (2, 1). fitjax pads every batch here to a multiple of the 8 devices ("dp"): the hooks
-    still see the loader's batch and, for predict, only its real rows."""
+    still see the loader's batch and only its real rows (here `loss`'s outputs "pred" beside the
+    batch's loss and metric)."""
     seen = BatchEnds()
     trainer = quiet_trainer(strategy="dp", max_epochs=1, num_sanity_val_steps=0, callbacks=[seen])
     module = Regressor(batchnorm=False)
@@ -395,7 +399,7 @@ def test_eval_and_predict_batch_hooks_get_the_batch_and_its_real_rows():
     trainer.test(module, data)
     predictions = trainer.predict(module, data)
     sizes = [4, 4, 2]
-    scalars = {"loss": (), "mae": ()}
-    assert seen.seen == [(stage, i, scalars, (size, 8)) for stage in ("val", "test") for i, size in enumerate(sizes)] + [
+    assert seen.seen == [(stage, i, {"loss": (), "mae": (), "pred": (size, 1)}, (size, 8))
+                         for stage in ("val", "test") for i, size in enumerate(sizes)] + [
         ("predict", i, {"pred": (size, 1)}, (size, 8)) for i, size in enumerate(sizes)]
     np.testing.assert_array_equal(np.concatenate(seen.predicted), predictions)  # the rows predict returns

@@ -78,28 +78,3 @@ def test_logging_a_metric_where_it_cannot_be_logged_says_where():
                          enable_model_summary=False)
     with pytest.raises(ValueError, match=r"F1Score\(.*\) holds no state: it is a declaration, and it was not updated"):
         trainer.fit(HostLog(), DATA)
-
-
-def test_appending_step_outputs_to_a_list_fails_at_once_showing_the_fitjax_way():
-    class Appends(fj.LitModule):
-        def __init__(self):
-            super().__init__()
-            self.model = nn.Dense(3)
-            self.validation_step_outputs = []
-
-        def training_step(self, batch, batch_idx):
-            return optax.softmax_cross_entropy_with_integer_labels(self.model(batch["x"]), batch["y"]).mean()
-
-        def validation_step(self, batch, batch_idx):
-            self.validation_step_outputs.append(self.model(batch["x"]))
-
-        def configure_optimizers(self):
-            return optax.sgd(0.1)
-
-    module = Appends()
-    trainer = fj.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                         enable_model_summary=False)
-    with pytest.raises(TypeError, match=r"validation_step appended a traced value to `self.validation_step_outputs`"
-                                        r".*fitjax.metrics.F1Score.*on_validation_batch_end"):
-        trainer.fit(module, DATA, DATA)
-    assert module.validation_step_outputs == []  # no tracer left behind

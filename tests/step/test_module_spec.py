@@ -47,7 +47,7 @@ def _run(spec, strategy, batches):
     for batch in batches:
         state, values = compiled.train_step(state, batch)
         losses.append(float(values["loss"]))
-    eval_step, names, _ = compiled.evaluator("val")
+    eval_step, names = compiled.evaluator("val")[:2]
     acc = acc_lib.zeros(names)
     acc, values = eval_step(state.params, state.model_state, state.rng, acc, batches[0], np.ones(16, bool))
     predictions = compiled.predict_step(state.params, state.model_state, state.rng, batches[0])
