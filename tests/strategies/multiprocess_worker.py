@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 
 import fitjax as fj  # noqa: E402
 from helpers import LossHistory, Regressor, regression_data  # noqa: E402
-from multiprocess_data import STRATEGIES, fit_and_predict  # noqa: E402
+from multiprocess_data import STRATEGIES, fit_and_predict, fit_metrics  # noqa: E402
 
 
 class StopOnOne(fj.Callback):
@@ -54,6 +54,9 @@ def main(out_dir: Path) -> None:
             "kernel_spec": str(trainer.state.params["Dense_0"]["kernel"].sharding.spec),
             "log_dir": str(trainer.log_dir),
         }
+    results["metrics"] = fit_metrics(fj.Trainer(num_nodes=2, max_epochs=2, strategy="dp", logger=False,
+                                                enable_progress_bar=False, enable_checkpointing=False,
+                                                enable_model_summary=False, num_sanity_val_steps=0))
     results["agree"] = [trainer.agree(jax.process_index() == 1), trainer.agree(False)]
     # a stop asked on process 1 only, at step 3 (between log steps): obeyed by both at step 4
     stopping = fj.Trainer(num_nodes=2, max_epochs=3, log_every_n_steps=2, callbacks=[StopOnOne()], logger=False,

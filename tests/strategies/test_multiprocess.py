@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import LossHistory, Regressor, assert_trees_close, quiet_trainer
-from multiprocess_data import STRATEGIES, fit_and_predict
+from multiprocess_data import STRATEGIES, classification_data, fit_and_predict, fit_metrics
 
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +72,24 @@ def test_two_processes_match_one_process_on_8_devices(two_processes, name):
         np.testing.assert_allclose(run["predictions"], predictions, rtol=1e-5, atol=1e-6)
     expected_spec = "P(None, 'fsdp')" if name == "fsdp" else "P()"
     assert results[0][name]["kernel_spec"] == expected_spec
+
+
+def test_stateful_metrics_of_two_processes_equal_one_processs(two_processes):
+    """F1 (macro, logged from `training_step` and `validation_step`) and AUROC: their states are
+    merged over the 8 devices of both processes, so each process logs the numbers one process
+    logs; each process's `validation_step_outputs` gets its own real rows of every batch (the
+    last has 4 examples), together every validation example once."""
+    _, _, results, _ = two_processes
+    one = fit_metrics(quiet_trainer(max_epochs=2, strategy="dp", num_sanity_val_steps=0))
+    assert set(one["logged"]) == {"train_f1", "val_f1", "val_auroc"}
+    assert 0.2 < one["logged"]["val_f1"] < 1.0 and 0.5 < one["logged"]["val_auroc"] < 1.0
+    for got in results:
+        assert got["metrics"]["logged"] == pytest.approx(one["logged"], rel=1e-6)
+    everything = classification_data(100, 5)["x"][:, 0]
+    for epoch in range(2):
+        np.testing.assert_array_equal(one["rows"][epoch], everything)
+        both = np.concatenate([got["metrics"]["rows"][epoch] for got in results])
+        np.testing.assert_array_equal(np.sort(both), np.sort(everything))
 
 
 def test_only_process_zero_writes_logs_and_progress(two_processes):
