@@ -20,7 +20,7 @@ from fitjax.step import ModuleSpec, context, defined_at
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step import model_binding
 from fitjax.step.model_binding import ModelBinding, Models, ModelsBinding, NNXBinding, bind
-from fitjax.module._hparams import AttributeDict, collect_init_args
+from fitjax.module._hparams import AttributeDict, RunAttributeDict, collect_init_args
 from fitjax.module._host_model import hook_mode
 from fitjax._typing import Batch, Metrics, PyTree
 
@@ -358,8 +358,13 @@ class LitModule:
 
     @property
     def hparams(self) -> AttributeDict:
-        """The saved hyperparameters; `self.hparams.lr` or `self.hparams["lr"]`."""
-        return self._hparams
+        """The saved hyperparameters; `self.hparams.lr` or `self.hparams["lr"]`. While one run of
+        a `Trainer(runs=[{...}, ...])` fit is traced: that run's values (traced arrays where
+        the runs differ)."""
+        run = context.current_run_hparams()
+        if run is None:
+            return self._hparams
+        return RunAttributeDict({**self._hparams, **run.values}, run.read)
 
     @classmethod
     def load_from_checkpoint(cls, path: str | os.PathLike, **overrides: Any) -> "LitModule":
