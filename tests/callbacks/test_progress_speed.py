@@ -69,7 +69,7 @@ def test_plain_lines_show_the_speed_of_finished_steps_per_window():
     assert abs(implied - clock.seconds[1]) <= 0.2 * clock.seconds[1], (rates, implied, clock.seconds)
     # the windows' own rates, not one rate repeated on each line
     assert len(set(rates)) > 1, rates
-    # epoch 0 compiled its step: left out, its rate is that of the steps
+    # epoch 0 compiled its step (most of its wall time, ~2.4 s against ~0.8 s of steps): left out
     first = [float(re.search(r"  (\d+\.\d) it/s", line).group(1)) for line in out.getvalue().splitlines()
              if line.startswith("epoch 0 ")]
-    assert abs(_EVERY * len(first) / sum(_EVERY / r for r in first) / (_BATCHES / clock.seconds[1]) - 1) < 0.5, first
+    assert sum(_EVERY / rate for rate in first) < 0.6 * clock.seconds[0], (first, clock.seconds)
