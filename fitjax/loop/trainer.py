@@ -185,7 +185,8 @@ class Trainer(metaclass=_CheckedArguments):
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
             `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
-            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
+            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`
+            (TensorBoard: a table in its Text tab).
         deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what
@@ -317,6 +318,7 @@ class Trainer(metaclass=_CheckedArguments):
             *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
         self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
+                                     on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
         # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
@@ -868,6 +870,7 @@ class Trainer(metaclass=_CheckedArguments):
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
         chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
                              current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
+        self._metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
@@ -1148,6 +1151,7 @@ class Trainer(metaclass=_CheckedArguments):
             self._hooks.call("on_validation_end", self, module)
             self._hooks.call("on_validation_model_train", self, module)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
+        self._metric_log.restart_speed()  # it/s leaves the validation out
 
     # ------------------------------------------------------------------------ checkpoints
 
