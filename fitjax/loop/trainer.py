@@ -1191,9 +1191,12 @@ class Trainer(metaclass=_CheckedArguments):
                      else self._built.positions if self._built is not None else None)
         point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
                                        loader_state=positions.state_after if positions else lambda done: None)
-        return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+        meta = _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
                                 precision=self.precision, pieces=self.step_options.pieces,
                                 save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+        if self._runs is not None:  # which run is which: `load_from_checkpoint(path, run=i)` reads it
+            meta["runs"] = self._runs.to_meta()
+        return meta
 
     def record_save(self) -> None:
         """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:

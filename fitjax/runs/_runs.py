@@ -48,6 +48,12 @@ class Runs:
         """What each run sets: its seed and hyperparameters (its HPARAMS session's values)."""
         return tuple({"seed": s, **(self.hparams[i] if self.hparams else {})} for i, s in enumerate(self.seeds))
 
+    def to_meta(self) -> dict[str, Any]:
+        """What a checkpoint of every run records of them (JSON): each one's seed,
+        hyperparameters (what it sets over the module's) and name."""
+        return {"seeds": list(self.seeds), "hparams": [dict(h) for h in self.hparams or [{}] * self.size],
+                "names": list(self.names)}
+
     @classmethod
     def create(cls, runs: Any, *, seed: int) -> "Runs | None":
         """Checks `Trainer(runs=...)`: None, a count of seeds, or a list of hyperparameter dicts."""
