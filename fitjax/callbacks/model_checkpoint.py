@@ -274,6 +274,14 @@ class ModelCheckpoint(Callback):
             return True
         return trainer.val_check_interval in (None, 1.0)
 
+    def save_at_stop(self, trainer, module) -> None:
+        """Called by the `Trainer` when a stop request is obeyed between two batches of an
+        epoch: the save a resumed fit finishes that epoch from (its end, and the save there, come
+        in that fit). It is kept until this run's next save and takes no part in the top-k
+        ranking: no validation measured these weights."""
+        if self.save_top_k != 0 or self.save_last:
+            self._save(trainer, module, always=True, unscored=True)
+
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         self._failing = True
         if isinstance(exception, KeyboardInterrupt):  # the waits below give up on a stalled store
@@ -296,11 +304,11 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------------------ saving
 
-    def _save(self, trainer, module, *, always: bool = False) -> None:
+    def _save(self, trainer, module, *, always: bool = False, unscored: bool = False) -> None:
         step = trainer.global_step
         if step in self._saved_steps:
             return  # already saved at this step (Lightning skips it too)
-        score, ranked = self._score(trainer)
+        score, ranked = (None, False) if unscored and self.monitor is not None else self._score(trainer)
         keep_new = always or self.save_last or (ranked and self._ranks_in_top_k(score))
         if not keep_new:
             return
