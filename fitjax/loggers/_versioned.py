@@ -162,6 +162,12 @@ class VersionedLogger(Logger):
             self._claimed = self.log_dir
 
     @property
+    def given_version(self) -> int | str | None:
+        """The version passed to the constructor; None when the run takes the next unused one.
+        `ckpt_path="last"` looks only in a given version's checkpoints."""
+        return self._explicit_version
+
+    @property
     def save_dir(self) -> Path:
         """The root folder passed to the constructor."""
         return self._save_dir
