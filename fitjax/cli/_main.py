@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from fitjax.loop import _interrupt
+from fitjax.loop import DEBUG_VAR, exit_quietly_on_ctrl_c
 
 __all__ = ["main"]
 
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] != ["launch"] and "--debug" in argv:
         argv.remove("--debug")  # tracebacks on Ctrl-C too (`fitjax.loop._interrupt`)
-        os.environ[_interrupt.DEBUG_VAR] = "1"
+        os.environ[DEBUG_VAR] = "1"
     if argv and argv[0] == "launch":
         from fitjax.cli._launch import launch
 
@@ -39,5 +39,5 @@ def main(argv: list[str] | None = None) -> None:
         command = argv[0] if argv and not argv[0].startswith("-") else "fit|validate|test|predict|plan"
         sys.exit(f"fitjax {command} reads configs with jsonargparse, which is not installed here.\n"
                  "Install the CLI extra: pip install 'fitjax[cli]'   (or: pip install -e '.[cli]' in a checkout)")
-    _interrupt.exit_quietly_on_ctrl_c(
+    exit_quietly_on_ctrl_c(
         lambda: LightningCLI(args=argv, parser_kwargs={"prog": "fitjax", "description": _DESCRIPTION}))
