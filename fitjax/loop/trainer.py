@@ -183,7 +183,8 @@ class Trainer(metaclass=_CheckedArguments):
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
             `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
-            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
+            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`
+            (TensorBoard: a table in its Text tab).
         deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what
