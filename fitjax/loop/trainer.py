@@ -301,6 +301,7 @@ class Trainer(metaclass=_CheckedArguments):
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
         self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
+                                     on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
         # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
@@ -831,6 +832,7 @@ class Trainer(metaclass=_CheckedArguments):
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
         chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
                              current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
+        self._metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
@@ -1108,6 +1110,7 @@ class Trainer(metaclass=_CheckedArguments):
             self._hooks.call("on_validation_end", self, module)
             self._hooks.call("on_validation_model_train", self, module)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
+        self._metric_log.restart_speed()  # it/s leaves the validation out
 
     # ------------------------------------------------------------------------ checkpoints
 

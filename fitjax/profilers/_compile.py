@@ -61,12 +61,14 @@ class CompileTimes:
         self._pending: dict[str, float] = collections.defaultdict(float)  # traced and lowered, not compiled yet
         self._lock = threading.Lock()
         self._active = False
+        self.seconds_total = 0.0  # every compilation's seconds so far (never taken: a clock to subtract)
 
     def _listen(self, event: str, duration: float, **kwargs) -> None:
         if event != _COMPILE and event not in _BEFORE_COMPILE:
             return
         name = program_key(str(kwargs.get("fun_name", "program")))
         with self._lock:
+            self.seconds_total += duration
             if event == _COMPILE:  # the compilation's trace and lowering join it
                 self._seconds[name].append(self._pending.pop(name, 0.0) + duration)
                 seconds = self._seconds[name][-1]
