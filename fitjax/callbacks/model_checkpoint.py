@@ -11,6 +11,7 @@ one), plus the newest with `save_last`; a save that would be neither is not writ
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import os
 import re
@@ -24,6 +25,8 @@ from fitjax.strategies import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
 __all__ = ["ModelCheckpoint"]
+
+log = logging.getLogger("fitjax")
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 
@@ -278,8 +281,20 @@ class ModelCheckpoint(Callback):
         self._failing = True
         if isinstance(exception, KeyboardInterrupt):  # the waits below give up on a stalled store
             checkpoint.writer().signalled("Ctrl-C")
-        if (trainer.received_sigterm or self.save_on_exception) and trainer.state is not None:
-            self._save(trainer, module, always=True)
+        if trainer.received_sigterm or self.save_on_exception:
+            self._save_where_stopped(trainer, module)
+
+    def _save_where_stopped(self, trainer, module) -> None:
+        """Saves the state fit stopped at, unless there is none yet or a step interrupted twice
+        holds it (its buffers donated): then the checkpoints before stay, said in a warning."""
+        if trainer.state is None:
+            return
+        if checkpoint.is_donated(trainer.state):
+            log.warning("fitjax: no checkpoint saved at step %d: the state was inside a step that did not "
+                        "return (interrupted twice). The newest checkpoint is %s.", trainer.global_step,
+                        self.last_model_path or "none")
+            return
+        self._save(trainer, module, always=True)
 
     def on_fit_end(self, trainer, module) -> None:
         if self._writer is not None:
@@ -323,15 +338,15 @@ class ModelCheckpoint(Callback):
             (self._kept, self.best_model_path, self.best_model_score, self.last_model_path,
              self.current_score) = before
 
-        trainer.record_save()  # the log rows so far reach the loggers before they save
-        for logger in trainer.loggers:
-            logger.save()
-        meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
-        if ranked:
-            meta["score"] = {"monitor": self.monitor, "value": score}
-        try:
+        try:  # an error or Ctrl-C before the save is queued: the bookkeeping names no unsaved folder
+            trainer.record_save()  # the log rows so far reach the loggers before they save
+            for logger in trainer.loggers:
+                logger.save()
+            meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
+            if ranked:
+                meta["score"] = {"monitor": self.monitor, "value": score}
             writer.save(path, trainer.state, meta, delete=dropped, on_failure=undo)
-        except Exception:
+        except BaseException:
             undo()
             raise
         self._saved_steps.add(step)
