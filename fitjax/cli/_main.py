@@ -21,9 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     and status 130; `--debug` (or `FITJAX_DEBUG=1`) adds the traceback.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] != ["launch"] and "--debug" in argv:
-        argv.remove("--debug")  # tracebacks on Ctrl-C too (`fitjax.loop._interrupt`)
-        os.environ[DEBUG_VAR] = "1"
+    if argv[:1] != ["launch"] and "--debug" in argv:  # LightningCLI takes the flag: errors' tracebacks
+        os.environ[DEBUG_VAR] = "1"  # and Ctrl-C's (`Trainer.fit`)
     if argv and argv[0] == "launch":
         from fitjax.cli._launch import launch
 

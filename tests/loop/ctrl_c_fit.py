@@ -5,7 +5,8 @@ phase exact, where a timer would hit whatever runs on a loaded machine.
 Phases: "compile" (the train step's XLA compilation, from JAX's compile-time event), "step" (a
 host callback inside the 11th train step: the signal lands while the step holds the state),
 "validation" (epoch 1's validation), "save" (the epoch-0 checkpoint's save, and again the save
-that the shutdown makes)."""
+that the shutdown makes). The test runs "compile" through `fitjax fit --debug` instead, with
+`Model`, `Data` and `SendCtrlC` named by class path."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class Model(Regressor):
     `STEP_SIGNALLED`-th step of phase "step" (every run compiles it, so all are alike)."""
 
     def __init__(self, phase: str | None = None):
+        """Args:
+            phase: "step" sends Ctrl-C in a train step; anything else, none."""
         super().__init__()
         self.phase = phase
         self.executed = 0
@@ -51,6 +54,8 @@ class Model(Regressor):
 
 
 class SendCtrlC(fj.Callback):
+    """Sends Ctrl-C at `phase` (the train step's is `Model`'s)."""
+
     def __init__(self, phase: str):
         self.phase = phase
         self.saves = 0
@@ -77,6 +82,16 @@ class SendCtrlC(fj.Callback):
 def data():
     train = regression_data(n=128)  # 8 batches of 16: 8 steps an epoch
     return fj.DataLoader(train, batch_size=16, shuffle=True), fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
+
+
+class Data(fj.DataModule):
+    """`data()` for `fitjax fit --data.class_path ctrl_c_fit.Data`."""
+
+    def train_dataloader(self):
+        return data()[0]
+
+    def val_dataloader(self):
+        return data()[1]
 
 
 def trainer(out: Path, **kwargs) -> fj.Trainer:

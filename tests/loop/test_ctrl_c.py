@@ -25,7 +25,8 @@ from fitjax import checkpoint
 import ctrl_c_fit
 from ctrl_c_fit import Model, data
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 LINE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."
 PHASES = ["compile", "step", "validation", "save"]
 
@@ -35,9 +36,15 @@ class _Terminal:
 
     def __init__(self, out: Path, phase: str):
         leader, follower = pty.openpty()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80", "LINES": "24"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]), "COLUMNS": "80", "LINES": "24"}
         env.pop("FITJAX_DEBUG", None)
-        self.proc = subprocess.Popen([sys.executable, ctrl_c_fit.__file__, str(out), phase], stdin=follower,
+        command = [sys.executable, ctrl_c_fit.__file__, str(out), phase]
+        if phase == "compile":  # the console command, with --debug
+            command = [sys.executable, "-m", "fitjax.cli", "fit", "--debug", "--model.class_path=ctrl_c_fit.Model",
+                       "--data.class_path=ctrl_c_fit.Data", "--trainer.callbacks+=ctrl_c_fit.SendCtrlC",
+                       "--trainer.callbacks.init_args.phase=compile", "--trainer.devices=1",
+                       f"--trainer.default_root_dir={out}"]
+        self.proc = subprocess.Popen(command, stdin=follower,
                                      stdout=follower, stderr=follower, env=env, cwd=out, start_new_session=True)
         os.close(follower)
         self._chunks: list[bytes] = []
@@ -86,17 +93,17 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(out.rglob("checkpoints/*"))
 
 
-def _assert_one_quiet_line(status: int, output: str, phase: str) -> None:
+def _assert_one_line(status: int, output: str, phase: str, *, traceback: bool = False) -> None:
     assert status == 130, f"{phase}: status {status}\n{output[-3000:]}"
     assert output.count(LINE) == 1, output[-3000:]
-    assert "Traceback" not in output and "KeyboardInterrupt\r\n" not in output, output[-3000:]
+    assert ("Traceback" in output) == traceback and ("KeyboardInterrupt\r\n" in output) == traceback, output[-3000:]
     assert "fit returned" not in output
 
 
 @pytest.mark.parametrize("phase", ["step", "validation", "save"])
 def test_ctrl_c_saves_the_newest_state_and_last_resumes_it_bitwise(phase, interrupted, uninterrupted):
     out, status, output = interrupted[phase]
-    _assert_one_quiet_line(status, output, phase)
+    _assert_one_line(status, output, phase)
     saved = _checkpoints(out)
     assert len(saved) == 1 and checkpoint.is_checkpoint(saved[0]), saved  # complete, and the newest only
     step = int(saved[0].name.split("step=")[1])
@@ -113,9 +120,9 @@ def test_ctrl_c_saves_the_newest_state_and_last_resumes_it_bitwise(phase, interr
         np.testing.assert_array_equal(a, b)
 
 
-def test_ctrl_c_while_compiling_ends_quietly_with_nothing_to_save(interrupted):
+def test_fitjax_fit_ctrl_c_while_compiling_ends_with_status_130_and_debug_s_traceback(interrupted):
     out, status, output = interrupted["compile"]
-    _assert_one_quiet_line(status, output, "compile")
+    _assert_one_line(status, output, "compile", traceback=True)  # --debug: the traceback too
     assert _checkpoints(out) == []  # no step ran: nothing newer than what was there
 
 
