@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fitjax import _logged, _seed, checkpoint
+from fitjax import _logged, _seed, _status, checkpoint
 from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
@@ -732,7 +732,8 @@ class Trainer(metaclass=_CheckedArguments):
         first, epoch_iter = feed.first_batch(self.current_epoch)
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
-        with self.profiler.profile("[build] state and programs"):
+        with self.profiler.profile("[build] state and programs"), \
+                _status.phase("initialising the state", "initialised the state"):
             run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                      options=feed.options)
         self._step_flops = None
