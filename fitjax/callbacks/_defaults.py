@@ -105,13 +105,13 @@ class DefaultCheckpoint(ModelCheckpoint):
         self._fit_step = None
         super().teardown(trainer, module, stage)
 
-    def _save(self, trainer, module, *, always: bool = False) -> None:
+    def _save(self, trainer, module, *, always: bool = False, unscored: bool = False) -> None:
         if not always and not self._affordable(trainer):
             self._skipped = (trainer.current_epoch, trainer.global_step)
             self.skipped_saves += 1
             return
         start = time.monotonic()
-        super()._save(trainer, module, always=always)
+        super()._save(trainer, module, always=always, unscored=unscored)
         if self._writer is not None:
             self._writer.wait()
         self._last_cost = time.monotonic() - start

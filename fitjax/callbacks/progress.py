@@ -22,7 +22,7 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fitjax import _logged
+from fitjax import _logged, _status
 from fitjax.callbacks._base import Callback, ignores_batch
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
@@ -147,6 +147,7 @@ class RichProgressBar(Callback):
         self._before: dict[str, float] | None = None  # callback_metrics when a stage started
         self._val_values: dict[str, float] = {}  # what the last validation logged
         self._eval_keys: set[str] = set()  # every key an evaluation logged in this run
+        self._status = None  # the token of `_status.showing_on` between setup and teardown
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -210,6 +211,8 @@ class RichProgressBar(Callback):
     # ------------------------------------------------------------------------------ training
 
     def setup(self, trainer, module, stage: str) -> None:
+        # the set-up's status lines (init, compilations) on this console, above the bar when drawn
+        self._status = _status.showing_on(_status.Lines(self.console, live=lambda: self._progress is not None))
         self._stage = stage
         self._compiled = set()  # each run builds (and compiles) its steps anew
         self._compiling = None
@@ -385,3 +388,6 @@ class RichProgressBar(Callback):
 
     def teardown(self, trainer, module, stage: str) -> None:
         self._stop_progress()
+        if self._status is not None:
+            _status.stop_showing(self._status)
+            self._status = None

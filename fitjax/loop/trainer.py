@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fitjax import _logged, _seed, checkpoint
+from fitjax import _logged, _seed, _status, checkpoint
 from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
@@ -732,7 +732,8 @@ class Trainer(metaclass=_CheckedArguments):
         first, epoch_iter = feed.first_batch(self.current_epoch)
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
-        with self.profiler.profile("[build] state and programs"):
+        with self.profiler.profile("[build] state and programs"), \
+                _status.phase("initialising the state", "initialised the state"):
             run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                      options=feed.options)
         self._step_flops = None
@@ -879,18 +880,39 @@ class Trainer(metaclass=_CheckedArguments):
                 raise stop
             # compared at sync points, or asked on this process (no collective between them)
             stop = self._agree_on_stop(synced=synced) if synced or self.should_stop else False
-            if validates and schedule.val_due(config, progress, val_loaders, stop=stop, synced=synced,
+            # a stop between two batches validates nowhere: the epoch's validation is at its end
+            ends_epoch = stop and schedule.epoch_exhausted(progress)
+            if validates and schedule.val_due(config, progress, val_loaders, stop=ends_epoch, synced=synced,
                                               val_every=run.val_every, last_val_time=run.last_val_time):
                 self._validate_during_fit(run)
                 stop = self._agree_on_stop(synced=True)
-            if (stop and schedule.can_stop_early(config, progress)) or (
-                    has_max_steps and schedule.max_steps_reached(config, progress)):
+            if has_max_steps and schedule.max_steps_reached(config, progress):
+                ran_out = False  # the run's configured end: its epoch ends here (Lightning)
+                break
+            if stop and schedule.can_stop_early(config, progress):
                 ran_out = False
+                if not schedule.epoch_exhausted(progress):
+                    self._pause_epoch(module)
+                    return
                 break
         if (ran_out and run.val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
                 and not schedule.time_based(self._config)):
             self._validate_during_fit(run)  # data without a length: at its end
         self._end_train_epoch(module)
+
+    def _pause_epoch(self, module: LitModule) -> None:
+        """A stop request obeyed between two batches (max_time, a callback's `should_stop`): the
+        epoch is not over, so its validation and end work (epoch means, `on_train_epoch_end`)
+        are left to the fit that resumes it and reaches its real end, as an uninterrupted run
+        does them once there (Lightning ends the epoch at the stop and its resume skips the
+        rest). The checkpoint callbacks save the point a resume continues from."""
+        progress = self._progress
+        if self.is_global_zero:
+            of = "" if progress.batches_in_epoch is None else f" of {progress.batches_in_epoch}"
+            log.info(f"Stopped after batch {progress.batches_done}{of} of epoch {progress.epoch} (global step "
+                     f"{progress.global_step}); a fit resumed from its checkpoint finishes that epoch.")
+        for callback in self.checkpoint_callbacks:
+            callback.save_at_stop(self, module)
 
     def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
         """Raises naming the train batch when it is shaped unlike the one the model was built from."""
