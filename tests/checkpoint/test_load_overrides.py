@@ -7,11 +7,18 @@ import flax.linen as nn
 import numpy as np
 import optax
 import pytest
-from helpers import quiet_trainer
+from helpers import persistent_compile_cache, quiet_trainer
 
 import fitjax as fj
 
 DATA = {"x": np.linspace(-1, 1, 128, dtype=np.float32).reshape(32, 4), "y": np.ones((32, 1), np.float32)}
+
+
+@pytest.fixture(autouse=True)
+def _compile_once(tmp_path):
+    """The validations compile the same programs: XLA's persistent cache compiles them once."""
+    with persistent_compile_cache(tmp_path / "xla_cache"):
+        yield
 
 
 class Wide(fj.LitModule):
