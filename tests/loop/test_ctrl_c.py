@@ -171,6 +171,7 @@ class _CtrlCInEvaluation(fj.Callback):
         os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.mark.filterwarnings("ignore:.*never fitted nor loaded")
 def test_ctrl_c_in_validate_and_predict_ends_them_as_fit_does(tmp_path):
     """Lightning handles Ctrl-C the same way in every stage: its line, then the program ends."""
     trainer = ctrl_c_fit.trainer(tmp_path, callbacks=[_CtrlCInEvaluation()], enable_progress_bar=False,
