@@ -14,26 +14,66 @@ still while one call blocks (a compilation, which the bar then names).
 
 from __future__ import annotations
 
-import collections
 import sys
 import time
 from typing import Any, TextIO
 
 import jax
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from fitjax import _logged
+from fitjax import _logged, _status
 from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
-_SPEED_SAMPLES = 50  # it/s is measured over the last this many train batches
 
 __all__ = ["RichProgressBar"]
 
 
 def _format(values: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in values.items())
+
+
+def _wrap(line: str, width: int) -> list[str]:
+    """`line` in lines of at most `width` columns, broken only between its parts (separated by
+    two spaces: `loss 0.1234` is one part), never inside one; the lines after the first indented.
+
+    Example:
+        >>> _wrap("Epoch 0 done in 1.0s  loss 0.25  acc 0.9", 30)
+        ['Epoch 0 done in 1.0s', '  loss 0.25  acc 0.9']
+    """
+    lines: list[str] = []
+    current = ""
+    for part in line.split("  "):
+        if not part:
+            continue
+        if current and len(current) + 2 + len(part) > width:
+            lines.append(current)
+            current = "  " + part
+        else:
+            current = f"{current}  {part}" if current else part
+    return [*lines, current]
+
+
+class _Bars(Progress):
+    """rich's `Progress`, with each task's values on lines of their own under the bars (wrapped
+    between values): the bar's row keeps its counters and times whole at 80 columns."""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            values = task.fields.get("metrics")
+            if values:
+                yield Text("\n".join(_wrap(values, self.console.width)), no_wrap=True, overflow="ignore")
+
+
+def _speed(rate: float | None) -> str:
+    """Optimizer steps per second as the loop measured them from finished steps (`rate`;
+    `trainer.progress.steps_per_second`), or seconds per step below one."""
+    if rate is None:
+        return "- it/s"
+    return f"{rate:.1f} it/s" if rate >= 1 else f"{1 / rate:.2f} s/it"
 
 
 def _bar_values(trainer) -> dict[str, float]:
@@ -129,13 +169,10 @@ class RichProgressBar(Callback):
         self._eval_loader = 0  # the loader the evaluation bar counts (Lightning: a bar per loader)
         self._epoch_start = 0.0
         self._epoch_first_step = 0
-        # (time, global step) at recent train batch ends, for it/s over a recent window; cleared
-        # when a step compiles or an evaluation runs, so neither counts as training time
-        self._speed_samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=_SPEED_SAMPLES)
+        self._epoch_offset = 0
         self._batches_done = 0
         self._epoch_batches: int | None = None  # the train epoch's batches (`num_training_batches`)
         self._seen_window = None  # the last log window's position this bar has looked at
-        self._eval_started = 0.0
         self._eval_logged_at: dict[str, int] = {}  # key -> the global step of the evaluation that logged it
         self._last_update = 0.0
         self._printed_window = None
@@ -145,6 +182,7 @@ class RichProgressBar(Callback):
         self._before: dict[str, float] | None = None  # callback_metrics when a stage started
         self._val_values: dict[str, float] = {}  # what the last validation logged
         self._eval_keys: set[str] = set()  # every key an evaluation logged in this run
+        self._status = None  # the token of `_status.showing_on` between setup and teardown
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -156,8 +194,6 @@ class RichProgressBar(Callback):
             kwargs = {"file": self._file or sys.stdout, "force_terminal": self._force_terminal,
                       "quiet": jax.process_index() != 0, **self._console_kwargs}
             self._console = Console(**kwargs)
-            if not self._console.is_terminal and "width" not in self._console_kwargs:
-                self._console.width = max(self._console.width, 160)  # logs have no width: never wrap
         return self._console
 
     @property
@@ -165,21 +201,23 @@ class RichProgressBar(Callback):
         return self.console.is_terminal
 
     def _print(self, line: str) -> None:
+        """Prints `line` wrapped between its parts at the console's width (80 columns unless the
+        terminal or `COLUMNS` says otherwise)."""
+        text = "\n".join(_wrap(line, self.console.width))
         if self._progress is not None or self.console.record:
-            # Above the live bar, drawn by this thread (no refresh thread runs: see the module
-            # doc). A terminal gets the line wrapped at words, a log file gets it whole.
-            self.console.print(line, highlight=False, soft_wrap=not self.is_terminal, markup=False)
+            # Above the live bar, drawn by this thread (no refresh thread runs: see the module doc)
+            self.console.print(text, highlight=False, soft_wrap=True, markup=False)
         elif not self.console.quiet:  # a plain write: rich's print costs ~0.3 ms a line
             stream = self.console.file
-            stream.write(line + "\n")
+            stream.write(text + "\n")
             stream.flush()
 
     def _start_progress(self) -> None:
         if self._progress is None and self.is_terminal:
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[speed]}"),
-                TextColumn("{task.fields[metrics]}"),
+            # the bar takes the room the counters leave; the values go on lines of their own
+            self._progress = _Bars(
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=None), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[speed]}"),
                 console=self.console, transient=False, auto_refresh=False,
             )
             self._progress.start()
@@ -208,6 +246,8 @@ class RichProgressBar(Callback):
     # ------------------------------------------------------------------------------ training
 
     def setup(self, trainer, module, stage: str) -> None:
+        # the set-up's status lines (init, compilations) on this console, above the bar when drawn
+        self._status = _status.showing_on(_status.Lines(self.console, live=lambda: self._progress is not None))
         self._stage = stage
         self._compiled = set()  # each run builds (and compiles) its steps anew
         self._compiling = None
@@ -217,9 +257,8 @@ class RichProgressBar(Callback):
         self._start_progress()
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
+        self._epoch_offset = trainer.progress.batches_done  # a resumed epoch's batches done before
         self._batches_done = 0
-        self._speed_samples.clear()
-        self._speed_samples.append((self._epoch_start, trainer.global_step))
         self._epoch_batches = trainer.num_training_batches
         note = self._compile_note("train")
         if self._progress is not None:
@@ -227,8 +266,8 @@ class RichProgressBar(Callback):
                 self._progress.remove_task(self._train_task)
             of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
             self._train_task = self._progress.add_task(
-                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", metrics=note
-            )
+                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", eta="",
+                metrics=note)
             self._progress.refresh()  # drawn now: the first step may block for seconds compiling
         elif note:
             self._print(note)
@@ -242,16 +281,15 @@ class RichProgressBar(Callback):
         self._batches_done = done
         now = time.perf_counter()
         compiled = self._compiling is not None and self._compiled_now()
-        if compiled:  # the compile is not training speed: the window starts after it
-            self._speed_samples.clear()
-        self._speed_samples.append((now, trainer.global_step))
         if self._progress is not None:
             # Feeding rich more often than ~10 Hz only costs the training loop time (~30 µs an
             # update), so updates are limited by the clock.
             if compiled or done == self._epoch_batches or (now - self._last_update >= _MIN_UPDATE_S
                                                            and trainer.progress.crossed_batches(self.refresh_rate)):
                 self._last_update = now
-                self._progress.update(self._train_task, completed=done, speed=self._speed(),
+                rate = trainer.progress.steps_per_second
+                self._progress.update(self._train_task, completed=done, speed=_speed(rate),
+                                      eta=self._eta(trainer, done, rate),
                                       metrics=_format(_bar_values(trainer)), refresh=True)
             return
         if self.refresh_rate > 1:
@@ -260,33 +298,36 @@ class RichProgressBar(Callback):
         elif trainer.progress.last_logged is not self._seen_window:  # a window reached the loggers
             self._print_window(trainer)
 
+    def _eta(self, trainer, done: int, rate: float | None) -> str:
+        """The epoch's time left at `rate` steps per second ("-:--:--" until measured)."""
+        total, steps, batches = self._epoch_batches, trainer.global_step - self._epoch_first_step, done - self._epoch_offset
+        if rate is None or total is None or not steps or batches <= 0:
+            return "-:--:--"
+        left = round((total - done) * steps / batches / rate)
+        return f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}"
+
     def _print_window(self, trainer) -> None:
         """A line for each log window not printed yet, once its values have reached the host (a
         step or two after its log step: the trainer does not wait for them, so several can arrive
         at once), each with the values it logged."""
         self._seen_window = trainer.progress.last_logged
-        for position, values in trainer.progress.recent_logged:
+        for position, values, rate in trainer.progress.recent_logged:
             if self._printed_window is None or position.step > self._printed_window.step:
                 self._printed_window = position
                 self._print_line(trainer, position.epoch, position.batches_done, position.step,
-                                 bar_values=values)
+                                 bar_values=values, rate=rate)
 
     def _print_line(self, trainer, epoch: int, done: int, step: int,
-                    bar_values: dict[str, float] | None = None) -> None:
+                    bar_values: dict[str, float] | None = None, rate: float | None = None) -> None:
+        """A plain line: where the run stands, the speed (`rate`: the window's; the latest
+        measured when not given) and the bar's values."""
         total = trainer.num_training_batches
         of = f"/{total}" if total is not None else ""
         shown = _bar_values(trainer) if bar_values is None else _without_train_prefix(bar_values)
         # an evaluation that ran at or after this line's step had not run when the step did
         values = {k: v for k, v in shown.items() if self._eval_logged_at.get(k, -1) < step}
-        self._print(f"epoch {epoch} batch {done}{of} (optimizer step {step})  {self._speed()}  {_format(values)}")
-
-    def _speed(self) -> str:
-        """Optimizer steps per second over the last `_SPEED_SAMPLES` batches, compiles and
-        evaluations left out ("" until two samples exist)."""
-        if len(self._speed_samples) < 2:
-            return "- it/s"
-        (t0, step0), (t1, step1) = self._speed_samples[0], self._speed_samples[-1]
-        return f"{(step1 - step0) / max(t1 - t0, 1e-9):.1f} it/s"
+        speed = _speed(trainer.progress.steps_per_second if rate is None else rate)
+        self._print(f"epoch {epoch} batch {done}{of} (optimizer step {step})  {speed}  {_format(values)}")
 
     def on_train_epoch_end(self, trainer, module) -> None:
         elapsed = time.perf_counter() - self._epoch_start
@@ -305,14 +346,14 @@ class RichProgressBar(Callback):
     # ---------------------------------------------------------------------------- evaluation
 
     def _eval_start(self, trainer, name: str, step: str) -> None:
-        self._eval_started = time.perf_counter()
         self._before = dict(trainer.callback_metrics)
         note = self._compile_note(step)
         self._eval_description, self._eval_loader = name, 0
         if not self.is_terminal:
             return
         self._start_progress()
-        self._eval_task = self._progress.add_task(name, total=_eval_total(trainer, name, 0), speed="", metrics=note)
+        self._eval_task = self._progress.add_task(name, total=_eval_total(trainer, name, 0), speed="", eta="",
+                                                  metrics=note)
         self._progress.refresh()  # drawn before the first batch, which may compile for seconds
 
     def _eval_batch(self, trainer, batch_idx: int, name: str, dataloader_idx: int) -> None:
@@ -323,7 +364,7 @@ class RichProgressBar(Callback):
         if dataloader_idx != self._eval_loader:  # the next loader: a bar of its own, as Lightning
             self._eval_loader = dataloader_idx
             self._progress.remove_task(self._eval_task)
-            self._eval_task = self._progress.add_task(self._eval_description, speed="", metrics="",
+            self._eval_task = self._progress.add_task(self._eval_description, speed="", eta="", metrics="",
                                                       total=_eval_total(trainer, name, dataloader_idx))
             compiled = True  # drawn at once
         if compiled or now - self._last_update >= _MIN_UPDATE_S:
@@ -336,10 +377,6 @@ class RichProgressBar(Callback):
         values = _logged_since(trainer, self._before)
         self._eval_keys.update(values)
         self._eval_logged_at.update(dict.fromkeys(values, trainer.global_step))
-        # an evaluation inside an epoch is not training time: the window's samples move past it
-        paused = time.perf_counter() - self._eval_started
-        self._speed_samples = collections.deque(((t + paused, step) for t, step in self._speed_samples),
-                                                maxlen=_SPEED_SAMPLES)
         self._remove_eval_task()
         if self._progress is not None and self._train_task is not None:
             # the validation's prog_bar values, shown at once
@@ -400,3 +437,6 @@ class RichProgressBar(Callback):
 
     def teardown(self, trainer, module, stage: str) -> None:
         self._stop_progress()
+        if self._status is not None:
+            _status.stop_showing(self._status)
+            self._status = None

@@ -165,6 +165,9 @@ class TensorBoardLogger(VersionedLogger):
         """
         check_status("TensorBoardLogger", status)
         if self._writer is None:
+            if self._mirror is not None:  # hparams.yaml alone, or a second finalize
+                self._upload()
+                self._release_mirror()
             return
         writer, self._writer = self._writer, None
         try:
@@ -176,6 +179,7 @@ class TensorBoardLogger(VersionedLogger):
         finally:
             writer.close()
             self._upload()
+            self._release_mirror()  # a store's local copy, uploaded above
 
     def _get_writer(self) -> SummaryWriter:
         if self._writer is None:

@@ -58,7 +58,7 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
         evaluator = compiled.evaluator(stage, dataloader_idx)
         names, specs = evaluator.names, evaluator.log_specs
         # what the step returned and appended travels only where something reads it
-        returning = reads_outputs or bool(evaluator.appends)
+        returning = (reads_outputs or bool(evaluator.appends)) and evaluator.returning is not None
         eval_step = evaluator.returning if returning else evaluator.step
         acc = jax.device_put(acc_lib.zeros(names), strategy.replicated)
         batches = eval_batches(loader, stage, strategy, limit, with_mask=True)

@@ -39,12 +39,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fitjax import _logged, _seed, checkpoint
+from fitjax import _logged, _seed, _status, checkpoint
 from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _pieces, _preemption, _resume, _step_outputs
+from fitjax.loop import _interrupt, _pieces, _preemption, _resume, _step_outputs
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._plan import plan_trainer
@@ -60,10 +60,12 @@ from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule, check_fit_data
-from fitjax.loggers import Logger, resolve_loggers
+from fitjax.loggers import Logger, resolve_loggers, split_by_run
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.planner import Plan
 from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
+from fitjax import runs as runs_lib
+from fitjax.runs import RunResults, Runs
 from fitjax.state import TrainState
 from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
 from fitjax.strategies import resolve as resolve_strategy
@@ -193,6 +195,13 @@ class Trainer(metaclass=_CheckedArguments):
         sync_batchnorm: Lightning's flag, no JAX meaning (BatchNorm over a batch sharded on the
             devices is global already).
         use_distributed_sampler: Lightning's flag, no JAX meaning (the strategy splits batches).
+        runs: train several runs side by side in one program (one jitted step vmapped over them,
+            on the same batches): a count (`runs=5`: run i from seed `seed + i`) or a list of
+            hyperparameter dicts (`runs=[{"lr": 1e-3}, {"lr": 3e-3}]`, each from `seed` unless
+            it has a "seed"), which the module reads through `self.hparams` in `loss`, `metrics`
+            and `configure_optimizer` (values that differ are traced arrays; one used as a shape
+            is refused). Every logged value is per run: `train/loss/run_<i>`. See
+            docs/guides/many_runs.md.
 
     Example:
         >>> import fitjax as fj
@@ -245,6 +254,7 @@ class Trainer(metaclass=_CheckedArguments):
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
         use_distributed_sampler: bool = True,
+        runs: int | Sequence[Mapping[str, Any]] | None = None,
     ):
         # the loop's arguments, checked once, with fast_dev_run's and overfit_batches' rewrites
         self._config = LoopConfig.create(
@@ -291,6 +301,9 @@ class Trainer(metaclass=_CheckedArguments):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        self._runs = Runs.create(runs, seed=self.seed)  # several runs side by side, or None
+        if self._runs is not None:
+            self._runs.check_options(self.strategy, self.step_options)
         # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
         self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
@@ -299,8 +312,13 @@ class Trainer(metaclass=_CheckedArguments):
         self._progress_view = ProgressView(self._progress)  # one view: callbacks read it every step
         self.should_stop = False
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
-        self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
+        # with runs, the loggers that can write a folder per run do, and the results see every row
+        self._run_results = None if self._runs is None else RunResults(self._runs.names)
+        self._log_to = self.loggers if self._runs is None else [
+            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
+        self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
+                                     on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
         # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
@@ -308,6 +326,7 @@ class Trainer(metaclass=_CheckedArguments):
         self.num_val_batches: list[int | None] = []
         self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
         self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
+        self._interrupted = False  # the last fit ended by an exception (Ctrl-C included)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._run: FitRun | None = None  # while fitting: everything that lives for the fit
@@ -383,6 +402,25 @@ class Trainer(metaclass=_CheckedArguments):
     def seed(self) -> int:
         """The run's base random key (parameter init and every rng stream)."""
         return self._config.seed
+
+    @property
+    def runs(self) -> Runs | None:
+        """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
+        and name; None for one run."""
+        return self._runs
+
+    @property
+    def run_results(self) -> RunResults | None:
+        """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
+        its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
+        at its end (`.table()`); None for one run."""
+        return self._run_results
+
+    @property
+    def best_run(self) -> int | None:
+        """With `Trainer(runs=...)`: the index of the run whose `val/loss` (else
+        `train/loss_epoch`) was the lowest of all runs at any log; None for one run or before."""
+        return None if self._run_results is None else self._run_results.best_run
 
     # ------------------------------------------------------------------------------ properties
 
@@ -463,6 +501,12 @@ class Trainer(metaclass=_CheckedArguments):
         if self._run is not None:
             return self._run.state
         return self._built.state if self._built is not None else None
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
+        status `INTERRUPTED`); False while a fit runs and after one that finished."""
+        return self._interrupted
 
     @property
     def received_sigterm(self) -> bool:
@@ -619,66 +663,69 @@ class Trainer(metaclass=_CheckedArguments):
         datamodule passed as `train_data` (`fit(model, dm)`), and no data at all when the module
         defines `train_dataloader()` (and `val_dataloader()`).
         """
-        module = _arguments.either("fit", "module", module, "model", model)
-        train_data = _arguments.either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
-        val_data = _arguments.either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
-        if _arguments.is_datamodule(train_data) and datamodule is None:
-            datamodule, train_data = train_data, None
-        if module is None:
-            raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
-                            "(Lightning's `model=` works too).")
-        checks.check_module(module)
-        self._lightning_module = module
-        module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
-        if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
-                                        self.cluster_environment))
-        loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
-        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
-                       processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                       accumulate=self.step_options.accumulate_grad_batches)
-        if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
-            for loader in loaders.val:
-                checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
-        ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
-        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
-        for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
-            logger.claim_version()
-        self._stage = Stage("fit")
-        self._hooks.call("setup", self, module, "fit")
-        self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
-        hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
-        self._sigterm = None
-        feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
-                         options=self._epoch_options(self.current_epoch, module))
-        run = None
-        try:
-            with _preemption.stop_on_signals(self.cluster_environment) as stopping, self._compile_times, \
-                    self.step_options.precision.context(), \
-                    module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
-                run = self._run = FitRun(module, loaders, feed, stopping)
-                self._fit(run, ckpt_path)
-        except BaseException as exc:
-            self._hooks.call("on_exception", self, module, exc)
-            stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
-            self._metric_log.finalize("interrupted" if stopped else "failed")
-            if isinstance(exc, _resume.Preempted):
-                return  # saved by the checkpoint callbacks: a clean stop
-            raise
-        finally:
-            self._metric_log.end_fit()  # values of an interrupted window are not logged
-            self._hooks.call("teardown", self, module, "fit")
-            self._hooks = hooks
-            self._stage = Stage()
-            self._run = None  # the fit's data on the devices, its feeds and counters go with it
-            if run is not None:
-                self._built = run.built() or self._built
-            self.profiler.describe()
-            self.profiler.teardown("fit")
-            if run is not None and run.requeue_from is not None:
-                _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
-        self._metric_log.finalize("success")
+        with _interrupt.graceful():  # Ctrl-C: Lightning's line, the exception hooks and their save, exit 130
+            module = _arguments.either("fit", "module", module, "model", model)
+            train_data = _arguments.either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
+            val_data = _arguments.either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
+            if _arguments.is_datamodule(train_data) and datamodule is None:
+                datamodule, train_data = train_data, None
+            if module is None:
+                raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
+                                "(Lightning's `model=` works too).")
+            checks.check_module(module)
+            self._lightning_module = module
+            module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
+            if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
+                log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
+                                            self.cluster_environment))
+            loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
+            check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
+                           processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
+                           accumulate=self.step_options.accumulate_grad_batches)
+            if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
+                for loader in loaders.val:
+                    checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
+                check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+            ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
+            ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
+            for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
+                logger.claim_version()
+            self._stage = Stage("fit")
+            self._hooks.call("setup", self, module, "fit")
+            self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
+            hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
+            self._sigterm, self._interrupted = None, False
+            feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
+                             options=self._epoch_options(self.current_epoch, module))
+            run = None
+            try:
+                with _preemption.stop_on_signals(self.cluster_environment, lambda: self.state) as stopping, \
+                        self._compile_times, self.step_options.precision.context(), \
+                        module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
+                    run = self._run = FitRun(module, loaders, feed, stopping)
+                    self._fit(run, ckpt_path)
+            except BaseException as exc:
+                _interrupt.begin(exc)  # Ctrl-C: Lightning's line; a further Ctrl-C waits for the save
+                self._interrupted = True
+                self._hooks.call("on_exception", self, module, exc)
+                stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
+                self._metric_log.finalize("interrupted" if stopped else "failed")
+                if isinstance(exc, _resume.Preempted):
+                    return  # saved by the checkpoint callbacks: a clean stop
+                raise
+            finally:
+                self._metric_log.end_fit()  # values of an interrupted window are not logged
+                self._hooks.call("teardown", self, module, "fit")
+                self._hooks = hooks
+                self._stage = Stage()
+                self._run = None  # the fit's data on the devices, its feeds and counters go with it
+                if run is not None:
+                    self._built = run.built() or self._built
+                self.profiler.describe()
+                self.profiler.teardown("fit")
+                if run is not None and run.requeue_from is not None:
+                    _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
+            self._metric_log.finalize("success")
 
     def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
              target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
@@ -721,9 +768,13 @@ class Trainer(metaclass=_CheckedArguments):
         first, epoch_iter = feed.first_batch(self.current_epoch)
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
-        with self.profiler.profile("[build] state and programs"):
-            run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
-                                                     options=feed.options)
+        with self.profiler.profile("[build] state and programs"), \
+                _status.phase("initialising the state", "initialised the state"):
+            if self._runs is None:
+                run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
+                                                         options=feed.options)
+            else:  # every run's state stacked, one program training them all
+                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options)
         self._step_flops = None
         self._metric_log.begin_fit(run.compiled.log_specs)
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
@@ -734,7 +785,7 @@ class Trainer(metaclass=_CheckedArguments):
             epoch_iter = self._resume_fit(run, ckpt_path)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
         kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
-        for logger in self.loggers if not kept else ():
+        for logger in self._log_to if not kept else ():
             logger.log_hyperparams(dict(module.hparams))
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)
@@ -779,7 +830,7 @@ class Trainer(metaclass=_CheckedArguments):
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
         options = self.step_options
-        if self._hooks.reads_outputs("on_train_batch_end", module):
+        if self._runs is None and self._hooks.reads_outputs("on_train_batch_end", module):  # one run only
             options = dataclasses.replace(options, hook_outputs=True)
         if self._accumulation is None:
             return options
@@ -834,6 +885,7 @@ class Trainer(metaclass=_CheckedArguments):
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
         chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
                              current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
+        self._metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
@@ -876,18 +928,39 @@ class Trainer(metaclass=_CheckedArguments):
                 raise stop
             # compared at sync points, or asked on this process (no collective between them)
             stop = self._agree_on_stop(synced=synced) if synced or self.should_stop else False
-            if validates and schedule.val_due(config, progress, val_loaders, stop=stop, synced=synced,
+            # a stop between two batches validates nowhere: the epoch's validation is at its end
+            ends_epoch = stop and schedule.epoch_exhausted(progress)
+            if validates and schedule.val_due(config, progress, val_loaders, stop=ends_epoch, synced=synced,
                                               val_every=run.val_every, last_val_time=run.last_val_time):
                 self._validate_during_fit(run)
                 stop = self._agree_on_stop(synced=True)
-            if (stop and schedule.can_stop_early(config, progress)) or (
-                    has_max_steps and schedule.max_steps_reached(config, progress)):
+            if has_max_steps and schedule.max_steps_reached(config, progress):
+                ran_out = False  # the run's configured end: its epoch ends here (Lightning)
+                break
+            if stop and schedule.can_stop_early(config, progress):
                 ran_out = False
+                if not schedule.epoch_exhausted(progress):
+                    self._pause_epoch(module)
+                    return
                 break
         if (ran_out and run.val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
                 and not schedule.time_based(self._config)):
             self._validate_during_fit(run)  # data without a length: at its end
         self._end_train_epoch(module)
+
+    def _pause_epoch(self, module: LitModule) -> None:
+        """A stop request obeyed between two batches (max_time, a callback's `should_stop`): the
+        epoch is not over, so its validation and end work (epoch means, `on_train_epoch_end`)
+        are left to the fit that resumes it and reaches its real end, as an uninterrupted run
+        does them once there (Lightning ends the epoch at the stop and its resume skips the
+        rest). The checkpoint callbacks save the point a resume continues from."""
+        progress = self._progress
+        if self.is_global_zero:
+            of = "" if progress.batches_in_epoch is None else f" of {progress.batches_in_epoch}"
+            log.info(f"Stopped after batch {progress.batches_done}{of} of epoch {progress.epoch} (global step "
+                     f"{progress.global_step}); a fit resumed from its checkpoint finishes that epoch.")
+        for callback in self.checkpoint_callbacks:
+            callback.save_at_stop(self, module)
 
     def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
         """Raises naming the train batch when it is shaped unlike the one the model was built from."""
@@ -924,7 +997,10 @@ class Trainer(metaclass=_CheckedArguments):
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
         params = step_lib.pieces.module_params(state, self.step_options.pieces)
-        module_lib.set_variables(module, params, state.model_state)
+        model_state = state.model_state
+        if self._runs is not None:  # the module holds one run's weights: the first's
+            params, model_state = runs_lib.member((params, model_state), 0)
+        module_lib.set_variables(module, params, model_state)
 
     # ------------------------------------------------------------------ evaluation stages
 
@@ -966,7 +1042,8 @@ class Trainer(metaclass=_CheckedArguments):
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        with module_lib.hook_mode(module, False):  # Lightning's eval mode, for what the hooks run
+        # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run
+        with _interrupt.graceful(), module_lib.hook_mode(module, False):
             return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
@@ -1013,7 +1090,7 @@ class Trainer(metaclass=_CheckedArguments):
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
-        with module_lib.hook_mode(module, False):  # Lightning's eval mode, for what the hooks run
+        with _interrupt.graceful(), module_lib.hook_mode(module, False):  # Ctrl-C as in fit; eval mode
             host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
@@ -1099,6 +1176,7 @@ class Trainer(metaclass=_CheckedArguments):
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
         module = run.module
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
+        self._metric_log.time_finished(run.state.step)  # it/s: the steps before it (it waits for them)
         with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
             self._hooks.call("on_validation_model_zero_grad", self, module)
@@ -1116,6 +1194,7 @@ class Trainer(metaclass=_CheckedArguments):
             self._hooks.call("on_validation_end", self, module)
             self._hooks.call("on_validation_model_train", self, module)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
+        self._metric_log.restart_speed()  # it/s leaves the validation out
 
     # ------------------------------------------------------------------------ checkpoints
 
@@ -1155,9 +1234,12 @@ class Trainer(metaclass=_CheckedArguments):
                      else self._built.positions if self._built is not None else None)
         point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
                                        loader_state=positions.state_after if positions else lambda done: None)
-        return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+        meta = _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
                                 precision=self.precision, pieces=self.step_options.pieces,
                                 save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+        if self._runs is not None:  # which run is which: `load_from_checkpoint(path, run=i)` reads it
+            meta["runs"] = self._runs.to_meta()
+        return meta
 
     def record_save(self) -> None:
         """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:
