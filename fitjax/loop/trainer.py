@@ -1142,6 +1142,7 @@ class Trainer(metaclass=_CheckedArguments):
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
         module = run.module
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
+        self._metric_log.time_finished(run.state.step)  # it/s: the steps before it (it waits for them)
         with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
             self._hooks.call("on_validation_model_zero_grad", self, module)
