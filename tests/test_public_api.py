@@ -7,7 +7,7 @@ import pytest
 
 PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.metrics",
             "fitjax.integrations.ray", "fitjax.plugins", "fitjax.plugins.environments", "fitjax.planner",
-            "fitjax.profilers", "fitjax.strategies", "fitjax.tuner"]
+            "fitjax.profilers", "fitjax.runs", "fitjax.strategies", "fitjax.tuner"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -60,10 +60,12 @@ from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule, check_fit_data
-from fitjax.loggers import Logger, resolve_loggers
+from fitjax.loggers import Logger, resolve_loggers, split_by_run
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.planner import Plan
 from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
+from fitjax import runs as runs_lib
+from fitjax.runs import RunResults, Runs
 from fitjax.state import TrainState
 from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
 from fitjax.strategies import resolve as resolve_strategy
@@ -193,6 +195,13 @@ class Trainer(metaclass=_CheckedArguments):
         sync_batchnorm: Lightning's flag, no JAX meaning (BatchNorm over a batch sharded on the
             devices is global already).
         use_distributed_sampler: Lightning's flag, no JAX meaning (the strategy splits batches).
+        runs: train several runs side by side in one program (one jitted step vmapped over them,
+            on the same batches): a count (`runs=5`: run i from seed `seed + i`) or a list of
+            hyperparameter dicts (`runs=[{"lr": 1e-3}, {"lr": 3e-3}]`, each from `seed` unless
+            it has a "seed"), which the module reads through `self.hparams` in `loss`, `metrics`
+            and `configure_optimizer` (values that differ are traced arrays; one used as a shape
+            is refused). Every logged value is per run: `train/loss/run_<i>`. See
+            docs/guides/many_runs.md.
 
     Example:
         >>> import fitjax as fj
@@ -245,6 +254,7 @@ class Trainer(metaclass=_CheckedArguments):
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
         use_distributed_sampler: bool = True,
+        runs: int | Sequence[Mapping[str, Any]] | None = None,
     ):
         # the loop's arguments, checked once, with fast_dev_run's and overfit_batches' rewrites
         self._config = LoopConfig.create(
@@ -291,6 +301,9 @@ class Trainer(metaclass=_CheckedArguments):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        self._runs = Runs.create(runs, seed=self.seed)  # several runs side by side, or None
+        if self._runs is not None:
+            self._runs.check_options(self.strategy, self.step_options)
         # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
         self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
@@ -299,7 +312,11 @@ class Trainer(metaclass=_CheckedArguments):
         self._progress_view = ProgressView(self._progress)  # one view: callbacks read it every step
         self.should_stop = False
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
-        self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
+        # with runs, the loggers that can write a folder per run do, and the results see every row
+        self._run_results = None if self._runs is None else RunResults(self._runs.names)
+        self._log_to = self.loggers if self._runs is None else [
+            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
+        self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
                                      on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
@@ -385,6 +402,25 @@ class Trainer(metaclass=_CheckedArguments):
     def seed(self) -> int:
         """The run's base random key (parameter init and every rng stream)."""
         return self._config.seed
+
+    @property
+    def runs(self) -> Runs | None:
+        """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
+        and name; None for one run."""
+        return self._runs
+
+    @property
+    def run_results(self) -> RunResults | None:
+        """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
+        its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
+        at its end (`.table()`); None for one run."""
+        return self._run_results
+
+    @property
+    def best_run(self) -> int | None:
+        """With `Trainer(runs=...)`: the index of the run whose `val/loss` (else
+        `train/loss_epoch`) was the lowest of all runs at any log; None for one run or before."""
+        return None if self._run_results is None else self._run_results.best_run
 
     # ------------------------------------------------------------------------------ properties
 
@@ -734,8 +770,11 @@ class Trainer(metaclass=_CheckedArguments):
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"), \
                 _status.phase("initialising the state", "initialised the state"):
-            run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
-                                                     options=feed.options)
+            if self._runs is None:
+                run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
+                                                         options=feed.options)
+            else:  # every run's state stacked, one program training them all
+                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options)
         self._step_flops = None
         self._metric_log.begin_fit(run.compiled.log_specs)
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
@@ -746,7 +785,7 @@ class Trainer(metaclass=_CheckedArguments):
             epoch_iter = self._resume_fit(run, ckpt_path)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
         kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
-        for logger in self.loggers if not kept else ():
+        for logger in self._log_to if not kept else ():
             logger.log_hyperparams(dict(module.hparams))
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)
@@ -949,7 +988,10 @@ class Trainer(metaclass=_CheckedArguments):
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
         params = step_lib.pieces.module_params(state, self.step_options.pieces)
-        module_lib.set_variables(module, params, state.model_state)
+        model_state = state.model_state
+        if self._runs is not None:  # the module holds one run's weights: the first's
+            params, model_state = runs_lib.member((params, model_state), 0)
+        module_lib.set_variables(module, params, model_state)
 
     # ------------------------------------------------------------------ evaluation stages
 
@@ -1183,9 +1225,12 @@ class Trainer(metaclass=_CheckedArguments):
                      else self._built.positions if self._built is not None else None)
         point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
                                        loader_state=positions.state_after if positions else lambda done: None)
-        return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+        meta = _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
                                 precision=self.precision, pieces=self.step_options.pieces,
                                 save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+        if self._runs is not None:  # which run is which: `load_from_checkpoint(path, run=i)` reads it
+            meta["runs"] = self._runs.to_meta()
+        return meta
 
     def record_save(self) -> None:
         """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:
