@@ -16,7 +16,7 @@ import jax
 
 from fitjax import _logged, checkpoint
 from fitjax.module import _host_model, _lightning, _lora, _optimizers, _weight_sources, _weights
-from fitjax.step import ModuleSpec, context, defined_at
+from fitjax.step import ModuleSpec, context, defined_at, trainable
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step import model_binding
 from fitjax.step.model_binding import ModelBinding, Models, ModelsBinding, NNXBinding, bind
@@ -68,6 +68,7 @@ class LitModule:
         self._variables: tuple[PyTree, PyTree] | None = None
         self._weights_load: _weights.WeightsLoad | None = None  # until a build reads it
         self._lora: _lora.LoraSpec | None = None
+        self._trainable: Any = None  # what the last built optimizer trains (`fitjax.step.trainable`)
 
     # ----------------------------------------------------------------- user hooks (override these)
 
@@ -542,7 +543,16 @@ class LitModule:
     def _optimizer(self) -> optax.GradientTransformation:
         tx = self.configure_optimizer()
         lora = vars(self).get("_lora")
-        return tx if lora is None else lora.optimizer(tx)
+        tx = tx if lora is None else lora.optimizer(tx)
+        self._trainable = trainable.of(tx)
+        return tx
+
+    def trainable_mask(self, params: PyTree) -> PyTree:
+        """A tree of bools like `params`: False where the optimizer of the last fit freezes the
+        parameter (LoRA's base weights, a `fj.param_groups` group given None), which then gets
+        no gradient and no optimizer state; None when every parameter trains (or before a fit)."""
+        found = vars(self).get("_trainable")
+        return None if found is None else found.mask(params)
 
     def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
         variables, report = load.place(abstract, shardings, initial, self._optional_names(abstract))
