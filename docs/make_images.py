@@ -112,7 +112,7 @@ def tensorboard(root: Path) -> None:
                 time.sleep(0.5)
         browser.get(f"http://127.0.0.1:{port}/#timeseries")
         tags = WebDriverWait(browser, 90).until(lambda b: b.find_element(By.CSS_SELECTOR, "input[placeholder^='Filter tags']"))
-        tags.send_keys("^(train|val)/")  # the metrics a user looks at first, not compile/*_s
+        tags.send_keys("^(train|val)/")  # the metrics a user looks at first, not epoch or lr
         for close in browser.find_elements(By.CSS_SELECTOR, "button[aria-label='Close side pane']"):
             close.click()  # the settings pane would cover the third column of charts
         WebDriverWait(browser, 90).until(

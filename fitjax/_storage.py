@@ -286,6 +286,16 @@ def create_new(target: AnyPath, data: bytes = b"") -> bool:
     return True
 
 
+def get_file(target: AnyPath, local: Path) -> bool:
+    """Copies the store file `target` to the local path `local`; False when there is none."""
+    fs, root = _fs(target)
+    url = os.fspath(target)
+    if not _call("listing", url, lambda: fs.exists(root)):
+        return False
+    _call("downloading", url, lambda: fs.get_file(root, str(local)))
+    return True
+
+
 def put_file(local: Path, target: AnyPath) -> None:
     """Copies the local file `local` to the store path `target`."""
     fs, root = _fs(target)
@@ -315,13 +325,13 @@ def _cache() -> Path:
     return _CACHE
 
 
-_TEMP = re.compile(r"fitjax-(stage|store)-(\d+)-")
+_TEMP = re.compile(r"fitjax-(stage|store|logs)-(\d+)-")
 _SWEPT = False
 
 
 def temp_folder(kind: str) -> Path:
     """A new local folder `fitjax-<kind>-<pid>-*` in the temporary folder ("stage": a store
-    save's staging copy, "store": the download cache). The first call of a process removes the
+    save's staging copy, "store": the download cache, "logs": a logger's mirror). The first call of a process removes the
     ones whose process is gone (killed, or ended by `os._exit` before its own cleanup ran)."""
     global _SWEPT
     if not _SWEPT:

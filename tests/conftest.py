@@ -12,3 +12,17 @@ import jax  # noqa: E402
 
 assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in os.environ["XLA_FLAGS"]
 assert jax.device_count() == 8, "conftest must run before anything imports jax"
+
+
+# One of each session fixture per test run, also under `pytest -n 2 --dist loadgroup` (README's
+# command): the tests that use one run on the same worker, which starts it once.
+_SESSION_FIXTURES = ("slurm", "site", "s3_server")
+
+
+def pytest_collection_modifyitems(items):
+    import pytest
+
+    for item in items:
+        shared = [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))

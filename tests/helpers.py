@@ -106,6 +106,20 @@ class Regressor(fj.LitModule):
         return optax.sgd(self.hparams.lr, momentum=0.9)
 
 
+class DenseRegression(fj.LitModule):
+    """The smallest module: one `nn.Dense(1)`, MSE, SGD at 0.1 (no metrics, no state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Dense(1)
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizer(self):
+        return optax.sgd(0.1)
+
+
 class LossHistory(fj.Callback):
     """Records each step's loss (fetching it: a per-step sync that tests can afford)."""
 

@@ -9,7 +9,7 @@ import flax.linen as nn
 import numpy as np
 import optax
 import pytest
-from helpers import count_compiles, quiet_trainer, regression_data
+from helpers import DenseRegression, count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -18,16 +18,7 @@ def _loader(n=64, batch_size=32):
     return fj.DataLoader(regression_data(n=n), batch_size=batch_size)
 
 
-class _Base(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        self.model = nn.Dense(1)
-
-    def loss(self, model, batch):
-        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
-
-    def configure_optimizer(self):
-        return optax.sgd(0.1)
+_Base = DenseRegression  # the smallest module (tests/helpers.py)
 
 
 def test_non_scalar_loss_is_rejected_before_compilation():

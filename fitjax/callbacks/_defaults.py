@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
+from fitjax import checkpoint
 from fitjax.callbacks._base import Callback
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
@@ -45,8 +46,9 @@ class DefaultCheckpoint(ModelCheckpoint):
     hand-written loop's speed on 0.12 s epochs. What a skip leaves out is caught up:
 
     - at the end of training, the last epoch's state is saved if its epoch end was skipped;
-    - on SIGTERM, and on an exception after a skipped epoch end, the state where fit stopped
-      is saved (with the data position: `ckpt_path="last"` resumes from there exactly).
+    - on SIGTERM, on Ctrl-C after a step, and on an exception after a skipped epoch end, the
+      state where fit stopped is saved (with the data position: `ckpt_path="last"` resumes from
+      there exactly).
 
     Each save is waited for, so its measured time is the time the loop lost to it (on 2 CPU
     cores a save in the background cost the loop ~75 ms, more than the save itself). A
@@ -70,11 +72,13 @@ class DefaultCheckpoint(ModelCheckpoint):
         self._started = time.monotonic()
         self._skipped: tuple[int, int] | None = None  # (epoch, step) of the newest unsaved epoch end
         self._name_epoch: int | None = None
+        self._fit_step: int | None = None  # global_step when this fit's training began
 
     def on_fit_start(self, trainer, module) -> None:
         super().on_fit_start(trainer, module)
         self.save_seconds, self.skipped_saves, self._last_cost = 0.0, 0, None
         self._started, self._skipped = time.monotonic(), None
+        self._fit_step = trainer.global_step  # where this fit started (a resumed one: the checkpoint's)
 
     def on_train_end(self, trainer, module) -> None:
         if self._skipped is not None:  # the last epoch's end was not saved: save it now, as named then
@@ -87,18 +91,27 @@ class DefaultCheckpoint(ModelCheckpoint):
                     self._name_epoch = None
 
     def on_exception(self, trainer, module, exception: BaseException) -> None:
-        if self._skipped is not None and not trainer.received_sigterm and trainer.state is not None:
+        # Ctrl-C: the state where fit stopped, once a step ran (Lightning's default saves nothing)
+        stepped = self._fit_step is not None and trainer.global_step > self._fit_step
+        if (self._skipped is not None or (stepped and isinstance(exception, KeyboardInterrupt))) \
+                and not trainer.received_sigterm:
             self._failing = True
-            self._save(trainer, module, always=True)
+            if isinstance(exception, KeyboardInterrupt):  # the wait below gives up on a stalled store
+                checkpoint.writer().signalled("Ctrl-C")
+            self._save_where_stopped(trainer, module)
         super().on_exception(trainer, module, exception)  # SIGTERM: saves there
 
-    def _save(self, trainer, module, *, always: bool = False) -> None:
+    def teardown(self, trainer, module, stage: str) -> None:
+        self._fit_step = None
+        super().teardown(trainer, module, stage)
+
+    def _save(self, trainer, module, *, always: bool = False, unscored: bool = False) -> None:
         if not always and not self._affordable(trainer):
             self._skipped = (trainer.current_epoch, trainer.global_step)
             self.skipped_saves += 1
             return
         start = time.monotonic()
-        super()._save(trainer, module, always=always)
+        super()._save(trainer, module, always=always, unscored=unscored)
         if self._writer is not None:
             self._writer.wait()
         self._last_cost = time.monotonic() - start

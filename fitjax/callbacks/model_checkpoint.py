@@ -11,6 +11,7 @@ one), plus the newest with `save_last`; a save that would be neither is not writ
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import os
 import re
@@ -24,6 +25,8 @@ from fitjax.strategies import broadcast_str
 from fitjax.callbacks._base import Callback, ignores_batch
 
 __all__ = ["ModelCheckpoint"]
+
+log = logging.getLogger("fitjax")
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 
@@ -149,12 +152,22 @@ class ModelCheckpoint(Callback):
         return self.dirpath
 
     def search_dirs(self, trainer) -> list[Path]:
-        """Where `ckpt_path="last"/"best"` looks: the dirpath, or every logger version's."""
+        """Where `ckpt_path="last"/"best"` looks: the dirpath; else the logger's version when
+        one is named (`CSVLogger(version=3)`), or every version of its experiment folder (the
+        run a resume belongs to is then told by its module, `find`)."""
         if self.dirpath is not None:
             return [self.dirpath]
         logger = trainer.logger
-        if logger is not None and logger.log_dir is not None:
+        runs = None
+        if hasattr(logger, "given_version"):  # a versioned run folder (`CSVLogger`, `TensorBoardLogger`)
+            if logger.given_version is not None:
+                return [checkpoint.local_path(logger.log_dir) / "checkpoints"]
+            # the experiment folder, not `log_dir`'s parent: asking for `log_dir` before fit's
+            # `claim_version` would pick a version that claim then does not take atomically
+            runs = checkpoint.local_path(logger.save_dir) / logger.name
+        elif logger is not None and logger.log_dir is not None:
             runs = checkpoint.local_path(logger.log_dir).parent
+        if runs is not None:
             return sorted(runs.glob("*/checkpoints")) if runs.is_dir() else []
         return [checkpoint.local_path(trainer.default_root_dir) / "checkpoints"]
 
@@ -162,8 +175,10 @@ class ModelCheckpoint(Callback):
         """The newest intact checkpoint ("last"), or the best scored one ("best").
 
         "last" is the most recently saved complete checkpoint that reads back, in the
-        `search_dirs` of every checkpoint callback of `trainer` (Lightning's rule); a damaged
-        newer one is skipped with a warning naming both.
+        `search_dirs` of every checkpoint callback of `trainer` (Lightning's rule), saved by
+        the class of the trainer's module: another experiment's newer checkpoints in the same
+        logger folder are skipped, with a warning naming them. A damaged newer one is skipped
+        with a warning naming both.
         """
         if which == "best":
             if self.best_model_path and checkpoint.is_checkpoint(self.best_model_path):
@@ -178,7 +193,14 @@ class ModelCheckpoint(Callback):
         dirs = list(dict.fromkeys(d for cb in [self, *others] for d in cb.search_dirs(trainer)))
         # a folder missing its meta (or state) has no saved time: its files' time ranks it
         incomplete = sorted(checkpoint.incomplete_checkpoints(dirs), key=lambda found: found[2])
+        module = trainer.lightning_module if trainer is not None else None
+        foreign: list[tuple[Path, str]] = []  # newer checkpoints of another module: another run's
         for path in checkpoint.checkpoints_newest_first(dirs):
+            saved_by = checkpoint.read_meta(path).get("module", "")
+            if module is not None and not _same_class(saved_by, module):
+                foreign.append((path, saved_by))
+                continue
+            _warn_foreign(which, foreign, module)
             try:
                 checkpoint.verify(path)
             except checkpoint.CheckpointDamaged as error:
@@ -191,6 +213,7 @@ class ModelCheckpoint(Callback):
                 warnings.warn(f"ckpt_path={which!r}: {damaged} Resuming from {str(path)!r}, the newest "
                               "intact checkpoint, instead.", stacklevel=4)
             return path
+        _warn_foreign(which, foreign, module)
         if damaged is None and incomplete:
             damaged = checkpoint.CheckpointDamaged(
                 f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
@@ -274,12 +297,32 @@ class ModelCheckpoint(Callback):
             return True
         return trainer.val_check_interval in (None, 1.0)
 
+    def save_at_stop(self, trainer, module) -> None:
+        """Called by the `Trainer` when a stop request is obeyed between two batches of an
+        epoch: the save a resumed fit finishes that epoch from (its end, and the save there, come
+        in that fit). It is kept until this run's next save and takes no part in the top-k
+        ranking: no validation measured these weights."""
+        if self.save_top_k != 0 or self.save_last:
+            self._save(trainer, module, always=True, unscored=True)
+
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         self._failing = True
         if isinstance(exception, KeyboardInterrupt):  # the waits below give up on a stalled store
             checkpoint.writer().signalled("Ctrl-C")
-        if (trainer.received_sigterm or self.save_on_exception) and trainer.state is not None:
-            self._save(trainer, module, always=True)
+        if trainer.received_sigterm or self.save_on_exception:
+            self._save_where_stopped(trainer, module)
+
+    def _save_where_stopped(self, trainer, module) -> None:
+        """Saves the state fit stopped at, unless there is none yet or a step interrupted twice
+        holds it (its buffers donated): then the checkpoints before stay, said in a warning."""
+        if trainer.state is None:
+            return
+        if checkpoint.is_donated(trainer.state):
+            log.warning("fitjax: no checkpoint saved at step %d: the state was inside a step that did not "
+                        "return (interrupted twice). The newest checkpoint is %s.", trainer.global_step,
+                        self.last_model_path or "none")
+            return
+        self._save(trainer, module, always=True)
 
     def on_fit_end(self, trainer, module) -> None:
         if self._writer is not None:
@@ -296,11 +339,11 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------------------ saving
 
-    def _save(self, trainer, module, *, always: bool = False) -> None:
+    def _save(self, trainer, module, *, always: bool = False, unscored: bool = False) -> None:
         step = trainer.global_step
         if step in self._saved_steps:
             return  # already saved at this step (Lightning skips it too)
-        score, ranked = self._score(trainer)
+        score, ranked = (None, False) if unscored and self.monitor is not None else self._score(trainer)
         keep_new = always or self.save_last or (ranked and self._ranks_in_top_k(score))
         if not keep_new:
             return
@@ -323,15 +366,15 @@ class ModelCheckpoint(Callback):
             (self._kept, self.best_model_path, self.best_model_score, self.last_model_path,
              self.current_score) = before
 
-        trainer.record_save()  # the log rows so far reach the loggers before they save
-        for logger in trainer.loggers:
-            logger.save()
-        meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
-        if ranked:
-            meta["score"] = {"monitor": self.monitor, "value": score}
-        try:
+        try:  # an error or Ctrl-C before the save is queued: the bookkeeping names no unsaved folder
+            trainer.record_save()  # the log rows so far reach the loggers before they save
+            for logger in trainer.loggers:
+                logger.save()
+            meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
+            if ranked:
+                meta["score"] = {"monitor": self.monitor, "value": score}
             writer.save(path, trainer.state, meta, delete=dropped, on_failure=undo)
-        except Exception:
+        except BaseException:
             undo()
             raise
         self._saved_steps.add(step)
@@ -451,6 +494,30 @@ class ModelCheckpoint(Callback):
             self.last_model_path = state.get("last_model_path", "")
             self._kept = {path: score for path, score in state.get("kept", [])
                           if checkpoint.is_checkpoint(path)}
+
+
+def _same_class(saved_by: str, module) -> bool:
+    """Whether a checkpoint's `module` entry ("pkg.train.Classifier") names `module`'s class;
+    a script's classes are `__main__.X` when run and `train.X` when imported: the same class.
+    A checkpoint without the entry (an older format) counts as the same."""
+    cls = type(module)
+    ours = f"{cls.__module__}.{cls.__qualname__}"
+    if not saved_by or saved_by == ours:
+        return True
+    from_main = saved_by.startswith("__main__.") or cls.__module__ == "__main__"
+    return from_main and saved_by.rsplit(".", 1)[-1] == cls.__qualname__.rsplit(".", 1)[-1]
+
+
+def _warn_foreign(which: str, foreign: list[tuple[Path, str]], module) -> None:
+    """Warns once that `ckpt_path=which` passed over newer checkpoints of another module."""
+    if foreign:
+        names = ", ".join(f"{str(path)!r} ({saved_by})" for path, saved_by in foreign[:3])
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        warnings.warn(f"ckpt_path={which!r} skipped newer checkpoints saved by another module than "
+                      f"{type(module).__qualname__}: {names}{more}; they belong to another run. Pass a "
+                      "path to resume one of them, or give each experiment its own logger name or "
+                      "version.", stacklevel=5)
+        foreign.clear()
 
 
 def _saved_time(path: Path) -> float:

@@ -14,7 +14,6 @@ still while one call blocks (a compilation, which the bar then names).
 
 from __future__ import annotations
 
-import collections
 import sys
 import time
 from typing import Any, TextIO
@@ -23,17 +22,24 @@ import jax
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fitjax import _logged
+from fitjax import _logged, _status
 from fitjax.callbacks._base import Callback, ignores_batch
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
-_SPEED_SAMPLES = 50  # it/s is measured over the last this many train batches
 
 __all__ = ["RichProgressBar"]
 
 
 def _format(values: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in values.items())
+
+
+def _speed(rate: float | None) -> str:
+    """Optimizer steps per second as the loop measured them from finished steps (`rate`;
+    `trainer.progress.steps_per_second`), or seconds per step below one."""
+    if rate is None:
+        return "- it/s"
+    return f"{rate:.1f} it/s" if rate >= 1 else f"{1 / rate:.2f} s/it"
 
 
 def _bar_values(trainer) -> dict[str, float]:
@@ -129,13 +135,9 @@ class RichProgressBar(Callback):
         self._eval_loader = 0  # the loader the evaluation bar counts (Lightning: a bar per loader)
         self._epoch_start = 0.0
         self._epoch_first_step = 0
-        # (time, global step) at recent train batch ends, for it/s over a recent window; cleared
-        # when a step compiles or an evaluation runs, so neither counts as training time
-        self._speed_samples: collections.deque[tuple[float, int]] = collections.deque(maxlen=_SPEED_SAMPLES)
         self._batches_done = 0
         self._epoch_batches: int | None = None  # the train epoch's batches (`num_training_batches`)
         self._seen_window = None  # the last log window's position this bar has looked at
-        self._eval_started = 0.0
         self._eval_logged_at: dict[str, int] = {}  # key -> the global step of the evaluation that logged it
         self._last_update = 0.0
         self._printed_window = None
@@ -145,6 +147,7 @@ class RichProgressBar(Callback):
         self._before: dict[str, float] | None = None  # callback_metrics when a stage started
         self._val_values: dict[str, float] = {}  # what the last validation logged
         self._eval_keys: set[str] = set()  # every key an evaluation logged in this run
+        self._status = None  # the token of `_status.showing_on` between setup and teardown
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -208,6 +211,8 @@ class RichProgressBar(Callback):
     # ------------------------------------------------------------------------------ training
 
     def setup(self, trainer, module, stage: str) -> None:
+        # the set-up's status lines (init, compilations) on this console, above the bar when drawn
+        self._status = _status.showing_on(_status.Lines(self.console, live=lambda: self._progress is not None))
         self._stage = stage
         self._compiled = set()  # each run builds (and compiles) its steps anew
         self._compiling = None
@@ -218,8 +223,6 @@ class RichProgressBar(Callback):
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
         self._batches_done = 0
-        self._speed_samples.clear()
-        self._speed_samples.append((self._epoch_start, trainer.global_step))
         self._epoch_batches = trainer.num_training_batches
         note = self._compile_note("train")
         if self._progress is not None:
@@ -241,16 +244,14 @@ class RichProgressBar(Callback):
         self._batches_done = done
         now = time.perf_counter()
         compiled = self._compiling is not None and self._compiled_now()
-        if compiled:  # the compile is not training speed: the window starts after it
-            self._speed_samples.clear()
-        self._speed_samples.append((now, trainer.global_step))
         if self._progress is not None:
             # Feeding rich more often than ~10 Hz only costs the training loop time (~30 µs an
             # update), so updates are limited by the clock.
             if compiled or done == self._epoch_batches or (now - self._last_update >= _MIN_UPDATE_S
                                                            and trainer.progress.crossed_batches(self.refresh_rate)):
                 self._last_update = now
-                self._progress.update(self._train_task, completed=done, speed=self._speed(),
+                self._progress.update(self._train_task, completed=done,
+                                      speed=_speed(trainer.progress.steps_per_second),
                                       metrics=_format(_bar_values(trainer)), refresh=True)
             return
         if self.refresh_rate > 1:
@@ -264,28 +265,23 @@ class RichProgressBar(Callback):
         step or two after its log step: the trainer does not wait for them, so several can arrive
         at once), each with the values it logged."""
         self._seen_window = trainer.progress.last_logged
-        for position, values in trainer.progress.recent_logged:
+        for position, values, rate in trainer.progress.recent_logged:
             if self._printed_window is None or position.step > self._printed_window.step:
                 self._printed_window = position
                 self._print_line(trainer, position.epoch, position.batches_done, position.step,
-                                 bar_values=values)
+                                 bar_values=values, rate=rate)
 
     def _print_line(self, trainer, epoch: int, done: int, step: int,
-                    bar_values: dict[str, float] | None = None) -> None:
+                    bar_values: dict[str, float] | None = None, rate: float | None = None) -> None:
+        """A plain line: where the run stands, the speed (`rate`: the window's; the latest
+        measured when not given) and the bar's values."""
         total = trainer.num_training_batches
         of = f"/{total}" if total is not None else ""
         shown = _bar_values(trainer) if bar_values is None else _without_train_prefix(bar_values)
         # an evaluation that ran at or after this line's step had not run when the step did
         values = {k: v for k, v in shown.items() if self._eval_logged_at.get(k, -1) < step}
-        self._print(f"epoch {epoch} batch {done}{of} (optimizer step {step})  {self._speed()}  {_format(values)}")
-
-    def _speed(self) -> str:
-        """Optimizer steps per second over the last `_SPEED_SAMPLES` batches, compiles and
-        evaluations left out ("" until two samples exist)."""
-        if len(self._speed_samples) < 2:
-            return "- it/s"
-        (t0, step0), (t1, step1) = self._speed_samples[0], self._speed_samples[-1]
-        return f"{(step1 - step0) / max(t1 - t0, 1e-9):.1f} it/s"
+        speed = _speed(trainer.progress.steps_per_second if rate is None else rate)
+        self._print(f"epoch {epoch} batch {done}{of} (optimizer step {step})  {speed}  {_format(values)}")
 
     def on_train_epoch_end(self, trainer, module) -> None:
         elapsed = time.perf_counter() - self._epoch_start
@@ -304,7 +300,6 @@ class RichProgressBar(Callback):
     # ---------------------------------------------------------------------------- evaluation
 
     def _eval_start(self, trainer, name: str, step: str) -> None:
-        self._eval_started = time.perf_counter()
         self._before = dict(trainer.callback_metrics)
         note = self._compile_note(step)
         self._eval_description, self._eval_loader = name, 0
@@ -335,10 +330,6 @@ class RichProgressBar(Callback):
         values = _logged_since(trainer, self._before)
         self._eval_keys.update(values)
         self._eval_logged_at.update(dict.fromkeys(values, trainer.global_step))
-        # an evaluation inside an epoch is not training time: the window's samples move past it
-        paused = time.perf_counter() - self._eval_started
-        self._speed_samples = collections.deque(((t + paused, step) for t, step in self._speed_samples),
-                                                maxlen=_SPEED_SAMPLES)
         self._remove_eval_task()
         if self._progress is not None and self._train_task is not None:
             # the validation's prog_bar values, shown at once
@@ -397,3 +388,6 @@ class RichProgressBar(Callback):
 
     def teardown(self, trainer, module, stage: str) -> None:
         self._stop_progress()
+        if self._status is not None:
+            _status.stop_showing(self._status)
+            self._status = None

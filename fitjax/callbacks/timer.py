@@ -55,8 +55,10 @@ class Timer(Callback):
     """Stops training once `duration` of training time has passed (Lightning's `Timer`).
 
     The stop is a normal one (`trainer.should_stop`, obeyed after `min_epochs`/`min_steps`):
-    the epoch ends, validation and checkpoint callbacks run as at an epoch's end. The elapsed
-    training time is stored in checkpoints, so a resumed fit stops when the total is reached.
+    between two batches of an epoch the checkpoint callbacks save there and a fit resumed from
+    that checkpoint finishes the epoch (its validation and end run once, at its real end). The
+    elapsed training time is stored in checkpoints, so a resumed fit stops when the total is
+    reached.
 
     Args:
         duration: "DD:HH:MM:SS", a `datetime.timedelta` or a dict of its arguments; None only

@@ -55,7 +55,7 @@ from fitjax._lazy import LazyModule
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save
 
-__all__ = ["CheckpointWriter", "cleanup", "prepare", "writer"]
+__all__ = ["CheckpointWriter", "cleanup", "is_donated", "prepare", "writer"]
 
 _DELETING = _format.TMP_MARK + "-deleting"  # an old checkpoint on its way out
 SIGNAL_GRACE = 5.0  # seconds a store operation may go unanswered after SIGTERM before the wait ends
@@ -90,6 +90,10 @@ class CheckpointWriter:
         caller's thread when this save's failure is raised.
         """
         path = _storage.as_path(path)
+        if is_donated(state):  # a step interrupted after taking the state: only it had the new one
+            raise SaveFailed(f"ModelCheckpoint cannot save {str(path)!r}: the train state's buffers were "
+                             "handed to a step that did not return (interrupted twice?); the checkpoints "
+                             "before it stay.")
         if self._host is None or self._host[0] is not state:
             self.wait()  # a newer state: the older copies are written first, then dropped
             self._host = None
@@ -206,6 +210,12 @@ class CheckpointWriter:
 
 
 _WRITER = CheckpointWriter()
+
+
+def is_donated(state: Any) -> bool:
+    """True when `state`'s buffers were donated to a step (the train step takes them) that has
+    not returned the new ones: nothing of it can be read any more."""
+    return state is not None and any(getattr(x, "is_deleted", bool)() for x in jax.tree.leaves(state))
 
 
 def writer() -> CheckpointWriter:

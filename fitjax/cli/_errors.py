@@ -9,6 +9,8 @@ off the command line before parsing) keeps the traceback for the cases where it 
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
 import re
 import sys
 from typing import Any, Iterable, NoReturn
@@ -31,6 +33,12 @@ _UNKNOWN = [
     re.compile(r"invalid choice: '(?P<name>[^']+)'"),
     re.compile(r"Key \"(?P<name>[^\"]+)\" is not expected"),
 ]
+# an argument a class chosen by `class_path` (`--model`, `--data`) does not take, from the command line
+# (`NestedArg`) or from a config's `init_args`
+_CLASS_ARGUMENT = re.compile(r"Problem with given class_path '(?P<cls>[\w.]+)':\s*Option '(?P<name>[^']+)' is "
+                             r"not accepted.*?Given value: (?P<nested>NestedArg)?", re.S)
+# the sections whose valid names an unknown one lists (a module's or data's few; the Trainer's are many)
+_LISTED = ("model", "data")
 
 
 def take_debug_flag(args: list[str]) -> tuple[list[str], bool]:
@@ -87,12 +95,61 @@ def option_names(parser: Any) -> list[str]:
     return names
 
 
+def class_argument(message: str) -> str | None:
+    """jsonargparse's report on an argument a `class_path` class does not take, as one line with
+    the nearest argument it takes and every one of them ("--model.lrr: examples.digits.Classifier
+    takes no argument 'lrr' (did you mean --model.lr?); it takes lr, model"); None for another
+    report. The parser's options cannot suggest it: they are known once the class is chosen."""
+    key, match = _PARSER_KEY.match(message.strip()), _CLASS_ARGUMENT.search(message)
+    if key is None or match is None:
+        return None
+    cls, name, section = _imported(match["cls"]), match["name"], key["key"]
+    takes = _arguments_of(cls)
+    if takes is None:
+        return None
+    shown = f"--{section}." if match["nested"] else f"{section}.init_args."  # as the user wrote it
+    close = difflib.get_close_matches(name, takes, n=1, cutoff=0.6)
+    line = f"{shown}{name}: {match['cls']} takes no argument {name!r}"
+    if close:
+        line += f" (did you mean {shown}{close[0]}?)"
+    return f"{line}; it takes {', '.join(takes) or 'none'}"
+
+
+def _imported(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):  # jsonargparse resolved it: not expected
+        return None
+
+
+def _arguments_of(cls: Any) -> list[str] | None:
+    """The keyword arguments `cls(...)` takes (None when they cannot be read)."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _section_names(near: str, known: Iterable[str]) -> str:
+    """"; --model takes lr, width" for a near key in a module's or data's section, else ""."""
+    section, dot, _ = near.lstrip("-").partition(".")
+    if not dot or section not in _LISTED:
+        return ""
+    prefix = f"--{section}."
+    names = [k[len(prefix):] for k in dict.fromkeys(known) if k.startswith(prefix) and "." not in k[len(prefix):]]
+    return f"; --{section} takes {', '.join(names)}" if names else ""
+
+
 def report_error(message: str, *, prog: str, known: Iterable[str] = (), hint: str | None = None) -> NoReturn:
     """Prints `error: MESSAGE` (and the near key, and a hint), then exits with status 2."""
-    line = one_line(message)
-    near = did_you_mean(message, known)
-    if near is not None:
-        line += f" (did you mean {near}?)"
+    known = list(known)
+    line = class_argument(message)
+    if line is None:
+        line, near = one_line(message), did_you_mean(message, known)
+        if near is not None:
+            line += f" (did you mean {near}?){_section_names(near, known)}"
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.write(f"tip: {hint or f'{prog} --help lists the options'}; add {DEBUG_FLAG} for a traceback\n")
     sys.stderr.flush()

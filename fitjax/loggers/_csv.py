@@ -44,6 +44,8 @@ class CSVLogger(VersionedLogger):
         100,0.5,
     """
 
+    _APPENDED = ("metrics.csv",)  # rows are appended: a new mirror starts from the store's
+
     def __init__(
         self,
         save_dir: str | os.PathLike[str],
@@ -101,6 +103,7 @@ class CSVLogger(VersionedLogger):
         """Writes buffered rows; safe to call twice and after an exception."""
         check_status("CSVLogger", status)
         self.save()
+        self._release_mirror()  # a store's local copy, uploaded by save()
 
     def _write(self, steps: list[int]) -> None:
         if not steps:

@@ -31,7 +31,12 @@ _EXPERIMENT_TAG = "_hparams_/experiment"
 # sorts the hyperparameters that differ first and ticks the first five of them.
 _DIFFERS_TRUE = b"\x38\x01"
 # Logged as scalars, not offered as the run's result columns in the HPARAMS table.
-_NOT_RESULTS = ("compile/", "epoch")
+_NOT_RESULTS = ("epoch",)
+# Compile seconds (`compile/<program>_s`) go to the Text tab as a table under one tag, not to one
+# scalar card each: a card per program, one point each, stood above the train/val curves, and the
+# programs JAX compiles differ from run to run (an eager `cos` in one, not in the next).
+_COMPILE = "compile/"
+_COMPILE_TAG = "compile_seconds/text_summary"  # tensorboardX's `add_text` naming
 # tensorboardX names event files by the second and opens them with "wb": a second writer in the same
 # folder within the same second would erase the first file. A per-process counter keeps names
 # distinct and, zero-padded, in the order TensorBoard must read them.
@@ -42,7 +47,9 @@ class TensorBoardLogger(VersionedLogger):
     """Logs scalars and hyperparameters to TensorBoard event files in `<save_dir>/<name>/version_<N>`.
 
     Every metric key becomes a scalar chart at its global step (TensorBoard groups `train/…` and
-    `val/…` by prefix). Hyperparameters go to `hparams.yaml` and to the HPARAMS tab as a session
+    `val/…` by prefix), except the compile seconds fitjax logs (`compile/<program>_s`): each
+    step's compilations are one table in the Text tab (tag `compile_seconds`), so the scalars
+    hold the same cards run after run. Hyperparameters go to `hparams.yaml` and to the HPARAMS tab as a session
     of this same run folder (not a sub-run), so the tab's table shows each run's hyperparameters
     beside the last value of each of its metrics. Nothing is created until the first write, and
     nothing at all on processes other than 0.
@@ -51,8 +58,8 @@ class TensorBoardLogger(VersionedLogger):
     so when the run ends an "experiment" summary orders them: the user's hyperparameters first
     (a module's `save_hyperparameters`, the CLI's `model/...` and `data/...` arguments; the CLI's
     `trainer/...` arguments and chosen class paths after them), then the results: `val/...`,
-    the train epoch means, the other train values, `test/...`; compile times and `epoch` stay
-    scalars, not result columns. TensorBoard takes the first experiment summary it finds as the
+    the train epoch means, the other train values, `test/...`; `epoch` stays a scalar, not a
+    result column. TensorBoard takes the first experiment summary it finds as the
     columns of every run in its log dir (as with Lightning's logger): runs of one script share
     them; a column that only a later run has shows in that run's `hparams.yaml` and scalars.
     TensorBoard keeps the first end status of a run folder, so only a successful end is written:
@@ -108,8 +115,14 @@ class TensorBoardLogger(VersionedLogger):
         """Writes one scalar point per key at `step`, all in one event."""
         if not self._is_writer() or not metrics:
             return
-        self._get_writer().file_writer.add_summary(_scalars(metrics), global_step=int(step))
-        self._tags.update(dict.fromkeys(metrics))
+        compiled = {k: v for k, v in metrics.items() if k.startswith(_COMPILE)}
+        scalars = {k: v for k, v in metrics.items() if k not in compiled}
+        writer = self._get_writer()
+        if scalars:
+            writer.file_writer.add_summary(_scalars(scalars), global_step=int(step))
+            self._tags.update(dict.fromkeys(scalars))
+        if compiled:
+            writer.file_writer.add_summary(_text(_COMPILE_TAG, _compile_table(compiled)), global_step=int(step))
         self._note_step(int(step))
 
     def log_pictures(self, pictures: Mapping[str, Any], step: int) -> None:
@@ -152,6 +165,9 @@ class TensorBoardLogger(VersionedLogger):
         """
         check_status("TensorBoardLogger", status)
         if self._writer is None:
+            if self._mirror is not None:  # hparams.yaml alone, or a second finalize
+                self._upload()
+                self._release_mirror()
             return
         writer, self._writer = self._writer, None
         try:
@@ -163,6 +179,7 @@ class TensorBoardLogger(VersionedLogger):
         finally:
             writer.close()
             self._upload()
+            self._release_mirror()  # a store's local copy, uploaded above
 
     def _get_writer(self) -> SummaryWriter:
         if self._writer is None:
@@ -189,6 +206,26 @@ def _scalars(metrics: Mapping[str, float]) -> Summary:
     from tensorboardX.proto.summary_pb2 import Summary
 
     return Summary(value=[Summary.Value(tag=k, simple_value=float(v)) for k, v in metrics.items()])
+
+
+def _compile_table(compiled: Mapping[str, float]) -> str:
+    """`compile/<program>_s` values as a Markdown table, the slowest first."""
+    rows = sorted(((k[len(_COMPILE):].removesuffix("_s"), float(v)) for k, v in compiled.items()),
+                  key=lambda row: -row[1])
+    return "\n".join(["| program | compile seconds |", "|---|---:|", *(f"| {name} | {s:.2f} |" for name, s in rows)])
+
+
+def _text(tag: str, text: str) -> Summary:
+    """A summary TensorBoard's text plugin shows (Markdown), as tensorboardX's `add_text` writes it."""
+    from tensorboardX.proto.plugin_text_pb2 import TextPluginData
+    from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboardX.proto.tensor_pb2 import TensorProto
+    from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
+
+    plugin_data = SummaryMetadata.PluginData(plugin_name="text", content=TextPluginData(version=0).SerializeToString())
+    tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode()],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return Summary(value=[Summary.Value(tag=tag, metadata=SummaryMetadata(plugin_data=plugin_data), tensor=tensor)])
 
 
 def _session_start(hparams: Mapping[str, Scalar]) -> Summary:

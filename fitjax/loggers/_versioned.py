@@ -9,11 +9,14 @@ store the version folder is claimed by creating `<version folder>/.fitjax-claim`
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
-import tempfile
+import shutil
+import sys
 import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,23 @@ def _claim_version(root: Path) -> int:
         version += 1  # another run claimed it between the listing and here
 
 
+_MIRRORS: "weakref.WeakSet[VersionedLogger]" = weakref.WeakSet()  # loggers holding a mirror
+
+
+@atexit.register
+def _remove_mirrors() -> None:
+    """At the process's end, the mirrors of loggers never finalized are removed once every file
+    in them is on the store; one holding what did not reach it is kept, and named."""
+    for logger in list(_MIRRORS):
+        mirror = logger._mirror
+        if mirror is None:
+            continue
+        if logger._pending_files():
+            print(f"fitjax: the logs in {mirror} did not reach {logger.log_dir}; kept there.", file=sys.stderr)
+        else:
+            shutil.rmtree(mirror, ignore_errors=True)
+
+
 class VersionedLogger(Logger):
     """A logger that writes files into `<save_dir>/<name>/<version folder>/`, on process 0 only.
 
@@ -162,6 +182,12 @@ class VersionedLogger(Logger):
             self._claimed = self.log_dir
 
     @property
+    def given_version(self) -> int | str | None:
+        """The version passed to the constructor; None when the run takes the next unused one.
+        `ckpt_path="last"` looks only in a given version's checkpoints."""
+        return self._explicit_version
+
+    @property
     def save_dir(self) -> Path:
         """The root folder passed to the constructor."""
         return self._save_dir
@@ -211,29 +237,50 @@ class VersionedLogger(Logger):
         self._last_step = step
         self._purge_step = None if step is None else step + 1
 
+    _APPENDED: tuple[str, ...] = ()  # files later writes add to (not rewrite): fetched into a new mirror
+
     def _open(self) -> Path:
         """The local folder to write files in: the log dir, or for a store its local mirror."""
         path = self.log_dir
         if _storage.is_url(path):
             if self._mirror is None:
-                self._mirror = Path(tempfile.mkdtemp(prefix="fitjax-logs-"))
+                self._mirror = _storage.temp_folder("logs")
+                _MIRRORS.add(self)
+                if self._opened:  # written and released before (finalize): go on from the store's
+                    for name in self._APPENDED:
+                        _storage.get_file(path / name, self._mirror / name)
             path = self._mirror
         if not self._opened:
             path.mkdir(parents=True, exist_ok=True)
             self._opened = True
         return path
 
+    def _release_mirror(self) -> None:
+        """Removes the local mirror once its files are on the store (the logger's `finalize`);
+        logging after it makes a new one. Nothing else in the temporary folder is touched."""
+        mirror, self._mirror, self._uploaded = self._mirror, None, {}
+        if mirror is not None:
+            _MIRRORS.discard(self)
+            shutil.rmtree(mirror, ignore_errors=True)
+
     def _upload(self) -> None:
         """Copies the mirror's new and changed files to the store (nothing for a local folder)."""
+        for file, seen in self._pending_files():
+            relative = file.relative_to(self._mirror).as_posix()
+            _storage.put_file(file, self.log_dir / relative)
+            self._uploaded[str(file)] = seen
+
+    def _pending_files(self) -> list[tuple[Path, tuple[int, int]]]:
+        """The mirror's files new or changed since their last upload, with their (size, mtime)."""
         if self._mirror is None:
-            return
+            return []
+        pending = []
         for file in sorted(p for p in self._mirror.rglob("*") if p.is_file()):
             stat = file.stat()
-            key, seen = str(file), (stat.st_size, stat.st_mtime_ns)
-            if self._uploaded.get(key) != seen:
-                relative = file.relative_to(self._mirror).as_posix()
-                _storage.put_file(file, self.log_dir / relative)
-                self._uploaded[key] = seen
+            seen = (stat.st_size, stat.st_mtime_ns)
+            if self._uploaded.get(str(file)) != seen:
+                pending.append((file, seen))
+        return pending
 
     def _take_purge_step(self) -> int | None:
         step, self._purge_step = self._purge_step, None

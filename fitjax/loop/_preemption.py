@@ -9,6 +9,11 @@
   fit does (after the exception hooks, the loggers' finalisation and teardown). Lightning saves and
   requeues inside the signal handler; here the handler only records the request, since the
   state may be half-donated to a running step.
+- SIGINT (Ctrl-C): Python's `KeyboardInterrupt` at once (fit's graceful shutdown follows,
+  `fitjax.loop._interrupt`), except while a step holds the train state (its buffers donated, the
+  new state not returned yet): then the loop stops after that step, raising `KeyboardInterrupt`
+  once the new state is stored, so the exception hooks save the newest state. A second Ctrl-C
+  before that raises at once (a step that never returns).
 - A fit without `ckpt_path` resumes from the newest `hpc_ckpt_<n>` when it runs under SLURM
   (Lightning's rule: the requeued job runs the same script), and after a `fitjax launch
   --max-restarts` restart from the newest complete checkpoint ("last").
@@ -24,7 +29,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 
@@ -39,6 +44,7 @@ log = logging.getLogger("fitjax")
 
 HPC_PREFIX = "hpc_ckpt_"  # Lightning's name for the requeue checkpoint (a folder here)
 REQUEUE = "requeue"
+SIGINT = "SIGINT"
 RESTART_COUNT_VAR = "FITJAX_RESTART_COUNT"  # set by `fitjax launch --max-restarts` in restarted processes
 
 
@@ -51,9 +57,11 @@ def requeue_signal(environment) -> signal.Signals | None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(environment) -> Iterator[StopAgreement]:
+def stop_on_signals(environment, state: Callable[[], Any]) -> Iterator[StopAgreement]:
     """While fitting, SIGTERM (and the cluster `environment`'s requeue signal) ask every process
-    to stop after an agreed step: yields the fit's `StopAgreement`. The handlers only record the
+    to stop after an agreed step: yields the fit's `StopAgreement`. SIGINT raises
+    `KeyboardInterrupt`, or asks for a stop after the step in flight when `state()` (the loop's
+    train state) has been donated to it. The handlers only record the
     first request (a SIGTERM that SLURM sends after a requeue changes nothing): saving from a
     handler could meet the state half-donated to a running step. Installed from the main thread
     only (Python's rule); the previous handlers are restored after."""
@@ -67,11 +75,18 @@ def stop_on_signals(environment) -> Iterator[StopAgreement]:
         agreement.request(reasons[signum])  # the first request stands
         checkpoint.writer().signalled(reasons[signum])  # a save waiting on a stalled store gives up
 
+    def on_sigint(signum, frame):
+        if agreement.requested != SIGINT and checkpoint.is_donated(state()):
+            agreement.request(SIGINT)  # the step in flight returns the newest state: stop after it
+            return
+        raise KeyboardInterrupt
+
     checkpoint.writer().signalled(None)
 
+    handlers = {**{sig: handler for sig in reasons}, signal.SIGINT: on_sigint}
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, handler) for sig in reasons}
+        previous = {sig: signal.signal(sig, handle) for sig, handle in handlers.items()}
     try:
         yield agreement
     finally:
@@ -80,10 +95,13 @@ def stop_on_signals(environment) -> Iterator[StopAgreement]:
         agreement.close()
 
 
-def stopped(trainer, reason: str) -> tuple[Preempted, Path | None]:
+def stopped(trainer, reason: str) -> tuple[BaseException, Path | None]:
     """What the agreed stop does before fit returns: the exception the loop raises, and for the
     requeue signal the hpc checkpoint saved now (fit requeues the job when it is done,
-    `requeue_job`). SIGTERM's save is the checkpoint callbacks' (`trainer.received_sigterm`)."""
+    `requeue_job`). SIGTERM's save is the checkpoint callbacks' (`trainer.received_sigterm`);
+    a deferred Ctrl-C is `KeyboardInterrupt` (fit's graceful shutdown, `_interrupt`)."""
+    if reason == SIGINT:
+        return KeyboardInterrupt(), None
     saved = save_hpc_checkpoint(trainer) if reason == REQUEUE else None
     return Preempted(f"{reason} received; stopped after step {trainer.global_step}"), saved
 

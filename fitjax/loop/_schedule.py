@@ -22,12 +22,19 @@ from fitjax.loop.config import LoopConfig
 from fitjax.loop.progress import ProgressView
 from fitjax.strategies import agree
 
-__all__ = ["agreed_stop", "can_stop_early", "done_training", "max_steps_reached", "skip_training", "time_based",
+__all__ = ["agreed_stop", "can_stop_early", "done_training", "epoch_exhausted", "max_steps_reached", "skip_training", "time_based",
            "val_check_batches", "val_due", "val_epoch_due", "validation_enabled"]
 
 
 def max_steps_reached(config: LoopConfig, progress: ProgressView) -> bool:
     return config.max_steps is not None and progress.global_step >= config.max_steps
+
+
+def epoch_exhausted(progress: ProgressView) -> bool:
+    """Whether the epoch's batches are all stepped (False for data without a length: only the
+    loader running out tells, and the loop sees that as the end of its batches)."""
+    total = progress.batches_in_epoch
+    return total is not None and progress.batches_done >= total
 
 
 def can_stop_early(config: LoopConfig, progress: ProgressView) -> bool:
@@ -73,7 +80,8 @@ def val_due(config: LoopConfig, progress: ProgressView, val_loaders: Sequence, *
     `val_check_interval` batches (`val_every`, from `val_check_batches`: counted in the epoch, or
     over the run when check_val_every_n_epoch is None; a float: that fraction of the epoch's
     batches, rounded down, so an epoch may end without one), and at a stop request (`stop`, as
-    agreed) that will be obeyed. With a duration: after the first call that ends that long after
+    agreed) that will be obeyed at the epoch's last batch (a stop between two batches leaves the
+    epoch's validation to its end, in the fit that resumes it). With a duration: after the first call that ends that long after
     `last_val_time` (time.monotonic of the last validation's end, or of training's start); a
     host clock read per call, no device sync; with several processes their clocks are agreed on
     at the sync points (`synced`: log steps) only."""

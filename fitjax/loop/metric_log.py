@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
+import types
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -55,6 +57,7 @@ from fitjax import step as step_lib
 from fitjax import metrics as acc_lib
 from fitjax._typing import HostMetrics
 from fitjax.loop import _log_fetch
+from fitjax.loop._step_rate import StepRate
 from fitjax.loop.progress import Position, ProgressView
 from fitjax.state import TrainState
 
@@ -124,19 +127,25 @@ class MetricLog:
         profiler: times the loggers' writes and the waits for the device.
         compile_times: compile seconds, logged with the next row (`compile/<program>_s`).
         progress: the loop's position, read-only (the step and epoch of rows and windows).
-        on_window_logged: told the position and the progress-bar values of each train window that
-            reached the loggers (`Progress.logged`).
+        on_window_logged: told the position, the progress-bar values and the steps per second
+            of each train window that reached the loggers (`Progress.logged`).
+        on_timed: told the steps per second each time finished steps were timed
+            (`Progress.timed`; see `fitjax.loop._step_rate`).
         log_every_n_steps: what a per-batch train hook logs reaches the loggers at these steps.
     """
 
     def __init__(self, loggers: list, *, profiler: Any, compile_times: Any, progress: ProgressView,
-                 on_window_logged: Callable[[Position, HostMetrics], None],
+                 on_window_logged: Callable[[Position, HostMetrics, float | None], None],
+                 on_timed: Callable[[float], None] | None = None,
                  log_every_n_steps: int | None = None) -> None:
         self._loggers = loggers
         self._profiler = profiler
         self._compile_seconds = compile_times
         self._loop = progress
         self._on_window_logged = on_window_logged
+        self._on_timed = on_timed
+        # steps per second from the windows' arrivals: the device's speed, not the host's dispatch
+        self._rate = StepRate(lambda: compile_times.seconds_total)
         self._every = log_every_n_steps
         self._callback_metrics: HostMetrics = {}
         self.logged_metrics: HostMetrics = {}  # every key's latest value written to the loggers
@@ -182,6 +191,11 @@ class MetricLog:
     def start_epoch(self, accumulators: EpochAccumulators | None = None) -> None:
         """A train epoch starts: its means start from `accumulators` (a resumed epoch's) or none."""
         self._epoch = accumulators or EpochAccumulators()
+
+    def restart_speed(self) -> None:
+        """Every train step so far has finished and what ran since was not training (an
+        evaluation, the work between epochs): steps per second are timed from now."""
+        self._rate.restart(step=self._loop.global_step)
 
     def step_done(self, outputs: dict) -> None:
         """Keeps a reference to a train step's values (read only if `callback_metrics` is)."""
@@ -230,8 +244,19 @@ class MetricLog:
     def read_arrived(self) -> None:
         """Logs the rows whose values have reached the host, oldest first (never waits)."""
         queue = self._queue
-        while queue and (isinstance(queue[0], _Row) or queue[0][0].ready()):
-            self._write_oldest()
+        if not queue or not (isinstance(queue[0], _Row) or queue[0][0].ready()):
+            return  # every step but a few: nothing more to do
+        arrived = 0
+        for entry in queue:
+            if not (isinstance(entry, _Row) or entry[0].ready()):
+                break
+            arrived += 1
+        # windows seen arrived together finished at unknown times in between: they share the rate
+        # of their steps together
+        windows = [entry[0] for entry in itertools.islice(queue, arrived) if not isinstance(entry, _Row)]
+        rate = self._timed(windows[-1].step) if windows else None
+        for _ in range(arrived):
+            self._write_oldest(rate)
 
     def finish_windows(self) -> None:
         """Logs every window on its way (and the rows behind them), oldest first (waits for them)."""
@@ -283,12 +308,20 @@ class MetricLog:
         else:
             self._write_row(row)
 
-    def _write_oldest(self) -> None:
+    def _write_oldest(self, rate: float | None | types.EllipsisType = ...) -> None:
+        """Writes the oldest row; a window is timed when read unless `rate` says its speed."""
         entry = self._queue.popleft()
         if isinstance(entry, _Row):
             self._write_row(entry)
         else:
-            self._write_window(*entry)
+            self._write_window(*entry, rate=rate)
+
+    def _timed(self, step: int) -> float | None:
+        """Every step up to `step` has finished: their steps per second since the last time."""
+        rate = self._rate.done(step=step)
+        if rate is not None and self._on_timed is not None:
+            self._on_timed(rate)
+        return rate
 
     def _write_row(self, row: _Row) -> None:
         if row.to_loggers:
@@ -316,10 +349,14 @@ class MetricLog:
             for logger in self._loggers:
                 logger.log_metrics(row, step=step)
 
-    def _write_window(self, window: _log_fetch.Window, log_rows: bool, row: int) -> None:
-        """Logs the means of a window (waits for it), at the row of the log step that started it."""
+    def _write_window(self, window: _log_fetch.Window, log_rows: bool, row: int, *,
+                      rate: float | None | types.EllipsisType = ...) -> None:
+        """Logs the means of a window (waits for it), at the row of the log step that started it;
+        its steps are timed when it has been read, unless `rate` (`...`: not given) is their speed."""
         with self._profiler.profile("[sync] log step values"):  # waits for the device
             host, extra = window.read()
+        if rate is ...:
+            rate = self._timed(window.step)
         # merged even when empty: a resumed epoch's saved metric states take the window's structure
         self._epoch = self._epoch.merged(_logged.keep(host, self._specs, "on_epoch"))
         if not acc_lib.has_weight(host):
@@ -330,7 +367,8 @@ class MetricLog:
         self._write(extra, step=row, epoch=window.epoch)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, self._specs))
         self._write(values, aliases=aliases, step=row, epoch=window.epoch)
-        self._on_window_logged(Position(window.epoch, window.batches_done, window.step), self.progress_bar_metrics)
+        self._on_window_logged(Position(window.epoch, window.batches_done, window.step), self.progress_bar_metrics,
+                               rate)
 
     def _window_rows_of(self, host: dict, extra: dict) -> tuple[HostMetrics, HostMetrics, HostMetrics]:
         """A window's host values as its rows log them: the extra values, the on-step means and

@@ -60,8 +60,12 @@ class Progress:
         last_logged / last_validated / last_saved: the `Position` of the last log window that
             reached the loggers, the last validation during fit, the last checkpoint.
         recent_logged: the last few log windows that reached the loggers, oldest first, each as
-            (`Position`, the progress-bar values it logged): several can arrive at one step
-            boundary, and a plain-line progress bar prints each (not saved in checkpoints).
+            (`Position`, the progress-bar values it logged, its steps per second or None):
+            several can arrive at one step boundary, and a plain-line progress bar prints each
+            (not saved in checkpoints).
+        steps_per_second: optimizer steps per second over the last steps known finished on the
+            device (`fitjax.loop._step_rate`; compilations and evaluations left out), None until
+            measured (not saved in checkpoints).
         epoch_end_done: the current epoch's end work (epoch metrics, `on_train_epoch_end`)
             has started: a checkpoint taken now resumes at the next epoch.
     """
@@ -78,8 +82,9 @@ class Progress:
         self.last_logged: Position | None = None
         self.last_validated: Position | None = None
         self.last_saved: Position | None = None
-        self._recent_logged: collections.deque[tuple[Position, dict[str, float]]] = collections.deque(
-            maxlen=_RECENT_LOGGED)
+        self._recent_logged: collections.deque[tuple[Position, dict[str, float], float | None]] = (
+            collections.deque(maxlen=_RECENT_LOGGED))
+        self._steps_per_second: float | None = None
         self.epoch_end_done = False
 
     # ------------------------------------------------------------------- the loop's writes
@@ -105,14 +110,23 @@ class Progress:
         self.total_before = self.total_batches
         self.epoch_end_done = False
 
-    def logged(self, position: Position, bar_values: dict[str, float]) -> None:
-        """A log window ending at `position` reached the loggers, with `bar_values` for the bar."""
+    def logged(self, position: Position, bar_values: dict[str, float], rate: float | None = None) -> None:
+        """A log window ending at `position` reached the loggers, with `bar_values` for the bar
+        and its steps' speed (`rate`, steps per second, None when unknown)."""
         self.last_logged = position
-        self._recent_logged.append((position, dict(bar_values)))
+        self._recent_logged.append((position, dict(bar_values), rate))
+
+    def timed(self, rate: float) -> None:
+        """The last finished steps ran at `rate` steps per second."""
+        self._steps_per_second = rate
 
     @property
-    def recent_logged(self) -> tuple[tuple[Position, dict[str, float]], ...]:
+    def recent_logged(self) -> tuple[tuple[Position, dict[str, float], float | None], ...]:
         return tuple(self._recent_logged)
+
+    @property
+    def steps_per_second(self) -> float | None:
+        return self._steps_per_second
 
     @property
     def position(self) -> Position:
@@ -193,4 +207,5 @@ class ProgressView:
         return self._progress.batches_done - 1
 
 
-_READABLE = frozenset(k for k in vars(Progress()) if not k.startswith("_")) | {"position", "recent_logged", "state_dict"}  # state_dict: a copy
+_READABLE = frozenset(k for k in vars(Progress()) if not k.startswith("_")) | {
+    "position", "recent_logged", "steps_per_second", "state_dict"}  # state_dict: a copy

@@ -39,12 +39,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fitjax import _logged, _seed, checkpoint
+from fitjax import _logged, _seed, _status, checkpoint
 from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _pieces, _preemption, _resume
+from fitjax.loop import _interrupt, _pieces, _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._plan import plan_trainer
@@ -183,7 +183,8 @@ class Trainer(metaclass=_CheckedArguments):
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
             `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
-            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`.
+            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`
+            (TensorBoard: a table in its Text tab).
         deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what
@@ -300,6 +301,7 @@ class Trainer(metaclass=_CheckedArguments):
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
         self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
+                                     on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
         # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
@@ -307,6 +309,7 @@ class Trainer(metaclass=_CheckedArguments):
         self.num_val_batches: list[int | None] = []
         self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
         self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
+        self._interrupted = False  # the last fit ended by an exception (Ctrl-C included)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._run: FitRun | None = None  # while fitting: everything that lives for the fit
@@ -464,6 +467,12 @@ class Trainer(metaclass=_CheckedArguments):
         return self._built.state if self._built is not None else None
 
     @property
+    def interrupted(self) -> bool:
+        """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
+        status `INTERRUPTED`); False while a fit runs and after one that finished."""
+        return self._interrupted
+
+    @property
     def received_sigterm(self) -> bool:
         """True once SIGTERM asked this fit to stop (Lightning's flag); after the processes
         agreed on the stop, True on all of them when the agreed reason was SIGTERM."""
@@ -618,66 +627,69 @@ class Trainer(metaclass=_CheckedArguments):
         datamodule passed as `train_data` (`fit(model, dm)`), and no data at all when the module
         defines `train_dataloader()` (and `val_dataloader()`).
         """
-        module = _arguments.either("fit", "module", module, "model", model)
-        train_data = _arguments.either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
-        val_data = _arguments.either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
-        if _arguments.is_datamodule(train_data) and datamodule is None:
-            datamodule, train_data = train_data, None
-        if module is None:
-            raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
-                            "(Lightning's `model=` works too).")
-        checks.check_module(module)
-        self._lightning_module = module
-        module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
-        if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-            log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
-                                        self.cluster_environment))
-        loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
-        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
-                       processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                       accumulate=self.step_options.accumulate_grad_batches)
-        if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
-            for loader in loaders.val:
-                checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
-        ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
-        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
-        for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
-            logger.claim_version()
-        self._stage = Stage("fit")
-        self._hooks.call("setup", self, module, "fit")
-        self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
-        hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
-        self._sigterm = None
-        feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
-                         options=self._epoch_options(self.current_epoch))
-        run = None
-        try:
-            with _preemption.stop_on_signals(self.cluster_environment) as stopping, self._compile_times, \
-                    self.step_options.precision.context(), \
-                    module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
-                run = self._run = FitRun(module, loaders, feed, stopping)
-                self._fit(run, ckpt_path)
-        except BaseException as exc:
-            self._hooks.call("on_exception", self, module, exc)
-            stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
-            self._metric_log.finalize("interrupted" if stopped else "failed")
-            if isinstance(exc, _resume.Preempted):
-                return  # saved by the checkpoint callbacks: a clean stop
-            raise
-        finally:
-            self._metric_log.end_fit()  # values of an interrupted window are not logged
-            self._hooks.call("teardown", self, module, "fit")
-            self._hooks = hooks
-            self._stage = Stage()
-            self._run = None  # the fit's data on the devices, its feeds and counters go with it
-            if run is not None:
-                self._built = run.built() or self._built
-            self.profiler.describe()
-            self.profiler.teardown("fit")
-            if run is not None and run.requeue_from is not None:
-                _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
-        self._metric_log.finalize("success")
+        with _interrupt.graceful():  # Ctrl-C: Lightning's line, the exception hooks and their save, exit 130
+            module = _arguments.either("fit", "module", module, "model", model)
+            train_data = _arguments.either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
+            val_data = _arguments.either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
+            if _arguments.is_datamodule(train_data) and datamodule is None:
+                datamodule, train_data = train_data, None
+            if module is None:
+                raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
+                                "(Lightning's `model=` works too).")
+            checks.check_module(module)
+            self._lightning_module = module
+            module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
+            if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
+                log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
+                                            self.cluster_environment))
+            loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
+            check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
+                           processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
+                           accumulate=self.step_options.accumulate_grad_batches)
+            if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
+                for loader in loaders.val:
+                    checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
+                check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+            ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
+            ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
+            for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
+                logger.claim_version()
+            self._stage = Stage("fit")
+            self._hooks.call("setup", self, module, "fit")
+            self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
+            hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
+            self._sigterm, self._interrupted = None, False
+            feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
+                             options=self._epoch_options(self.current_epoch))
+            run = None
+            try:
+                with _preemption.stop_on_signals(self.cluster_environment, lambda: self.state) as stopping, \
+                        self._compile_times, self.step_options.precision.context(), \
+                        module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
+                    run = self._run = FitRun(module, loaders, feed, stopping)
+                    self._fit(run, ckpt_path)
+            except BaseException as exc:
+                _interrupt.begin(exc)  # Ctrl-C: Lightning's line; a further Ctrl-C waits for the save
+                self._interrupted = True
+                self._hooks.call("on_exception", self, module, exc)
+                stopped = isinstance(exc, (KeyboardInterrupt, _resume.Preempted))
+                self._metric_log.finalize("interrupted" if stopped else "failed")
+                if isinstance(exc, _resume.Preempted):
+                    return  # saved by the checkpoint callbacks: a clean stop
+                raise
+            finally:
+                self._metric_log.end_fit()  # values of an interrupted window are not logged
+                self._hooks.call("teardown", self, module, "fit")
+                self._hooks = hooks
+                self._stage = Stage()
+                self._run = None  # the fit's data on the devices, its feeds and counters go with it
+                if run is not None:
+                    self._built = run.built() or self._built
+                self.profiler.describe()
+                self.profiler.teardown("fit")
+                if run is not None and run.requeue_from is not None:
+                    _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
+            self._metric_log.finalize("success")
 
     def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
              target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
@@ -720,7 +732,8 @@ class Trainer(metaclass=_CheckedArguments):
         first, epoch_iter = feed.first_batch(self.current_epoch)
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
-        with self.profiler.profile("[build] state and programs"):
+        with self.profiler.profile("[build] state and programs"), \
+                _status.phase("initialising the state", "initialised the state"):
             run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                      options=feed.options)
         self._step_flops = None
@@ -829,6 +842,7 @@ class Trainer(metaclass=_CheckedArguments):
         # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
         chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
                              current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
+        self._metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
@@ -866,18 +880,39 @@ class Trainer(metaclass=_CheckedArguments):
                 raise stop
             # compared at sync points, or asked on this process (no collective between them)
             stop = self._agree_on_stop(synced=synced) if synced or self.should_stop else False
-            if validates and schedule.val_due(config, progress, val_loaders, stop=stop, synced=synced,
+            # a stop between two batches validates nowhere: the epoch's validation is at its end
+            ends_epoch = stop and schedule.epoch_exhausted(progress)
+            if validates and schedule.val_due(config, progress, val_loaders, stop=ends_epoch, synced=synced,
                                               val_every=run.val_every, last_val_time=run.last_val_time):
                 self._validate_during_fit(run)
                 stop = self._agree_on_stop(synced=True)
-            if (stop and schedule.can_stop_early(config, progress)) or (
-                    has_max_steps and schedule.max_steps_reached(config, progress)):
+            if has_max_steps and schedule.max_steps_reached(config, progress):
+                ran_out = False  # the run's configured end: its epoch ends here (Lightning)
+                break
+            if stop and schedule.can_stop_early(config, progress):
                 ran_out = False
+                if not schedule.epoch_exhausted(progress):
+                    self._pause_epoch(module)
+                    return
                 break
         if (ran_out and run.val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
                 and not schedule.time_based(self._config)):
             self._validate_during_fit(run)  # data without a length: at its end
         self._end_train_epoch(module)
+
+    def _pause_epoch(self, module: LitModule) -> None:
+        """A stop request obeyed between two batches (max_time, a callback's `should_stop`): the
+        epoch is not over, so its validation and end work (epoch means, `on_train_epoch_end`)
+        are left to the fit that resumes it and reaches its real end, as an uninterrupted run
+        does them once there (Lightning ends the epoch at the stop and its resume skips the
+        rest). The checkpoint callbacks save the point a resume continues from."""
+        progress = self._progress
+        if self.is_global_zero:
+            of = "" if progress.batches_in_epoch is None else f" of {progress.batches_in_epoch}"
+            log.info(f"Stopped after batch {progress.batches_done}{of} of epoch {progress.epoch} (global step "
+                     f"{progress.global_step}); a fit resumed from its checkpoint finishes that epoch.")
+        for callback in self.checkpoint_callbacks:
+            callback.save_at_stop(self, module)
 
     def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
         """Raises naming the train batch when it is shaped unlike the one the model was built from."""
@@ -1106,6 +1141,7 @@ class Trainer(metaclass=_CheckedArguments):
             self._hooks.call("on_validation_end", self, module)
             self._hooks.call("on_validation_model_train", self, module)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
+        self._metric_log.restart_speed()  # it/s leaves the validation out
 
     # ------------------------------------------------------------------------ checkpoints
 

@@ -13,6 +13,8 @@ import threading
 
 import jax
 
+from fitjax import _status
+
 __all__ = ["CompileTimes"]
 
 # A compilation is traced, lowered, then compiled: three events, one entry per compilation.
@@ -23,6 +25,10 @@ _COMPILE = "/jax/core/compile/backend_compile_duration"
 MIN_SECONDS = 0.1
 _NOT_IN_KEY = re.compile(r"[^A-Za-z0-9_]+")
 _WRAPPED = re.compile(r"(?:jit|pjit|pmap)\((.*)\)")  # JAX names the lowering "jit(<function>)"
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"
+# The step programs fitjax builds (`fitjax.step`), as their status lines name them; their first
+# compilations are the slow, silent parts of a fit's start after the init.
+_STEPS = {"train_step": "train step", "eval_step": "evaluation step", "predict_step": "predict step"}
 
 
 def program_key(fun_name: str) -> str:
@@ -55,16 +61,24 @@ class CompileTimes:
         self._pending: dict[str, float] = collections.defaultdict(float)  # traced and lowered, not compiled yet
         self._lock = threading.Lock()
         self._active = False
+        self.seconds_total = 0.0  # every compilation's seconds so far (never taken: a clock to subtract)
 
     def _listen(self, event: str, duration: float, **kwargs) -> None:
         if event != _COMPILE and event not in _BEFORE_COMPILE:
             return
         name = program_key(str(kwargs.get("fun_name", "program")))
         with self._lock:
+            self.seconds_total += duration
             if event == _COMPILE:  # the compilation's trace and lowering join it
                 self._seconds[name].append(self._pending.pop(name, 0.0) + duration)
+                seconds = self._seconds[name][-1]
             else:
                 self._pending[name] += duration
+        if name in _STEPS:  # said on the compiling thread, as it happens: traced, then compiled
+            if event == _TRACE:
+                _status.step_compiling(_STEPS[name])
+            elif event == _COMPILE:
+                _status.step_compiled(_STEPS[name], seconds)
 
     def __enter__(self) -> CompileTimes:
         if not self._active:

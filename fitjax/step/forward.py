@@ -60,11 +60,13 @@ class Forward(NamedTuple):
 
 
 def forward(spec: ModuleSpec, fn: str, params: PyTree | None, model_state: PyTree | None, rng: jax.Array,
-            batch: Batch, *, train: bool, policy: precision_lib.Precision | None = None) -> Forward:
+            batch: Batch, *, train: bool, policy: precision_lib.Precision | None = None,
+            returned: list | None = None) -> Forward:
     """`spec.<fn>(bound model, batch)` (`fn`: "loss" or "predict") in train or eval mode.
 
     `params=None`: the model's variables are created by tracing the function (Linen's init; an
-    NNX model gives its own) and returned as `(params, model_state)`. With `policy`, the params
+    NNX model gives its own) and returned as `(params, model_state)`; what the function itself
+    returned then (which Linen's init drops) is appended to `returned` when given. With `policy`, the params
     and the batch are cast to its compute dtype and a Linen model's outputs come back float32.
     JAX's tracer errors from the user's code are re-raised naming the jit rule it broke.
     """
@@ -75,10 +77,19 @@ def forward(spec: ModuleSpec, fn: str, params: PyTree | None, model_state: PyTre
     outputs = policy.float32_outputs() if cast else contextlib.nullcontext()
     with spec.mode(train), outputs, _logged.collecting() as logged, explain_jit_rules(spec.owner, _TRACED[fn]):
         if params is None:
-            out, new_state = spec.binding.init(user_fn, rng, batch)
+            out, new_state = spec.binding.init(user_fn if returned is None else _recording(user_fn, returned),
+                                               rng, batch)
         else:
             out, new_state = spec.binding.apply(user_fn, params, model_state, rng, batch, train=train)
     return Forward(out, new_state, logged)
+
+
+def _recording(fn: Callable, returned: list) -> Callable:
+    def recorded(*args: Any) -> Any:
+        returned.append(fn(*args))
+        return returned[-1]
+
+    return recorded
 
 
 def split_loss(out: Any, *, token_loss: bool = False) -> tuple[Any, Any]:
@@ -203,28 +214,37 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
 
     Raises the errors a user needs before a long compilation: a non-scalar loss, metrics that are
     not a dict of per-batch scalars. Eval mode is traced too (`module.log` may record other
-    names when `self.training` is False): a second abstract trace, no compilation.
+    names when `self.training` is False). One abstract trace, no compilation, calling the
+    user's function twice: a Linen init's own call of it is the train mode's.
     """
     owner = spec.owner
     specs: dict[str, _logged.LogSpec] = {}
 
-    def probe(rng, batch, given, train):
-        if given is None:  # what `log` records here is dropped
-            given = forward(spec, "loss", None, None, rng, batch, train=True)[:2]
-        out, _, logged = forward(spec, "loss", *given, rng, batch, train=train)
-        loss, outputs = split_loss(out)
-        no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
-        _check_loss(owner, jnp.zeros(()) if no_loss else loss, spec.defined_at["loss"])  # a str cannot leave the trace
-        values = user_metrics(spec, batch, outputs, logged, train=train)
-        for name, log_spec in logged.specs.items():  # a name logged in both modes keeps its train spec
-            specs.setdefault(name, log_spec)
-        return loss, values, logged.values
+    def probe(rng, batch, given):
+        calls = {}
+        if given is None:  # Linen: the init calls the function in train mode, as the train step would
+            returned: list = []
+            *given, logged = forward(spec, "loss", None, None, rng, batch, train=True, returned=returned)
+            if returned:
+                calls[True] = (returned[0], logged)
+        probed = {}
+        for train in (True, False):
+            out, logged = calls[train] if train in calls else forward(spec, "loss", *given, rng, batch,
+                                                                      train=train)[::2]
+            loss, outputs = split_loss(out)
+            no_loss = loss is None and not train  # a Lightning eval hook that returns nothing
+            _check_loss(owner, jnp.zeros(()) if no_loss else loss, spec.defined_at["loss"])  # a str cannot leave the trace
+            values = user_metrics(spec, batch, outputs, logged, train=train)
+            for name, log_spec in logged.specs.items():  # a name logged in both modes keeps its train spec
+                specs.setdefault(name, log_spec)
+            probed[train] = (loss, values, logged.values)
+        return probed
 
     found: dict[bool, dict[str, Any]] = {True: {}, False: {}}
+    probed = jax.eval_shape(probe, jax.random.key(0), batch, given)
 
     def names(train: bool) -> tuple[str, ...]:
-        loss, values, logged = jax.eval_shape(functools.partial(probe, train=train),
-                                              jax.random.key(0), batch, given)
+        loss, values, logged = probed[train]
         no_loss = loss is None and not train
         for name, value in logged.items():
             if name in values:

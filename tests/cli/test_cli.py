@@ -227,12 +227,31 @@ def assert_one_error_line(err: str) -> str:
 
 @pytest.mark.parametrize("args, expected", [
     (["fit", "--trainer.max_epoch=3"], "(did you mean --trainer.max_epochs?)"),
-    (["fit", "--model.lrr=0.1"], "(did you mean --model.lr?)"),
+    (["fit", "--model.lrr=0.1"], "(did you mean --model.lr?); --model takes lr, batchnorm"),
+    (["fit", "--data.batch_sise=3"], "(did you mean --data.batch_size?); --data takes batch_size, seed"),
     (["fitt"], "(did you mean fit?)"),
 ])
 def test_a_near_key_is_suggested(capsys, args, expected):
     code, _, err = exits_with(capsys, *args)
     assert code == 2 and assert_one_error_line(err).endswith(expected)
+
+
+@pytest.mark.parametrize("where", ["command line", "config"])
+def test_an_argument_the_class_path_class_does_not_take_gets_did_you_mean_and_the_valid_names(
+        tmp_path, capsys, where):
+    # `fitjax fit --model.class_path ...`: the module's arguments are known only once its class is
+    # chosen, so the parser's list of options cannot suggest them; the class's own signature does
+    chosen = ["--model.class_path=cli_parts.Regressor", "--data.class_path=cli_parts.RegressorData"]
+    if where == "config":
+        config = tmp_path / "typo.yaml"
+        config.write_text(yaml.safe_dump({"model": {"class_path": "cli_parts.Regressor", "init_args": {"lrr": 0.1}}}))
+        typo, key = ["--config", config], "model.init_args."
+    else:
+        typo, key = ["--model.lrr=0.1"], "--model."
+    code, _, err = exits_with(capsys, "fit", *chosen, *typo, model_class=None, datamodule_class=None)
+    assert code == 2
+    assert assert_one_error_line(err) == (f"error: {key}lrr: cli_parts.Regressor takes no argument 'lrr' (did you mean "
+                                          f"{key}lr?); it takes lr, batchnorm")
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -136,14 +136,17 @@ def test_min_epochs_beats_an_early_stop():
     assert recorder.vals == [(0, 4, 4), (1, 4, 8), (2, 4, 12)]
 
 
-def test_min_steps_beats_an_early_stop_and_validates_at_the_stop():
+def test_min_steps_beats_an_early_stop_which_leaves_the_epoch_open():
     """test_early_stopping.py::test_min_epochs_min_steps_global_step with min_steps=6: the stop
-    asked at the end of epoch 0 takes effect at step 6, mid-epoch, which validates there
-    (Lightning's `_should_check_val_fx`: a stop that will be obeyed validates)."""
+    asked at the end of epoch 0 takes effect at step 6, mid-epoch. Lightning validates there
+    and ends the epoch (its `current_epoch` 2, validations [(0, 4, 4), (1, 2, 6)], and the check
+    at that epoch end sets `stopped_epoch` 1); fitjax leaves the epoch's validation and end to
+    the fit that resumes it (docs/porting.md, "A stop between two batches"), so the stopped
+    epoch is still the current one and `stopped_epoch` the epoch whose check asked to stop."""
     always = fj.EarlyStopping("train/loss_epoch", stopping_threshold=1e9)
     trainer, recorder = _fit(4, max_epochs=10, min_steps=6, callbacks=[always])
-    assert (trainer.global_step, trainer.current_epoch, always.stopped_epoch) == (6, 2, 1)
-    assert recorder.vals == [(0, 4, 4), (1, 2, 6)]
+    assert (trainer.global_step, trainer.current_epoch, always.stopped_epoch) == (6, 1, 0)
+    assert recorder.vals == [(0, 4, 4)]
 
 
 def test_several_steps_per_call_save_at_the_first_step_after_each_multiple(tmp_path):

@@ -17,6 +17,7 @@ import flax.linen as nn
 
 import fitjax as fj
 from fitjax.module import hook_table
+from helpers import DenseRegression
 
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
@@ -176,16 +177,7 @@ def _regression_batches(n=4):
             for _ in range(n)]
 
 
-class _Regression(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        self.model = nn.Dense(1)
-
-    def loss(self, model, batch):
-        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
-
-    def configure_optimizer(self):
-        return optax.sgd(0.1)
+_Regression = DenseRegression  # the smallest module (tests/helpers.py)
 
 
 def _trainer(**kwargs):

@@ -104,3 +104,31 @@ def test_a_resume_with_other_hyperparameters_warns_and_keeps_the_runs_hparams_ya
     with pytest.warns(UserWarning, match=r"other hyperparameters than this module's \(lr: 0\.05 -> 0\.1\)"):
         trainer.fit(Regressor(lr=0.1, batchnorm=False), fj.DataLoader(DATA, batch_size=16), ckpt_path="last")
     assert trainer.global_step == 8 and saved.read_text() == before
+
+
+class OtherExperiment(Regressor):
+    """Another experiment's module, logged under the same root and logger name."""
+
+
+def test_last_resumes_its_own_run_not_another_experiments_newer_one(tmp_path):
+    def fit(module_cls, *, max_epochs, logger=None, **kwargs):
+        trainer = quiet_trainer(max_epochs=max_epochs, enable_checkpointing=True, default_root_dir=tmp_path,
+                                logger=logger or fj.loggers.CSVLogger(tmp_path), callbacks=[fj.ModelCheckpoint()])
+        trainer.fit(module_cls(batchnorm=False), fj.DataLoader(DATA, batch_size=16), ckpt_path="last", **kwargs)
+        return trainer
+
+    with pytest.warns(UserWarning, match="found no checkpoint"):
+        fit(Regressor, max_epochs=1)  # version_0: step 4
+    with pytest.warns(UserWarning, match=r"skipped newer checkpoints saved by another module than OtherExperiment: "
+                                         r".*version_0/checkpoints/epoch=0-step=4' \(.*Regressor\)"):
+        other = fit(OtherExperiment, max_epochs=2)  # its own version, from scratch
+    assert (other.logger.version, other.global_step) == (1, 8)
+    with pytest.warns(UserWarning, match=r"skipped .*version_1/checkpoints/epoch=1-step=8' \(.*OtherExperiment\)"):
+        ours = fit(Regressor, max_epochs=3)  # version_1's is newer, and not this run's
+    assert (ours.logger.version, ours.global_step) == (0, 12)
+    # a named version looks there only: version_1's run continues, from its own step 8
+    named = fit(OtherExperiment, max_epochs=3, logger=fj.loggers.CSVLogger(tmp_path, version=1))
+    assert named.global_step == 12
+    with pytest.warns(UserWarning, match=r"found no checkpoint in \['[^']*version_1/checkpoints'\]"):
+        fit(Regressor, max_epochs=1, logger=fj.loggers.CSVLogger(tmp_path, version=1))  # not version_0's
+    assert sorted(p.name for p in (tmp_path / "fitjax_logs").iterdir()) == ["version_0", "version_1"]

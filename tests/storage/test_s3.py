@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -172,13 +173,19 @@ def _scalars(folder: Path) -> dict:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket, tmp_path):
+def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket, tmp_path, monkeypatch):
     import fsspec
 
     local = tmp_path / "local"
     _logged_fit(str(local))
     root = f"{bucket}/runs"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    (temp / "fitjax-logs-notes").mkdir()  # not this run's: kept
     trainer = _logged_fit(root)
+    # the loggers' local mirrors are gone once fit's end finalized them
+    assert sorted(p.name for p in temp.iterdir() if p.name.startswith("fitjax-logs")) == ["fitjax-logs-notes"]
     log_dir = f"{root}/fitjax_logs/version_0"
     assert str(trainer.checkpoint_callback.dirpath) == f"{log_dir}/checkpoints"
     assert _listed(f"{log_dir}/checkpoints") == ["epoch=1-step=8"]
@@ -193,7 +200,12 @@ def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket,
     rows = lambda text: [{k: v for k, v in row.items() if not k.startswith("compile/")}
                          for row in csv.DictReader(io.StringIO(text))]
     csv_name = "csv/version_0/metrics.csv"
-    assert rows(fs.cat_file(f"{root}/{csv_name}").decode()) == rows((local / csv_name).read_text())
+    fitted = rows(fs.cat_file(f"{root}/{csv_name}").decode())
+    assert fitted == rows((local / csv_name).read_text())
+    # logging after fit's end goes on from the store's file: its rows kept, the new one added
+    trainer.validate(trainer.lightning_module, fj.DataLoader(VAL, batch_size=16))
+    after = rows(fs.cat_file(f"{root}/{csv_name}").decode())
+    assert after[:-1] == fitted and after[-1]["val/loss"]
 
 
 def test_no_credentials_is_one_line_naming_the_url_and_what_to_set(s3_server, tmp_path):
@@ -218,6 +230,30 @@ def test_no_credentials_is_one_line_naming_the_url_and_what_to_set(s3_server, tm
     assert line.startswith("ModelCheckpoint cannot write checkpoints to 's3://some-bucket/run': "
                            "NoCredentialsError"), child.stdout[-2000:] + child.stderr[-2000:]
     assert "AWS_ACCESS_KEY_ID" in line and "\n" not in line
+
+
+def test_a_program_ending_without_finalize_leaves_no_logger_mirror(bucket, tmp_path):
+    """The mirror of a logger never finalized goes when the process ends, once its files are
+    on the store; one whose files did not get there is kept and named."""
+    script = textwrap.dedent(f"""
+        import fitjax as fj
+        uploaded, stuck = fj.loggers.CSVLogger({bucket!r}), fj.loggers.CSVLogger({bucket!r}, name="stuck")
+        for logger in (uploaded, stuck):
+            logger.log_hyperparams({{"lr": 0.1}})
+            logger.log_metrics({{"loss": 1.0}}, step=0)
+        uploaded.save()  # on the store; `stuck` never uploads its hparams.yaml
+    """)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    (temp / "fitjax-logs-notes").mkdir()  # not the program's: kept
+    env = {**os.environ, "TMPDIR": str(temp), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    left = {p.name for p in temp.iterdir()} - {"fitjax-logs-notes"}
+    assert (temp / "fitjax-logs-notes").is_dir() and len(left) == 1, left  # the uploaded one's is gone
+    kept = temp / left.pop()
+    assert f"the logs in {kept} did not reach {bucket}/stuck/version_0; kept there" in child.stderr
+    assert (kept / "hparams.yaml").read_text() == "lr: 0.1\n"
 
 
 _CLAIMS = textwrap.dedent("""

@@ -1,0 +1,121 @@
+"""Ctrl-C during `Trainer.fit`: Lightning's one line, the exception hooks and their checkpoint, then
+exit status 130 and no traceback.
+
+Lightning (`_call_and_handle_interrupt`) prints "Detected KeyboardInterrupt, attempting graceful
+shutdown ...", ignores further Ctrl-C, runs the callbacks' `on_exception`, tears down and calls
+`sys.exit(1)`. fitjax does the same with three differences:
+
+- the status is 130, as a shell reports a process that SIGINT ended (Lightning's 1 reads as a
+  failure to scripts and schedulers);
+- what fit raises, `Interrupted`, is a `SystemExit` (the program ends quietly, as Lightning's) and
+  a `KeyboardInterrupt` (code that catches Ctrl-C around `fit` still does);
+- a further Ctrl-C says that the shutdown is saving and lets it finish, rather than nothing.
+
+A Ctrl-C that lands while a step holds the train state (its buffers donated to the step, the new
+state not yet returned) is not raised there: the loop stops once the new state is stored
+(`on_sigint` in `fitjax.loop._preemption`), so the checkpoint is written from the newest state.
+
+`FITJAX_DEBUG=1` (or `fitjax fit --debug`) prints the interrupted traceback too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, Callable, Iterator
+
+import jax
+
+__all__ = ["DEBUG_VAR", "MESSAGE", "Interrupted", "begin", "graceful"]
+
+MESSAGE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."  # Lightning's words
+SAVING = "Still shutting down: saving the checkpoint and closing the loggers, please wait ..."
+DEBUG_VAR = "FITJAX_DEBUG"
+STATUS = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+
+log = logging.getLogger("fitjax")
+
+
+class _Shutdown:
+    """The shutdown in progress in this process (one fit at a time): whether it began, and the
+    SIGINT handler it replaced."""
+    begun = False
+    previous: Any = None
+
+
+class Interrupted(SystemExit, KeyboardInterrupt):
+    """What `Trainer.fit` raises once its shutdown after Ctrl-C is done (exception hooks, the
+    checkpoint, loggers, teardown): a `SystemExit` with status 130, so the program ends without a
+    traceback, and a `KeyboardInterrupt`, so `except KeyboardInterrupt:` around `fit` catches it."""
+
+    def __init__(self) -> None:
+        super().__init__(STATUS)
+
+
+def debugging() -> bool:
+    """True when `FITJAX_DEBUG` asks for tracebacks (any value but "", "0", "false", "no")."""
+    return os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def begin(exc: BaseException) -> None:
+    """Fit caught `exc`: for Ctrl-C, says Lightning's line (process 0; the traceback too when
+    debugging) and from now until fit returns a further Ctrl-C says the shutdown is saving and
+    changes nothing. Any other exception: nothing. Called once per fit's failure."""
+    if not isinstance(exc, KeyboardInterrupt) or _Shutdown.begun:
+        return
+    _Shutdown.begun = True
+    if threading.current_thread() is threading.main_thread():
+        _Shutdown.previous = signal.signal(signal.SIGINT, _still_saving)
+    if debugging():
+        traceback.print_exception(exc)
+    if jax.process_index() == 0:
+        log.info(MESSAGE)
+
+
+def _still_saving(signum, frame) -> None:
+    if jax.process_index() == 0:
+        log.info(SAVING)
+
+
+def _end() -> None:
+    """Fit is returning: the SIGINT handler before `begin`'s is back."""
+    if _Shutdown.previous is not None:
+        signal.signal(signal.SIGINT, _Shutdown.previous)
+    _Shutdown.begun, _Shutdown.previous = False, None
+
+
+@contextlib.contextmanager
+def graceful() -> Iterator[None]:
+    """Around `Trainer.fit`'s body (a context, not a wrapper: warnings keep pointing at the
+    user's call): a Ctrl-C anywhere in it (the argument checks and the data's set-up included)
+    ends as `Interrupted` once fit's own handling (`begin`, the exception hooks, teardown) is
+    done; the SIGINT handler from before fit is back when it ends."""
+    try:
+        yield
+    except Interrupted:
+        raise
+    except KeyboardInterrupt as exc:
+        begin(exc)  # before fit's own handling: the line is said here
+        raise Interrupted() from None
+    finally:
+        _end()
+
+
+def exit_quietly_on_ctrl_c(main: Callable[[], Any]) -> Any:
+    """Runs a console command's `main`: a Ctrl-C outside a fit (imports, parsing, a stage
+    without the handling) prints Lightning's line and exits with status 130, no traceback unless
+    debugging."""
+    try:
+        return main()
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Interrupted):
+            raise
+        if debugging():
+            traceback.print_exception(exc)
+        print(MESSAGE, file=sys.stderr)
+        raise SystemExit(STATUS) from None

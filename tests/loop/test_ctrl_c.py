@@ -1,0 +1,131 @@
+"""Ctrl-C during a real fit in a terminal (a pty): at each phase, Lightning's one line and no
+traceback, exit status 130, and a complete newest checkpoint from which `ckpt_path="last"`
+resumes to the same parameters, bit for bit, as a fit that was never interrupted.
+
+The fits run in their own processes (`ctrl_c_fit.py`), all at once; each sends SIGINT to itself
+at its phase. The uninterrupted fit and the resumed ones run here.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import fitjax as fj
+from fitjax import checkpoint
+
+import ctrl_c_fit
+from ctrl_c_fit import Model, data
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+LINE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."
+PHASES = ["compile", "step", "validation", "save"]
+
+
+class _Terminal:
+    """`ctrl_c_fit.py PHASE` in a pty of its own; `finish()` returns (status, output)."""
+
+    def __init__(self, out: Path, phase: str):
+        leader, follower = pty.openpty()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]), "COLUMNS": "80", "LINES": "24"}
+        env.pop("FITJAX_DEBUG", None)
+        command = [sys.executable, ctrl_c_fit.__file__, str(out), phase]
+        if phase == "compile":  # the console command, with --debug
+            command = [sys.executable, "-m", "fitjax.cli", "fit", "--debug", "--model.class_path=ctrl_c_fit.Model",
+                       "--data.class_path=ctrl_c_fit.Data", "--trainer.callbacks+=ctrl_c_fit.SendCtrlC",
+                       "--trainer.callbacks.init_args.phase=compile", "--trainer.devices=1",
+                       f"--trainer.default_root_dir={out}"]
+        self.proc = subprocess.Popen(command, stdin=follower,
+                                     stdout=follower, stderr=follower, env=env, cwd=out, start_new_session=True)
+        os.close(follower)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, args=(leader,), daemon=True)
+        self._reader.start()
+
+    def _read(self, fd: int) -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the process and its terminal are gone
+                break
+            if not chunk:
+                break
+            self._chunks.append(chunk)
+        os.close(fd)
+
+    def finish(self, timeout: float = 240) -> tuple[int, str]:
+        try:
+            status = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self._reader.join(timeout=10)
+        return status, b"".join(self._chunks).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """Every phase's interrupted fit, run at once: {phase: (folder, status, output)}."""
+    runs = {}
+    for phase in PHASES:
+        out = tmp_path_factory.mktemp(phase)
+        runs[phase] = (out, _Terminal(out, phase))
+    return {phase: (out, *terminal.finish()) for phase, (out, terminal) in runs.items()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    trainer = ctrl_c_fit.trainer(tmp_path_factory.mktemp("whole"), enable_progress_bar=False)
+    trainer.fit(Model(), *data())
+    return jax.device_get(trainer.state.params), trainer.global_step
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    return sorted(out.rglob("checkpoints/*"))
+
+
+def _assert_one_line(status: int, output: str, phase: str, *, traceback: bool = False) -> None:
+    assert status == 130, f"{phase}: status {status}\n{output[-3000:]}"
+    assert output.count(LINE) == 1, output[-3000:]
+    assert ("Traceback" in output) == traceback and ("KeyboardInterrupt\r\n" in output) == traceback, output[-3000:]
+    assert "fit returned" not in output
+
+
+@pytest.mark.parametrize("phase", ["step", "validation", "save"])
+def test_ctrl_c_saves_the_newest_state_and_last_resumes_it_bitwise(phase, interrupted, uninterrupted):
+    out, status, output = interrupted[phase]
+    _assert_one_line(status, output, phase)
+    saved = _checkpoints(out)
+    assert len(saved) == 1 and checkpoint.is_checkpoint(saved[0]), saved  # complete, and the newest only
+    step = int(saved[0].name.split("step=")[1])
+    if phase == "step":  # the callback's count includes a run of the step at build time (XLA:CPU's choice)
+        assert ctrl_c_fit.STEP_SIGNALLED - 1 <= step <= ctrl_c_fit.STEP_SIGNALLED, saved
+    else:
+        assert step == {"validation": 16, "save": 8}[phase], saved
+
+    resumed = ctrl_c_fit.trainer(out, enable_progress_bar=False)
+    resumed.fit(Model(), *data(), ckpt_path="last")
+    params, global_step = uninterrupted
+    assert resumed.global_step == global_step
+    for a, b in zip(jax.tree.leaves(jax.device_get(resumed.state.params)), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fitjax_fit_ctrl_c_while_compiling_ends_with_status_130_and_debug_s_traceback(interrupted):
+    out, status, output = interrupted["compile"]
+    _assert_one_line(status, output, "compile", traceback=True)  # --debug: the traceback too
+    assert _checkpoints(out) == []  # no step ran: nothing newer than what was there
+
+
+def test_a_second_ctrl_c_during_the_shutdown_save_says_it_is_saving(interrupted):
+    out, status, output = interrupted["save"]
+    assert "Still shutting down: saving the checkpoint" in output, output[-3000:]

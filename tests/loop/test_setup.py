@@ -1,0 +1,81 @@
+"""What fit says and traces while it sets up: one status line for the init and each step's
+compilation, with its time; the user's function traced as few times as the build needs
+(docs/guides/speed.md says why each trace remains: a `print` in `loss` shows each one)."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import optax
+from helpers import MLP, regression_data
+
+import fitjax as fj
+
+
+class Counted(fj.LitModule):
+    """Squared error of an MLP with BatchNorm whose `loss` counts its calls (each is a trace:
+    compiled code does not run Python)."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = MLP(width=8)
+        self.traces = 0
+
+    def loss(self, model, batch):
+        self.traces += 1
+        return ((model(batch["x"], train=self.training) - batch["y"]) ** 2).mean()
+
+    def metrics(self, batch, outputs):
+        return {"y_size": abs(batch["y"]).mean()}
+
+    def configure_optimizer(self):
+        return optax.sgd(0.1)
+
+
+class Snapshots(fj.Callback):
+    """The module's trace count when each phase of the fit starts."""
+
+    def __init__(self):
+        self.at = {}
+
+    def on_fit_start(self, trainer, module):
+        self.at["built"] = module.traces
+
+    def on_train_start(self, trainer, module):
+        self.at["sanity checked"] = module.traces
+
+    def on_train_epoch_end(self, trainer, module):
+        self.at[f"epoch {trainer.current_epoch}"] = module.traces
+
+
+def test_a_fit_traces_loss_five_times_and_never_again_after_the_first_steps(capsys):
+    module, snapshots = Counted(), Snapshots()
+    trainer = fj.Trainer(max_epochs=2, strategy="single", enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, logger=False, callbacks=[snapshots])
+    trainer.fit(module, fj.DataLoader(regression_data(n=32), batch_size=16),
+                fj.DataLoader(regression_data(n=16, seed=1), batch_size=16))
+    assert snapshots.at == {
+        # the names and checks: Linen's init (train mode) and eval mode, in one abstract trace;
+        # then the init program, whose trace `jax.eval_shape` (the shardings) and the jit share
+        "built": 3,
+        "sanity checked": 4,  # the eval step
+        "epoch 0": 5,  # the train step
+        "epoch 1": 5,  # nothing traced again
+    }
+    # not a terminal (captured): each phase's line once, when it ends, with its time
+    said = re.findall(r"^fitjax: (.*) in \d+\.\d s$", capsys.readouterr().out, re.M)
+    assert said == ["initialised the state", "compiled the evaluation step", "compiled the train step"]
+
+
+def test_on_a_terminal_each_status_line_shows_while_its_phase_runs_and_ends_with_its_time():
+    out = io.StringIO()
+    trainer = fj.Trainer(max_epochs=1, strategy="single", enable_model_summary=False, enable_checkpointing=False,
+                         logger=False, callbacks=[fj.RichProgressBar(file=out, force_terminal=True)])
+    trainer.fit(Counted(), fj.DataLoader(regression_data(n=32), batch_size=16))
+    drawn = out.getvalue()
+    # shown while the init runs, then replaced in place by the line with its time
+    assert re.search(r"fitjax: initialising the state…\r\x1b\[2Kfitjax: initialised the state in \d+\.\d s\n", drawn)
+    # the train step compiles under the drawn bar (its row says so); the line is printed above it
+    compiled = drawn.index("fitjax: compiled the train step in ")
+    assert drawn.index("compiling train step") < compiled < drawn.rindex("Epoch 0")
