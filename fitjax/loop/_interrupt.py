@@ -20,7 +20,9 @@ state not yet returned) is not raised there: the loop stops once the new state i
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -37,15 +39,14 @@ MESSAGE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."  # Ligh
 SAVING = "Still shutting down: saving the checkpoint and closing the loggers, please wait ..."
 DEBUG_VAR = "FITJAX_DEBUG"
 STATUS = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+RESEND_S = 0.02  # a Ctrl-C that landed where Python drops exceptions is sent again this much later
 
 log = logging.getLogger("fitjax")
 
 
 class _Shutdown:
-    """The shutdown in progress in this process (one fit at a time): whether it began, and the
-    SIGINT handler it replaced."""
+    """Whether a fit's shutdown after Ctrl-C began in this process (one fit at a time)."""
     begun = False
-    previous: Any = None
 
 
 class Interrupted(SystemExit, KeyboardInterrupt):
@@ -70,23 +71,38 @@ def begin(exc: BaseException) -> None:
         return
     _Shutdown.begun = True
     if threading.current_thread() is threading.main_thread():
-        _Shutdown.previous = signal.signal(signal.SIGINT, _still_saving)
+        signal.signal(signal.SIGINT, _still_saving)  # until fit returns (`graceful`)
     if debugging():
         traceback.print_exception(exc)
     if jax.process_index() == 0:
         log.info(MESSAGE)
 
 
+def on_sigint(signum, frame) -> None:
+    """Python's Ctrl-C (`KeyboardInterrupt`), except inside a garbage-collector callback or a
+    `__del__`, where Python would print it as "Exception ignored" and go on (JAX runs one at
+    every collection: Ctrl-C during set-up was lost 1 time in 7): there the signal is sent again
+    a moment later, from a thread (sent from the handler, it would run the handler again inside
+    itself), and handled once that code has returned."""
+    if _swallowing(frame):
+        threading.Timer(RESEND_S, _thread.interrupt_main).start()
+        return
+    raise KeyboardInterrupt
+
+
+def _swallowing(frame) -> bool:
+    """True when `frame` runs inside code whose exceptions Python drops."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _still_saving(signum, frame) -> None:
     if jax.process_index() == 0:
         log.info(SAVING)
-
-
-def _end() -> None:
-    """Fit is returning: the SIGINT handler before `begin`'s is back."""
-    if _Shutdown.previous is not None:
-        signal.signal(signal.SIGINT, _Shutdown.previous)
-    _Shutdown.begun, _Shutdown.previous = False, None
 
 
 @contextlib.contextmanager
@@ -95,6 +111,8 @@ def graceful() -> Iterator[None]:
     user's call): a Ctrl-C anywhere in it (the argument checks and the data's set-up included)
     ends as `Interrupted` once fit's own handling (`begin`, the exception hooks, teardown) is
     done; the SIGINT handler from before fit is back when it ends."""
+    main = threading.current_thread() is threading.main_thread()  # Python's rule for handlers
+    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
     try:
         yield
     except Interrupted:
@@ -103,7 +121,9 @@ def graceful() -> Iterator[None]:
         begin(exc)  # before fit's own handling: the line is said here
         raise Interrupted() from None
     finally:
-        _end()
+        _Shutdown.begun = False
+        if main:  # None: a handler set from C, which Python cannot set back; its default then
+            signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
 def exit_quietly_on_ctrl_c(main: Callable[[], Any]) -> Any:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 import jax
 
 from fitjax import checkpoint
+from fitjax.loop import _interrupt
 from fitjax.loop._resume import Preempted
 from fitjax.plugins.environments import SLURMEnvironment
 from fitjax.strategies import StopAgreement, agree, broadcast_str
@@ -79,7 +80,7 @@ def stop_on_signals(environment, state: Callable[[], Any]) -> Iterator[StopAgree
         if agreement.requested != SIGINT and checkpoint.is_donated(state()):
             agreement.request(SIGINT)  # the step in flight returns the newest state: stop after it
             return
-        raise KeyboardInterrupt
+        _interrupt.on_sigint(signum, frame)
 
     checkpoint.writer().signalled(None)
 

@@ -374,7 +374,17 @@ class LitModule:
         """
         path, kwargs, meta = checkpoint.module_init_args(cls, path, overrides)
         module = cls(**kwargs)
-        set_variables(module, *checkpoint.restore_variables(path, initial_variables(module)))
+        like = initial_variables(module)  # an NNX model's: the shapes are checked now
+        variables = checkpoint.restore_variables(path, like)
+        set_variables(module, *variables)
+        if like is None and overrides:
+            # A Linen model's shapes are known at its first build (from a batch): the weights are
+            # placed then, checked against what these hyperparameters build, mismatches named.
+            rng = _weights.rng_names(variables)
+            arrays = {n: a for n, a in _weights.flat_arrays(variables).items() if n not in rng}
+            module._weights_load = _weights.WeightsLoad.make(arrays, mapping=None, transpose=(), strict=True,
+                                                             owner=cls.__name__)
+            module._restored_with = _weights.RestoredWith(cls.__name__, str(path), overrides, meta.get("hparams", {}))
         module.on_load_checkpoint(meta)  # Lightning's `load_from_checkpoint` calls it too
         return module
 
@@ -596,12 +606,18 @@ class LitModule:
 
     def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
         lora = vars(self).get("_lora")
-        if lora is not None and lora.quantize is not None:  # QLoRA: floats read, then quantized
-            optional = self._optional_names((_lora.float_abstract(abstract[0]), abstract[1]))
-            variables, report = _lora.place_quantized(functools.partial(load.place, optional=optional),
-                                                      abstract, shardings, initial)
-        else:
-            variables, report = load.place(abstract, shardings, initial, self._optional_names(abstract))
+        try:
+            if lora is not None and lora.quantize is not None:  # QLoRA: floats read, then quantized
+                optional = self._optional_names((_lora.float_abstract(abstract[0]), abstract[1]))
+                variables, report = _lora.place_quantized(functools.partial(load.place, optional=optional),
+                                                          abstract, shardings, initial)
+            else:
+                variables, report = load.place(abstract, shardings, initial, self._optional_names(abstract))
+        except ValueError as error:
+            restored = vars(self).get("_restored_with")
+            if restored is None:
+                raise
+            raise ValueError(restored.explain(error)) from None
         if report.missing_keys or report.unexpected_keys:
             warnings.warn(f"{type(self).__name__}.load_weights from {load.source.description}: "
                           f"{len(report.loaded)} arrays loaded; missing (kept as initialised): "
@@ -672,7 +688,9 @@ class LitModule:
         return ModuleSpec(
             owner=type(self).__name__,
             binding=binding,
-            variables=self.variables or binding.initial_variables(),
+            # weights restored with overrides are placed by `weights`, which checks their shapes
+            variables=(None if vars(self).get("_restored_with") and vars(self).get("_weights_load")
+                       else self.variables or binding.initial_variables()),
             loss=_lightning.binding_models(self, self.loss),  # several models: `self.net` bound too
             metrics=self.metrics,
             predict=_lightning.predict_fn(self, LitModule),
@@ -717,6 +735,7 @@ def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> Non
     a pending `load_weights` is done (the build that placed it is what gave these)."""
     module._variables = (params, model_state)
     module._weights_load = module._adapters_load = None
+    module._restored_with = None
     binding = module._get_binding()
     if isinstance(binding, (NNXBinding, ModelsBinding)):
         binding.update_model(params, model_state)

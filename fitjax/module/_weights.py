@@ -20,7 +20,7 @@ import numpy as np
 from fitjax._typing import PyTree
 from fitjax.module._weight_sources import Placement, Source, open_source
 
-__all__ = ["WeightsLoad", "WeightsReport"]
+__all__ = ["RestoredWith", "WeightsLoad", "WeightsReport"]
 
 NameMap = Mapping[str, str | None] | Callable[[str], str | None] | None
 Transpose = str | Sequence[str] | Mapping[str, Sequence[int]]
@@ -241,3 +241,26 @@ def _compile(pattern: str, where: str) -> None:
 def _examples(named: Mapping[str, Any]) -> str:
     names = list(named)[:3]
     return ", ".join(map(repr, names)) + (", ..." if len(named) > 3 else "") if names else "(none)"
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoredWith:
+    """`LitModule.load_from_checkpoint(path, **overrides)` of a Linen model: its weights are
+    placed at the first build, where a mismatch is explained in these terms."""
+
+    owner: str
+    path: str
+    overrides: Mapping[str, Any]
+    saved: Mapping[str, Any]
+
+    def explain(self, error: ValueError) -> str:
+        """The message for a `WeightsLoad.plan` error: the arrays that differ, the overrides."""
+        problems = [line.replace(" in the source", " in the checkpoint") for line in str(error).splitlines()
+                    if line.startswith("  ")]
+        given = ", ".join(f"{k}={v!r}" for k, v in self.overrides.items())
+        changed = ", ".join(f"{k}: {self.saved.get(k, '(none)')!r} -> {v!r}" for k, v in self.overrides.items())
+        shown = "\n".join(problems)
+        return (f"{self.owner}.load_from_checkpoint({self.path!r}, {given}) builds a model the checkpoint's "
+                f"weights do not fit ({changed}):\n{shown}\nLoad it without the hyperparameters that change "
+                f"the model's shapes; a model of other shapes starts from its own initial values: "
+                f"`{self.owner}({given})`.")

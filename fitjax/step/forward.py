@@ -202,6 +202,8 @@ class StepNames:
     #: the stateful metrics among them: name -> the metric with abstract state (train, eval)
     train_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     eval_metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the model's `(params, model_state)` the trace used, as `jax.ShapeDtypeStruct`s
+    variables: Any = None
 
     def slots(self, names: tuple[str, ...], *, train: bool) -> dict[str, Any]:
         """`names` as `fitjax.metrics.zeros` takes them: name -> None (a mean) or the metric."""
@@ -209,13 +211,15 @@ class StepNames:
         return {name: found.get(name) for name in names}
 
 
-def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
+def check_step_outputs(spec: ModuleSpec, batch: Batch, given, *, train: bool = True) -> StepNames:
     """Traces (never compiles) init + loss + metrics on `batch`; returns the value names.
 
     Raises the errors a user needs before a long compilation: a non-scalar loss, metrics that are
     not a dict of per-batch scalars. Eval mode is traced too (`module.log` may record other
     names when `self.training` is False). One abstract trace, no compilation, calling the
-    user's function twice: a Linen init's own call of it is the train mode's.
+    user's function twice: a Linen init's own call of it is the train mode's. `train=False`:
+    eval mode only (another stage's or loader's names), on `given` variables, abstract ones
+    included (`StepNames.variables`): one call.
     """
     owner = spec.owner
     specs: dict[str, _logged.LogSpec] = {}
@@ -228,7 +232,7 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
             if returned:
                 calls[True] = (returned[0], logged)
         probed = {}
-        for train in (True, False):
+        for train in modes:
             out, logged = calls[train] if train in calls else forward(spec, "loss", *given, rng, batch,
                                                                       train=train)[::2]
             loss, outputs = split_loss(out)
@@ -238,10 +242,11 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
             for name, log_spec in logged.specs.items():  # a name logged in both modes keeps its train spec
                 specs.setdefault(name, log_spec)
             probed[train] = (loss, values, logged.values)
-        return probed
+        return probed, tuple(given)
 
+    modes = (True, False) if train else (False,)
     found: dict[bool, dict[str, Any]] = {True: {}, False: {}}
-    probed = jax.eval_shape(probe, jax.random.key(0), batch, given)
+    probed, variables = jax.eval_shape(probe, jax.random.key(0), batch, given)
 
     def names(train: bool) -> tuple[str, ...]:
         loss, values, logged = probed[train]
@@ -256,9 +261,9 @@ def check_step_outputs(spec: ModuleSpec, batch: Batch, given) -> StepNames:
         found[train] = {name: v for name, v in {**values, **logged}.items() if acc_lib.is_metric(v)}
         return (*(() if no_loss else ("loss",)), *values, *logged)
 
-    train_names = names(True)
+    train_names = names(True) if train else ()
     eval_names = names(False)
-    return StepNames(train_names, eval_names, specs, found[True], found[False])
+    return StepNames(train_names, eval_names, specs, found[True], found[False], variables)
 
 
 def _as_array(value: Any) -> Any:

@@ -157,10 +157,11 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         with context.dataloader_index(loader_index):
             names, trace = forward.check_step_outputs(spec, abstract_batch, given), "loss"
     test_names = None
+    # the abstract variables the names were found with: other stages and loaders trace eval mode only
+    abstract_given = names.variables if names.variables is not None else None if given is None else _abstract(given)
     if purpose != "predict" and "test" in spec.eval_stages:  # test_step logs names of its own
         with context.stage("test"), context.dataloader_index(loader_index):
-            test_names = forward.check_step_outputs(spec, abstract_batch, given)
-    abstract_given = None if given is None else _abstract(given)
+            test_names = forward.check_step_outputs(spec, abstract_batch, abstract_given, train=False)
     tx = train_optimizer(spec, options) if fit else optax.identity()
     train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
@@ -220,7 +221,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     def loader_eval_step(stage: str, dataloader_idx: int) -> EvalStep:
         """Another loader's step: its names traced again (a hook may log others for it)."""
         with context.stage(stage), context.dataloader_index(dataloader_idx):
-            loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given)
+            loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given, train=False)
         return EvalStep(jit_eval(stage, dataloader_idx), loader_names.slots(loader_names.eval, train=False),
                         {**log_specs, **loader_names.log_specs})
 

@@ -68,11 +68,49 @@ def test_a_fit_traces_loss_five_times_and_never_again_after_the_first_steps(caps
     assert said == ["initialised the state", "compiled the evaluation step", "compiled the train step"]
 
 
+class CountedSteps(fj.LitModule):
+    """Lightning-style steps (a `test_step` too: the test stage's names are traced at the build)
+    that count their calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = MLP(width=8)
+        self.traces = {"training_step": 0, "validation_step": 0, "test_step": 0}
+
+    def forward(self, x):
+        return self.model(x, train=self.training)
+
+    def _error(self, batch, step):
+        self.traces[step] += 1
+        return ((self(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def training_step(self, batch, batch_idx):
+        return self._error(batch, "training_step")
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self._error(batch, "validation_step"))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", self._error(batch, "test_step"))
+
+    def configure_optimizers(self):
+        return optax.sgd(0.1)
+
+
+class BeforeTraining(fj.Callback):
+    def on_train_start(self, trainer, module):
+        self.traces = dict(module.traces)
+
+
 def test_on_a_terminal_each_status_line_shows_while_its_phase_runs_and_ends_with_its_time():
-    out = io.StringIO()
+    out, before = io.StringIO(), BeforeTraining()
     trainer = fj.Trainer(max_epochs=1, strategy="single", enable_model_summary=False, enable_checkpointing=False,
-                         logger=False, callbacks=[fj.RichProgressBar(file=out, force_terminal=True)])
-    trainer.fit(Counted(), fj.DataLoader(regression_data(n=32), batch_size=16))
+                         logger=False, callbacks=[fj.RichProgressBar(file=out, force_terminal=True), before])
+    trainer.fit(CountedSteps(), fj.DataLoader(regression_data(n=32), batch_size=16),
+                fj.DataLoader(regression_data(n=16, seed=1), batch_size=16))
+    # the build calls training_step twice (Linen's init finding the names; the init program), the
+    # other stages' names are traced in eval mode alone (7 training_step calls before, as issue 35 saw)
+    assert before.traces == {"training_step": 2, "validation_step": 2, "test_step": 1}
     drawn = out.getvalue()
     # shown while the init runs, then replaced in place by the line with its time
     assert re.search(r"fitjax: initialising the state…\r\x1b\[2Kfitjax: initialised the state in \d+\.\d s\n", drawn)
