@@ -14,7 +14,7 @@ import argparse
 from typing import Literal
 
 if __name__ == "__main__":  # a word before the imports: JAX, Flax and scikit-learn take seconds to load
-    print("digits: loading JAX and the data; the first epoch starts once the train step is compiled", flush=True)
+    print("digits: loading JAX and the data; training starts once the step is compiled", flush=True)
 
 import flax.linen as nn
 import numpy as np
@@ -153,8 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     trainer.fit(module, train_loader, val_loader)
     (results,) = trainer.validate(module, val_loader)
-    print(f"validation accuracy {results['val/acc']:.4f}  loss {results['val/loss']:.4f}  "
-          f"(logs: {trainer.log_dir})")
+    print(f"validation accuracy {results['val/acc']:.4f}  loss {results['val/loss']:.4f}\nlogs: {trainer.log_dir}")
     return results
 
 

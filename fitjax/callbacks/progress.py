@@ -20,7 +20,8 @@ from typing import Any, TextIO
 
 import jax
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from fitjax import _logged, _status
 from fitjax.callbacks._base import Callback, ignores_batch
@@ -32,6 +33,39 @@ __all__ = ["RichProgressBar"]
 
 def _format(values: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in values.items())
+
+
+def _wrap(line: str, width: int) -> list[str]:
+    """`line` in lines of at most `width` columns, broken only between its parts (separated by
+    two spaces: `loss 0.1234` is one part), never inside one; the lines after the first indented.
+
+    Example:
+        >>> _wrap("Epoch 0 done in 1.0s  loss 0.25  acc 0.9", 30)
+        ['Epoch 0 done in 1.0s', '  loss 0.25  acc 0.9']
+    """
+    lines: list[str] = []
+    current = ""
+    for part in line.split("  "):
+        if not part:
+            continue
+        if current and len(current) + 2 + len(part) > width:
+            lines.append(current)
+            current = "  " + part
+        else:
+            current = f"{current}  {part}" if current else part
+    return [*lines, current]
+
+
+class _Bars(Progress):
+    """rich's `Progress`, with each task's values on lines of their own under the bars (wrapped
+    between values): the bar's row keeps its counters and times whole at 80 columns."""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            values = task.fields.get("metrics")
+            if values:
+                yield Text("\n".join(_wrap(values, self.console.width)), no_wrap=True, overflow="ignore")
 
 
 def _speed(rate: float | None) -> str:
@@ -135,6 +169,7 @@ class RichProgressBar(Callback):
         self._eval_loader = 0  # the loader the evaluation bar counts (Lightning: a bar per loader)
         self._epoch_start = 0.0
         self._epoch_first_step = 0
+        self._epoch_offset = 0
         self._batches_done = 0
         self._epoch_batches: int | None = None  # the train epoch's batches (`num_training_batches`)
         self._seen_window = None  # the last log window's position this bar has looked at
@@ -159,8 +194,6 @@ class RichProgressBar(Callback):
             kwargs = {"file": self._file or sys.stdout, "force_terminal": self._force_terminal,
                       "quiet": jax.process_index() != 0, **self._console_kwargs}
             self._console = Console(**kwargs)
-            if not self._console.is_terminal and "width" not in self._console_kwargs:
-                self._console.width = max(self._console.width, 160)  # logs have no width: never wrap
         return self._console
 
     @property
@@ -168,21 +201,23 @@ class RichProgressBar(Callback):
         return self.console.is_terminal
 
     def _print(self, line: str) -> None:
+        """Prints `line` wrapped between its parts at the console's width (80 columns unless the
+        terminal or `COLUMNS` says otherwise)."""
+        text = "\n".join(_wrap(line, self.console.width))
         if self._progress is not None or self.console.record:
-            # Above the live bar, drawn by this thread (no refresh thread runs: see the module
-            # doc). A terminal gets the line wrapped at words, a log file gets it whole.
-            self.console.print(line, highlight=False, soft_wrap=not self.is_terminal, markup=False)
+            # Above the live bar, drawn by this thread (no refresh thread runs: see the module doc)
+            self.console.print(text, highlight=False, soft_wrap=True, markup=False)
         elif not self.console.quiet:  # a plain write: rich's print costs ~0.3 ms a line
             stream = self.console.file
-            stream.write(line + "\n")
+            stream.write(text + "\n")
             stream.flush()
 
     def _start_progress(self) -> None:
         if self._progress is None and self.is_terminal:
-            self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[speed]}"),
-                TextColumn("{task.fields[metrics]}"),
+            # the bar takes the room the counters leave; the values go on lines of their own
+            self._progress = _Bars(
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=None), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[speed]}"),
                 console=self.console, transient=False, auto_refresh=False,
             )
             self._progress.start()
@@ -222,6 +257,7 @@ class RichProgressBar(Callback):
         self._start_progress()
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
+        self._epoch_offset = trainer.progress.batches_done  # a resumed epoch's batches done before
         self._batches_done = 0
         self._epoch_batches = trainer.num_training_batches
         note = self._compile_note("train")
@@ -230,8 +266,8 @@ class RichProgressBar(Callback):
                 self._progress.remove_task(self._train_task)
             of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
             self._train_task = self._progress.add_task(
-                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", metrics=note
-            )
+                f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches, speed="", eta="",
+                metrics=note)
             self._progress.refresh()  # drawn now: the first step may block for seconds compiling
         elif note:
             self._print(note)
@@ -250,8 +286,9 @@ class RichProgressBar(Callback):
             if compiled or done == self._epoch_batches or (now - self._last_update >= _MIN_UPDATE_S
                                                            and trainer.progress.crossed_batches(self.refresh_rate)):
                 self._last_update = now
-                self._progress.update(self._train_task, completed=done,
-                                      speed=_speed(trainer.progress.steps_per_second),
+                rate = trainer.progress.steps_per_second
+                self._progress.update(self._train_task, completed=done, speed=_speed(rate),
+                                      eta=self._eta(trainer, done, rate),
                                       metrics=_format(_bar_values(trainer)), refresh=True)
             return
         if self.refresh_rate > 1:
@@ -259,6 +296,14 @@ class RichProgressBar(Callback):
                 self._print_line(trainer, trainer.current_epoch, done, trainer.global_step)
         elif trainer.progress.last_logged is not self._seen_window:  # a window reached the loggers
             self._print_window(trainer)
+
+    def _eta(self, trainer, done: int, rate: float | None) -> str:
+        """The epoch's time left at `rate` steps per second ("-:--:--" until measured)."""
+        total, steps, batches = self._epoch_batches, trainer.global_step - self._epoch_first_step, done - self._epoch_offset
+        if rate is None or total is None or not steps or batches <= 0:
+            return "-:--:--"
+        left = round((total - done) * steps / batches / rate)
+        return f"{left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}"
 
     def _print_window(self, trainer) -> None:
         """A line for each log window not printed yet, once its values have reached the host (a
@@ -306,7 +351,8 @@ class RichProgressBar(Callback):
         if not self.is_terminal:
             return
         self._start_progress()
-        self._eval_task = self._progress.add_task(name, total=_eval_total(trainer, name, 0), speed="", metrics=note)
+        self._eval_task = self._progress.add_task(name, total=_eval_total(trainer, name, 0), speed="", eta="",
+                                                  metrics=note)
         self._progress.refresh()  # drawn before the first batch, which may compile for seconds
 
     def _eval_batch(self, trainer, batch_idx: int, name: str, dataloader_idx: int) -> None:
@@ -317,7 +363,7 @@ class RichProgressBar(Callback):
         if dataloader_idx != self._eval_loader:  # the next loader: a bar of its own, as Lightning
             self._eval_loader = dataloader_idx
             self._progress.remove_task(self._eval_task)
-            self._eval_task = self._progress.add_task(self._eval_description, speed="", metrics="",
+            self._eval_task = self._progress.add_task(self._eval_description, speed="", eta="", metrics="",
                                                       total=_eval_total(trainer, name, dataloader_idx))
             compiled = True  # drawn at once
         if compiled or now - self._last_update >= _MIN_UPDATE_S:

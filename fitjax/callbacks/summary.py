@@ -1,9 +1,12 @@
-"""`RichModelSummary`: a table of the model's arrays when fit starts, for Linen and NNX alike.
+"""`RichModelSummary`: a table of the model's layers when fit starts, for Linen and NNX alike.
 
 Both kinds of model reach the trainer as two nested dicts (`params`, `model_state`), so the
-summary walks those: one row per array (or per module with `max_depth`), with its shape, element
-count, bytes and, on a mesh of several devices, how it is split and what one device holds. It
-reads only array metadata (shape, dtype, sharding): no transfer, no wait for the device.
+summary walks those: one row per layer (the module path down to `max_depth`, Lightning's rows),
+with its parameter count, other state and bytes, or one row per array on request (`arrays=True`)
+with its shape, dtype and, on a mesh of several devices, how it is split and what one device
+holds. It reads only array metadata (shape, dtype, sharding): no transfer, no wait for the device.
+The table is made to fit 80 columns: counts with units (`18.4 K`), types written as JAX does
+(`float32[3,3,32]`), long names folded inside their cell rather than cut.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from fitjax.module import unwrap_host_model
 from fitjax._typing import PyTree
 from fitjax.callbacks._base import Callback
 
-__all__ = ["ModelSummary", "RichModelSummary", "summarize"]
+__all__ = ["LayerRow", "ModelSummary", "RichModelSummary", "summarize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +46,20 @@ class SummaryRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerRow:
+    """A layer's arrays together: `name` is its module path down to the summary's depth."""
+
+    name: str
+    params: int  # trainable elements
+    other: int  # elements of the model state (BatchNorm statistics, NNX rng counters)
+    nbytes: int
+    device_bytes: int | None = None  # what one device holds of them, on a mesh of several
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSummary:
-    """What `RichModelSummary` shows: the rows and the totals of trainable and other arrays."""
+    """What `RichModelSummary` shows: the arrays (`rows`), the layers they group into
+    (`layers`) and the totals of trainable and other arrays."""
 
     rows: list[SummaryRow]
     trainable_count: int
@@ -52,6 +67,7 @@ class ModelSummary:
     other_count: int
     other_bytes: int
     sharded: bool
+    layers: list[LayerRow] = dataclasses.field(default_factory=list)
 
     @property
     def total_count(self) -> int:
@@ -95,23 +111,21 @@ def _in_order(rows: list[SummaryRow], order: Sequence[tuple[str, ...]]) -> list[
     return sorted(rows, key=lambda row: place.get((*filter(None, row.module.split("/")), row.name), len(place)))
 
 
-def _group(rows: list[SummaryRow], depth: int) -> list[SummaryRow]:
-    groups: dict[tuple[str, str], list[SummaryRow]] = {}
+def _layers(rows: list[SummaryRow], depth: int) -> list[LayerRow]:
+    """The arrays summed by module path down to `depth` (-1: the whole path), in the order their
+    first array comes; an array at the top (no module) is a layer of its own."""
+    groups: dict[str, list[SummaryRow]] = {}
     for row in rows:
-        key = ("/".join([*row.module.split("/"), row.name][:depth]).strip("/"), row.collection)
-        groups.setdefault(key, []).append(row)
+        parts = row.module.split("/") if row.module else [row.name]
+        groups.setdefault("/".join(parts if depth < 0 else parts[:depth]), []).append(row)
     out = []
-    for (module, collection), members in groups.items():
-        if len(members) == 1:
-            out.append(members[0])
-            continue
-        dtypes = sorted({m.dtype for m in members})
+    for name, members in groups.items():
         per_device = [m.device_bytes for m in members]
-        out.append(SummaryRow(
-            module=module, name="", collection=collection, shape=None, dtype=", ".join(dtypes),
-            count=sum(m.count for m in members), nbytes=sum(m.nbytes for m in members),
-            sharding=None, device_bytes=sum(per_device) if None not in per_device else None,
-        ))
+        out.append(LayerRow(
+            name=name, params=sum(m.count for m in members if m.collection == "params"),
+            other=sum(m.count for m in members if m.collection != "params"),
+            nbytes=sum(m.nbytes for m in members),
+            device_bytes=sum(per_device) if None not in per_device else None))
     return out
 
 
@@ -145,7 +159,7 @@ def _state_rows(model_state: PyTree, kinds: dict[tuple[str, ...], str] | None) -
             for row in rows]
 
 
-def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = None,
+def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
               model: Any = None, order: Sequence[tuple[str, ...]] = (), trains: PyTree = None) -> ModelSummary:
     """Rows and totals for a model's `params` and `model_state` (nested dicts of arrays).
 
@@ -153,7 +167,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = No
         params: the trainable arrays.
         model_state: the other arrays: `{collection: tree}` for Linen (`batch_stats`, ...);
             for an NNX model (pass `model`), a tree by submodule, as the trainer keeps it.
-        max_depth: sum the rows of each module at this depth of the path (None: every array).
+        max_depth: `layers` sum the arrays of each module at this depth of the path
+            (Lightning's `max_depth`: 1 the top-level layers, -1 every module whole).
         model: the `flax.nnx.Module` the state belongs to, so that each state row shows its
             submodule and its kind (`batch_stats`, `RngCount`, ...); ignored for Linen.
         order: the arrays' paths in the model's own order (`LitModule.variable_order`): the rows
@@ -165,8 +180,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = No
     Example:
         >>> import jax.numpy as jnp
         >>> s = summarize({"Dense_0": {"kernel": jnp.zeros((3, 4)), "bias": jnp.zeros(4)}}, {})
-        >>> s.trainable_count, s.trainable_bytes
-        (16, 64)
+        >>> s.trainable_count, s.trainable_bytes, s.layers[0].params
+        (16, 64, 16)
     """
     if trains is None:
         trainable, frozen = _rows(params, "params"), []
@@ -176,10 +191,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int | None = No
     trainable = _in_order(trainable, order)
     other = _in_order(frozen + _state_rows(model_state, _nnx_kinds(model)), order)
     rows = trainable + other
-    if max_depth is not None:
-        rows = _group(rows, max_depth)
     return ModelSummary(
-        rows=rows,
+        rows=rows, layers=_layers(rows, max_depth),
         trainable_count=sum(r.count for r in trainable), trainable_bytes=sum(r.nbytes for r in trainable),
         other_count=sum(r.count for r in other), other_bytes=sum(r.nbytes for r in other),
         sharded=any(r.sharding is not None for r in trainable + other),
@@ -204,45 +217,71 @@ def _bytes(n: int | None) -> str:
     raise AssertionError("unreachable")
 
 
-def totals(summary: ModelSummary) -> str:
-    """The one-line totals printed under the table."""
-    return (
-        f"Trainable params: {_human(summary.trainable_count)} ({_bytes(summary.trainable_bytes)})  "
-        f"Other state: {_human(summary.other_count)} ({_bytes(summary.other_bytes)})  "
-        f"Total: {_human(summary.total_count)} ({_bytes(summary.total_bytes)})"
-    )
+def totals(summary: ModelSummary) -> list[str]:
+    """The totals printed under the table, one a line (Lightning's lines, with bytes)."""
+    return [f"{_human(summary.trainable_count):<9} Trainable params ({_bytes(summary.trainable_bytes)})",
+            f"{_human(summary.other_count):<9} Other state ({_bytes(summary.other_bytes)})",
+            f"{_human(summary.total_count):<9} Total ({_bytes(summary.total_bytes)})"]
 
 
-def render(summary: ModelSummary, *, title: str = "Model summary") -> Group:
-    """A rich table of `summary` and its totals line (a line of its own: a caption would wrap
-    at the table's width, which is often narrower than the line)."""
-    table = Table(title=title, title_justify="left", show_edge=False)
-    for header, justify in (("Module", "left"), ("Array", "left"), ("Kind", "left"), ("Shape", "left"),
-                            ("Dtype", "left"), ("Count", "right"), ("Bytes", "right")):
-        table.add_column(header, justify=justify)
-    if summary.sharded:
-        table.add_column("Sharding", justify="left")
-        table.add_column("Per device", justify="right")
-    for row in summary.rows:
-        cells = [row.module or "-", row.name, row.collection,
-                 "" if row.shape is None else str(list(row.shape)), row.dtype,
-                 f"{row.count:,}", _bytes(row.nbytes)]
+def _typed_shape(row: SummaryRow) -> str:
+    """JAX's notation of an array's type: `float32[3,3,32]`."""
+    return f"{row.dtype}[{','.join(map(str, row.shape or ()))}]"
+
+
+def render(summary: ModelSummary, *, title: str = "Model summary", arrays: bool = False) -> Group:
+    """A rich table of `summary`'s layers (or of every array: `arrays`) and its totals lines.
+
+    Cells fold a long name onto more lines rather than cut it, and number columns never shrink:
+    no number is ever shown cut."""
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    number = {"justify": "right", "no_wrap": True}
+    if arrays:
+        # the count is the type's shape: not a column of its own (the layer rows have counts)
+        table.add_column("Array", overflow="fold")
+        table.add_column("Kind", overflow="fold")
+        table.add_column("Type", overflow="fold")
+        table.add_column("Size", **number)
         if summary.sharded:
-            cells += [row.sharding or "", _bytes(row.device_bytes)]
-        table.add_row(*cells)
-    return Group(table, Text(totals(summary), no_wrap=True, overflow="ignore"))
+            table.add_column("Split", overflow="fold")
+            table.add_column("Per device", **number)
+        for row in summary.rows:
+            cells = ["/".join(filter(None, (row.module, row.name))), row.collection, _typed_shape(row),
+                     _bytes(row.nbytes)]
+            if summary.sharded:  # "-": every device holds all of it
+                cells += [row.sharding if row.sharding not in (None, "replicated") else "-",
+                          _bytes(row.device_bytes)]
+            table.add_row(*cells)
+    else:
+        table.add_column("", **number)
+        table.add_column("Name", overflow="fold")
+        table.add_column("Params", **number)
+        table.add_column("Other state", **number)
+        table.add_column("Size", **number)
+        if summary.sharded:
+            table.add_column("Per device", **number)
+        for i, layer in enumerate(summary.layers):
+            cells = [str(i), layer.name, _human(layer.params), _human(layer.other) if layer.other else "-",
+                     _bytes(layer.nbytes)]
+            if summary.sharded:
+                cells.append(_bytes(layer.device_bytes))
+            table.add_row(*cells)
+    return Group(table, *(Text(line) for line in totals(summary)))
 
 
 class RichModelSummary(Callback):
-    """Prints a table of the model's arrays when `fit` starts (on by default: `enable_model_summary`).
+    """Prints a table of the model's layers when `fit` starts (on by default: `enable_model_summary`).
 
-    One row per array of the parameters and the model state (BatchNorm statistics, NNX rng
-    counters): module path, kind (`params`, `batch_stats`, ...), shape, dtype, element count and
-    bytes, then a line of totals; on a mesh of several devices also each array's partition spec
-    and the bytes one device holds.
+    One row per layer, as Lightning's `ModelSummary`: its name (module path), parameter count,
+    other state (BatchNorm statistics, NNX rng counters) and bytes, then the totals; on a mesh of
+    several devices also the bytes one device holds. `arrays=True` lists every array instead:
+    its path, kind (`params`, `batch_stats`, ...), type (`float32[3,3,32]`), bytes and, on a
+    mesh, its partition spec (`-`: replicated) and the bytes one device holds. Fits 80 columns.
 
     Args:
-        max_depth: sum the rows of each module at this depth of the path (None: every array).
+        max_depth: the depth of the module path a row sums (Lightning's: 1 the top-level
+            layers, -1 every module whole, 0 the totals only).
+        arrays: one row per array instead of per layer.
         file: where to print (default stdout).
         console_kwargs: more arguments for the `rich.console.Console` it prints with, e.g.
             `{"width": 120}` or `{"record": True}` (read back with `summary.console.export_text()`).
@@ -252,12 +291,14 @@ class RichModelSummary(Callback):
         >>> trainer = fj.Trainer(callbacks=[fj.RichModelSummary(max_depth=1)])
     """
 
-    def __init__(self, max_depth: int | None = None, *, file: TextIO | None = None,
+    def __init__(self, max_depth: int = 1, *, arrays: bool = False, file: TextIO | None = None,
                  console_kwargs: dict[str, Any] | None = None):
-        if max_depth is not None and (not isinstance(max_depth, int) or isinstance(max_depth, bool)
-                                      or max_depth < 1):
-            raise ValueError(f"RichModelSummary(max_depth=...) must be None or an int >= 1, got {max_depth!r}")
-        self.max_depth = max_depth
+        if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < -1:
+            raise ValueError(f"RichModelSummary(max_depth=...) must be an int >= -1 (Lightning's: 1 the "
+                             f"top-level layers, -1 every module, 0 totals only), got {max_depth!r}")
+        if not isinstance(arrays, bool):
+            raise ValueError(f"RichModelSummary(arrays=...) must be True or False, got {arrays!r}")
+        self.max_depth, self.arrays = max_depth, arrays
         self._file = file
         self._console_kwargs = dict(console_kwargs or {})
         self.console: Console | None = None  # the console of the last print
@@ -270,10 +311,12 @@ class RichModelSummary(Callback):
         # in a hook the module's model attribute calls the model with the current weights: the
         # flax model itself is behind it
         model = unwrap_host_model(getattr(module, "model", None))
-        self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth,
+        self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth or 1,
                                  model=model, order=module.variable_order,
                                  trains=module.trainable_mask(state.params))
         self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})
-        if not self.console.is_terminal and "width" not in self._console_kwargs:
-            self.console.width = max(self.console.width, 160)  # logs have no width: don't squash the table
-        self.console.print(render(self.summary, title=f"{type(module).__name__} summary"), highlight=False)
+        title = f"{type(module).__name__} summary"
+        if self.max_depth == 0 and not self.arrays:  # Lightning's max_depth=0: the totals only
+            self.console.print("\n".join([title, *totals(self.summary)]), highlight=False, markup=False)
+            return
+        self.console.print(render(self.summary, title=title, arrays=self.arrays), highlight=False)

@@ -192,6 +192,13 @@ class MetricLog:
         """A train epoch starts: its means start from `accumulators` (a resumed epoch's) or none."""
         self._epoch = accumulators or EpochAccumulators()
 
+    def time_finished(self, probe: jax.Array) -> None:
+        """Waits for `probe` (a value of the last train step: `state.step`) and times the steps
+        since the last window: a validation waits for them anyway, and its time is left out."""
+        with self._profiler.profile("[sync] log step values"):
+            probe.block_until_ready()
+        self._timed(self._loop.global_step)
+
     def restart_speed(self) -> None:
         """Every train step so far has finished and what ran since was not training (an
         evaluation, the work between epochs): steps per second are timed from now."""

@@ -991,7 +991,8 @@ class Trainer(metaclass=_CheckedArguments):
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        with module_lib.hook_mode(module, False):  # Lightning's eval mode, for what the hooks run
+        # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run
+        with _interrupt.graceful(), module_lib.hook_mode(module, False):
             return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
@@ -1038,7 +1039,7 @@ class Trainer(metaclass=_CheckedArguments):
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
-        with module_lib.hook_mode(module, False):  # Lightning's eval mode, for what the hooks run
+        with _interrupt.graceful(), module_lib.hook_mode(module, False):  # Ctrl-C as in fit; eval mode
             host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
@@ -1124,6 +1125,7 @@ class Trainer(metaclass=_CheckedArguments):
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
         module = run.module
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
+        self._metric_log.time_finished(run.state.step)  # it/s: the steps before it (it waits for them)
         with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
             self._hooks.call("on_validation_model_zero_grad", self, module)

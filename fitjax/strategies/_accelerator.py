@@ -106,12 +106,13 @@ def check_devices_match(accelerator: str, devices: Sequence[jax.Device]) -> None
 
 
 def banner(devices: Sequence[jax.Device], strategy: Any, precision: Any, environment: Any = None) -> str:
-    """One line: platform, devices used of available, processes (the cluster environment and this
-    process's rank), strategy and mesh, precision (a name or a `Precision`: "64-true" adds that
-    JAX's x64 is on for the run).
+    """Two lines that fit 80 columns: platform, devices used of available, processes (the cluster
+    environment and this process's rank); then strategy and mesh, precision (a name or a
+    `Precision`: "64-true" adds that JAX's x64 is on for the run).
 
     Example (8 virtual CPU devices, `strategy="dp"`):
-        fitjax: cpu, 8/8 devices used, 1 process (LightningEnvironment, rank 0), strategy DataParallel (mesh data=8), precision 32-true
+        fitjax: cpu, 8/8 devices used, 1 process (LightningEnvironment, rank 0)
+          strategy DataParallel (mesh data=8), precision 32-true
     """
     first = devices[0]
     kind = first.platform if first.device_kind.lower() == first.platform else f"{first.platform} ({first.device_kind})"
@@ -121,6 +122,6 @@ def banner(devices: Sequence[jax.Device], strategy: Any, precision: Any, environ
     mesh = getattr(strategy, "mesh", None)
     shape = " ".join(f"{axis}={size}" for axis, size in mesh.shape.items()) if mesh is not None else "none"
     return (f"fitjax: {kind}, {len(devices)}/{available} devices used, "
-            f"{processes} process{'es' if processes != 1 else ''}{where}, strategy {type(strategy).__name__} "
+            f"{processes} process{'es' if processes != 1 else ''}{where}\n  strategy {type(strategy).__name__} "
             f"(mesh {shape}), precision {getattr(precision, 'name', precision)}"
             f"{' (x64 enabled)' if getattr(precision, 'x64', False) else ''}")

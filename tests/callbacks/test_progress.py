@@ -38,8 +38,16 @@ def _fit_with_bar(**bar_kwargs) -> str:
     return out.getvalue()
 
 
+def _joined(text: str) -> str:
+    """`text` with each wrapped line (indented: broken between values at 80 columns) joined back
+    to the line it continues."""
+    return text.replace("\n  ", "  ")
+
+
 def test_a_non_terminal_gets_plain_lines_per_log_step_and_per_epoch():
-    text = _fit_with_bar()
+    raw = _fit_with_bar()
+    assert max(len(line) for line in raw.splitlines()) <= 80  # broken between values
+    text = _joined(raw)
     assert "\x1b" not in text  # no escape codes in a log file
     lines = text.splitlines()
     steps = [line for line in lines if line.startswith("epoch ")]
@@ -57,7 +65,7 @@ def test_windows_arriving_together_each_get_their_line(monkeypatch):
     # on a busy machine a log window's values can still be on their way at the next log step, so
     # two windows reach the host at one step boundary (here: each is read only when it must be)
     monkeypatch.setattr(fitjax_log_fetch.Window, "ready", lambda self: False)
-    steps = [line for line in _fit_with_bar().splitlines() if line.startswith("epoch ")]
+    steps = [line for line in _joined(_fit_with_bar()).splitlines() if line.startswith("epoch ")]
     assert [re.match(r"epoch (\d) batch (\d)/8 \(optimizer step (\d+)\)", s).groups() for s in steps] == [
         ("0", "4", "4"), ("0", "8", "8"), ("1", "4", "12"), ("1", "8", "16")]
     # each line shows the values of its own window, not the latest one's
@@ -128,15 +136,16 @@ def test_model_summary_at_fit_start_for_linen_and_nnx():
     for module, trainable, names in [(Regressor(), 8 * 32 + 32 + 32 + 32 + 32 + 1, ["Dense_0", "BatchNorm_0"]),
                                      (NNXRegressor(), 8 * 16 + 16 + 16 + 16 + 16 + 1, ["hidden", "bn", "out"])]:
         out = io.StringIO()
-        summary = fj.RichModelSummary(file=out)
+        summary = fj.RichModelSummary(file=out, arrays=True)
         quiet_trainer(max_steps=1, strategy="dp", devices=8, callbacks=[summary], enable_model_summary=True).fit(
             module, fj.DataLoader(regression_data(n=32), batch_size=16))
         text = out.getvalue()
         assert summary.summary.trainable_count == trainable
         assert summary.summary.trainable_bytes == 4 * trainable
         assert summary.summary.other_count > 0  # BatchNorm statistics (and NNX rng counters)
-        assert all(name in text for name in names) and "Trainable params" in text
-        assert "replicated" in text  # dp over 8 devices: the sharding column is shown
+        assert all(name in text.replace("\n", "").replace(" ", "").replace("│", "") for name in names)
+        assert "Trainable params" in text
+        assert "Split" in text and "Per device" in text  # dp over 8 devices: the sharding columns
 
 
 class _Unsorted(linen.Module):
@@ -178,7 +187,7 @@ def test_summary_shows_how_sharded_arrays_are_split():
     (row,) = summary.rows
     assert (row.module, row.name, row.shape, row.count) == ("Dense_0", "kernel", (64, 4), 256)
     assert row.sharding == "(data, -)" and row.nbytes == 1024 and row.device_bytes == 128
-    assert fj.callbacks.summarize({"a": {"b": {"w": np.zeros(3)}, "c": np.zeros(2)}}, {}, max_depth=1).rows[0].count == 5
+    assert fj.callbacks.summarize({"a": {"b": {"w": np.zeros(3)}, "c": np.zeros(2)}}, {}, max_depth=1).layers[0].params == 5
 
 
 def test_enable_flags_add_or_remove_the_default_callbacks():
@@ -288,20 +297,25 @@ def test_a_terminal_says_what_compiles_and_keeps_every_epoch_line():
     val = fj.DataLoader(regression_data(n=64, seed=1), batch_size=32)
     trainer.fit(Marked(), fj.DataLoader(regression_data(n=128), batch_size=32), val)  # 4 steps/epoch
     seen = screen.seen
-    assert re.match(r"Epoch 0/2 .* 0/4 .* compiling train step$", seen["before the first train step"][-1])
-    assert re.match(r"Epoch 0/2 .* 1/4 .* it/s", seen["after the first train step"][-1])
+    # the bar's row, then its values (here the note) on a line of their own
+    assert re.match(r"Epoch 0/2 .* 0/4 ", seen["before the first train step"][-2])
+    assert seen["before the first train step"][-1] == "compiling train step"
+    assert re.match(r"Epoch 0/2 .* 1/4 .* it/s", seen["after the first train step"][-2])
     first_validation = r"(Validation|Sanity Checking)"  # Lightning's sanity check, if the loop runs one
-    assert re.match(first_validation + r" .* compiling validation step$", seen["before the first validation step"][-1])
-    assert re.match(first_validation + r" .* 1/2 ", seen["after the first validation step"][-1])
+    assert any(re.match(first_validation + r" .* 0/2 ", line) for line in seen["before the first validation step"])
+    assert seen["before the first validation step"][-1] == "compiling validation step"
+    assert any(re.match(first_validation + r" .* 1/2 ", line) for line in seen["after the first validation step"])
     assert not any("compiling" in line for line in seen["after the first validation step"])
     shown = _screen(bar.console.file.getvalue())
-    done = [line for line in shown if line.startswith("Epoch ") and " done " in line]
+    done = [line for line in _joined("\n".join(shown)).splitlines() if line.startswith("Epoch ") and " done " in line]
     assert [re.match(r"Epoch (\d) done in \S+ \(optimizer step (\d+)\)  loss ", line).groups() for line in done] == [
         ("0", "4"), ("1", "8"), ("2", "12")]
     assert all(f"  {key} " in line for line in done for key in ("mae", "pred_mean", "val/loss", "val/mae"))
     assert max(len(line) for line in shown) <= 120
-    *_, last_bar, closing = [line for line in shown if line]
-    assert re.match(r"Epoch 2/2 .* 4/4 ", last_bar)  # the last bar stays
+    lines = [line for line in shown if line]
+    closing, last_bar = lines[-1], max(i for i, line in enumerate(lines) if line.startswith("Epoch 2/2"))
+    assert re.match(r"Epoch 2/2 .* 4/4 .* \d+\.\d it/s$", lines[last_bar])  # the last bar stays
+    assert lines[last_bar + 1].startswith("val/loss ")  # its values under it (no train window was logged)
     assert closing == "`Trainer.fit` stopped: `max_epochs=3` reached."
 
 
@@ -313,7 +327,7 @@ def test_lightning_style_values_reach_the_epoch_lines_and_the_results():
     trainer.fit(module, fj.DataLoader(regression_data(n=64), batch_size=32), val)
     trainer.validate(module, val)
     trainer.test(module, val)
-    text = bar.console.export_text()
+    text = _joined(bar.console.export_text())
     epochs = re.findall(r"^Epoch \d done .*$", text, re.M)
     assert len(epochs) == 2
     for line in epochs:  # the train epoch means, then every value the validation logged
@@ -325,13 +339,14 @@ def test_lightning_style_values_reach_the_epoch_lines_and_the_results():
     assert text.count("compiling train step") == 1
 
 
-def test_summary_fits_120_columns_and_names_nnx_state_kinds():
-    summary = fj.RichModelSummary(console_kwargs={"record": True, "width": 120, "file": io.StringIO()})
+def test_the_array_summary_fits_80_columns_and_names_nnx_state_kinds():
+    summary = fj.RichModelSummary(arrays=True, console_kwargs={"record": True, "width": 80, "file": io.StringIO()})
     quiet_trainer(max_steps=1, strategy="fsdp", callbacks=[summary], enable_model_summary=True).fit(
         NNXRegressor(), fj.DataLoader(regression_data(n=32), batch_size=16))
     lines = summary.console.export_text().splitlines()
-    assert max(len(line.rstrip()) for line in lines) <= 120
-    assert re.fullmatch(r"Trainable params: 193 \(772 B\)  Other state: 32 \(128 B\)  Total: 225 \(900 B\)",
-                        lines[-1])
-    rows = {tuple(cell.strip() for cell in line.split("│")[:3]) for line in lines if "│" in line}
+    assert max(len(line.rstrip()) for line in lines) <= 80 and "…" not in "".join(lines)
+    assert lines[-3:] == ["193       Trainable params (772 B)", "32        Other state (128 B)",
+                          "225       Total (900 B)"]
+    rows = {(row.module, row.name, row.collection) for row in summary.summary.rows}
     assert {("bn", "mean", "batch_stats"), ("bn", "var", "batch_stats"), ("hidden", "kernel", "params")} <= rows
+    assert "batch_" in "".join(lines)  # shown (folded in its cell at 80 columns on a mesh)

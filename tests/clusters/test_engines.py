@@ -101,7 +101,7 @@ def test_srun_two_tasks_match_fitjax_launch(slurm, launched, tmp_path):
     for process in got:
         assert_same_bits(process, launched[0])
     # the banner of each fit, from process 0 only
-    assert text.count("8/8 devices used, 2 processes (SLURMEnvironment, rank 0), strategy") == 2, text[-3000:]
+    assert text.count("8/8 devices used, 2 processes (SLURMEnvironment, rank 0)\n  strategy") == 2, text[-3000:]
 
 
 def test_sbatch_without_srun_runs_one_process_and_says_how_to_run_more(slurm, tmp_path):
@@ -112,7 +112,7 @@ def test_sbatch_without_srun_runs_one_process_and_says_how_to_run_more(slurm, tm
     assert info["JobState"] == "COMPLETED", text[-4000:]
     assert "has 2 tasks (SLURM_NTASKS=2), but this process was not started by srun" in text
     assert "`srun python train.py ...`" in text
-    assert "4/4 devices used, 1 process (SLURMEnvironment, rank 0), strategy DataParallel" in text
+    assert "4/4 devices used, 1 process (SLURMEnvironment, rank 0)\n  strategy DataParallel" in text
     process = pickle.loads((tmp_path / "process_0.pkl").read_bytes())
     assert process["environment"]["world_size"] == 1 and process["environment"]["process_count"] == 1
 

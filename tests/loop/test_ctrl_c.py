@@ -161,3 +161,22 @@ def test_a_ctrl_c_from_a_garbage_collector_callback_is_not_lost_and_fit_raises_i
     assert isinstance(caught.value, SystemExit) and caught.value.code == 130  # the program ends quietly
     assert trainer.interrupted and trainer.global_step == 0  # Lightning's flag; stopped before a step
     assert signal.getsignal(signal.SIGINT) is handler  # Python's own handler is back
+
+
+class _CtrlCInEvaluation(fj.Callback):
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def on_predict_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.filterwarnings("ignore:.*never fitted nor loaded")
+def test_ctrl_c_in_validate_and_predict_ends_them_as_fit_does(tmp_path):
+    """Lightning handles Ctrl-C the same way in every stage: its line, then the program ends."""
+    trainer = ctrl_c_fit.trainer(tmp_path, callbacks=[_CtrlCInEvaluation()], enable_progress_bar=False,
+                                 enable_model_summary=False)
+    for stage in (trainer.validate, trainer.predict):
+        with pytest.raises(KeyboardInterrupt) as caught:
+            stage(Model(), data()[1])
+        assert isinstance(caught.value, SystemExit) and caught.value.code == 130, stage

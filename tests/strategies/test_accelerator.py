@@ -33,9 +33,9 @@ def fitjax_lines():
 
 
 @pytest.mark.parametrize(("strategy", "devices", "precision", "expected"), [
-    ("dp", 4, "bf16-mixed", "fitjax: cpu, 4/8 devices used, 1 process (LightningEnvironment, rank 0), strategy DataParallel (mesh data=4), "
+    ("dp", 4, "bf16-mixed", "fitjax: cpu, 4/8 devices used, 1 process (LightningEnvironment, rank 0)\n  strategy DataParallel (mesh data=4), "
                             "precision bf16-mixed"),
-    ("fsdp", "auto", "32-true", "fitjax: cpu, 8/8 devices used, 1 process (LightningEnvironment, rank 0), strategy FSDP (mesh data=1 fsdp=8 tensor=1), "
+    ("fsdp", "auto", "32-true", "fitjax: cpu, 8/8 devices used, 1 process (LightningEnvironment, rank 0)\n  strategy FSDP (mesh data=1 fsdp=8 tensor=1), "
                                 "precision 32-true"),
 ])
 def test_fit_starts_with_one_line_naming_platform_devices_strategy_mesh_and_precision(
