@@ -36,6 +36,8 @@ LAYERS = [
     # will it fit, and how fast: the train step compiled for a target (`Trainer.plan`, and
     # `strategy="plan"` in the loop, so below it)
     ("plan", ["fitjax.planner"]),
+    # several runs of one fit as one program: wraps the step's build, used by the loop
+    ("runs", ["fitjax.runs"]),
     ("loop", ["fitjax.loop", "fitjax.profilers"]),
     ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
 ]

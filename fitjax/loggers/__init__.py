@@ -13,5 +13,7 @@ from fitjax.loggers._wandb import WandbLogger
 
 # For the CLI, not part of the user-facing API: the hyperparameters a parsed config logs.
 from fitjax.loggers._hparams import config_hparams
+# For the Trainer, not part of the user-facing API: a run per folder with `Trainer(runs=...)`.
+from fitjax.loggers._runs import split_by_run
 
 __all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger", "resolve_loggers"]

@@ -47,7 +47,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop import _interrupt, _pieces, _preemption, _resume
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
-from fitjax.loop._plan import plan_trainer
+from fitjax.loop._plan import choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
@@ -60,10 +60,12 @@ from fitjax._typing import HostMetrics
 from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
 from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule, check_fit_data
-from fitjax.loggers import Logger, resolve_loggers
+from fitjax.loggers import Logger, resolve_loggers, split_by_run
 from fitjax.module import LitModule, check_dataloader_idx
-from fitjax.planner import Plan
+from fitjax.planner import Plan, planned_strategy
 from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
+from fitjax import runs as runs_lib
+from fitjax.runs import RunResults, Runs
 from fitjax.state import TrainState
 from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
 from fitjax.strategies import resolve as resolve_strategy
@@ -107,7 +109,10 @@ class Trainer(metaclass=_CheckedArguments):
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
             (the "fitjax" logger at INFO).
-        strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
+        strategy: "auto", "single", "dp", "zero1", "fsdp" or a `fitjax.strategies.Strategy`; or
+            "plan" (a `fitjax.planner.PlannedStrategy`, which takes a memory budget): each fit
+            plans every strategy on these devices (then with remat if none fits) and runs the
+            fastest estimate that fits, said in one line before the banner (docs/guides/plan.md).
         devices: "auto" (all, on every process), a count, or a list of `jax.Device`. With several
             processes a count is one machine's devices (Lightning's meaning), checked.
         num_nodes: machines to run on (Lightning's meaning), checked against the cluster
@@ -176,8 +181,9 @@ class Trainer(metaclass=_CheckedArguments):
             leftover steps (fewer than k) run one at a time (a second, smaller compilation).
         remat: activation rematerialization of a Linen model's layers (the submodules its root
             calls): "none", "full" (keep only each layer's inputs, recompute the rest in the
-            backward pass) or "dots" (also keep the weight products). Less activation memory for
-            more FLOPs, the same numbers (`fitjax.step.remat`; `trainer.plan` shows both).
+            backward pass), "dots" (also keep the weight products) or "offload" (keep those in
+            host memory). Less activation memory for more FLOPs or transfers, the same numbers
+            (`fitjax.step.remat`; `trainer.plan` shows both).
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
@@ -193,6 +199,13 @@ class Trainer(metaclass=_CheckedArguments):
         sync_batchnorm: Lightning's flag, no JAX meaning (BatchNorm over a batch sharded on the
             devices is global already).
         use_distributed_sampler: Lightning's flag, no JAX meaning (the strategy splits batches).
+        runs: train several runs side by side in one program (one jitted step vmapped over them,
+            on the same batches): a count (`runs=5`: run i from seed `seed + i`) or a list of
+            hyperparameter dicts (`runs=[{"lr": 1e-3}, {"lr": 3e-3}]`, each from `seed` unless
+            it has a "seed"), which the module reads through `self.hparams` in `loss`, `metrics`
+            and `configure_optimizer` (values that differ are traced arrays; one used as a shape
+            is refused). Every logged value is per run: `train/loss/run_<i>`. See
+            docs/guides/many_runs.md.
 
     Example:
         >>> import fitjax as fj
@@ -245,6 +258,7 @@ class Trainer(metaclass=_CheckedArguments):
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
         use_distributed_sampler: bool = True,
+        runs: int | Sequence[Mapping[str, Any]] | None = None,
     ):
         # the loop's arguments, checked once, with fast_dev_run's and overfit_batches' rewrites
         self._config = LoopConfig.create(
@@ -270,6 +284,7 @@ class Trainer(metaclass=_CheckedArguments):
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
             log_grad_norm=log_grad_norm, remat=remat,
         )
+        self._planned_remat = self.step_options.remat  # strategy="plan" may turn remat on; this is the user's
         self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
@@ -277,7 +292,9 @@ class Trainer(metaclass=_CheckedArguments):
         # before anything asks JAX for devices
         self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
         self.devices = checks.select_devices(devices, accelerator)
-        self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
+        # strategy="plan": dp until each fit asks the planner (`_plan.choose_for_fit`)
+        self._planned = planned_strategy(strategy)
+        self.strategy = resolve_strategy("auto" if self._planned else strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
         self.default_root_dir = checks.root_dir(default_root_dir)
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
@@ -291,6 +308,9 @@ class Trainer(metaclass=_CheckedArguments):
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
             [piece for cb in callbacks for piece in cb.step_pieces()]))
+        self._runs = Runs.create(runs, seed=self.seed)  # several runs side by side, or None
+        if self._runs is not None:
+            self._runs.check_options(self.strategy, self.step_options)
         # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
         self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 
@@ -299,7 +319,11 @@ class Trainer(metaclass=_CheckedArguments):
         self._progress_view = ProgressView(self._progress)  # one view: callbacks read it every step
         self.should_stop = False
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
-        self._metric_log = MetricLog(self.loggers, profiler=self.profiler, compile_times=self._compile_times,
+        # with runs, the loggers that can write a folder per run do, and the results see every row
+        self._run_results = None if self._runs is None else RunResults(self._runs.names)
+        self._log_to = self.loggers if self._runs is None else [
+            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
+        self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
                                      on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
@@ -307,7 +331,7 @@ class Trainer(metaclass=_CheckedArguments):
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
                                 muted=lambda: self.sanity_checking)
         self.num_val_batches: list[int | None] = []
-        self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
+        self._step_flops: dict[str, float | None] = {}  # remat -> flops, once `train_step_flops` compiled them
         self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
         self._interrupted = False  # the last fit ended by an exception (Ctrl-C included)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
@@ -385,6 +409,25 @@ class Trainer(metaclass=_CheckedArguments):
     def seed(self) -> int:
         """The run's base random key (parameter init and every rng stream)."""
         return self._config.seed
+
+    @property
+    def runs(self) -> Runs | None:
+        """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
+        and name; None for one run."""
+        return self._runs
+
+    @property
+    def run_results(self) -> RunResults | None:
+        """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
+        its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
+        at its end (`.table()`); None for one run."""
+        return self._run_results
+
+    @property
+    def best_run(self) -> int | None:
+        """With `Trainer(runs=...)`: the index of the run whose `val/loss` (else
+        `train/loss_epoch`) was the lowest of all runs at any log; None for one run or before."""
+        return None if self._run_results is None else self._run_results.best_run
 
     # ------------------------------------------------------------------------------ properties
 
@@ -561,7 +604,7 @@ class Trainer(metaclass=_CheckedArguments):
         """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
         return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
 
-    def train_step_flops(self) -> float | None:
+    def train_step_flops(self, *, remat: str | None = None) -> float | None:
         """Floating-point operations of one optimizer step on each device, as XLA counts them.
 
         XLA's cost analysis of the train step compiled as it runs (this strategy's partitioned
@@ -570,18 +613,23 @@ class Trainer(metaclass=_CheckedArguments):
         once fit has built its step (from `on_fit_start` on, and after fit); the first read in a
         fit compiles that program once (no step runs). None where the backend reports no FLOPs.
         Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
-        counted.
+        counted. `remat="none"` counts the same step without rematerialization: the model's
+        FLOPs when `Trainer(remat=...)` recomputes layers (one more compilation), which
+        `ThroughputMonitor`'s MFU uses; None counts the step as it runs (the hardware's FLOPs).
         """
         built = self._in_use
         compiled = built.compiled if built is not None else None
         if compiled is None or compiled.train_step_cost is None:
             raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
                                "step: read it from on_fit_start or later.")
-        if self._step_flops is None:
-            flops = compiled.train_step_cost().get("flops")
-            self._step_flops = (None if flops is None or flops <= 0
-                                else flops / compiled.options.steps_per_execution,)
-        return self._step_flops[0]
+        options = compiled.options
+        remat = options.remat if remat is None else step_lib.remat.check_remat(remat)
+        if remat not in self._step_flops:
+            cost = compiled.train_step_cost if remat == options.remat else compiled.train_programs_for(
+                dataclasses.replace(options, remat=remat))["train_step_cost"]
+            flops = cost().get("flops")
+            self._step_flops[remat] = None if flops is None or flops <= 0 else flops / options.steps_per_execution
+        return self._step_flops[remat]
 
     def _write_params(self, module: LitModule) -> None:
         """The weights the module's hooks wrote with `update_params`, into the fit's state."""
@@ -639,6 +687,12 @@ class Trainer(metaclass=_CheckedArguments):
             checks.check_module(module)
             self._lightning_module = module
             module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
+            if self._planned is not None:  # strategy="plan": the fastest planned strategy that fits, said why
+                choice = choose_for_fit(self._planned, module, train_data, datamodule, self.devices,
+                                        dataclasses.replace(self.step_options, remat=self._planned_remat))
+                self.strategy, self.step_options = choice.strategy, choice.options
+                if jax.process_index() == 0:
+                    log.info(f"fitjax: {choice.line}")
             if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
                 log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                             self.cluster_environment))
@@ -734,9 +788,12 @@ class Trainer(metaclass=_CheckedArguments):
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"), \
                 _status.phase("initialising the state", "initialised the state"):
-            run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
-                                                     options=feed.options)
-        self._step_flops = None
+            if self._runs is None:
+                run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
+                                                         options=feed.options)
+            else:  # every run's state stacked, one program training them all
+                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options)
+        self._step_flops = {}
         self._metric_log.begin_fit(run.compiled.log_specs)
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
         run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)
@@ -746,7 +803,7 @@ class Trainer(metaclass=_CheckedArguments):
             epoch_iter = self._resume_fit(run, ckpt_path)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
         kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
-        for logger in self.loggers if not kept else ():
+        for logger in self._log_to if not kept else ():
             logger.log_hyperparams(dict(module.hparams))
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
         checks.warn_short_epoch(self, self.num_training_batches)
@@ -949,7 +1006,10 @@ class Trainer(metaclass=_CheckedArguments):
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
         params = step_lib.pieces.module_params(state, self.step_options.pieces)
-        module_lib.set_variables(module, params, state.model_state)
+        model_state = state.model_state
+        if self._runs is not None:  # the module holds one run's weights: the first's
+            params, model_state = runs_lib.member((params, model_state), 0)
+        module_lib.set_variables(module, params, model_state)
 
     # ------------------------------------------------------------------ evaluation stages
 
@@ -1183,9 +1243,12 @@ class Trainer(metaclass=_CheckedArguments):
                      else self._built.positions if self._built is not None else None)
         point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
                                        loader_state=positions.state_after if positions else lambda done: None)
-        return _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+        meta = _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
                                 precision=self.precision, pieces=self.step_options.pieces,
                                 save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+        if self._runs is not None:  # which run is which: `load_from_checkpoint(path, run=i)` reads it
+            meta["runs"] = self._runs.to_meta()
+        return meta
 
     def record_save(self) -> None:
         """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:

@@ -21,6 +21,23 @@ class AttributeDict(dict):
         self[key] = value
 
 
+class RunAttributeDict(AttributeDict):
+    """The hyperparameters one run of a `Trainer(runs=[...])` fit reads while it is traced: the
+    module's own with the run's values over them; each name read is recorded in `read`."""
+
+    def __init__(self, values: dict, read: set) -> None:
+        super().__init__(values)
+        object.__setattr__(self, "_read", read)
+
+    def __getitem__(self, key: str) -> Any:
+        self._read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._read.add(key)
+        return super().get(key, default)
+
+
 def collect_init_args(frame: Any, *, names: Iterable[str] = (), ignore: Iterable[str] = ()) -> dict:
     """The arguments of the `__init__` running in `frame` (and of its `**kwargs`), by name."""
     info = inspect.getargvalues(frame)

@@ -20,7 +20,7 @@ from fitjax.step import ModuleSpec, context, defined_at, trainable
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step import model_binding
 from fitjax.step.model_binding import ModelBinding, Models, ModelsBinding, NNXBinding, bind
-from fitjax.module._hparams import AttributeDict, collect_init_args
+from fitjax.module._hparams import AttributeDict, RunAttributeDict, collect_init_args
 from fitjax.module._host_model import hook_mode
 from fitjax._typing import Batch, Metrics, PyTree
 
@@ -360,19 +360,33 @@ class LitModule:
 
     @property
     def hparams(self) -> AttributeDict:
-        """The saved hyperparameters; `self.hparams.lr` or `self.hparams["lr"]`."""
-        return self._hparams
+        """The saved hyperparameters; `self.hparams.lr` or `self.hparams["lr"]`. While one run of
+        a `Trainer(runs=[{...}, ...])` fit is traced: that run's values (traced arrays where
+        the runs differ)."""
+        run = context.current_run_hparams()
+        if run is None:
+            return self._hparams
+        return RunAttributeDict({**self._hparams, **run.values}, run.read)
 
     @classmethod
-    def load_from_checkpoint(cls, path: str | os.PathLike, **overrides: Any) -> "LitModule":
+    def load_from_checkpoint(cls, path: str | os.PathLike, *, run: int | None = None, **overrides: Any) -> "LitModule":
         """Rebuilds the module from a checkpoint: `cls(**saved hparams, **overrides)` holding the
         saved weights, ready for `Trainer.predict` (no trainer state or optimizer needed).
+
+        A checkpoint of a `Trainer(runs=...)` fit holds every run: `run=i` rebuilds run i (with
+        the hyperparameters it trained with, and its weights).
 
         Example:
             >>> # module = MyModule.load_from_checkpoint(ckpt.best_model_path, lr=1e-4)
             >>> # predictions = fj.Trainer().predict(module, data)
         """
         path, kwargs, meta = checkpoint.module_init_args(cls, path, overrides)
+        runs = _runs_of_checkpoint(cls, path, meta, run)
+        if runs is not None:  # every run's weights stacked on a leading axis: run `run`'s
+            module = cls(**{**kwargs, **runs["hparams"][run], **overrides})
+            set_variables(module, *jax.tree.map(lambda x: x[run], checkpoint.restore_variables(path)))
+            module.on_load_checkpoint(meta)
+            return module
         module = cls(**kwargs)
         like = initial_variables(module)  # an NNX model's: the shapes are checked now
         variables = checkpoint.restore_variables(path, like)
@@ -739,6 +753,21 @@ def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> Non
     binding = module._get_binding()
     if isinstance(binding, (NNXBinding, ModelsBinding)):
         binding.update_model(params, model_state)
+
+
+def _runs_of_checkpoint(cls: type, path: Any, meta: dict, run: int | None) -> dict | None:
+    """The runs a checkpoint holds (`Trainer(runs=...)`), checked against `run`; None for one."""
+    runs = meta.get("runs")
+    where = f"{cls.__name__}.load_from_checkpoint({str(path)!r}, run={run!r})"
+    if runs is None:
+        if run is not None:
+            raise ValueError(f"{where}: the checkpoint holds one run (not a Trainer(runs=...) fit); drop `run=`.")
+        return None
+    count = len(runs["seeds"])
+    if isinstance(run, bool) or not isinstance(run, int) or not 0 <= run < count:
+        raise ValueError(f"{where}: the checkpoint holds {count} runs ({', '.join(runs['names'])}); pass "
+                         f"`run=` an index from 0 to {count - 1}.")
+    return runs
 
 
 def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:

@@ -5,6 +5,9 @@ The step sets these around its call of `module.loss`; the Lightning adapter (`fi
 reads them to pass `batch_idx` and to pick `validation_step` or `test_step`. They are context
 variables, set only while tracing, so nothing leaks between steps or threads.
 
+`run_hparams` is what `self.hparams` reads while one member of a fit of several runs is traced
+(`Trainer(runs=...)`): the values that differ between the runs, as traced arrays.
+
 `GroupLosses` is what `module.loss` returns as its outputs under manual optimization: one loss
 per parameter group, each group updated by the gradient of its own loss.
 """
@@ -20,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["GroupLosses", "LoaderIndex", "batch_index", "current_batch_index", "current_dataloader_index",
-           "current_stage", "dataloader_index", "setting", "stage"]
+           "current_run_hparams", "current_stage", "dataloader_index", "run_hparams", "RunHparams", "setting",
+           "stage"]
 
 _STAGE: contextvars.ContextVar[str] = contextvars.ContextVar("fitjax_eval_stage", default="val")
 _BATCH_IDX: contextvars.ContextVar[Any] = contextvars.ContextVar("fitjax_batch_idx", default=None)
@@ -82,6 +86,29 @@ def current_dataloader_index() -> int:
         return 0
     index.read = True
     return index.value
+
+
+@dataclasses.dataclass(frozen=True)
+class RunHparams:
+    """The hyperparameters of the run being traced (`Trainer(runs=[{...}, ...])`): `values`
+    replace the module's saved ones (a value that differs between runs is a traced array), and
+    `read` collects the names the user's code read (a name never read would be a silent no-op)."""
+
+    values: dict[str, Any]
+    read: set = dataclasses.field(default_factory=set)
+
+
+_RUN_HPARAMS: contextvars.ContextVar[RunHparams | None] = contextvars.ContextVar("fitjax_run_hparams", default=None)
+
+
+def run_hparams(values: RunHparams) -> contextlib.AbstractContextManager[None]:
+    """`self.hparams` reads `values` over the module's own inside the block (while tracing)."""
+    return setting(_RUN_HPARAMS, values)
+
+
+def current_run_hparams() -> RunHparams | None:
+    """The run's hyperparameters being traced, or None (one run, or outside a trace)."""
+    return _RUN_HPARAMS.get()
 
 
 @dataclasses.dataclass(frozen=True)

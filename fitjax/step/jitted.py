@@ -137,7 +137,7 @@ def _abstract(batch: Batch) -> Batch:
 
 
 def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purpose: str = "fit",
-          options: StepOptions = StepOptions()) -> StepBuild:
+          options: StepOptions = StepOptions(), runs: Any = None) -> StepBuild:
     """Initialises (or reuses) the module's variables and makes the jitted programs for
     `purpose`: "fit" (train, eval and predict), "eval" or "predict".
 
@@ -145,7 +145,12 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     "eval" and "predict" the optimizer is `optax.identity()`). `batch` is a host batch used for
     shapes (and, for Linen, traced through `loss` — `predict` for "predict" — to initialise).
     `spec` is all the step reads of the module (`LitModule.step_spec()`).
+
+    `runs` (a `fitjax.runs.RunAxis`, or None) trains several runs side by side: it wraps the
+    init, each train, eval and predict function (a `vmap` over a leading axis of the state) and
+    names the accumulators per run; everything else here is the same.
     """
+    runs = runs or _NoRuns()
     fit = purpose == "fit"
     binding = spec.binding
     given = spec.variables
@@ -166,7 +171,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
-    init_fn = options.wrap_init(init_fn, tx)
+    init_fn = runs.init(options.wrap_init(init_fn, tx))
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, binding.annotations)
     replicated = strategy.replicated
@@ -191,7 +196,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     programs = {}
     if fit:
         def train_programs_for(other: StepOptions) -> dict[str, Any]:
-            made = _train_programs(spec, tx, other, train_names, strategy, shardings)
+            made = _train_programs(spec, tx, other, train_names, strategy, shardings, runs)
             make = made.pop("make")
             made["train_step_cost"] = lambda: train_step_cost(
                 make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
@@ -201,7 +206,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 
     def jit_eval(stage: str, dataloader_idx: int = 0) -> Callable[..., Any]:
         return strategy.jit(
-            forward.make_eval_step(spec, options.precision, stage, dataloader_idx),
+            runs.eval_step(forward.make_eval_step(spec, options.precision, stage, dataloader_idx)),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
@@ -209,25 +214,38 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         )
 
     predict_step = strategy.jit(
-        forward.make_predict_step(spec, options.precision),
+        runs.predict_step(forward.make_predict_step(spec, options.precision)),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
-    val = EvalStep(jit_eval("val"), names.slots(names.eval, train=False), log_specs)
-    test = EvalStep(jit_eval("test"), test_names.slots(test_names.eval, train=False), log_specs) if test_names else val
+    val = EvalStep(jit_eval("val"), runs.slots(names.slots(names.eval, train=False)), log_specs)
+    test = (EvalStep(jit_eval("test"), runs.slots(test_names.slots(test_names.eval, train=False)), log_specs)
+            if test_names else val)
 
     @functools.cache
     def loader_eval_step(stage: str, dataloader_idx: int) -> EvalStep:
         """Another loader's step: its names traced again (a hook may log others for it)."""
         with context.stage(stage), context.dataloader_index(dataloader_idx):
             loader_names = forward.check_step_outputs(spec, abstract_batch, abstract_given, train=False)
-        return EvalStep(jit_eval(stage, dataloader_idx), loader_names.slots(loader_names.eval, train=False),
+        return EvalStep(jit_eval(stage, dataloader_idx), runs.slots(loader_names.slots(loader_names.eval, train=False)),
                         {**log_specs, **loader_names.log_specs})
 
     compiled = Compiled(shardings, options, log_specs, predict_step, {"val": val, "test": test},
                         loader_eval_step=loader_eval_step if loader_index.read else None, **programs)
     return StepBuild(state, compiled)
+
+
+class _NoRuns:
+    """One run: every wrap is the identity."""
+
+    def init(self, fn: Callable) -> Callable:
+        return fn
+
+    step = eval_step = predict_step = init
+
+    def slots(self, names: dict[str, Any]) -> dict[str, Any]:
+        return names
 
 
 class AbstractTrain(NamedTuple):
@@ -297,10 +315,11 @@ def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, 
                         donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
 
 
-def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings
-                    ) -> dict[str, Any]:
+def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings,
+                    runs: Any = None) -> dict[str, Any]:
     """The jitted train step variants, the host-input sharding and the metric reset (and `make`,
-    which makes a train step function)."""
+    which makes a train step function); `runs` (see `build`) wraps each step."""
+    runs = runs or _NoRuns()
     k, spe = options.accumulate_grad_batches, options.steps_per_execution
     replicated = strategy.replicated
 
@@ -310,7 +329,7 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     def jit_train(fn: Callable, inputs_sharding) -> Callable:
         """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `xla_cpu` plans."""
         def jit(donate: bool = True, compiler_options: dict | None = None):
-            return _jit_train(fn, strategy, shardings, inputs_sharding, donate=donate,
+            return _jit_train(runs.step(fn), strategy, shardings, inputs_sharding, donate=donate,
                               compiler_options=compiler_options)
         return xla_cpu.step(jit, platform=strategy.platform)
 
@@ -332,11 +351,11 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
 
     # Fresh zeros from a call with no arguments: a jitted `state -> state` would pass every
     # leaf of the state through XLA, which on CPU costs ~3 µs a leaf.
-    zero_metrics = strategy.jit(lambda: acc_lib.zeros(train_names), in_shardings=(),
+    zero_metrics = strategy.jit(lambda: acc_lib.zeros(runs.slots(train_names)), in_shardings=(),
                                 out_shardings=shardings.metrics)
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
             "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
-            "make": make}
+            "make": lambda single, unrolled=False: runs.step(make(single, unrolled))}
 
 
 def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: StepOptions, abstract_state,

@@ -1,0 +1,9 @@
+"""Several runs of one fit as one program: `Trainer(runs=8)` (seeds) or `Trainer(runs=[{"lr":
+1e-3}, {"lr": 3e-3}])` (hyperparameters read through `self.hparams`), trained side by side by
+one jitted step vmapped over a leading axis of the train state (see docs/guides/many_runs.md)."""
+
+from fitjax.runs._axis import RunAxis, member, run_suffix
+from fitjax.runs._results import RunResults
+from fitjax.runs._runs import Runs
+
+__all__ = ["RunAxis", "RunResults", "Runs", "member", "run_suffix"]

@@ -1,0 +1,211 @@
+"""`RunAxis`: several runs of one fit as one program, a `vmap` over a leading axis of the state.
+
+Every leaf of the `TrainState` gains a leading axis of `size` runs, except the step count (the
+runs step together) and the metric
+accumulators: those are kept per run under their own names (`loss/run_0`, `loss/run_1`, ...), so
+the loop, the loggers and the callbacks see plain scalars, as with one run, and every logged
+value is per run (`train/loss/run_3`, `val/acc/run_3`). The wraps below stack them for the
+vmapped function and name them again after it: slices and concatenations of a few scalars
+inside the compiled program.
+
+The batch is the same for every run (not vmapped): same data, same order. Each run's key is
+its own seed's (`jax.random.key(seed)`), so run i is bitwise the key of a fit with that seed.
+Hyperparameters that differ between runs are read by the user's code through `self.hparams`
+while it is traced (`fitjax.step.context.run_hparams`): a traced array holding the run's value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fitjax.state import TrainState
+from fitjax.step import ModuleSpec, context
+from fitjax.step.jitted import check_optimizer
+
+__all__ = ["RunAxis", "member", "run_suffix"]
+
+_SUFFIX = "/run_"
+# Every leaf of the state has the runs axis but the step count, which all runs share: they step
+# together (a stopped run's update is masked, its count goes on), and the step picks each call's
+# batch from a block on the device by it.
+_STATE_AXES = TrainState(step=None, params=0, model_state=0, opt_state=0, rng=0, metrics=0, loss_scale=0, extras=0)
+# what JAX raises when a traced value is used where a Python one is needed (a shape, an `if`)
+_TRACER_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                  jax.errors.TracerBoolConversionError, jax.errors.TracerArrayConversionError, TypeError)
+
+
+@jax.jit
+def member(tree: Any, i: jax.Array | int) -> Any:
+    """Run `i`'s part of `tree` (every leaf with a leading runs axis), in one program: eager
+    slices would compile one program per leaf shape."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def run_suffix(i: int) -> str:
+    """What the keys of run `i`'s values end with: `/run_<i>` (as Lightning's `/dataloader_idx_<i>`)."""
+    return f"{_SUFFIX}{i}"
+
+
+class RunAxis:
+    """The wraps `fitjax.step.build(runs=...)` applies for `len(seeds)` runs side by side.
+
+    Args:
+        seeds: each run's seed (its parameter init and random streams).
+        hparams: each run's hyperparameters over the module's (dicts of the same keys), or None.
+        owner: the module's class name, for errors.
+    """
+
+    def __init__(self, seeds: Sequence[int], hparams: Sequence[Mapping[str, Any]] | None, owner: str):
+        self.size = len(seeds)
+        self.owner = owner
+        # made here, outside any trace: run i's key is exactly `jax.random.key(seeds[i])`
+        self._key_data = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
+        hparams = list(hparams) if hparams else [{}] * self.size
+        keys = list(hparams[0])
+        # the same value in every run stays a Python value; those that differ are traced
+        self.differing = tuple(k for k in keys if any(not _same(h[k], hparams[0][k]) for h in hparams))
+        self.fixed = {k: hparams[0][k] for k in keys if k not in self.differing}
+        self._values = {k: np.asarray([h[k] for h in hparams]) for k in self.differing}
+        self._read: set[str] = set()  # the names the user's code read while traced
+
+    # ---------------------------------------------------------------- names of per-run values
+
+    def slots(self, names: Mapping[str, Any]) -> dict[str, Any]:
+        """Accumulator slots (`fitjax.metrics.zeros`' `names`) under each run's names."""
+        return {name + run_suffix(i): slot for name, slot in names.items() for i in range(self.size)}
+
+    def flat(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`{name: tree with a leading runs axis}` as `{name/run_<i>: run i's tree}`."""
+        return {name + run_suffix(i): jax.tree.map(lambda x, i=i: x[i], value)
+                for name, value in values.items() for i in range(self.size)}
+
+    def stacked(self, flat: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of `flat`."""
+        names = dict.fromkeys(key.rpartition(_SUFFIX)[0] for key in flat)
+        return {name: jax.tree.map(lambda *xs: jnp.stack(xs), *(flat[name + run_suffix(i)] for i in range(self.size)))
+                for name in names}
+
+    # ------------------------------------------------------------------ the traced functions
+
+    def spec(self, spec: ModuleSpec) -> ModuleSpec:
+        """`spec` whose optimizer is made anew in each traced function, under the run's
+        hyperparameters: a learning rate read from `self.hparams` is then the run's (traced)."""
+        make = spec.optimizer
+
+        def made() -> optax.GradientTransformationExtraArgs:
+            return optax.with_extra_args_support(check_optimizer(make(), spec.owner))
+
+        def update(updates, state, params=None, **extra):
+            return made().update(updates, state, params, **extra)
+
+        tx = optax.GradientTransformationExtraArgs(lambda params: made().init(params), update)
+        return dataclasses.replace(spec, optimizer=lambda: tx)
+
+    def _member(self, fn: Callable, fixed: Mapping[str, Any]) -> Callable:
+        """`fn(*args)` with the run's hyperparameters in `self.hparams`; `values` is one run's."""
+
+        def member(values, *args):
+            run = context.RunHparams({**fixed, **values}, self._read)
+            with context.run_hparams(run):
+                return fn(*args)
+
+        return member
+
+    def _vmapped(self, fn: Callable, in_axes: tuple, *args: Any, out_axes: Any = 0) -> Any:
+        """`fn` of every run (`in_axes` of `args`), the differing hyperparameters traced. A
+        hyperparameter used where JAX needs a Python value (a shape, an `if`) is refused, named."""
+        traced = {k: jnp.asarray(v) for k, v in self._values.items()}
+        try:
+            return jax.vmap(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)(traced, *args)
+        except _TRACER_ERRORS as err:
+            if not self.differing or not _is_tracer_error(err):
+                raise
+            culprits = [k for k in self.differing if self._fails_alone(k, fn, in_axes, args)] or list(self.differing)
+            raise ValueError(
+                f"Trainer(runs=[...]): {culprits!r} differs between runs, so {self.owner} reads it as a traced "
+                "array, but uses it where a Python value is needed: a shape (a layer's width), an `if`, "
+                "`int(...)`. Runs may differ only in values that keep every shape and branch (a learning "
+                "rate, a weight decay, a dropout rate used as a number); fit one module per value of "
+                f"{culprits[0]!r} instead. JAX said: {str(err).splitlines()[0]}") from err
+
+    def _fails_alone(self, key: str, fn: Callable, in_axes: tuple, args: tuple) -> bool:
+        """Whether tracing with only `key` traced (the others at run 0's values) fails as above."""
+        fixed = {**self.fixed, **{k: v[0].item() for k, v in self._values.items() if k != key}}
+        try:
+            jax.vmap(self._member(fn, fixed), in_axes=(0, *in_axes))({key: jnp.asarray(self._values[key])}, *args)
+        except _TRACER_ERRORS as err:
+            return _is_tracer_error(err)
+        return False
+
+    def init(self, init_fn: Callable[..., TrainState]) -> Callable[..., TrainState]:
+        """`init(rng, batch, given)` of every run: run i from its own seed's key (`rng` unused);
+        `given` variables are shared (every run starts from them)."""
+
+        def runs_init(rng, batch, given):
+            del rng
+            keys = jax.random.wrap_key_data(jnp.asarray(self._key_data))
+            state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES)
+            return state.replace(metrics=self.flat(state.metrics))
+
+        return runs_init
+
+    def step(self, step_fn: Callable) -> Callable:
+        """`train_step(state, inputs)` of every run, on the same inputs."""
+
+        def runs_step(state, inputs):
+            stacked = state.replace(metrics=self.stacked(state.metrics))
+            new, values = self._vmapped(step_fn, (_STATE_AXES, None), stacked, inputs, out_axes=(_STATE_AXES, 0))
+            self._check_read()
+            return new.replace(metrics=self.flat(new.metrics)), self.flat(values)
+
+        runs_step.__name__ = getattr(step_fn, "__name__", "train_step")
+        return runs_step
+
+    def eval_step(self, eval_fn: Callable) -> Callable:
+        """`eval_step(params, model_state, rng, acc, batch, mask)` of every run, on the same batch."""
+
+        def runs_eval(params, model_state, rng, acc, batch, mask):
+            acc, values = self._vmapped(eval_fn, (0, 0, 0, 0, None, None), params, model_state, rng,
+                                        self.stacked(acc), batch, mask)
+            return self.flat(acc), self.flat(values)
+
+        runs_eval.__name__ = getattr(eval_fn, "__name__", "eval_step")
+        return runs_eval
+
+    def predict_step(self, predict_fn: Callable) -> Callable:
+        def runs_predict(*args):
+            raise ValueError(
+                f"Trainer.predict with Trainer(runs={self.size}): predictions of several runs are not "
+                "supported yet; predict with one run's weights: `fj.Trainer().predict("
+                f"{self.owner}.load_from_checkpoint(path), data)` after a fit with one run.")
+
+        return runs_predict
+
+    def _check_read(self) -> None:
+        """A hyperparameter that differs between runs but that no traced code read would leave
+        every run the same: an error, once the train step (and the init) has been traced."""
+        unread = [k for k in self.differing if k not in self._read]
+        if unread:
+            raise ValueError(
+                f"Trainer(runs=[...]) gives {unread!r} a different value in each run, but {self.owner} "
+                "never read it through `self.hparams` in `loss`, `metrics` or `configure_optimizer`: "
+                "every run would train the same. A value used in `__init__` (the model's width, a "
+                "layer's dropout rate) is fixed when the module is made; read it from `self.hparams` "
+                "where the step uses it, or fit one module per value.")
+
+
+def _is_tracer_error(err: Exception) -> bool:
+    return not isinstance(err, TypeError) or "Traced<" in str(err) or "concrete" in str(err)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(np.all(np.asarray(a) == np.asarray(b)))
+    except Exception:  # noqa: BLE001 - values that cannot be compared are different
+        return a is b
