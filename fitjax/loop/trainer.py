@@ -423,6 +423,18 @@ class Trainer(metaclass=_CheckedArguments):
         at its end (`.table()`); None for one run."""
         return self._run_results
 
+    def stop_run(self, run: int) -> None:
+        """With `Trainer(runs=...)`, during fit: stops run `run` (an early stop of one run, as
+        `EarlyStopping` asks): from the next step its parameters, optimizer and model state stay
+        as they are while the other runs go on; once every run is stopped, fit stops."""
+        if self._runs is None or self._run is None or self._run.state is None:
+            raise RuntimeError("Trainer.stop_run(run) stops one run of a Trainer(runs=...) fit, while it fits.")
+        if isinstance(run, bool) or not isinstance(run, int) or not 0 <= run < self._runs.size:
+            raise ValueError(f"Trainer.stop_run(run=...) takes a run index from 0 to {self._runs.size - 1}, got {run!r}.")
+        self._run.state = runs_lib.stop_run(self._run.state, run)
+        if not any(runs_lib.active_runs(self._run.state)):  # sync point: only when a run stops
+            self.should_stop = True
+
     @property
     def best_run(self) -> int | None:
         """With `Trainer(runs=...)`: the index of the run whose `val/loss` (else
