@@ -1,13 +1,17 @@
-"""LoRA against a full fine-tune of the GPT example: optimizer-state bytes and step time.
+"""LoRA against a full fine-tune of the GPT example: optimizer-state bytes, FLOPs and step time.
 
-    python benchmarks/lora.py            # width 256, 4 layers, rank 8, 40 timed steps each, on one device
+    python benchmarks/lora.py            # width 256, 4 layers, rank 8, 25 timed steps each, on one device
     python benchmarks/lora.py --smoke    # seconds: checks it runs (numbers mean nothing)
 
-Both runs are `fj.Trainer.fit` of examples/gpt.py's `GPTModule` (AdamW, float32, batch 16 of 128
-bytes) from the same weights; the LoRA run adds `apply_lora(rank=8)` on each block's q, v, up and
-down. Optimizer state: the bytes of `trainer.state.opt_state` after the fit. Step time: the median
-wall time between consecutive `on_train_batch_end` calls after the first 5 (compilation left out),
-the device synced at each (`jax.block_until_ready` on the state), so it is each step's own time.
+The runs are `fj.Trainer.fit` of examples/gpt.py's `GPTModule` (AdamW, float32, batch 16 of 128
+bytes) from the same weights; the LoRA runs add `apply_lora(rank=8)` on each block's q, v, up and
+down. "LoRA, whole tree" is the step as it was before `fitjax.step.trainable`: the loss
+differentiated with respect to every parameter, the base's gradients dropped by the optimizer
+(`trainable.of` patched to find no mask); "LoRA" differentiates the adapters alone.
+Optimizer state: the bytes of `trainer.state.opt_state` after the fit. FLOPs: XLA's count for
+one step (`trainer.train_step_flops()`; exact, unlike times on a shared machine). Step time: the
+median wall time between consecutive `on_train_batch_end` calls after the first 5 (compilation
+left out), the device synced at each (`jax.block_until_ready` on the state).
 The issue's bar: LoRA's optimizer state at most 5% of the full fine-tune's, its step no slower.
 """
 
@@ -26,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import fitjax as fj  # noqa: E402
+from fitjax.step import trainable  # noqa: E402
 import gpt  # noqa: E402
 
 TARGETS = r".*block_\d+/(q|v|up|down)"
@@ -34,32 +39,45 @@ TARGETS = r".*block_\d+/(q|v|up|down)"
 class StepTimes(fj.Callback):
     def __init__(self):
         self.times: list[float] = []
+        self.flops: float | None = None
+
+    def on_fit_start(self, trainer, module) -> None:
+        self.flops = trainer.train_step_flops()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         jax.block_until_ready(trainer.state.params)
         self.times.append(time.perf_counter())
 
 
-def run(shape: dict, steps: int, rank: int | None, base) -> tuple[int, float]:
+def run(shape: dict, steps: int, rank: int | None, base, *, mask: bool = True, **trainer_args
+        ) -> tuple[int, float, float]:
     module = gpt.GPTModule(**shape, lr=1e-3, warmup=1, total_steps=steps)
     module.load_weights(base)
     if rank is not None:
         module.apply_lora(TARGETS, rank=rank)
     times = StepTimes()
     trainer = fj.Trainer(max_steps=steps, strategy="single", enable_progress_bar=False, logger=False,
-                         enable_checkpointing=False, enable_model_summary=False, callbacks=[times])
+                         enable_checkpointing=False, enable_model_summary=False, callbacks=[times],
+                         **trainer_args)
     train, _ = gpt.splits(shape["context"])
-    trainer.fit(module, fj.DataLoader({"tokens": train["tokens"][: 16 * steps]}, batch_size=16))
+    found = trainable.of
+    trainable.of = found if mask else (lambda tx: None)  # no mask: the whole tree differentiated
+    try:
+        trainer.fit(module, fj.DataLoader({"tokens": train["tokens"][: 16 * steps * trainer_args.get("accumulate_grad_batches", 1)]}, batch_size=16))
+    finally:
+        trainable.of = found
     state_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(jax.device_get(trainer.state.opt_state)))
     gaps = np.diff(times.times[5:]) if len(times.times) > 6 else np.diff(times.times)
-    return state_bytes, float(statistics.median(gaps))
+    return state_bytes, times.flops or float("nan"), float(statistics.median(gaps))
 
 
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps: checks it runs")
     parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=45)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
+    parser.add_argument("--clip", type=float, default=None, help="gradient_clip_val")
     args = parser.parse_args(argv)
     shape = dict(layers=1, width=64, heads=2, context=32) if args.smoke else dict(layers=4, width=256, heads=4,
                                                                                      context=128)
@@ -67,12 +85,22 @@ def main(argv=None) -> dict[str, float]:
     model = gpt.GPT(layers=shape["layers"], width=shape["width"], heads=shape["heads"], context=shape["context"])
     tokens = np.zeros((1, shape["context"]), np.int32)
     weights = nn.meta.unbox(model.init(jax.random.key(0), tokens)["params"])  # both runs start from these
-    full_bytes, full_step = run(shape, steps, None, weights)
-    lora_bytes, lora_step = run(shape, steps, args.rank, weights)
-    result = {"state_fraction": lora_bytes / full_bytes, "step_ratio": lora_step / full_step}
-    print(f"{'':24}{'full fine-tune':>16}{f'LoRA rank {args.rank}':>16}{'ratio':>10}")
-    print(f"{'optimizer state (KiB)':24}{full_bytes / 1024:16.1f}{lora_bytes / 1024:16.1f}{result['state_fraction']:10.3f}")
-    print(f"{'step (ms, median)':24}{full_step * 1e3:16.2f}{lora_step * 1e3:16.2f}{result['step_ratio']:10.3f}")
+    options = dict(accumulate_grad_batches=args.accumulate, gradient_clip_val=args.clip)
+    runs = {"full fine-tune": run(shape, steps, None, weights, **options),
+            "LoRA, whole tree": run(shape, steps, args.rank, weights, mask=False, **options),
+            f"LoRA rank {args.rank}": run(shape, steps, args.rank, weights, **options)}
+    (full_bytes, full_flops, full_step), (_, old_flops, old_step), (lora_bytes, lora_flops, lora_step) = runs.values()
+    result = {"state_fraction": lora_bytes / full_bytes, "flops_ratio": lora_flops / full_flops,
+              "step_ratio": lora_step / full_step, "flops_vs_whole_tree": lora_flops / old_flops,
+              "step_vs_whole_tree": lora_step / old_step}
+    print(f"{'':24}" + "".join(f"{name:>18}" for name in runs))
+    for row, index, unit in (("optimizer state (KiB)", 0, 1024), ("GFLOPs per step", 1, 1e9),
+                             ("step (ms, median)", 2, 1e-3)):
+        print(f"{row:24}" + "".join(f"{values[index] / unit:18.2f}" for values in runs.values()))
+    print(f"LoRA / full: state {result['state_fraction']:.3f}, FLOPs {result['flops_ratio']:.3f}, "
+          f"step {result['step_ratio']:.3f}")
+    print(f"LoRA / LoRA whole tree: FLOPs {result['flops_vs_whole_tree']:.3f}, "
+          f"step {result['step_vs_whole_tree']:.3f}")
     return result
 
 

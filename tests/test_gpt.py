@@ -72,7 +72,7 @@ def test_fsdp_and_fsdp_x_tensor_match_one_device(single, fsdp_tensor, tmp_path, 
     # work (1.11x measured: replicated small work); a tensor axis repeats the elementwise work
     # on activations each of its devices holds whole (1.52x measured)
     palm = gpt.flops_per_token(layers=1, width=32, context=32)
-    assert 1.0 <= _flops_per_token(run) / palm <= (1.15 if args else 1.6)
+    assert 1.0 <= _flops_per_token(run, "hardware_flops_per_sec") / palm <= (1.15 if args else 1.6)
     assert run.metrics["train/flops_per_sec"] == pytest.approx(8 * run.metrics["train/device/flops_per_sec"])
 
     mesh = run.trainer.strategy.mesh
@@ -104,19 +104,24 @@ def test_resumed_fsdp_x_tensor_run_is_bitwise_the_uninterrupted_one(fsdp_tensor)
     assert resumed.metrics["val/loss"] == full.metrics["val/loss"]
 
 
-def _flops_per_token(run) -> float:
+def _flops_per_token(run, key: str = "flops_per_sec") -> float:
     metrics = run.throughput.metrics  # one device's FLOP/s over its tokens/s: one device's FLOPs a token
-    return metrics["train/device/flops_per_sec"] / metrics["train/device/items_per_sec"]
+    return metrics[f"train/device/{key}"] / metrics["train/device/items_per_sec"]
 
 
 def test_the_monitors_flops_agree_with_palms_6n_plus_attention_count(single):
-    # XLA counts every operation of the compiled step; PaLM's count (appendix B) the matmuls
-    # only. Measured: 1.08x it (LayerNorm, softmax, GELU and AdamW on top)
+    # the model's FLOPs (MFU's): 6N + attention from the module's declared `transformer_shape`,
+    # N every parameter (PaLM's count takes the matmuls' only: position embeddings, norms and
+    # biases make 1.05x here)
     run = single[0]
     palm = gpt.flops_per_token(layers=1, width=32, context=32)
-    assert 1.0 <= _flops_per_token(run) / palm <= 1.15
+    assert 1.0 <= _flops_per_token(run) / palm <= 1.1
+    # the hardware's: XLA counts every operation of the compiled step. Measured: 1.08x PaLM's
+    # (LayerNorm, softmax, GELU and AdamW on top)
+    assert 1.0 <= _flops_per_token(run, "hardware_flops_per_sec") / palm <= 1.15
     tokens_per_step = 2 * 8 * 32  # accumulate x batch x context
-    assert run.trainer.train_step_flops() / tokens_per_step == pytest.approx(_flops_per_token(run), rel=1e-6)
+    assert run.trainer.train_step_flops() / tokens_per_step == pytest.approx(
+        _flops_per_token(run, "hardware_flops_per_sec"), rel=1e-6)
 
 
 def test_generation_writes_the_asked_length_from_a_sliding_context(single):

@@ -42,6 +42,11 @@ class EarlyStopping(Callback):
             `check_val_every_n_epoch` are at their defaults, after each validation otherwise).
         verbose: print why training stopped.
 
+    With `Trainer(runs=...)` and a `monitor` logged per run (`val/loss` as `val/loss/run_<i>`),
+    each run is judged on its own: a run that stops keeps its parameters (its updates are
+    masked out of the step, `trainer.stop_run(i)`) while the others go on, and fit ends when
+    every run has stopped. `stopped_runs[i]` is the epoch run i stopped in (None: it did not).
+
     Example:
         >>> import fitjax as fj
         >>> stopper = fj.EarlyStopping("val/loss", patience=3, min_delta=1e-4)
@@ -85,6 +90,7 @@ class EarlyStopping(Callback):
         self.stopped_epoch = 0  # the epoch of the stop; 0 when training did not stop (Lightning)
         self.stopping_reason: str | None = None
         self._fitting = False
+        self._per_run: list[list] = []  # with runs: per run [best_score, wait_count, stopped epoch or None]
 
     @property
     def state_key(self) -> str:
@@ -116,6 +122,9 @@ class EarlyStopping(Callback):
         if trainer.fast_dev_run:  # a smoke test of the code, not of the model (Lightning)
             return
         metrics = trainer.callback_metrics
+        if self.monitor not in metrics and trainer.runs is not None and f"{self.monitor}/run_0" in metrics:
+            self._check_runs(trainer, metrics)
+            return
         if self.monitor not in metrics:
             raise RuntimeError(
                 f"EarlyStopping(monitor={self.monitor!r}) found no such logged value. Logged keys: "
@@ -129,6 +138,31 @@ class EarlyStopping(Callback):
             trainer.should_stop = True  # Lightning's contract: the loop ends after this step/epoch
             if self.verbose:
                 print(f"EarlyStopping: {reason}", flush=True)
+
+    def _check_runs(self, trainer, metrics) -> None:
+        """Each run of a `Trainer(runs=...)` fit judged on its own value; the fit stops once all have."""
+        if len(self._per_run) != trainer.runs.size:
+            self._per_run = [[self.best_score, self.wait_count, None] for _ in range(trainer.runs.size)]
+        for i, entry in enumerate(self._per_run):
+            if entry[2] is not None:
+                continue
+            self.best_score, self.wait_count = entry[0], entry[1]
+            reason = self._evaluate(float(metrics[f"{self.monitor}/run_{i}"]))
+            entry[0], entry[1] = self.best_score, self.wait_count
+            if reason is not None:
+                entry[2] = trainer.current_epoch
+                trainer.stop_run(i)
+                if self.verbose:
+                    print(f"EarlyStopping: run {i} ({trainer.runs.names[i]}): {reason}", flush=True)
+        if all(entry[2] is not None for entry in self._per_run):
+            self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason = "every run stopped."
+            trainer.should_stop = True
+
+    @property
+    def stopped_runs(self) -> list[int | None]:
+        """With `Trainer(runs=...)`: the epoch each run stopped in (None: still training)."""
+        return [entry[2] for entry in self._per_run]
 
     def _evaluate(self, value: float) -> str | None:
         name = self.monitor
@@ -156,9 +190,10 @@ class EarlyStopping(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"wait_count": self.wait_count, "best_score": self.best_score, "patience": self.patience,
-                "stopped_epoch": self.stopped_epoch}
+                "stopped_epoch": self.stopped_epoch, "runs": [list(entry) for entry in self._per_run]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.wait_count = int(state["wait_count"])
         self.best_score = float(state["best_score"])
         self.stopped_epoch = int(state.get("stopped_epoch") or 0)
+        self._per_run = [list(entry) for entry in state.get("runs") or []]

@@ -160,7 +160,7 @@ def _state_rows(model_state: PyTree, kinds: dict[tuple[str, ...], str] | None) -
 
 
 def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
-              model: Any = None, order: Sequence[tuple[str, ...]] = ()) -> ModelSummary:
+              model: Any = None, order: Sequence[tuple[str, ...]] = (), trains: PyTree = None) -> ModelSummary:
     """Rows and totals for a model's `params` and `model_state` (nested dicts of arrays).
 
     Args:
@@ -173,6 +173,9 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
             submodule and its kind (`batch_stats`, `RngCount`, ...); ignored for Linen.
         order: the arrays' paths in the model's own order (`LitModule.variable_order`): the rows
             follow it (trainable arrays first); default the keys' sorted order.
+        trains: a tree of bools like `params`, False where the optimizer freezes the parameter
+            (`LitModule.trainable_mask`: LoRA's base, `param_groups`' frozen groups): those rows
+            are of kind `frozen` and counted with the other arrays. None: every parameter trains.
 
     Example:
         >>> import jax.numpy as jnp
@@ -180,8 +183,13 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
         >>> s.trainable_count, s.trainable_bytes, s.layers[0].params
         (16, 64, 16)
     """
-    trainable = _in_order(_rows(params, "params"), order)
-    other = _in_order(_state_rows(model_state, _nnx_kinds(model)), order)
+    if trains is None:
+        trainable, frozen = _rows(params, "params"), []
+    else:  # the two parts of params, each with None where the other's arrays are
+        trainable = _rows(jax.tree.map(lambda p, t: p if t else None, params, trains), "params")
+        frozen = _rows(jax.tree.map(lambda p, t: None if t else p, params, trains), "frozen")
+    trainable = _in_order(trainable, order)
+    other = _in_order(frozen + _state_rows(model_state, _nnx_kinds(model)), order)
     rows = trainable + other
     return ModelSummary(
         rows=rows, layers=_layers(rows, max_depth),
@@ -304,7 +312,8 @@ class RichModelSummary(Callback):
         # flax model itself is behind it
         model = unwrap_host_model(getattr(module, "model", None))
         self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth or 1,
-                                 model=model, order=module.variable_order)
+                                 model=model, order=module.variable_order,
+                                 trains=module.trainable_mask(state.params))
         self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})
         title = f"{type(module).__name__} summary"
         if self.max_depth == 0 and not self.arrays:  # Lightning's max_depth=0: the totals only

@@ -11,10 +11,15 @@ once `window_size` batches have run, `train/device/batches_per_sec`,
 each batch, and sees `1 / devices` of its samples (Lightning's world size is fitjax's devices).
 
 What differs, and why:
-- FLOPs are XLA's own count for the compiled train step (`Trainer.train_step_flops`: cost
-  analysis of the partitioned program one device runs), not a `flops_per_batch` the module
-  computes: nothing to write, and every piece of the step (precision, accumulation, clipping, the
-  optimizer) is in it.
+- MFU is from model FLOPs, the work the model needs (MaxText's and PaLM's definition): a
+  module's `flops_per_batch` (Lightning's attribute: one batch on one device), else `6N +
+  attention` for a module declaring `transformer_shape = fj.TransformerShape(...)`, else XLA's
+  own count of the compiled train step without rematerialization (`trainer.train_step_flops(
+  remat="none")`: nothing to write, and every piece of the step is in it). What the hardware
+  does, rematerialized work included, is XLA's count of the step as it runs, logged apart as
+  `train/device/hardware_flops_per_sec` (`train/hardware_flops_per_sec` with several devices)
+  and `train/device/hfu` (hardware FLOPs utilization): with `Trainer(remat=...)` it is higher
+  while the model FLOPs and the MFU stay what they were.
 - Times are read when the device has finished the steps, without a host sync per step: the
   monitor waits for the step at the first batch and at each log step (once per
   `log_every_n_steps`), and the rates are over the span between such points that covers the
@@ -32,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from fitjax.callbacks._base import Callback, ignores_outputs
+from fitjax.planner import model_flops
 
 __all__ = ["PEAK_FLOPS", "ThroughputMonitor", "peak_flops"]
 
@@ -95,8 +101,9 @@ class ThroughputMonitor(Callback):
         window_size: the rates cover (at least) the last this many batches; they appear once
             that many batches have run. At least 2.
         separator: between the key's parts (Lightning's `Throughput(separator=...)`).
-        peak_flops: one device's peak FLOP/s for `train/device/mfu`; None looks the chip and
-            the precision's compute dtype up in `PEAK_FLOPS` (no MFU where it is not there).
+        peak_flops: one device's peak FLOP/s for `train/device/mfu` (and `.../hfu`); None
+            looks the chip and the precision's compute dtype up in `PEAK_FLOPS` (no MFU where
+            it is not there).
 
     Attributes:
         metrics: the values of the last log step (host floats; `{}` before the first).
@@ -136,7 +143,8 @@ class ThroughputMonitor(Callback):
         self._t0: float | None = None
         self._batches, self._samples, self._lengths = 0, 0.0, 0.0
         self._points: collections.deque[_Point] = collections.deque()
-        self._flops_per_batch: float | None = None
+        self._flops_per_batch: tuple[float | None, float | None] | None = None  # (model, hardware)
+        self._rows = 0  # rows of one micro-batch, all processes'
         self._val_started: float | None = None
 
     # --------------------------------------------------------------------------- hooks
@@ -156,6 +164,8 @@ class ThroughputMonitor(Callback):
         progress = trainer.progress
         batches = progress.total_batches - progress.total_before
         micro = self._micro_batch(trainer, batch)
+        if not self._rows:
+            self._rows = jax.tree.leaves(micro)[0].shape[0] * jax.process_count()
         self._batches += batches
         self._samples += batches * self.batch_size_fn(micro) * self._per_device
         if self.length_fn is not None:
@@ -204,15 +214,20 @@ class ThroughputMonitor(Callback):
                          "samples_per_sec": (now.samples - start.samples) / elapsed}
                 if self.length_fn is not None:
                     rates["items_per_sec"] = (now.lengths - start.lengths) / elapsed
-                flops = self._flops(trainer)
-                if flops is not None:
-                    rates["flops_per_sec"] = flops * batches / elapsed
+                model, hardware = self._flops(trainer)
+                if model is not None:
+                    rates["flops_per_sec"] = model * batches / elapsed
+                if hardware is not None:
+                    rates["hardware_flops_per_sec"] = hardware * batches / elapsed
                 for key, rate in rates.items():
                     values[f"device{sep}{key}"] = rate
                     if self._world > 1:
                         values[key] = rate * self._world
-                if flops is not None and self._available:
-                    values[f"device{sep}mfu"] = rates["flops_per_sec"] / self._available
+                if self._available:
+                    if model is not None:
+                        values[f"device{sep}mfu"] = rates["flops_per_sec"] / self._available
+                    if hardware is not None:
+                        values[f"device{sep}hfu"] = rates["hardware_flops_per_sec"] / self._available
         return {f"train{sep}{key}": value for key, value in values.items()}
 
     def _window_start(self, batches: int) -> _Point:
@@ -223,12 +238,24 @@ class ThroughputMonitor(Callback):
             self._points.popleft()
         return self._points[0]
 
-    def _flops(self, trainer) -> float | None:
+    def _flops(self, trainer) -> tuple[float | None, float | None]:
+        """(model, hardware) FLOPs of one micro-batch on one device (see the module docstring);
+        the XLA counts compile once per fit."""
         if self._flops_per_batch is None:
-            per_step = trainer.train_step_flops()  # XLA's count, compiled once per fit
             k = trainer.step_options.accumulate_grad_batches
-            self._flops_per_batch = float("nan") if per_step is None else per_step / k
-        return None if self._flops_per_batch != self._flops_per_batch else self._flops_per_batch
+            per_step = trainer.train_step_flops()
+            hardware = None if per_step is None else per_step / k
+            declared = model_flops(trainer.lightning_module, trainer.state.params, rows_per_step=self._rows,
+                                   batches_per_step=1, devices=self._world)
+            if declared is not None:
+                model = declared.per_step / self._world
+            elif trainer.step_options.remat == "none":
+                model = hardware
+            else:
+                unrematerialized = trainer.train_step_flops(remat="none")
+                model = None if unrematerialized is None else unrematerialized / k
+            self._flops_per_batch = (model, hardware)
+        return self._flops_per_batch
 
     def _log(self, trainer, module) -> None:
         self.metrics = self.compute(trainer)

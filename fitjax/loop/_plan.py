@@ -10,7 +10,7 @@ import numpy as np
 from fitjax import planner
 from fitjax.loop.train_feed import fit_loaders
 
-__all__ = ["first_train_batch", "plan_trainer"]
+__all__ = ["choose_for_fit", "first_train_batch", "plan_trainer"]
 
 
 def first_train_batch(module, train_data, datamodule) -> Any:
@@ -32,3 +32,8 @@ def plan_trainer(trainer, module, train_data, datamodule, *, target: str | None,
     batch = first_train_batch(module, train_data, datamodule)
     return planner.plan(module, batch, resolved, strategy=trainer.strategy, options=trainer.step_options,
                         sweep=sweep, headroom=headroom)
+
+
+def choose_for_fit(spec: planner.PlannedStrategy, module, train_data, datamodule, devices, options) -> planner.Choice:
+    """`Trainer(strategy="plan")`: the planner's strategy and options for this fit's first batch."""
+    return planner.choose(spec, module, first_train_batch(module, train_data, datamodule), devices, options)

@@ -47,7 +47,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop import _interrupt, _pieces, _preemption, _resume, _step_outputs
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
-from fitjax.loop._plan import plan_trainer
+from fitjax.loop._plan import choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
@@ -62,7 +62,7 @@ from fitjax.callbacks.timer import with_timer
 from fitjax.data import DataModule, check_fit_data
 from fitjax.loggers import Logger, resolve_loggers, split_by_run
 from fitjax.module import LitModule, check_dataloader_idx
-from fitjax.planner import Plan
+from fitjax.planner import Plan, planned_strategy
 from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax import runs as runs_lib
 from fitjax.runs import RunResults, Runs
@@ -109,7 +109,10 @@ class Trainer(metaclass=_CheckedArguments):
             "tpu"; a missing backend is an error naming those present. Fit starts with one line
             saying the platform, devices used of available, processes, strategy, mesh and precision
             (the "fitjax" logger at INFO).
-        strategy: "auto", "single", "dp", "fsdp" or a `fitjax.strategies.Strategy`.
+        strategy: "auto", "single", "dp", "zero1", "fsdp" or a `fitjax.strategies.Strategy`; or
+            "plan" (a `fitjax.planner.PlannedStrategy`, which takes a memory budget): each fit
+            plans every strategy on these devices (then with remat if none fits) and runs the
+            fastest estimate that fits, said in one line before the banner (docs/guides/plan.md).
         devices: "auto" (all, on every process), a count, or a list of `jax.Device`. With several
             processes a count is one machine's devices (Lightning's meaning), checked.
         num_nodes: machines to run on (Lightning's meaning), checked against the cluster
@@ -178,8 +181,9 @@ class Trainer(metaclass=_CheckedArguments):
             leftover steps (fewer than k) run one at a time (a second, smaller compilation).
         remat: activation rematerialization of a Linen model's layers (the submodules its root
             calls): "none", "full" (keep only each layer's inputs, recompute the rest in the
-            backward pass) or "dots" (also keep the weight products). Less activation memory for
-            more FLOPs, the same numbers (`fitjax.step.remat`; `trainer.plan` shows both).
+            backward pass), "dots" (also keep the weight products) or "offload" (keep those in
+            host memory). Less activation memory for more FLOPs or transfers, the same numbers
+            (`fitjax.step.remat`; `trainer.plan` shows both).
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
@@ -280,6 +284,7 @@ class Trainer(metaclass=_CheckedArguments):
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
             log_grad_norm=log_grad_norm, remat=remat,
         )
+        self._planned_remat = self.step_options.remat  # strategy="plan" may turn remat on; this is the user's
         self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
@@ -287,7 +292,9 @@ class Trainer(metaclass=_CheckedArguments):
         # before anything asks JAX for devices
         self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
         self.devices = checks.select_devices(devices, accelerator)
-        self.strategy = resolve_strategy(strategy, num_devices=len(self.devices))
+        # strategy="plan": dp until each fit asks the planner (`_plan.choose_for_fit`)
+        self._planned = planned_strategy(strategy)
+        self.strategy = resolve_strategy("auto" if self._planned else strategy, num_devices=len(self.devices))
         self.strategy.setup(self.devices)
         self.default_root_dir = checks.root_dir(default_root_dir)
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
@@ -324,7 +331,7 @@ class Trainer(metaclass=_CheckedArguments):
         self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
                                 muted=lambda: self.sanity_checking)
         self.num_val_batches: list[int | None] = []
-        self._step_flops: tuple[float | None] | None = None  # (flops,) once `train_step_flops` compiled its analysis
+        self._step_flops: dict[str, float | None] = {}  # remat -> flops, once `train_step_flops` compiled them
         self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
         self._interrupted = False  # the last fit ended by an exception (Ctrl-C included)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
@@ -415,6 +422,18 @@ class Trainer(metaclass=_CheckedArguments):
         its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
         at its end (`.table()`); None for one run."""
         return self._run_results
+
+    def stop_run(self, run: int) -> None:
+        """With `Trainer(runs=...)`, during fit: stops run `run` (an early stop of one run, as
+        `EarlyStopping` asks): from the next step its parameters, optimizer and model state stay
+        as they are while the other runs go on; once every run is stopped, fit stops."""
+        if self._runs is None or self._run is None or self._run.state is None:
+            raise RuntimeError("Trainer.stop_run(run) stops one run of a Trainer(runs=...) fit, while it fits.")
+        if isinstance(run, bool) or not isinstance(run, int) or not 0 <= run < self._runs.size:
+            raise ValueError(f"Trainer.stop_run(run=...) takes a run index from 0 to {self._runs.size - 1}, got {run!r}.")
+        self._run.state = runs_lib.stop_run(self._run.state, run)
+        if not any(runs_lib.active_runs(self._run.state)):  # sync point: only when a run stops
+            self.should_stop = True
 
     @property
     def best_run(self) -> int | None:
@@ -597,7 +616,7 @@ class Trainer(metaclass=_CheckedArguments):
         """The parameters eval uses: an averaged copy when a piece asks (`EMA(use_for_eval=True)`)."""
         return step_lib.pieces.eval_params(self.state, self.step_options.pieces)
 
-    def train_step_flops(self) -> float | None:
+    def train_step_flops(self, *, remat: str | None = None) -> float | None:
         """Floating-point operations of one optimizer step on each device, as XLA counts them.
 
         XLA's cost analysis of the train step compiled as it runs (this strategy's partitioned
@@ -606,18 +625,23 @@ class Trainer(metaclass=_CheckedArguments):
         once fit has built its step (from `on_fit_start` on, and after fit); the first read in a
         fit compiles that program once (no step runs). None where the backend reports no FLOPs.
         Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
-        counted.
+        counted. `remat="none"` counts the same step without rematerialization: the model's
+        FLOPs when `Trainer(remat=...)` recomputes layers (one more compilation), which
+        `ThroughputMonitor`'s MFU uses; None counts the step as it runs (the hardware's FLOPs).
         """
         built = self._in_use
         compiled = built.compiled if built is not None else None
         if compiled is None or compiled.train_step_cost is None:
             raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
                                "step: read it from on_fit_start or later.")
-        if self._step_flops is None:
-            flops = compiled.train_step_cost().get("flops")
-            self._step_flops = (None if flops is None or flops <= 0
-                                else flops / compiled.options.steps_per_execution,)
-        return self._step_flops[0]
+        options = compiled.options
+        remat = options.remat if remat is None else step_lib.remat.check_remat(remat)
+        if remat not in self._step_flops:
+            cost = compiled.train_step_cost if remat == options.remat else compiled.train_programs_for(
+                dataclasses.replace(options, remat=remat))["train_step_cost"]
+            flops = cost().get("flops")
+            self._step_flops[remat] = None if flops is None or flops <= 0 else flops / options.steps_per_execution
+        return self._step_flops[remat]
 
     def _write_params(self, module: LitModule) -> None:
         """The weights the module's hooks wrote with `update_params`, into the fit's state."""
@@ -675,6 +699,12 @@ class Trainer(metaclass=_CheckedArguments):
             checks.check_module(module)
             self._lightning_module = module
             module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
+            if self._planned is not None:  # strategy="plan": the fastest planned strategy that fits, said why
+                choice = choose_for_fit(self._planned, module, train_data, datamodule, self.devices,
+                                        dataclasses.replace(self.step_options, remat=self._planned_remat))
+                self.strategy, self.step_options = choice.strategy, choice.options
+                if jax.process_index() == 0:
+                    log.info(f"fitjax: {choice.line}")
             if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
                 log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                             self.cluster_environment))
@@ -775,7 +805,7 @@ class Trainer(metaclass=_CheckedArguments):
                                                          options=feed.options)
             else:  # every run's state stacked, one program training them all
                 run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options)
-        self._step_flops = None
+        self._step_flops = {}
         self._metric_log.begin_fit(run.compiled.log_specs)
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
         run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)

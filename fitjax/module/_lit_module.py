@@ -16,7 +16,7 @@ import jax
 
 from fitjax import _logged, checkpoint
 from fitjax.module import _host_model, _lightning, _lora, _optimizers, _weight_sources, _weights
-from fitjax.step import ModuleSpec, context, defined_at
+from fitjax.step import ModuleSpec, context, defined_at, trainable
 from fitjax.step import learning_rate as lr_lib
 from fitjax.step import model_binding
 from fitjax.step.model_binding import ModelBinding, Models, ModelsBinding, NNXBinding, bind
@@ -67,7 +67,9 @@ class LitModule:
         self._binding: ModelBinding | None = None
         self._variables: tuple[PyTree, PyTree] | None = None
         self._weights_load: _weights.WeightsLoad | None = None  # until a build reads it
+        self._adapters_load: _weights.WeightsLoad | None = None  # `load_adapters`, placed on top of it
         self._lora: _lora.LoraSpec | None = None
+        self._trainable: Any = None  # what the last built optimizer trains (`fitjax.step.trainable`)
 
     # ----------------------------------------------------------------- user hooks (override these)
 
@@ -511,6 +513,39 @@ class LitModule:
         raise ValueError(f"{type(self).__name__}.save_weights(lora={lora!r}): pass 'merge' (the adapted weights, "
                          "for export), 'adapters' (the adapters alone) or 'keep' (both as they are).")
 
+    def load_adapters(self, source: Any, *, mapping: _weights.NameMap = None) -> None:
+        """Starts the next fit (or evaluation) with the LoRA adapters `save_weights(...,
+        lora="adapters")` wrote, on top of the base weights (`load_weights`, or the module's own):
+        call it after `apply_lora` with the same targets and rank.
+
+        Every adapter of the model must be in the source and every array of the source must be
+        an adapter of the model; the base weights are not expected from it.
+
+        Args:
+            source: what `load_weights` reads (a `.safetensors` file, a mapping, ...).
+            mapping: renames the source's names to the model's, as in `load_weights`.
+
+        Example:
+            >>> # module.load_weights("base.safetensors"); module.apply_lora(r".*", rank=8)
+            >>> # module.load_adapters("adapters.safetensors"); trainer.validate(module, data)
+        """
+        if vars(self).get("_lora") is None:
+            raise ValueError(f"{type(self).__name__}.load_adapters({source!r}): the model has no adapters; call "
+                             "`apply_lora(...)` with the targets and rank the adapters were trained with first.")
+        self._adapters_load = _weights.WeightsLoad.make(source, mapping=mapping, transpose=(), strict=True,
+                                                        owner=type(self).__name__)
+
+    def _place_all(self, abstract, shardings, initial):
+        """The pending loads placed: the base (`load_weights`), then the adapters on top."""
+        base, adapters = vars(self).get("_weights_load"), vars(self).get("_adapters_load")
+        if base is not None:
+            placed = self._place_weights(base, abstract, shardings, initial)
+            initial = lambda: placed  # noqa: E731
+        if adapters is None:
+            return placed
+        names = frozenset(_weights.target_names(abstract))
+        return adapters.place(abstract, shardings, initial, names - _lora.adapter_names(names))[0]
+
     def _optional_names(self, abstract) -> frozenset[str]:
         """The model's arrays a load need not give: NNX rng state, and LoRA adapters (new)."""
         optional = _weights.rng_names(abstract)
@@ -521,7 +556,7 @@ class LitModule:
     # ------------------------------------------------------------------------------- LoRA
 
     def apply_lora(self, targets: str = ".*", *, rank: int = 8, alpha: float | None = None, dropout: float = 0.0,
-                   example_input: Any = None) -> None:
+                   quantize: str | None = None, example_input: Any = None) -> None:
         """Adds LoRA adapters (Google's qwix) to the layers `targets` names; from then on only the
         adapters train, and only they hold optimizer state.
 
@@ -544,11 +579,17 @@ class LitModule:
             rank: the adapters' inner size.
             alpha: the scale's numerator (`alpha / rank`); default `2 * rank`.
             dropout: dropout on the adapters' input (qwix applies it in evaluation too).
+            quantize: QLoRA: the adapted weights held in this type by qwix (`"int8"`, `"int4"`,
+                `"nf4"`, `"float8_e4m3fn"`): a weight becomes an integer `qvalue` and a float
+                `scale` (`up.kernel.array.qvalue`, `.scale`), frozen like the rest of the base.
+                Weights the module holds or `load_weights` gives are read as floats and
+                quantized when the trainer builds the state; `save_weights` exports floats.
+                None: the base stays in its own dtype (LoRA).
             example_input: an input of the model, for an NNX model (qwix runs it once to create
                 the adapters): one array, or a tuple of the positional inputs.
         """
         spec = _lora.LoraSpec.make(targets=targets, rank=rank, alpha=alpha, dropout=dropout,
-                                   owner=type(self).__name__)
+                                   owner=type(self).__name__, quantize=quantize)
         if vars(self).get("_lora") is not None:
             raise ValueError(f"{type(self).__name__}.apply_lora was called before: the model has adapters already.")
         name = self._model_attribute_name()
@@ -566,11 +607,26 @@ class LitModule:
     def _optimizer(self) -> optax.GradientTransformation:
         tx = self.configure_optimizer()
         lora = vars(self).get("_lora")
-        return tx if lora is None else lora.optimizer(tx)
+        tx = tx if lora is None else lora.optimizer(tx)
+        self._trainable = trainable.of(tx)
+        return tx
+
+    def trainable_mask(self, params: PyTree) -> PyTree:
+        """A tree of bools like `params`: False where the optimizer of the last fit freezes the
+        parameter (LoRA's base weights, a `fj.param_groups` group given None), which then gets
+        no gradient and no optimizer state; None when every parameter trains (or before a fit)."""
+        found = vars(self).get("_trainable")
+        return None if found is None else found.mask(params)
 
     def _place_weights(self, load: _weights.WeightsLoad, abstract, shardings, initial):
+        lora = vars(self).get("_lora")
         try:
-            variables, report = load.place(abstract, shardings, initial, self._optional_names(abstract))
+            if lora is not None and lora.quantize is not None:  # QLoRA: floats read, then quantized
+                optional = self._optional_names((_lora.float_abstract(abstract[0]), abstract[1]))
+                variables, report = _lora.place_quantized(functools.partial(load.place, optional=optional),
+                                                          abstract, shardings, initial)
+            else:
+                variables, report = load.place(abstract, shardings, initial, self._optional_names(abstract))
         except ValueError as error:
             restored = vars(self).get("_restored_with")
             if restored is None:
@@ -660,8 +716,8 @@ class LitModule:
             eval_stages=("val", "test") if _lightning.is_lightning(self) else ("val",),
             mode=functools.partial(hook_mode, self),
             defined_at={method: defined_at(self, method) for method in ("loss", "metrics")},
-            weights=(None if vars(self).get("_weights_load") is None
-                     else functools.partial(self._place_weights, self._weights_load)),
+            weights=(None if vars(self).get("_weights_load") is None and vars(self).get("_adapters_load") is None
+                     else self._place_all),
         )
 
 
@@ -692,7 +748,7 @@ def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> Non
     """Gives the module these weights (what `module.variables` returns; an NNX model holds them);
     a pending `load_weights` is done (the build that placed it is what gave these)."""
     module._variables = (params, model_state)
-    module._weights_load = None
+    module._weights_load = module._adapters_load = None
     module._restored_with = None
     binding = module._get_binding()
     if isinstance(binding, (NNXBinding, ModelsBinding)):
@@ -722,5 +778,5 @@ def initial_variables(module: LitModule) -> tuple[PyTree, PyTree]:
 def is_unfitted_linen(module: LitModule) -> bool:
     """Whether the module's model is a Linen model (one of several) that no fit, restore nor load
     gave weights."""
-    return (module.variables is None and module._weights_load is None
+    return (module.variables is None and module._weights_load is None and vars(module).get("_adapters_load") is None
             and module._get_binding().initial_variables() is None)

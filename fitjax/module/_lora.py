@@ -4,7 +4,14 @@
 matmul of a layer whose path matches `targets` gets `x @ A @ B * alpha / rank` added, with `A`
 (`<weight>_lora_a`, He-uniform) and `B` (`<weight>_lora_b`, zeros, so training starts from the
 base model exactly) created beside the weight. fitjax then trains the adapters only: the
-optimizer is the module's, over the adapters, and `optax.set_to_zero` (no state) over the rest.
+optimizer is the module's, over the adapters; the rest is frozen (`fj.param_groups` with None:
+no gradient, no update, no state).
+
+QLoRA (`quantize="int8"`, `"nf4"`, ... : qwix's `weight_qtype`): the adapted weights are held
+quantized, a qwix `WithAux(QArray)` among the parameters (an integer `qvalue` and a float
+`scale`). Weights from outside are read as floats into the weights' own shape and sharding and
+quantized there (`place_quantized`); the step never differentiates them (integers have no
+gradient: the frozen part is a constant of the step).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from fitjax.module._param_groups import param_groups
 __all__ = ["LoraSpec"]
 
 ADAPTER = re.compile(r".*_lora_[ab]")
+QTYPES = ("int8", "int4", "nf4", "float8_e4m3fn")  # qwix weight types QLoRA offers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +44,15 @@ class LoraSpec:
     rank: int
     alpha: float
     dropout: float
+    quantize: str | None = None  # QLoRA: qwix's weight_qtype for the adapted weights
 
     @classmethod
-    def make(cls, *, targets: str, rank: int, alpha: float | None, dropout: float, owner: str) -> "LoraSpec":
+    def make(cls, *, targets: str, rank: int, alpha: float | None, dropout: float, owner: str,
+             quantize: str | None = None) -> "LoraSpec":
         where = f"{owner}.apply_lora"
+        if quantize is not None and quantize not in QTYPES:
+            raise ValueError(f"{where}(quantize=...) must be None (LoRA) or one of {list(QTYPES)} (QLoRA: the "
+                             f"adapted weights held in that type by qwix); got {quantize!r}.")
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"{where}(rank=...) must be a positive int (the adapters' inner size, e.g. 8); "
                              f"got {rank!r}.")
@@ -50,7 +63,7 @@ class LoraSpec:
         except (re.error, TypeError) as error:
             raise ValueError(f"{where}(targets=...): {targets!r} is not a regular expression ({error}); it "
                              "matches the layers' module paths, e.g. r'.*(q_proj|v_proj)'.") from None
-        return cls(targets, rank, float(2 * rank if alpha is None else alpha), float(dropout))
+        return cls(targets, rank, float(2 * rank if alpha is None else alpha), float(dropout), quantize)
 
     @property
     def scale(self) -> float:
@@ -61,7 +74,7 @@ class LoraSpec:
         import qwix
 
         provider = qwix.LoraProvider(module_path=self.targets, rank=self.rank, alpha=self.alpha,
-                                     dropout=self.dropout)
+                                     dropout=self.dropout, weight_qtype=self.quantize)
         if isinstance(model, nn.Module):
             return qwix.apply_lora_to_model(model, provider)
         if not example:
@@ -74,9 +87,43 @@ class LoraSpec:
         return param_groups({ADAPTER.pattern: tx}, default=None)
 
 
+def _is_quantized(x: Any) -> bool:
+    from qwix._src.providers.ptq import WithAux
+
+    return isinstance(x, WithAux)
+
+
+def dequantized(tree: PyTree, leaf=None) -> PyTree:
+    """`tree` with each quantized weight replaced by `leaf(weight)` (default: its float value)."""
+    import qwix
+
+    leaf = leaf or (lambda w: qwix.dequantize(w.array))
+    return jax.tree.map(lambda x: leaf(x) if _is_quantized(x) else x, tree, is_leaf=_is_quantized)
+
+
+def float_abstract(abstract: PyTree) -> PyTree:
+    """The abstract tree with each quantized weight as the float array it stands for."""
+    return dequantized(abstract, lambda w: jax.ShapeDtypeStruct(w.array.qvalue.shape, w.array.scale.dtype))
+
+
+def place_quantized(place, abstract, shardings, initial):
+    """`place(abstract, shardings, initial)` (a `WeightsLoad.place`) for a QLoRA model: the
+    weights read as floats into the quantized weights' shapes and shardings, then quantized as
+    the model holds them (qwix's `quantize_params`, each weight's own scheme)."""
+    import qwix
+
+    (params, model_state), report = place(
+        (float_abstract(abstract[0]), abstract[1]),
+        (dequantized(shardings[0], lambda w: w.array.qvalue), shardings[1]),
+        lambda: (dequantized(initial()[0]), initial()[1]))
+    quantized = qwix.quantize_params(params, abstract[0])
+    return (jax.device_put(quantized, shardings[0]), model_state), report
+
+
 def merged(params: PyTree, spec: LoraSpec) -> PyTree:
     """The parameters with each adapted weight replaced by `W + A @ B * alpha / rank` and the
     adapters left out: the base model the adapters make, for export."""
+    params = dequantized(params)  # QLoRA: the export is float
     if isinstance(params, dict):
         out = {}
         for key, value in params.items():

@@ -5,7 +5,8 @@ the names `load_weights` and the model summary use) is matched against the patte
 the first match's transformation updates it. A group given `None` is frozen: its update is zero
 (`optax.set_to_zero`) and it holds no optimizer state at all (multi_transform gives each
 transformation only its own group's parameters, so Adam's moments exist for the trained groups
-alone).
+alone), and the train step computes no gradient for it (`fitjax.step.trainable`: the loss is
+differentiated with respect to the trained groups only).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax
 import optax
 
 from fitjax._typing import PyTree
+from fitjax.step import trainable
 
 __all__ = ["param_groups"]
 
@@ -74,7 +76,10 @@ def param_groups(groups: Mapping[str, optax.GradientTransformation | None],
     transforms[_FROZEN] = optax.set_to_zero()  # stateless: a frozen group holds nothing
     if default is not None and not isinstance(default, str):
         transforms["default"] = default
-    return optax.multi_transform(transforms, labels)
+    tx = optax.multi_transform(transforms, labels)
+    if _FROZEN not in (*labels_of, default_label):
+        return tx
+    return trainable.mark(tx, lambda params: jax.tree.map(lambda group: group == _FROZEN, labels(params)))
 
 
 def _check_tx(tx, where: str) -> None:

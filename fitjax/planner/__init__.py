@@ -7,6 +7,7 @@ cost analyses and the compiled program's collectives (`measure`). `Trainer.plan`
 `fitjax plan` drive it.
 """
 
+from fitjax.planner._choose import Choice, PlannedStrategy, choose, planned_strategy
 from fitjax.planner._devices import KINDS, DeviceSpec, spec_for
 from fitjax.planner._flops import ModelFlops, TransformerShape, model_flops
 from fitjax.planner._hlo import Collective, collectives
@@ -16,6 +17,7 @@ from fitjax.planner._report import Plan, human_bytes
 from fitjax.planner._sweep import AXES, candidates, recommend
 from fitjax.planner._targets import Target, device_memory_limit, quiet_stderr, resolve_target
 
-__all__ = ["Candidate", "Collective", "DeviceSpec", "Measured", "ModelFlops", "Plan", "Target",
-           "TransformerShape", "candidates", "collectives", "device_memory_limit", "human_bytes", "measure",
-           "model_flops", "plan", "quiet_stderr", "recommend", "resolve_target", "spec_for"]
+__all__ = ["Candidate", "Choice", "Collective", "DeviceSpec", "Measured", "ModelFlops", "Plan", "PlannedStrategy",
+           "Target", "TransformerShape", "candidates", "choose", "collectives", "device_memory_limit", "human_bytes",
+           "measure", "model_flops", "plan", "planned_strategy", "quiet_stderr", "recommend", "resolve_target",
+           "spec_for"]

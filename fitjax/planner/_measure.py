@@ -53,7 +53,9 @@ class Measured:
     memory: dict[str, int]
     memory_limit: int | None
     headroom: float
-    #: model FLOPs of one optimizer step on one device, and where the count comes from
+    #: model FLOPs of one optimizer step on one device, and where the count comes from:
+    #: "6N+attention", "flops_per_batch", "xla" or "xla, no remat" (the same step compiled
+    #: with `remat="none"`: rematerialized work is the hardware's, not the model's)
     model_flops: float | None
     model_flops_source: str
     #: XLA's FLOPs of one optimizer step on one device (rematerialized work included)
@@ -109,8 +111,11 @@ def _options_remat(options: step_lib.StepOptions) -> str:
     return getattr(options, "remat", "none")
 
 
-def measure(candidate: Candidate, target: Target, module: Any, *, headroom: float) -> Measured:
-    """Compiles `candidate`'s train step for `target` and reads what it costs (see the module)."""
+def measure(candidate: Candidate, target: Target, module: Any, *, headroom: float,
+            plain_flops: float | None = None) -> Measured:
+    """Compiles `candidate`'s train step for `target` and reads what it costs (see the module).
+    `plain_flops`: XLA's FLOPs of the same step with `remat="none"` when already measured (a
+    rematerialized candidate's model FLOPs; else it compiles that step too)."""
     spec = module.step_spec()
     strategy, options = candidate.strategy, candidate.options
     started = time.perf_counter()
@@ -143,6 +148,9 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
                                        batches_per_step=k, devices=len(target.devices))
     if counted_model is not None:
         model, source = counted_model.per_step / len(target.devices), counted_model.source
+    elif options.remat != "none":  # XLA's count of the step without remat: the model's work, not the hardware's
+        model = plain_flops or _unrematerialized_flops(spec, strategy, candidate.batch, options)
+        source = "xla, no remat"
     else:
         model, source = xla_flops, "xla"
     step_s, mfu = _roofline(target, xla_flops, accessed, found, model)
@@ -152,6 +160,15 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
         accumulate=k, memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=model,
         model_flops_source=source, xla_flops=xla_flops, bytes_accessed=accessed, collectives=found,
         step_time_s=step_s, mfu=mfu, compile_s=compile_s)
+
+
+def _unrematerialized_flops(spec, strategy: Strategy, batch: Any, options: step_lib.StepOptions) -> float | None:
+    """XLA's FLOPs of one optimizer step on one device with `remat="none"` (one more compilation)."""
+    plain = dataclasses.replace(options, remat="none")
+    with quiet_stderr(), plain.precision.context():
+        program = jitted.abstract_train(spec, strategy, batch, options=plain)
+        flops = jitted.cost_of(program.unrolled_step.lower(program.state, program.inputs).compile()).get("flops")
+    return flops / options.steps_per_execution if flops and flops > 0 else None
 
 
 def _memory(program: jitted.AbstractTrain, analysis: Any, strategy: Strategy) -> dict[str, int]:

@@ -9,12 +9,12 @@ import numpy as np
 
 from fitjax import step as step_lib
 from fitjax.planner import _sweep
-from fitjax.planner._measure import measure
+from fitjax.planner._measure import Candidate, measure
 from fitjax.planner._report import Plan
 from fitjax.planner._targets import Target
 from fitjax.strategies import Strategy
 
-__all__ = ["plan"]
+__all__ = ["plan", "plan_with_candidates"]
 
 
 def _check_headroom(headroom: Any) -> float:
@@ -33,12 +33,27 @@ def plan(module: Any, batch: Any, target: Target, *, strategy: Strategy, options
     strategy is copied and set up over the target's devices). A candidate that does not compile
     is reported with its error, not raised, unless every one fails.
     """
+    return plan_with_candidates(module, batch, target, strategy=strategy, options=options, sweep=sweep,
+                                headroom=headroom)[0]
+
+
+def plan_with_candidates(module: Any, batch: Any, target: Target, *, strategy: Strategy,
+                         options: step_lib.StepOptions, sweep: bool | Mapping[str, Sequence] = False,
+                         headroom: float = 0.1) -> tuple[Plan, dict[str, Candidate]]:
+    """`plan`, and each measured candidate by its name (its strategy set up over the target's
+    devices, its options)."""
     headroom = _check_headroom(headroom)
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
-    measured, failed = [], []
+    measured, failed, made = [], [], {}
+    plain: dict[str, float | None] = {}  # a candidate without remat's label -> its XLA FLOPs
     for name, make in _sweep.candidates(strategy, options, batch, target.devices, sweep):
         try:
-            measured.append(measure(make(), target, module, headroom=headroom))
+            candidate = made[name] = make()
+            remat = candidate.options.remat
+            key = name.replace(f" remat={remat}", "")  # the same candidate without remat
+            measured.append(measure(candidate, target, module, headroom=headroom, plain_flops=plain.get(key)))
+            if remat == "none":
+                plain[key] = measured[-1].xla_flops
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is part of the answer
             if sweep is False:
                 raise
@@ -46,4 +61,4 @@ def plan(module: Any, batch: Any, target: Target, *, strategy: Strategy, options
     if not measured:
         raise RuntimeError("plan: no candidate compiled:\n" + "\n".join(f"  {n}: {e}" for n, e in failed))
     recommended, reason = _sweep.recommend(measured)
-    return Plan.of(target, measured, failed, recommended, reason)
+    return Plan.of(target, measured, failed, recommended, reason), made

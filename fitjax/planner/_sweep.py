@@ -20,15 +20,16 @@ import jax
 from fitjax import precision as precision_lib
 from fitjax import step as step_lib
 from fitjax.planner._measure import Candidate, Measured
+from fitjax.planner._report import human_bytes
 from fitjax.strategies import FSDP, DataParallel, SingleDevice, Strategy
 
-__all__ = ["AXES", "candidates", "recommend"]
+__all__ = ["AXES", "candidates", "recommend", "strategy_variants"]
 
 #: what `sweep=True` varies; `sweep={axis: [values]}` picks its own
 AXES = ("strategy", "accumulate", "precision", "remat")
 
 
-def _strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[[], Strategy]]:
+def strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[[], Strategy]]:
     """name -> a fresh strategy, FSDP variants keeping the configured FSDP's rules (a model whose
     parameters carry logical names needs them)."""
     fsdp_args = {}
@@ -65,7 +66,7 @@ def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, de
     if not isinstance(sweep, Mapping) and sweep is not True or isinstance(sweep, Mapping) and set(sweep) - set(AXES):
         raise ValueError(f"plan(sweep=...) takes True, False or {{axis: [values]}} with axes {list(AXES)}, "
                          f"got {sweep!r}.")
-    variants = _strategy_variants(strategy, devices)
+    variants = strategy_variants(strategy, devices)
     if sweep is True:  # every axis
         sweep = {"strategy": list(variants)}
         every = True
@@ -82,7 +83,7 @@ def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, de
     accumulate = _axis(sweep, "accumulate", [k0] + ([2 * k0] if every and rows % 2 == 0 else []))
     precisions = _axis(sweep, "precision", [options.precision.name])
     remat = getattr(options, "remat", "none")
-    remats = _axis(sweep, "remat", list(dict.fromkeys([remat, "none", "full"])) if every and hasattr(options, "remat")
+    remats = _axis(sweep, "remat", list(dict.fromkeys(["none", remat, "full"])) if every and hasattr(options, "remat")
                    else [remat])
     made = []
     for name, k, precision, remat in itertools.product(names, accumulate, precisions, remats):
@@ -118,13 +119,13 @@ def recommend(measured: Sequence[Measured]) -> tuple[Measured | None, str]:
     fitting = [m for m in measured if m.fits is not False]
     if not fitting:
         best = min(measured, key=lambda m: m.memory["peak"] or float("inf"))
-        return None, (f"none fits: the smallest peak is {best.name}'s, {_gib(best.memory['peak'])} per device, "
-                      f"over {_gib(best.memory_limit * (1 - best.headroom))} ({_gib(best.memory_limit)} less "
+        return None, (f"none fits: the smallest peak is {best.name}'s, {human_bytes(best.memory['peak'])} per device, "
+                      f"over {human_bytes(best.memory_limit * (1 - best.headroom))} ({human_bytes(best.memory_limit)} less "
                       f"{best.headroom:.0%} headroom); add devices, or try fsdp, remat or smaller micro-batches")
     timed = [m for m in fitting if m.step_time_s is not None]
     misses = [m.name for m in measured if m.fits is False]
     miss = f"; {', '.join(misses)} do{'es' if len(misses) == 1 else ''} not fit" if misses else ""
-    room = (f" in {_gib(fitting[0].memory_limit * (1 - fitting[0].headroom))} per device"
+    room = (f" in {human_bytes(fitting[0].memory_limit * (1 - fitting[0].headroom))} per device"
             if fitting[0].memory_limit else "")
     if timed:
         best = min(timed, key=lambda m: m.step_time_s)
@@ -139,7 +140,3 @@ def recommend(measured: Sequence[Measured]) -> tuple[Measured | None, str]:
     best = min(fitting, key=cost)
     return best, (f"fewest FLOPs and collective bytes per device of the {len(fitting)} candidates that fit{room}"
                   f"{miss} (no peak FLOP/s known for this device kind: no time estimate)")
-
-
-def _gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.3g} GiB"

@@ -2,8 +2,8 @@
 1e-3}, {"lr": 3e-3}])` (hyperparameters read through `self.hparams`), trained side by side by
 one jitted step vmapped over a leading axis of the train state (see docs/guides/many_runs.md)."""
 
-from fitjax.runs._axis import RunAxis, member, run_suffix
+from fitjax.runs._axis import RunAxis, active_runs, member, run_suffix, stop_run
 from fitjax.runs._results import RunResults
 from fitjax.runs._runs import Runs
 
-__all__ = ["RunAxis", "RunResults", "Runs", "member", "run_suffix"]
+__all__ = ["RunAxis", "RunResults", "Runs", "active_runs", "member", "run_suffix", "stop_run"]

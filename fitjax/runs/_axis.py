@@ -28,16 +28,34 @@ from fitjax.state import TrainState
 from fitjax.step import ModuleSpec, context
 from fitjax.step.jitted import check_optimizer
 
-__all__ = ["RunAxis", "member", "run_suffix"]
+__all__ = ["RunAxis", "active_runs", "member", "run_suffix", "stop_run"]
 
 _SUFFIX = "/run_"
 # Every leaf of the state has the runs axis but the step count, which all runs share: they step
 # together (a stopped run's update is masked, its count goes on), and the step picks each call's
 # batch from a block on the device by it.
 _STATE_AXES = TrainState(step=None, params=0, model_state=0, opt_state=0, rng=0, metrics=0, loss_scale=0, extras=0)
+_ACTIVE = "runs_active"  # `TrainState.extras[_ACTIVE]`: bool [runs], False once a run stopped early
 # what JAX raises when a traced value is used where a Python one is needed (a shape, an `if`)
 _TRACER_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
                   jax.errors.TracerBoolConversionError, jax.errors.TracerArrayConversionError, TypeError)
+
+
+def stop_run(state: TrainState, i: int) -> TrainState:
+    """`state` with run `i` stopped: the steps leave its parameters, optimizer and model state as
+    they are (the others go on)."""
+    active = state.extras[_ACTIVE]
+    return state.replace(extras={**state.extras, _ACTIVE: _stopped(active, i)})
+
+
+def active_runs(state: TrainState) -> list[bool]:
+    """Which runs still train (a host read: waits for the steps dispatched before)."""
+    return [bool(a) for a in jax.device_get(state.extras[_ACTIVE])]
+
+
+@jax.jit
+def _stopped(active: jax.Array, i: jax.Array | int) -> jax.Array:
+    return active.at[i].set(False)
 
 
 @jax.jit
@@ -151,7 +169,8 @@ class RunAxis:
             del rng
             keys = jax.random.wrap_key_data(jnp.asarray(self._key_data))
             state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES)
-            return state.replace(metrics=self.flat(state.metrics))
+            # which runs still train (an early-stopped run's updates are masked out)
+            return state.replace(metrics=self.flat(state.metrics), extras={_ACTIVE: jnp.ones(self.size, bool)})
 
         return runs_init
 
@@ -159,9 +178,17 @@ class RunAxis:
         """`train_step(state, inputs)` of every run, on the same inputs."""
 
         def runs_step(state, inputs):
-            stacked = state.replace(metrics=self.stacked(state.metrics))
+            stacked = state.replace(metrics=self.stacked(state.metrics), extras=None)
             new, values = self._vmapped(step_fn, (_STATE_AXES, None), stacked, inputs, out_axes=(_STATE_AXES, 0))
             self._check_read()
+            active = state.extras[_ACTIVE]
+
+            def keep(new_tree, old_tree):  # a stopped run keeps its parameters and optimizer state
+                return jax.tree.map(lambda n, o: jnp.where(active.reshape(-1, *[1] * (n.ndim - 1)), n, o),
+                                    new_tree, old_tree)
+
+            new = new.replace(params=keep(new.params, state.params), opt_state=keep(new.opt_state, state.opt_state),
+                              model_state=keep(new.model_state, state.model_state), extras=state.extras)
             return new.replace(metrics=self.flat(new.metrics)), self.flat(values)
 
         runs_step.__name__ = getattr(step_fn, "__name__", "train_step")

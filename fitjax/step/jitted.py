@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import context, xla_cpu, forward, train
+from fitjax.step import context, xla_cpu, forward, train, trainable
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
@@ -130,6 +130,13 @@ def check_optimizer(tx: Any, owner: str) -> optax.GradientTransformation:
     )
 
 
+def train_optimizer(spec: ModuleSpec, options: StepOptions) -> optax.GradientTransformation:
+    """The module's optimizer with clipping chained first, over the parameters it trains
+    (`fitjax.step.trainable`: those it freezes get no gradient and no state)."""
+    tx = check_optimizer(spec.optimizer(), spec.owner)
+    return trainable.restrict(options.wrap_optimizer(tx, groups=spec.manual), trainable.of(tx))
+
+
 def _abstract(batch: Batch) -> Batch:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
 
@@ -149,7 +156,6 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     names the accumulators per run; everything else here is the same.
     """
     runs = runs or _NoRuns()
-    owner = spec.owner
     fit = purpose == "fit"
     binding = spec.binding
     given = spec.variables
@@ -166,8 +172,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     if purpose != "predict" and "test" in spec.eval_stages:  # test_step logs names of its own
         with context.stage("test"), context.dataloader_index(loader_index):
             test_names = forward.check_step_outputs(spec, abstract_batch, abstract_given, train=False)
-    tx = check_optimizer(spec.optimizer(), owner) if fit else optax.identity()
-    tx = options.wrap_optimizer(tx, groups=spec.manual) if fit else tx
+    tx = train_optimizer(spec, options) if fit else optax.identity()
     train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
@@ -291,7 +296,7 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
     abstract_batch = _abstract(batch)
     given = None if spec.variables is None else _abstract(spec.variables)
     names = forward.check_step_outputs(spec, abstract_batch, given)
-    tx = options.wrap_optimizer(check_optimizer(spec.optimizer(), spec.owner), groups=spec.manual)
+    tx = train_optimizer(spec, options)
     train_names = options.train_metric_names(names.train)
     init_fn = options.wrap_init(forward.make_init_fn(spec, tx, train_names, trace="loss"), tx)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)

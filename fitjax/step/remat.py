@@ -32,6 +32,10 @@ POLICIES: dict[str, Callable[..., Any] | None] = {
     "full": jax.checkpoint_policies.nothing_saveable,  # keep only the layer's inputs
     # keep the products of weights (no batch dimension), recompute the rest (MaxText's "minimal")
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # the same products kept in host memory (pinned), copied back for the backward pass: device
+    # memory of "full" for "dots"' FLOPs, paid in host<->device transfers (XLA:CPU, GPU and TPU
+    # have a pinned host memory space)
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 
 _inside = contextvars.ContextVar("fitjax_remat_inside", default=False)
@@ -41,7 +45,8 @@ def check_remat(value: Any) -> str:
     if isinstance(value, str) and value in POLICIES:
         return value
     raise ValueError(f"Trainer(remat=...) got {value!r}; use one of {list(POLICIES)} ('full': recompute every "
-                     "layer's activations in the backward pass; 'dots': keep the weight products).")
+                     "layer's activations in the backward pass; 'dots': keep the weight products; 'offload': "
+                     "keep them in host memory).")
 
 
 def _depth(module: nn.Module) -> int:

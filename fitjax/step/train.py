@@ -3,6 +3,7 @@
     for each of `steps_per_execution` optimizer steps (a `lax.scan` when > 1):
         for each of `accumulate_grad_batches` micro-batches (a `lax.scan` when > 1):
             grads += grad(loss(cast(params), cast(micro_batch)) * loss_scale)   # `gradients`
+                                                 # w.r.t. the trained part (`trainable`) only
                                                  # (each layer rematerialized with `remat`)
         grads /= k * loss_scale                  # each micro-batch loss divided by k, like Lightning;
                                                  # a TokenLoss: by the step's total token count
@@ -43,7 +44,7 @@ import optax
 from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.state import TrainState
-from fitjax.step import context, learning_rate, pieces
+from fitjax.step import context, learning_rate, pieces, trainable as trainable_lib
 from fitjax.step.forward import for_hooks, forward, leading_dim, split_loss, step_values
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions, global_norm
@@ -60,7 +61,8 @@ OUTPUTS_KEY = "_outputs"
 _ANOMALY_NAMES = ("loss", "gradients", "parameters")
 
 
-def gradients(spec: ModuleSpec, policy, remat: str = "none", *, returns: bool = False) -> Callable:
+def gradients(spec: ModuleSpec, policy, remat: str = "none",
+              trainable: trainable_lib.Trainable | None = None, *, returns: bool = False) -> Callable:
     """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state, count)`.
 
     `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
@@ -68,10 +70,13 @@ def gradients(spec: ModuleSpec, policy, remat: str = "none", *, returns: bool = 
     (the step divides by the counts of all its micro-batches) and the logged loss its mean;
     otherwise `count` is None. Params and floating inputs are cast to the policy's compute
     dtype; the loss and the model state keep float32 / their own dtype. `remat` rematerializes
-    each layer's activations (`fitjax.step.remat`). `returns`: `values[OUTPUTS_KEY]` holds what
+    each layer's activations (`fitjax.step.remat`). With `trainable`, `params` are its trained
+    part (`Trainable.split`) and `grads(params, ..., frozen=...)` takes the frozen part: a
+    constant of the loss, differentiated never. `returns`: `values[OUTPUTS_KEY]` holds what
     the user's step returned, for the batch-end hooks (`forward.for_hooks`).
     """
     owner = spec.owner
+    merge = (lambda p, frozen: p) if trainable is None else trainable.merge
     if remat != "none" and not isinstance(spec.binding, LinenBinding):
         raise ValueError(f"Trainer(remat={remat!r}) rematerializes the layers of a flax.linen model; "
                          f"{owner}'s model is a {type(spec.binding).__name__.removesuffix('Binding')} model: "
@@ -103,19 +108,19 @@ def gradients(spec: ModuleSpec, policy, remat: str = "none", *, returns: bool = 
         values = step_values(spec, batch, outputs, loss, logged, train=True)
         return {**values, OUTPUTS_KEY: for_hooks(outputs, train=True)} if returns else values
 
-    def automatic(params, model_state, rng, batch, scale):
+    def automatic(params, model_state, rng, batch, scale, frozen=None):
         def loss_fn(p):
-            loss, count, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
+            loss, count, outputs, new_state, logged = loss_of(merge(p, frozen), model_state, rng, batch)
             return (loss if scale is None else loss * scale), (loss, count, outputs, new_state, logged)
 
         (_, (loss, count, outputs, new_state, logged)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         mean = loss if count is None else loss / jnp.maximum(count, 1.0)
         return grads, values_of(batch, outputs, mean, logged), new_state, count
 
-    def per_group(params, model_state, rng, batch, scale):
+    def per_group(params, model_state, rng, batch, scale, frozen=None):
         """One forward pass, one backward pass per group (a GAN's generator and discriminator)."""
         def group_losses(p):
-            total, count, outputs, new_state, logged = loss_of(p, model_state, rng, batch)
+            total, count, outputs, new_state, logged = loss_of(merge(p, frozen), model_state, rng, batch)
             if count is not None:
                 raise ValueError(f"{owner} sets `automatic_optimization = False`: its loss is per group "
                                  "(`{param group: loss}`); a TokenLoss is for automatic optimization.")
@@ -170,18 +175,24 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
     policy = options.precision
     k = options.accumulate_grad_batches
     user_names = tuple(n for n in metric_names if n != "grad_norm")
-    grads_of = gradients(spec, policy, options.remat, returns=options.hook_outputs)
+    trainable = trainable_lib.of(tx)  # None: every parameter trains
+    grads_of = gradients(spec, policy, options.remat, trainable, returns=options.hook_outputs)
+
+    def split(params):
+        """(what trains, what is frozen: None when everything trains)."""
+        return (params, None) if trainable is None else trainable.split(params)
 
     def accumulate(state: TrainState, rng, batches, mask, scale):
         """Sum of the micro-batch gradients over `[k, ...]` stacked batches, masked ones skipped."""
         # summed in float32, or in the parameters' dtype when wider ("64-true")
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), state.params)
+        params, frozen = split(state.params)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
 
         def body(carry, xs):
             grads_sum, model_state, acc = carry
             i, batch, keep = xs
-            grads, values, new_state, count = grads_of(state.params, model_state, jax.random.fold_in(rng, i),
-                                                       batch, scale)
+            grads, values, new_state, count = grads_of(params, model_state, jax.random.fold_in(rng, i),
+                                                       batch, scale, frozen)
             # `where`, not a product: a skipped micro-batch's NaN must not leak into the sum
             grads_sum = jax.tree.map(lambda s, g: s + jnp.where(keep, g.astype(s.dtype), 0.0),
                                      grads_sum, grads)
@@ -212,11 +223,12 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         rng = jax.random.fold_in(state.rng, state.step)
         ls = state.loss_scale
         scale = ls.scale if ls is not None else None
+        trained, frozen = split(state.params)  # the optimizer sees, and updates, the trained part
         if k > 1:
             batches, mask = inputs
             grads, values, model_state, acc, weight, tokens = accumulate(state, rng, batches, mask, scale)
         else:
-            grads, values, model_state, tokens = grads_of(state.params, state.model_state, rng, inputs, scale)
+            grads, values, model_state, tokens = grads_of(trained, state.model_state, rng, inputs, scale, frozen)
             weight = leading_dim(inputs)
             acc = {**state.metrics, **acc_lib.add({n: state.metrics[n] for n in user_names}, values, weight)}
             values = _numbers(values)  # a metric's state leaves the step only in the accumulators
@@ -224,7 +236,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         divisor = float(k) if tokens is None else jnp.maximum(tokens, 1.0)
         divisor = divisor * (1.0 if scale is None else scale)
         if scale is not None or k > 1 or tokens is not None:
-            grads = jax.tree.map(lambda g, p: (g / divisor).astype(p.dtype), grads, state.params)
+            grads = jax.tree.map(lambda g, p: (g / divisor).astype(p.dtype), grads, trained)
         finite = _all_finite(grads) if (ls is not None or options.detect_anomaly) else None
 
         if options.log_grad_norm:
@@ -239,12 +251,13 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         if imposed is not None:
             update_fn = functools.partial(learning_rate.update, update_fn, imposed,
                                           schedule=spec.lr_schedule())
-        updates, opt_state = update_fn(grads, state.opt_state, state.params, value=values["loss"])
+        updates, opt_state = update_fn(grads, state.opt_state, trained, value=values["loss"])
         if scaled is not None:  # the group's rate relative to the base rate; frozen: no moments change
             updates = pieces.scale_groups(updates, scaled[0])
             opt_state = pieces.keep_frozen(opt_state, state.opt_state, scaled[0])
             model_state = pieces.keep_frozen(model_state, state.model_state, scaled[1])
-        params = optax.apply_updates(state.params, updates)
+        params = optax.apply_updates(trained, updates)
+        params = params if trainable is None else trainable.merge(params, frozen)
         if ls is not None:  # skip a non-finite step: keep params and optimizer state
             keep_new = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
             params, opt_state = keep_new(params, state.params), keep_new(opt_state, state.opt_state)

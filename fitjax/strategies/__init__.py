@@ -62,6 +62,6 @@ def resolve(strategy: str | Strategy, *, num_devices: int) -> Strategy:
     if isinstance(strategy, str) and strategy in _REGISTRY:
         return _REGISTRY[strategy]()
     raise ValueError(
-        f"Trainer(strategy=...) got {strategy!r}; use one of {['auto', *sorted(_REGISTRY)]} or a "
+        f"Trainer(strategy=...) got {strategy!r}; use one of {['auto', 'plan', *sorted(_REGISTRY)]} or a "
         "fitjax.strategies.Strategy instance."
     )

@@ -1,5 +1,6 @@
-"""ThroughputMonitor logs Lightning 2.6's keys at Lightning's rows, with XLA's FLOP count, syncing
-only at log steps; `Trainer.train_step_flops` counts every micro-batch and step of a call.
+"""ThroughputMonitor logs Lightning 2.6's keys at Lightning's rows, with model FLOPs (a module's
+`flops_per_batch`, else XLA's count without remat) and XLA's hardware FLOPs apart, syncing only at
+log steps; `Trainer.train_step_flops` counts every micro-batch and step of a call.
 
 How the expected keys and counts were produced: Lightning 2.6.6 in a scratch venv, a
 `LightningModule` with one `nn.Linear(3, 1)` and `flops_per_batch = 100`, 40 samples in batches of
@@ -19,6 +20,7 @@ On a CPU Lightning knows no peak, so no `device/mfu`; here a `peak_flops=` adds 
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -28,8 +30,11 @@ import fitjax as fj
 from fitjax.callbacks import throughput
 
 COUNTS = ["train/batches", "train/samples", "train/time"]
-DEVICE_RATES = ["train/device/batches_per_sec", "train/device/flops_per_sec", "train/device/samples_per_sec"]
-GLOBAL_RATES = ["train/batches_per_sec", "train/flops_per_sec", "train/samples_per_sec"]
+# Lightning's keys, and fitjax's hardware FLOPs (XLA's count of the step as it runs)
+DEVICE_RATES = ["train/device/batches_per_sec", "train/device/flops_per_sec", "train/device/samples_per_sec",
+                "train/device/hardware_flops_per_sec"]
+GLOBAL_RATES = ["train/batches_per_sec", "train/flops_per_sec", "train/samples_per_sec",
+                "train/hardware_flops_per_sec"]
 
 
 class Rows(fj.loggers.Logger):
@@ -55,16 +60,16 @@ def _data(per_device_batch, devices):
     return fj.DataLoader(data, batch_size=per_device_batch * devices)
 
 
-def _fit(*, devices=1, strategy="single", accumulate=1, length=False, **monitor_kwargs):
+def _fit(*, devices=1, strategy="single", accumulate=1, length=False, module=None, remat="none", **monitor_kwargs):
     rows = Rows()
     monitor = fj.ThroughputMonitor(batch_size_fn=lambda b: b["x"].shape[0],
                                    length_fn=(lambda b: 5 * b["x"].shape[0]) if length else None,
                                    window_size=3, **monitor_kwargs)
     trainer = quiet_trainer(max_steps=6, log_every_n_steps=2, val_check_interval=4, num_sanity_val_steps=0,
                             devices=devices, strategy=strategy, accumulate_grad_batches=accumulate, logger=rows,
-                            callbacks=[monitor])
+                            callbacks=[monitor], remat=remat)
     data = _data(4, devices)
-    trainer.fit(Regressor(batchnorm=False), data, data)
+    trainer.fit(module or Regressor(batchnorm=False), data, data)
     return trainer, monitor, rows.rows
 
 
@@ -82,6 +87,7 @@ def test_one_device_logs_lightnings_keys_and_counts_at_its_rows():
     assert last["train/device/samples_per_sec"] == pytest.approx(4 * last["train/device/batches_per_sec"])
     flops = trainer.train_step_flops()
     assert last["train/device/flops_per_sec"] == pytest.approx(flops * last["train/device/batches_per_sec"])
+    assert last["train/device/hardware_flops_per_sec"] == last["train/device/flops_per_sec"]  # no remat
     assert monitor.metrics == last
 
 
@@ -94,7 +100,7 @@ def test_several_devices_add_the_global_rates_and_count_one_devices_samples(stra
     assert _keys(rows) == [(1, COUNTS), (3, everything), (5, everything)]
     assert [(v["train/batches"], v["train/samples"]) for _, v in rows] == [(2, 8), (4, 16), (6, 24)]
     last = rows[-1][1]
-    for key in ("batches_per_sec", "samples_per_sec", "flops_per_sec"):
+    for key in ("batches_per_sec", "samples_per_sec", "flops_per_sec", "hardware_flops_per_sec"):
         assert last[f"train/{key}"] == pytest.approx(devices * last[f"train/device/{key}"])
 
 
@@ -117,6 +123,54 @@ def test_a_given_peak_adds_mfu_and_the_monitor_syncs_only_at_the_first_and_log_s
     assert len(waits) == 5
     last = rows[-1][1]
     assert last["train/device/mfu"] == pytest.approx(last["train/device/flops_per_sec"] / 1e9)
+    assert last["train/device/hfu"] == pytest.approx(last["train/device/hardware_flops_per_sec"] / 1e9)
+
+
+class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return x + nn.Dense(x.shape[-1])(nn.gelu(nn.Dense(16)(x)))
+
+
+class Tower(Regressor):
+    """Three residual Linen blocks: layers `Trainer(remat=...)` recomputes."""
+
+    def __init__(self):
+        super().__init__(batchnorm=False)
+        self.model = nn.Sequential([Block(), Block(), Block(), nn.Dense(1)])
+
+    def loss(self, model, batch):
+        pred = model(batch["x"])
+        return ((pred - batch["y"]) ** 2).mean(), {"pred": pred}
+
+
+def _per_batch(row, key):
+    return row[f"train/device/{key}"] / row["train/device/batches_per_sec"]
+
+
+def test_remat_raises_the_hardware_flops_but_not_the_model_flops_or_mfu():
+    plain, _, plain_rows = _fit(module=Tower(), peak_flops=1e9)
+    remat, _, remat_rows = _fit(module=Tower(), peak_flops=1e9, remat="full")
+    model = plain.train_step_flops()
+    assert remat.train_step_flops(remat="none") == model  # the same program without remat
+    assert remat.train_step_flops() > model * 1.05  # the recomputed layers' forward passes
+    row, plain_row = remat_rows[-1][1], plain_rows[-1][1]
+    assert _per_batch(row, "flops_per_sec") == pytest.approx(model)
+    assert _per_batch(row, "hardware_flops_per_sec") == pytest.approx(remat.train_step_flops())
+    assert _per_batch(plain_row, "hardware_flops_per_sec") == pytest.approx(model)
+    # MFU from the model's FLOPs: remat's extra work shows in the HFU only
+    assert row["train/device/mfu"] == pytest.approx(row["train/device/flops_per_sec"] / 1e9)
+    assert row["train/device/hfu"] / row["train/device/mfu"] == pytest.approx(remat.train_step_flops() / model)
+
+
+def test_a_modules_flops_per_batch_is_the_model_count_as_in_lightning():
+    module = Regressor(batchnorm=False)
+    module.flops_per_batch = 100  # Lightning's attribute: one batch on one device
+    trainer, _, rows = _fit(module=module, devices=2, strategy="dp")
+    last = rows[-1][1]
+    assert _per_batch(last, "flops_per_sec") == pytest.approx(100)
+    assert last["train/flops_per_sec"] == pytest.approx(2 * last["train/device/flops_per_sec"])
+    assert _per_batch(last, "hardware_flops_per_sec") == pytest.approx(trainer.train_step_flops())
 
 
 def test_train_step_flops_counts_every_micro_batch_step_and_device():

@@ -1,7 +1,7 @@
 """The Python code blocks of the Markdown pages, as the docs tests read them.
 
-A block runs unless the nearest non-blank line above it is a visible marker
-`*Not run: <the reason>.*`; a marked block that is an excerpt of an example (its reason names
+A block runs unless the nearest non-blank line above it is a marker, visible
+`*Not run: <the reason>.*` or hidden `<!-- Not run: <the reason> -->` (the beginner's pages); a marked block that is an excerpt of an example (its reason names
 `examples/<file>.py` and says "verbatim") must appear in that file as written.
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*$")
-_NOT_RUN = re.compile(r"^\*Not run: (?P<reason>.+)\*$")
+# shown on the page, or (the beginner's pages) an HTML comment the reader does not see
+_NOT_RUN = re.compile(r"^(?:\*Not run: (?P<reason>.+)\*|<!-- Not run: (?P<hidden>.+) -->)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,6 @@ def python_snippets(text: str) -> list[Snippet]:
             body = "".join(ln.removeprefix(indent) + "\n" for ln in lines[start + 1 : i])
             above = next((ln.strip() for ln in reversed(lines[:start]) if ln.strip()), "")
             marker = _NOT_RUN.match(above)
-            snippets.append(Snippet(body, start + 1, marker.group("reason") if marker else None))
+            snippets.append(Snippet(body, start + 1, (marker.group("reason") or marker.group("hidden")) if marker else None))
         i += 1
     return snippets

@@ -86,3 +86,16 @@ def test_guides_link_the_public_names_they_mention_to_their_entries(site):
     assert f'href="../reference/fitjax.EMA.html#{ema.target}"' in tuning  # from `fj.EMA(decay=...)`
     trainer = (site / "guides" / "trainer.html").read_text()
     assert 'href="../reference/fitjax.Trainer.html#fitjax.loop.trainer.Trainer"' in trainer  # a written [..][..]
+
+
+def test_the_beginner_page_shows_no_test_notes_and_porting_words_are_searchable(site):
+    import json
+    import re
+
+    page = (site / "getting-started.html").read_text()
+    assert "Not run" not in re.sub(r"<!--.*?-->", "", page, flags=re.S)  # the notes are hidden comments
+    config = json.loads((site / "search" / "search_index.json").read_text())["config"]
+    separator = re.compile(config["separator"])
+    words = {word.lower() for doc in json.loads((site / "search" / "search_index.json").read_text())["docs"]
+             if doc["location"].startswith("porting") for word in separator.split(doc["text"])}
+    assert {"ddp", "gpus", "accelerator", "precision", "16"} <= words  # Lightning's words find the page

@@ -93,6 +93,31 @@ def test_only_the_adapters_train_and_hold_state_and_the_merged_export_is_the_ada
     written = module.save_weights(tmp_path / "adapters.safetensors", lora="adapters")
     assert sorted(written) == ["down.kernel_lora_a", "down.kernel_lora_b", "up.kernel_lora_a", "up.kernel_lora_b"]
 
+    again = adapted(based)  # the adapters file onto the same base: the trained model again
+    again.load_adapters(tmp_path / "adapters.safetensors")
+    quiet_trainer(strategy="single").validate(again, fj.DataLoader({"x": X, "y": RIGHT}, batch_size=16))
+    assert_trees_close(jax.device_get(again.variables[0]), params, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"load_adapters\('a.safetensors'\): the model has no adapters"):
+        Classifier().load_adapters("a.safetensors")
+
+
+def test_a_lora_fit_resumed_mid_epoch_equals_the_uninterrupted_one_bitwise(based, tmp_path):
+    def run(steps, ckpt_path=None, save=True):
+        module = Classifier()
+        module.load_weights(based)
+        module.apply_lora(r".*up", rank=2, dropout=0.25)  # the adapters' dropout draws from the step's keys
+        extra = [fj.ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)] if save else []
+        trainer = quiet_trainer(max_steps=steps, strategy="single", enable_checkpointing=save, callbacks=extra)
+        trainer.fit(module, fj.DataLoader({"x": X, "y": RIGHT}, batch_size=16, shuffle=True), ckpt_path=ckpt_path)
+        return trainer
+
+    whole = run(6, save=False)
+    run(3)  # saved after step 3 of 4 in epoch 0
+    resumed = run(6, ckpt_path="last")
+    assert resumed.global_step == 6
+    assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
+    assert_trees_close(resumed.state.opt_state, whole.state.opt_state, rtol=0, atol=0)
+
 
 def test_fsdp_with_accumulation_trains_the_adapters_as_one_device(based):
     runs = {}
@@ -118,3 +143,27 @@ def test_an_nnx_model_takes_adapters_from_an_example_input_and_keeps_its_base():
     assert_trees_close({k: params[k][n] for k in ("up", "down") for n in ("kernel", "bias")},
                        {k: before[k][n] for k in ("up", "down") for n in ("kernel", "bias")}, rtol=0, atol=0)
     assert np.abs(params["up"]["kernel_lora_b"]).max() > 0
+
+
+def test_qlora_trains_the_adapters_on_an_int8_base_that_stays_quantized_and_unchanged(based):
+    import qwix
+
+    module = Classifier()
+    module.load_weights(based)  # floats, quantized when the state is built
+    module.apply_lora(r".*", rank=2, quantize="int8")
+    abstract = jax.eval_shape(module.model.init, jax.random.key(0), X)["params"]
+    expected = jax.device_get(qwix.quantize_params(jax.tree.map(jax.numpy.asarray, based), abstract))
+    trainer = fit(module, RIGHT, 30)
+    params = jax.device_get(module.variables[0])
+    for layer in ("up", "down"):  # the base: int8, bitwise the quantized source; the bias as it was
+        kernel = params[layer]["kernel"].array
+        assert kernel.qvalue.dtype == np.int8
+        assert np.array_equal(kernel.qvalue, expected[layer]["kernel"].array.qvalue)
+        assert np.array_equal(kernel.scale, expected[layer]["kernel"].array.scale)
+        assert np.array_equal(params[layer]["bias"], based[layer]["bias"])
+    assert not any(np.issubdtype(np.asarray(x).dtype, np.integer) for x in jax.tree.leaves(trainer.state.opt_state)
+                   if np.ndim(x))  # only the adapters' float moments
+    base_loss = float(optax.softmax_cross_entropy_with_integer_labels(Net().apply({"params": based}, X), RIGHT).mean())
+    assert loss(module, RIGHT) < 0.5 * base_loss
+    with pytest.raises(ValueError, match=r"apply_lora\(quantize=...\) must be None \(LoRA\) or one of \['int8'"):
+        Classifier().apply_lora(quantize="int3")

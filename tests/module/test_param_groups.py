@@ -2,6 +2,8 @@
 train; a frozen group holds no optimizer state, and an unfreeze of `BackboneFinetuning` on top
 compiles nothing again."""
 
+import io
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -48,11 +50,12 @@ def run(tx, **trainer_args):
 
 
 def test_rates_and_weight_decay_per_group_train_as_torch_param_groups_and_a_frozen_group_stays():
+    # clipping: the norm is the trained groups' (the frozen one has no gradient, as in torch)
     trainer = run(fj.param_groups({
         r"stem\..*": None,
         r"backbone\..*": optax.chain(optax.add_decayed_weights(0.1), optax.sgd(0.01)),
         r"head\..*": optax.sgd(0.1),
-    }), max_steps=4)
+    }), max_steps=4, gradient_clip_val=0.05)
     params = jax.device_get(trainer.state.params)
 
     layers = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)]
@@ -66,6 +69,7 @@ def test_rates_and_weight_decay_per_group_train_as_torch_param_groups_and_a_froz
         x, y = torch.from_numpy(X[i:i + 4]), torch.from_numpy(Y[i:i + 4])
         sgd.zero_grad()
         ((head(torch.tanh(backbone(torch.tanh(stem(x))))) - y) ** 2).mean().backward()
+        assert torch.nn.utils.clip_grad_norm_([*backbone.parameters(), *head.parameters()], 0.05) > 0.05
         sgd.step()
     for name, layer in (("backbone", backbone), ("head", head)):
         np.testing.assert_allclose(params[name]["kernel"], layer.weight.detach().numpy().T, rtol=1e-5, atol=1e-7)
@@ -75,9 +79,14 @@ def test_rates_and_weight_decay_per_group_train_as_torch_param_groups_and_a_froz
 
 def test_a_frozen_group_holds_no_optimizer_state_and_an_unfreeze_on_top_compiles_once():
     groups = fj.param_groups({r"stem\..*": None, r"head\..*": optax.adam(0.1)}, default=optax.adam(0.01))
+    summary = fj.RichModelSummary(file=io.StringIO())
     with count_compiles() as counts:
-        trainer = run(groups, max_epochs=2, callbacks=[fj.BackboneFinetuning(unfreeze_backbone_at_epoch=1)])
+        trainer = run(groups, max_epochs=2, callbacks=[fj.BackboneFinetuning(unfreeze_backbone_at_epoch=1), summary],
+                      enable_model_summary=True)
     assert counts["train_step"] == 1
+    # the summary counts what the optimizer trains (BackboneFinetuning unfreezes the backbone later)
+    assert (summary.summary.trainable_count, summary.summary.other_count) == (3 * 4 + 3 + 3 + 1, 4 * 4 + 4)
+    assert {r.collection for r in summary.summary.rows if r.module == "stem"} == {"frozen"}
     params, opt_state = jax.device_get((trainer.state.params, trainer.state.opt_state))
     assert np.array_equal(params["stem"]["kernel"], STEM)
     trained = sum(a.nbytes for name in ("backbone", "head") for a in jax.tree.leaves(params[name]))

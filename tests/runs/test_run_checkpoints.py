@@ -36,3 +36,25 @@ def test_every_run_resumes_bitwise_and_loads_alone(tmp_path):
         np.testing.assert_array_equal(np.asarray(got), want)
     with pytest.raises(ValueError, match=r"holds 2 runs \(lr=0.01,wd=0.1, lr=0.05,wd=0\); pass `run=` an index"):
         Decayed.load_from_checkpoint(tmp_path / "epoch=1-step=8")
+
+
+def test_a_run_stopped_early_keeps_its_parameters_while_the_other_goes_on():
+    class Snapshot(fj.Callback):  # every run's parameters at each epoch's end (after EarlyStopping's check)
+        def __init__(self):
+            self.params = []
+
+        def on_train_epoch_end(self, trainer, module):
+            self.params.append(jax.device_get(trainer.state.params))
+
+    # run 0 diverges (a non-finite loss stops it at the first check); run 1 never stops
+    stopper = fj.EarlyStopping("train/loss_epoch", patience=10)
+    snapshot = Snapshot()
+    trainer = quiet_trainer(max_epochs=3, runs=[{"lr": 1e3, "wd": 0.0}, {"lr": 0.01, "wd": 0.0}],
+                            callbacks=[stopper, snapshot])
+    trainer.fit(Decayed(), loader())
+    assert stopper.stopped_runs == [0, None] and trainer.global_step == 12  # the other run trained on
+    final = jax.device_get(trainer.state.params)
+    for got, want in zip(jax.tree.leaves(member(final, 0)), jax.tree.leaves(member(snapshot.params[0], 0))):
+        np.testing.assert_array_equal(got, want)  # unchanged since its stop
+    moved = member(final, 1)["Dense_1"]["kernel"], member(snapshot.params[0], 1)["Dense_1"]["kernel"]
+    assert np.isfinite(moved[0]).all() and not np.array_equal(*moved)

@@ -1,7 +1,7 @@
 """Every step option on every strategy, with host batches and with batches kept on the device.
 
 Rows: plain, bf16-mixed, 16-mixed, accumulate 2, clip 1.0, steps_per_execution 4, manual
-optimization. Columns: single, dp, fsdp (every parameter sharded) x host batches, a
+optimization, and `fj.TokenLoss` with accumulation (micro-batches holding ragged token counts). Columns: single, dp, fsdp (every parameter sharded) x host batches, a
 `fj.DataLoader` kept on the devices. Each cell is fitted once (two epochs) and checks
 
 (a) the same numbers as the plain step where the math is the same: bitwise on CPU for clipping
@@ -76,6 +76,15 @@ class Manual(fj.LitModule):
         return {"a": optax.sgd(0.05, momentum=0.9), "b": optax.sgd(0.05, momentum=0.9)}
 
 
+class Tokens(Plain):
+    """The loss as `fj.TokenLoss` over the rows a mask keeps (a ragged count per micro-batch)."""
+
+    def loss(self, model, batch):
+        out, mask = model(batch["x"]), (batch["x"][:, 0] > 0).astype(np.float32)
+        per_row = (((out["a"] - batch["y"]) ** 2) + ((out["b"] + batch["y"]) ** 2))[:, 0]
+        return fj.TokenLoss(sum=(per_row * mask).sum(), count=mask.sum())
+
+
 ROWS = {
     "plain": {},
     "bf16-mixed": {"precision": "bf16-mixed"},
@@ -84,7 +93,10 @@ ROWS = {
     "clip 1.0": {"gradient_clip_val": 1.0},
     "steps_per_execution 4": {"steps_per_execution": 4},
     "manual": {},
+    "token loss": {},  # the reference of the next row
+    "token loss, accumulate 2": {"accumulate_grad_batches": 2},
 }
+MODULES = {"manual": Manual, "token loss": Tokens, "token loss, accumulate 2": Tokens}
 STRATEGIES = {"single": lambda: "single", "dp": lambda: "dp", "fsdp": lambda: FSDP(min_size_to_shard=0),
               # ZeRO-1: every optimizer-state matrix sharded over the 8 devices, parameters replicated
               "zero1": lambda: DataParallel(zero1=True, min_size_to_shard=0)}
@@ -122,7 +134,7 @@ def _fit(row, strategy, where, *, root=None, batch_size=BATCH, ckpt_path=None, *
         callbacks.append(fj.ModelCheckpoint(dirpath=root, save_last=True))
         kwargs["enable_checkpointing"] = True
     trainer = quiet_trainer(strategy=STRATEGIES[strategy](), callbacks=callbacks, **ROWS[row], **kwargs)
-    module = Manual() if row == "manual" else Plain()
+    module = MODULES.get(row, Plain)()
     with count_compiles() as compiles:
         trainer.fit(module, _loader(where, batch_size), ckpt_path=ckpt_path)
     return jax.device_get(module.variables[0]), history.losses, compiles, trainer
@@ -154,10 +166,13 @@ def compilation_cache(tmp_path_factory):
     compilation_cache.reset_cache()
 
 
-CELLS = [(row, strategy, where) for row in ROWS for strategy in STRATEGIES if strategy != "zero1"
-         for where in ("host", "device")]
+CELLS = [(row, strategy, where) for row in ROWS if not row.startswith("token") for strategy in STRATEGIES
+         if strategy != "zero1" for where in ("host", "device")]
 # ZeRO-1 changes only where the optimizer state lives: a few rows, host batches, and dp's numbers bitwise
 CELLS += [(row, "zero1", "host") for row in ("plain", "accumulate 2", "manual")]
+# token-weighted accumulation: 2 micro-batches with ragged token counts = one batch of 16, and
+# single's numbers; one cell (tests/step/test_token_loss.py covers single, dp and fsdp)
+CELLS += [("token loss, accumulate 2", "fsdp", "host")]
 
 
 @pytest.mark.parametrize("row, strategy, where", CELLS)
@@ -172,8 +187,9 @@ def test_cell(row, strategy, where, tmp_path):
     assert compiles["gather"] == (1 if where == "device" else 0)  # device blocks of the epoch's order
 
     # (a) the same numbers as the plain step where the math is the same
-    if row == "accumulate 2":  # 2 micro-batches of 8 = one batch of 16 (summed in another order)
-        reference, ref_losses, _, _ = _uninterrupted("plain", strategy, where, batch_size=2 * BATCH)
+    if row.endswith("accumulate 2"):  # 2 micro-batches of 8 = one batch of 16 (summed in another order)
+        plain = "token loss" if row.startswith("token") else "plain"
+        reference, ref_losses, _, _ = _uninterrupted(plain, strategy, where, batch_size=2 * BATCH)
         assert_trees_close(params, reference, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     elif row != "plain":
