@@ -79,9 +79,10 @@ def begin(exc: BaseException) -> None:
 
 
 def on_sigint(signum, frame) -> None:
-    """Python's Ctrl-C (`KeyboardInterrupt`), except inside a garbage-collector callback or a
-    `__del__`, where Python would print it as "Exception ignored" and go on (JAX runs one at
-    every collection: Ctrl-C during set-up was lost 1 time in 7): there the signal is sent again
+    """Python's Ctrl-C (`KeyboardInterrupt`), except inside a garbage-collector callback, a
+    `__del__` or anything a collection runs (weak reference callbacks), where Python would print
+    it as "Exception ignored" and go on (JAX runs a callback at every collection: Ctrl-C during
+    set-up was lost 1 time in 7): there the signal is sent again
     a moment later, from a thread (sent from the handler, it would run the handler again inside
     itself), and handled once that code has returned."""
     if _swallowing(frame):
@@ -90,8 +91,19 @@ def on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+class _Collection:
+    """Whether a garbage collection is under way (between its "start" and "stop" callbacks)."""
+    running = False
+
+    @staticmethod
+    def track(phase: str, info: dict) -> None:
+        _Collection.running = phase == "start"
+
+
 def _swallowing(frame) -> bool:
     """True when `frame` runs inside code whose exceptions Python drops."""
+    if _Collection.running:
+        return True
     callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
     while frame is not None:
         if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
@@ -113,6 +125,9 @@ def graceful() -> Iterator[None]:
     done; the SIGINT handler from before fit is back when it ends."""
     main = threading.current_thread() is threading.main_thread()  # Python's rule for handlers
     previous = signal.signal(signal.SIGINT, on_sigint) if main else None
+    tracking = _Collection.track not in gc.callbacks  # a stage inside a fit: the fit's stays
+    if tracking:
+        gc.callbacks.insert(0, _Collection.track)  # first: set before any other callback runs
     try:
         yield
     except Interrupted:
@@ -122,6 +137,9 @@ def graceful() -> Iterator[None]:
         raise Interrupted() from None
     finally:
         _Shutdown.begun = False
+        if tracking:
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(_Collection.track)
         if main:  # None: a handler set from C, which Python cannot set back; its default then
             signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
