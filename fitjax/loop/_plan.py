@@ -10,7 +10,7 @@ import numpy as np
 from fitjax import planner
 from fitjax.loop.train_feed import fit_loaders
 
-__all__ = ["choose_for_fit", "first_train_batch", "plan_trainer"]
+__all__ = ["check_no_runs", "choose_for_fit", "first_train_batch", "plan_trainer"]
 
 
 def first_train_batch(module, train_data, datamodule) -> Any:
@@ -22,12 +22,23 @@ def first_train_batch(module, train_data, datamodule) -> Any:
     return jax.tree.map(np.asarray, batch)
 
 
+def check_no_runs(runs, where: str) -> None:
+    """The planner compiles one run's step: a `Trainer(runs=N)` step vmaps N states and batches
+    through it (N times the state, other activations), which no plan describes yet: refused."""
+    if runs is not None:
+        raise ValueError(
+            f"{where} with Trainer(runs={runs.size}) is not supported: the planner plans one run's train step, "
+            f"and {runs.size} runs side by side hold {runs.size} states in one program. Pick the strategy "
+            "yourself (runs take strategy='single' or 'dp'), or plan one run with a Trainer without runs=.")
+
+
 def plan_trainer(trainer, module, train_data, datamodule, *, target: str | None, sweep: bool | Mapping[str, Sequence],
                  memory_bytes: int | None, headroom: float) -> planner.Plan:
     if memory_bytes is not None and (isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int)
                                      or memory_bytes <= 0):
         raise ValueError(f"Trainer.plan(memory_bytes=...) must be a positive int (bytes per device) or None, "
                          f"got {memory_bytes!r}.")
+    check_no_runs(trainer.runs, "Trainer.plan")
     resolved = planner.resolve_target(target, trainer.devices, memory_bytes=memory_bytes)
     batch = first_train_batch(module, train_data, datamodule)
     return planner.plan(module, batch, resolved, strategy=trainer.strategy, options=trainer.step_options,

@@ -47,7 +47,7 @@ from fitjax.loop import _checks as checks
 from fitjax.loop import _interrupt, _pieces, _preemption, _resume, _step_outputs
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
-from fitjax.loop._plan import choose_for_fit, plan_trainer
+from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
@@ -311,6 +311,8 @@ class Trainer(metaclass=_CheckedArguments):
         self._runs = Runs.create(runs, seed=self.seed)  # several runs side by side, or None
         if self._runs is not None:
             self._runs.check_options(self.strategy, self.step_options)
+            if self._planned is not None:
+                check_no_runs(self._runs, "Trainer(strategy='plan')")
         # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
         self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
 

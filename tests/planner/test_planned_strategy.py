@@ -54,3 +54,13 @@ def test_plan_is_the_string_and_its_budget_is_checked():
         PlannedStrategy(memory_bytes=-1)
     with pytest.raises(ValueError, match=r"Trainer\(strategy=...\) got 'plans'; use one of \['auto', 'plan'"):
         fj.Trainer(strategy="plans")
+
+
+def test_plan_with_runs_is_refused_before_anything_compiles():
+    # the planner compiles one run's step; runs=3 vmaps three states through it: no plan describes that
+    with pytest.raises(ValueError, match=r"Trainer\(strategy='plan'\) with Trainer\(runs=3\) is not supported: "
+                                         r"the planner plans one run's train step.*strategy='single' or 'dp'"):
+        fj.Trainer(strategy="plan", runs=3, logger=False)
+    trainer = quiet_trainer(runs=2, max_steps=1)
+    with pytest.raises(ValueError, match=r"Trainer.plan with Trainer\(runs=2\) is not supported"):
+        trainer.plan(Wide(), fj.DataLoader(data(), batch_size=16))
