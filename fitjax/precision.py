@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any
 
 import flax.linen as nn
@@ -170,10 +171,19 @@ class Precision:
                          skipped=ls.skipped + (~finite).astype(jnp.int32))
 
 
+_calls = threading.local()  # how deep in intercepted Linen calls this thread's trace is
+
+
 def _root_outputs_to_float32(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
-    # the bound top-level module's parent is its Scope; submodules' parents are modules
-    if context.method_name == "__call__" and not isinstance(context.module.parent, nn.Module):
+    # the root is the outermost call: a module inside a lifted transform (`nn.scan` over layers,
+    # `nn.remat`) also has a Scope for parent, and its carry must keep its dtype
+    depth = getattr(_calls, "depth", 0)
+    _calls.depth = depth + 1
+    try:
+        out = next_fun(*args, **kwargs)
+    finally:
+        _calls.depth = depth
+    if depth == 0 and context.method_name == "__call__" and not isinstance(context.module.parent, nn.Module):
         out = _cast_floating(out, jnp.float32)
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import flax.linen as nn
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -25,6 +26,36 @@ def test_bf16_mixed_trains_digits_past_accuracy_bar(tmp_path):
     assert {x.dtype for x in jax.tree.leaves(trainer.state.opt_state) if x.ndim} == {jnp.dtype(jnp.float32)}
     logits = trainer.predict(module, fj.DataLoader({"image": val["image"][:8]}, batch_size=8))
     assert logits.dtype == np.int32  # argmax of float32 logits; the step ran in bf16 all the same
+
+
+class _Layer(nn.Module):
+    @nn.compact
+    def __call__(self, h, _):
+        return jnp.tanh(nn.Dense(3)(h)).astype(h.dtype), None
+
+
+class _Scanned(nn.Module):
+    """Three Dense layers as one `nn.scan` (the usual way to compile a deep stack once)."""
+
+    @nn.compact
+    def __call__(self, x):
+        h, _ = nn.scan(_Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)(
+            name="layers")(x.astype(jnp.bfloat16), None)
+        return nn.Dense(1)(h)
+
+
+class _ScannedLayers(FixedLinearFit):
+    def __init__(self):
+        super().__init__()
+        self.model = _Scanned()
+
+
+def test_bf16_mixed_keeps_a_scanned_layers_carry_in_bfloat16():
+    # only the model's outermost call returns float32: a layer inside nn.scan keeps its carry's dtype
+    trainer = quiet_trainer(max_steps=2, strategy="single", precision="bf16-mixed")
+    trainer.fit(_ScannedLayers(), fj.DataLoader(fixed_linear_data(), batch_size=8))
+    assert trainer.global_step == 2 and np.isfinite(float(trainer.callback_metrics["train/loss"]))
+    assert trainer.state.params["layers"]["Dense_0"]["kernel"].shape == (3, 3, 3)
 
 
 def test_bf16_true_keeps_parameters_and_optimizer_state_in_bfloat16():
