@@ -3,6 +3,7 @@
     python benchmarks/plan.py                  # both parts (the TPU part compiles GPT-2-sized steps)
     python benchmarks/plan.py --smoke          # a tiny GPT, one TPU size, fsdp only: checks it runs
     python benchmarks/plan.py --target tpu-v6e-8 --skip-cpu
+    python benchmarks/plan.py --time-one       # where one GPT-2-small candidate's planning time goes
 
 Part 1 (8 virtual CPU devices): the GPT example planned with dp, zero1 and fsdp, then fitted one
 step with each. Printed per device (device 0): the planned state (params + optimizer + the rest)
@@ -10,11 +11,17 @@ against the bytes the fit's state holds, and the planned peak of the step agains
 after it (the state, the module's copy of the parameters and what the loop keeps); ratios
 measured / planned.
 
-Part 2 (libtpu, deviceless, `--target`): the GPT example at three sizes (GPT-2 small, medium and
-large shapes: 12/24/36 blocks of width 768/1024/1280, context 1024, byte vocabulary), 64 rows a
-step in bf16-mixed, each planned with dp, zero1 and fsdp: which fit the chip's memory (10%
-headroom), the recommended strategy, its estimated step time and MFU (6N + attention model FLOPs
-over the roofline's time at peak), and how long planning took.
+Part 2 (libtpu, deviceless, `--target`): the GPT example at three sizes in bf16-mixed, each
+planned with dp, zero1 and fsdp: which fit the chip's memory (10% headroom), the recommended
+strategy, its estimated step time and MFU (6N + attention model FLOPs over the roofline's time at
+peak), and how long planning took. `--sizes wide` (default): 2 blocks of width 1024, 2048 and
+6144 (25 M to 0.9 G parameters: the largest does not fit a v5e chip with dp), context 256, 32
+rows a step; `--sizes gpt2`: GPT-2 small, medium and large shapes (12/24/36 blocks of width
+768/1024/1280), context 1024, 64 rows, whose compilation takes minutes per candidate on a CPU core.
+
+`--time-one`: one candidate of GPT-2 small's shape (fsdp on the target), its planning time split
+into building the abstract program, lowering it and XLA's compilation, wall and CPU seconds, with
+the machine's load average.
 """
 
 from __future__ import annotations
@@ -39,8 +46,11 @@ import fitjax as fj  # noqa: E402
 import gpt  # noqa: E402
 from fitjax.planner import human_bytes  # noqa: E402
 
-SIZES = {"small": dict(layers=12, width=768, heads=12), "medium": dict(layers=24, width=1024, heads=16),
-         "large": dict(layers=36, width=1280, heads=20)}
+# name -> (the three sizes, context, rows a step)
+SIZES = {"gpt2": ({"small": dict(layers=12, width=768, heads=12), "medium": dict(layers=24, width=1024, heads=16),
+                   "large": dict(layers=36, width=1280, heads=20)}, 1024, 64),
+         "wide": ({"w1024": dict(layers=2, width=1024, heads=16), "w2048": dict(layers=2, width=2048, heads=16),
+                   "w6144": dict(layers=2, width=6144, heads=48)}, 256, 32)}
 STRATEGIES = ["dp", "zero1", "fsdp"]
 
 
@@ -114,20 +124,55 @@ def tpu_part(target: str, sizes: dict, context: int, rows: int, strategies: list
           "the compiler); step and MFU: the planner's roofline estimate, no compute/communication overlap")
 
 
+def time_one(target: str) -> None:
+    """One GPT-2-small candidate (fsdp, 64 rows of 1024, bf16-mixed) planned, its time split."""
+    from fitjax import precision as precision_lib
+    from fitjax import step as step_lib
+    from fitjax.planner import resolve_target, quiet_stderr
+    from fitjax.step import jitted
+
+    started, cpu = time.perf_counter(), time.process_time()
+    devices = resolve_target(target, jax.devices()).devices
+    strategy = fj.strategies.FSDP(rules=gpt.GPT_RULES)
+    strategy.setup(devices)
+    options = step_lib.StepOptions(precision=precision_lib.resolve("bf16-mixed"))
+    spec = gpt.GPTModule(layers=12, width=768, heads=12, context=1024).step_spec()
+    batch = {"tokens": jax.ShapeDtypeStruct((64, 1025), np.int32)}
+    marks = [("target", time.perf_counter(), time.process_time())]
+    with quiet_stderr(), options.precision.context():
+        program = jitted.abstract_train(spec, strategy, batch, options=options)
+        marks.append(("abstract program", time.perf_counter(), time.process_time()))
+        lowered = program.train_step.lower(program.state, program.inputs)
+        marks.append(("lowering", time.perf_counter(), time.process_time()))
+        lowered.compile()
+        marks.append(("XLA compile", time.perf_counter(), time.process_time()))
+    print(f"one GPT-2-small candidate (fsdp, 64 x 1024 tokens, bf16-mixed) planned for {target}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    last = (started, cpu)
+    for name, wall, used in marks:
+        print(f"  {name:<18}{wall - last[0]:>8.1f} s wall{used - last[1]:>8.1f} s CPU")
+        last = (wall, used)
+    print(f"  {'total':<18}{last[0] - started:>8.1f} s wall{last[1] - cpu:>8.1f} s CPU (target: under 20 s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny GPT, one TPU size, fsdp only: checks it runs")
     parser.add_argument("--target", default="tpu-v5e-16", help="the TPU slice of part 2 (default tpu-v5e-16)")
     parser.add_argument("--skip-cpu", action="store_true", help="only part 2")
     parser.add_argument("--skip-tpu", action="store_true", help="only part 1")
+    parser.add_argument("--sizes", choices=sorted(SIZES), default="wide", help="part 2's three sizes")
+    parser.add_argument("--time-one", action="store_true", help="only: one GPT-2-small candidate's time, split")
     args = parser.parse_args()
+    if args.time_one:
+        return time_one(args.target)
     if not args.skip_cpu:
         shape = dict(layers=1, width=32, heads=2, context=32) if args.smoke else dict(
             layers=4, width=256, heads=4, context=128)
         cpu_part(shape, rows=16 if args.smoke else 32)
     if not args.skip_tpu:
-        sizes = {"tiny": dict(layers=1, width=64, heads=2)} if args.smoke else SIZES
-        tpu_part(args.target, sizes, context=64 if args.smoke else 1024, rows=16 if args.smoke else 64,
+        sizes, context, rows = ({"tiny": dict(layers=1, width=64, heads=2)}, 64, 16) if args.smoke else SIZES[args.sizes]
+        tpu_part(args.target, sizes, context=context, rows=rows,
                  strategies=["fsdp"] if args.smoke else STRATEGIES)
 
 
