@@ -862,7 +862,7 @@ class Trainer(metaclass=_CheckedArguments):
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
         options = self.step_options
-        if self._runs is None and self._hooks.reads_outputs("on_train_batch_end", module):  # one run only
+        if self._hooks.reads_outputs("on_train_batch_end", module):
             options = dataclasses.replace(options, hook_outputs=True)
         if self._accumulation is None:
             return options
@@ -1078,8 +1078,9 @@ class Trainer(metaclass=_CheckedArguments):
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run
-        with _interrupt.graceful(), module_lib.hook_mode(module, False):
+        # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
+        # status line per compilation, as in fit (its times not logged: no fit's window to join)
+        with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
@@ -1126,7 +1127,8 @@ class Trainer(metaclass=_CheckedArguments):
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
-        with _interrupt.graceful(), module_lib.hook_mode(module, False):  # Ctrl-C as in fit; eval mode
+        # Ctrl-C as in fit; eval mode; a status line per compilation
+        with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
@@ -1172,8 +1174,10 @@ class Trainer(metaclass=_CheckedArguments):
         state = self.state
         if ckpt_path is None and state is not None and self._in_use.module is module:
             return self._eval_params(), state.model_state, state.rng
-        variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy, seed=self.seed,
-                                                      options=self.step_options, limit=self.limits[stage])
+        with _status.phase("initialising the state", "initialised the state"):
+            variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy,
+                                                          seed=self.seed, options=self.step_options,
+                                                          limit=self.limits[stage])
         if ckpt_path is not None:
             variables = evaluation.load_weights(self, module, variables, ckpt_path,
                                                 self._hooks.overriding("on_load_checkpoint"))
