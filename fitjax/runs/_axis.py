@@ -8,7 +8,9 @@ value is per run (`train/loss/run_3`, `val/acc/run_3`). The wraps below stack th
 vmapped function and name them again after it: slices and concatenations of a few scalars
 inside the compiled program.
 
-The batch is the same for every run (not vmapped): same data, same order. Each run's key is
+The batch is the same for every run (not vmapped): same data, same order; or, from a
+`DataLoader(shuffle="per_run")` (`RunOrders`), each run's own rows on the axis after the batch's
+(`per_run_data`), vmapped there. Each run's key is
 its own seed's (`jax.random.key(seed)`), so run i is bitwise the key of a fit with that seed.
 Hyperparameters that differ between runs are read by the user's code through `self.hparams`
 while it is traced (`fitjax.step.context.run_hparams`): a traced array holding the run's value.
@@ -91,6 +93,8 @@ class RunAxis:
         self.fixed = {k: hparams[0][k] for k in keys if k not in self.differing}
         self._values = {k: np.asarray([h[k] for h in hparams]) for k in self.differing}
         self._read: set[str] = set()  # the names the user's code read while traced
+        # one run's batch (shapes), when each batch holds every run's rows ([batch, runs, ...])
+        self.per_run_data: Any = None
 
     # ---------------------------------------------------------------- names of per-run values
 
@@ -179,7 +183,8 @@ class RunAxis:
 
         def runs_step(state, inputs):
             stacked = state.replace(metrics=self.stacked(state.metrics), extras=None)
-            new, values = self._vmapped(step_fn, (_STATE_AXES, None), stacked, inputs, out_axes=(_STATE_AXES, 0))
+            new, values = self._vmapped(step_fn, (_STATE_AXES, self._inputs_axes(inputs)), stacked, inputs,
+                                        out_axes=(_STATE_AXES, 0))
             self._check_read()
             active = state.extras[_ACTIVE]
 
@@ -193,6 +198,20 @@ class RunAxis:
 
         runs_step.__name__ = getattr(step_fn, "__name__", "train_step")
         return runs_step
+
+    def _inputs_axes(self, inputs: Any) -> Any:
+        """None (every run reads the same inputs), or where each leaf holds the runs: right
+        after the batch's axis, behind the stacked steps and micro-batches (`(batches, mask)`
+        with accumulation: the mask is shared)."""
+        ref = self.per_run_data
+        if ref is None:
+            return None
+        if jax.tree.structure(inputs) == jax.tree.structure(ref):
+            batches, mask = inputs, ()
+        else:
+            (batches, _), mask = inputs, (None,)
+        axes = jax.tree.map(lambda x, one: x.ndim - one.ndim, batches, ref)
+        return (axes, *mask) if mask else axes
 
     def eval_step(self, eval_fn: Callable) -> Callable:
         """`eval_step(params, model_state, rng, acc, batch, mask)` of every run, on the same batch."""

@@ -12,8 +12,12 @@ import dataclasses
 import numbers
 from typing import Any, Mapping, Sequence
 
+import jax
+
 from fitjax import step as step_lib
+from fitjax.data import DataLoader
 from fitjax.runs._axis import RunAxis
+from fitjax.runs._orders import RunOrders
 from fitjax.strategies import DataParallel, SingleDevice, Strategy
 
 __all__ = ["Runs"]
@@ -129,11 +133,23 @@ class Runs:
                     "`self.save_hyperparameters()`, and read them through `self.hparams`.")
         return RunAxis(self.seeds, self.hparams, owner)
 
-    def build(self, module: Any, strategy: Strategy, batch: Any, *, options: step_lib.StepOptions
-              ) -> step_lib.StepBuild:
-        """The state of every run, stacked, and the programs that train them together."""
+    def train_loader(self, loader: Any) -> Any:
+        """The train loader the runs read: `RunOrders` for a `DataLoader(shuffle="per_run")`
+        (each run its own order), else `loader` (every run the same batches)."""
+        if isinstance(loader, DataLoader) and loader.shuffle_per_run and not isinstance(loader, RunOrders):
+            return RunOrders(loader, self.size)
+        return loader
+
+    def build(self, module: Any, strategy: Strategy, batch: Any, *, options: step_lib.StepOptions,
+              per_run_data: bool = False) -> step_lib.StepBuild:
+        """The state of every run, stacked, and the programs that train them together;
+        `per_run_data`: `batch` holds each run's rows (`RunOrders`), run 0's build the programs
+        (every run's state starts from its seed alone, whatever its first rows)."""
         axis = self.axis(module)
         spec = axis.spec(module.step_spec())
+        if per_run_data:
+            batch = jax.tree.map(lambda x: x[:, 0], batch)
+            axis.per_run_data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
         return step_lib.build(spec, strategy, batch, seed=self.seeds[0], options=options, runs=axis)
 
 

@@ -157,3 +157,25 @@ def test_options_that_do_not_compose_yet_are_refused_by_name(option, match):
 def test_unknown_hyperparameter_is_refused_at_fit():
     with pytest.raises(ValueError, match=r"runs\[0\] sets \['momentum'\], which Decayed's hparams do not have"):
         quiet_trainer(runs=[{"momentum": 0.1}, {"momentum": 0.2}]).fit(Decayed(), loader())
+
+
+def test_each_run_draws_its_own_order_only_when_asked():
+    same = fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=5)
+    assert fj.runs.Runs.create(2, seed=0).train_loader(same) is same  # the default: one order for all
+    own = fj.runs.Runs.create(2, seed=0).train_loader(fj.DataLoader(DATA, batch_size=16, shuffle="per_run", seed=5))
+    own.set_epoch(1)
+    for i in range(2):  # run i's rows: the loader's order with seed 5 + i, bitwise
+        alone = fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=5 + i)
+        alone.set_epoch(1)
+        for both, one in zip(own, alone):
+            np.testing.assert_array_equal(both["x"][:, i], one["x"])
+
+    # two runs alike but for their orders: each equals a fit of one run with its order
+    # (to float tolerance: vmapped products sum in another order, see the module's doc)
+    trainer = quiet_trainer(max_epochs=1, runs=[{"seed": 0}, {"seed": 0}])
+    trainer.fit(Decayed(), fj.DataLoader(DATA, batch_size=16, shuffle="per_run", seed=5))
+    params = jax.device_get(trainer.state.params)
+    assert not np.allclose(member(params, 0)["Dense_0"]["kernel"], member(params, 1)["Dense_0"]["kernel"])
+    alone = quiet_trainer(max_epochs=1, seed=0)  # run 1 (run 0's order is the loader's own, seed 5)
+    alone.fit(Decayed(), fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=6))
+    assert_trees_close(member(params, 1), alone.state.params, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """Checkpoints on an S3-compatible store: moto's server on 127.0.0.1 (tests/storage/conftest.py),
-reached through the same s3fs and botocore a user's AWS or MinIO bucket is."""
+reached through the same s3fs and botocore a user's AWS or MinIO bucket is. The tests taking
+`store_bucket` run on a GCS emulator too, through gcsfs, as a user's `gs://` bucket is reached."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def _listed(url: str) -> list[str]:
     return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
 
 
-def test_two_callbacks_on_s3_resume_last_bitwise_keep_top_k_and_load(bucket, tmp_path):
+def test_two_callbacks_on_a_store_resume_last_bitwise_keep_top_k_and_load(store_bucket, tmp_path):
+    bucket = store_bucket
     whole_cbs = _callbacks(str(tmp_path / "local"))
     _, whole, whole_losses = _fit(whole_cbs, max_epochs=4)
 
@@ -173,9 +175,10 @@ def _scalars(folder: Path) -> dict:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket, tmp_path, monkeypatch):
+def test_logs_and_default_checkpoints_under_a_store_root_equal_a_local_run(store_bucket, tmp_path, monkeypatch):
     import fsspec
 
+    bucket = store_bucket
     local = tmp_path / "local"
     _logged_fit(str(local))
     root = f"{bucket}/runs"
