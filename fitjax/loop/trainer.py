@@ -863,7 +863,7 @@ class Trainer(metaclass=_CheckedArguments):
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
         options = self.step_options
-        if self._runs is None and self._hooks.reads_outputs("on_train_batch_end", module):  # one run only
+        if self._hooks.reads_outputs("on_train_batch_end", module):
             options = dataclasses.replace(options, hook_outputs=True)
         if self._accumulation is None:
             return options
