@@ -18,7 +18,7 @@ from fitjax import step as step_lib
 from fitjax.data import DataLoader
 from fitjax.runs._axis import RunAxis
 from fitjax.runs._orders import RunOrders
-from fitjax.strategies import DataParallel, SingleDevice, Strategy
+from fitjax.strategies import DataParallel, RunsParallel, SingleDevice, Strategy
 
 __all__ = ["Runs"]
 
@@ -96,11 +96,12 @@ class Runs:
 
     def check_options(self, strategy: Strategy, options: step_lib.StepOptions) -> None:
         """Raises naming the first Trainer option that does not compose with runs yet."""
-        if not isinstance(strategy, (SingleDevice, DataParallel)):
+        if not isinstance(strategy, (SingleDevice, DataParallel, RunsParallel)):
             raise ValueError(
                 f"Trainer(runs=..., strategy={type(strategy).__name__}): several runs in one program "
-                "work with strategy='single' or 'dp' (the runs' axis replicated, the batch split); "
-                "sharding the state (fsdp) is not supported with runs yet.")
+                "work with strategy='single', 'dp' (the runs' axis replicated, the batch split) or 'runs' "
+                "(the runs split over the devices, the batch whole); sharding the state (fsdp) is not "
+                "supported with runs yet.")
         refused = {
             "precision='16-mixed'": options.precision.initial_loss_scale() is not None,
             "detect_anomaly=True": options.detect_anomaly,

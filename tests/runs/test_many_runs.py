@@ -145,7 +145,7 @@ def test_bad_runs_are_refused_at_the_trainer(runs, error, match):
 
 
 @pytest.mark.parametrize("option, match", [
-    ({"strategy": "fsdp"}, "strategy=FSDP.*'single' or 'dp'"),
+    ({"strategy": "fsdp"}, "strategy=FSDP.*'single', 'dp'.*or 'runs'"),
     ({"precision": "16-mixed"}, "precision='16-mixed'"),
     ({"detect_anomaly": True}, "detect_anomaly=True"),
     ({"callbacks": [fj.EMA(0.9)]}, r"callbacks that change the train step \(\['ema'\]"),
