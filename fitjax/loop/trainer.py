@@ -848,7 +848,8 @@ class Trainer(metaclass=_CheckedArguments):
         meta = checkpoint.read_meta(path)
         if self.is_global_zero:  # Lightning's line, with where the run stood
             log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
-        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision})
+        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision},
+                                             trains=run.module.trainable_mask(run.state.params))
         point = _resume.ResumePoint.from_meta(meta)
         point.restore(self._progress)
         run.resume_at = point.batches_done
@@ -862,7 +863,7 @@ class Trainer(metaclass=_CheckedArguments):
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
         options = self.step_options
-        if self._runs is None and self._hooks.reads_outputs("on_train_batch_end", module):  # one run only
+        if self._hooks.reads_outputs("on_train_batch_end", module):
             options = dataclasses.replace(options, hook_outputs=True)
         if self._accumulation is None:
             return options

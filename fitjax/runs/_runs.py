@@ -149,7 +149,7 @@ class Runs:
         spec = axis.spec(module.step_spec())
         if per_run_data:
             batch = jax.tree.map(lambda x: x[:, 0], batch)
-            axis.per_run_data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+        axis.batch, axis.per_run_data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch), per_run_data
         return step_lib.build(spec, strategy, batch, seed=self.seeds[0], options=options, runs=axis)
 
 
