@@ -20,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -29,6 +28,7 @@ import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fitjax as fj  # noqa: E402
+from lora import StepTimes  # noqa: E402  (benchmarks/lora.py: FLOPs at fit start, a time per step)
 
 
 class Net(nn.Module):
@@ -56,19 +56,6 @@ class Classifier(fj.LitModule):
         if self.frozen_by_optimizer:
             return fj.param_groups({r"backbone\..*": None, r"head\..*": optax.adam(1e-3)})
         return optax.adam(1e-3)
-
-
-class StepTimes(fj.Callback):
-    def __init__(self):
-        self.times: list[float] = []
-        self.flops: float | None = None
-
-    def on_fit_start(self, trainer, module) -> None:
-        self.flops = trainer.train_step_flops()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        jax.block_until_ready(trainer.state.params)
-        self.times.append(time.perf_counter())
 
 
 def run(how: str, width: int, depth: int, steps: int) -> tuple[int, float, float]:
