@@ -146,7 +146,17 @@ class Runs:
         `per_run_data`: `batch` holds each run's rows (`RunOrders`), run 0's build the programs
         (every run's state starts from its seed alone, whatever its first rows)."""
         axis = self.axis(module)
-        spec = axis.spec(module.step_spec())
+        spec = module.step_spec()
+        if spec.variables is not None and not axis.differing:
+            # every run would start from the same weights: they would differ by random streams alone
+            raise ValueError(
+                f"Trainer(runs={self.size}) with {axis.owner}, whose model already holds weights (an NNX "
+                "model makes them in `__init__`; a Linen model after a fit or a load): every run would "
+                "start from those same weights, so runs that differ by seed alone would train alike (only "
+                "dropout's draws differ). Use a Linen model (initialised for each run from its own seed), "
+                "or sweep hyperparameters (`runs=[{'lr': 1e-3}, {'lr': 3e-3}]`: every run then starts "
+                "from the model's weights).")
+        spec = axis.spec(spec)
         if per_run_data:
             batch = jax.tree.map(lambda x: x[:, 0], batch)
         axis.batch, axis.per_run_data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch), per_run_data

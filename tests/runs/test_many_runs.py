@@ -9,6 +9,7 @@ product over the runs, whose summation order differs from the single run's (meas
 from __future__ import annotations
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import numpy as np
 import optax
@@ -179,3 +180,28 @@ def test_each_run_draws_its_own_order_only_when_asked():
     alone = quiet_trainer(max_epochs=1, seed=0)  # run 1 (run 0's order is the loader's own, seed 5)
     alone.fit(Decayed(), fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=6))
     assert_trees_close(member(params, 1), alone.state.params, rtol=1e-5, atol=1e-6)
+
+
+class LinearNNX(fj.LitModule):
+    """An NNX model: its weights are made in `__init__`, shared by every run."""
+
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = nnx.Linear(8, 1, rngs=nnx.Rngs(0))
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizer(self):
+        return optax.sgd(self.hparams.lr)
+
+
+def test_nnx_runs_sweep_hyperparameters_and_refuse_seeds_alone():
+    with pytest.raises(ValueError, match=r"runs=2\) with LinearNNX, whose model already holds weights.*Linen model"):
+        quiet_trainer(max_epochs=1, runs=2).fit(LinearNNX(), loader())
+    trainer = quiet_trainer(max_epochs=1, runs=[{"lr": 0.01}, {"lr": 0.05}])
+    trainer.fit(LinearNNX(), loader())
+    alone = quiet_trainer(max_epochs=1)
+    alone.fit(LinearNNX(lr=0.05), loader())
+    assert_trees_close(member(trainer.state.params, 1), alone.state.params, rtol=1e-5, atol=1e-6)
