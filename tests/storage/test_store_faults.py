@@ -38,7 +38,11 @@ def _fit(url: str, *, max_steps: int, top_k: int = -1, extra=()) -> fj.Trainer:
     return trainer
 
 
-def test_an_outage_shorter_than_the_timeout_is_retried_and_every_save_lands(proxy, bucket, monkeypatch):
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_an_outage_shorter_than_the_timeout_is_retried_and_every_save_lands(store, request, monkeypatch):
+    # on gs, fitjax's retries are the only ones (gcsfs's own are off: `_storage._one_attempt`)
+    proxy = request.getfixturevalue({"s3": "proxy", "gs": "gs_proxy"}[store])
+    bucket = request.getfixturevalue({"s3": "bucket", "gs": "gs_bucket"}[store])
     monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "20")
     url = f"{bucket}/outage"
     until = []
