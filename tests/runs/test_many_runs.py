@@ -123,6 +123,15 @@ def test_a_shape_changing_hyperparameter_is_refused_by_name():
         quiet_trainer(max_epochs=1, runs=runs).fit(WidthsFit(), loader())
 
 
+def test_a_hyperparameter_in_a_python_branch_is_refused_by_name():
+    class Scheduled(Decayed):  # optax's schedule compares its peak value with 0 in Python: an `if`
+        def configure_optimizer(self):
+            return optax.sgd(optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 2, 8))
+
+    with pytest.raises(ValueError, match=r"\['lr'\] differs between runs.*an `if`"):
+        quiet_trainer(max_epochs=1, runs=[{"lr": 0.1}, {"lr": 0.2}]).fit(Scheduled(), loader())
+
+
 def test_a_hyperparameter_never_read_is_refused():
     class FixedRate(WidthsFit):
         def configure_optimizer(self):
