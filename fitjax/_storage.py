@@ -307,8 +307,9 @@ def put_folder(local: Path, target: AnyPath) -> None:
 
 def create_new(target: AnyPath, data: bytes = b"") -> bool:
     """Creates the store object `target` only if there is none: True if this call created it,
-    False if it existed. The store decides (S3's conditional `PUT` with `If-None-Match: *`), so
-    of several processes creating one object at once exactly one gets True.
+    False if it existed. The store decides (S3's conditional `PUT` with `If-None-Match: *`, GCS's
+    `ifGenerationMatch=0`), so of several processes creating one object at once exactly one gets
+    True.
 
     Raises `NotImplementedError` for a filesystem without exclusive creation.
     """

@@ -10,7 +10,8 @@ collective and cannot finish, and jax.distributed traps SIGTERM to sync a preemp
 wait for the dead peer too) and `launch` exits with the failed process's status. SIGINT and SIGTERM
 are forwarded to every process (fitjax saves a checkpoint on SIGTERM and returns from `fit`; on
 Ctrl-C every process stops after one agreed step, saves one checkpoint and exits with status 130,
-and the others get 30 s to end after the first such exit); a second one kills them. With `--max-restarts R`, a failure (an exit with a non-zero status, a
+and the others get 30 s to end after the first such exit; one that comes while they start reaches
+them once they can end quietly); a second one kills them. With `--max-restarts R`, a failure (an exit with a non-zero status, a
 kill, a `Watchdog`'s exit) stops the rest and starts all N processes again, up to R times
 (torchrun's elastic restarts; a forwarded signal is not retried). The restarted processes get
 `FITJAX_RESTART_COUNT` (1, 2, ...), and `Trainer.fit()` without `ckpt_path` then resumes from the
@@ -135,9 +136,13 @@ def _env(rank: int, nproc: int, port: int, devices: int | None, restart: int = 0
 
 
 def _die_with_parent() -> None:
-    """Runs in each child before exec: its own process group (we forward signals ourselves), and on
-    Linux a SIGKILL when the launcher dies, so a killed launcher leaves no process behind."""
+    """Runs in each child before exec: its own process group (we forward signals ourselves), SIGINT
+    blocked until `_run.py` unblocks it, and on Linux a SIGKILL when the launcher dies, so a killed
+    launcher leaves no process behind."""
     os.setpgid(0, 0)
+    # Ctrl-C waits (blocked, not lost) until `_run.py` is ready to end it quietly: one that lands
+    # while Python starts would print a traceback of its imports and exit 1
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -153,6 +158,8 @@ class _Group:
         self.restart = restart
         self.procs: list[subprocess.Popen] = []
         self.signals = 0
+        self.started = False  # every process started: a signal is forwarded at once
+        self.pending: int | None = None  # a signal that came before, forwarded once they are
         self.lock = threading.Lock()
 
     def run(self) -> int:
@@ -166,6 +173,10 @@ class _Group:
                 self.procs.append(subprocess.Popen(
                     self.command, env=_env(rank, self.nproc, self.port, self.devices, self.restart),
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
+            self.started = True
+            if self.pending is not None:  # a signal while they were started: each gets it now
+                for proc in self.procs:
+                    _signal_group(proc, self.pending)
             for rank, proc in enumerate(self.procs):
                 reader = threading.Thread(target=self._copy, args=(rank, proc.stdout), daemon=True)
                 reader.start()
@@ -210,6 +221,9 @@ class _Group:
         self.signals += 1
         if self.signals > 1:  # a second Ctrl-C: do not wait for a graceful stop
             self._kill_all()
+            return
+        if not self.started:
+            self.pending = signum
             return
         for proc in self.procs:
             if proc.poll() is None:

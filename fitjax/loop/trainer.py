@@ -850,7 +850,8 @@ class Trainer(metaclass=_CheckedArguments):
         meta = checkpoint.read_meta(path)
         if self.is_global_zero:  # Lightning's line, with where the run stood
             log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
-        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision})
+        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision},
+                                             trains=run.module.trainable_mask(run.state.params))
         point = _resume.ResumePoint.from_meta(meta)
         point.restore(self._progress)
         run.resume_at = point.batches_done

@@ -266,7 +266,8 @@ def rows_then_runs(tree: Any, stacked: int) -> Any:
 
 
 def _is_tracer_error(err: Exception) -> bool:
-    return not isinstance(err, TypeError) or "Traced<" in str(err) or "concrete" in str(err)
+    """JAX's own errors (all `TypeError`s), or a plain `TypeError` a traced value caused."""
+    return isinstance(err, _TRACER_ERRORS[:-1]) or "Traced<" in str(err) or "concrete" in str(err)
 
 
 def _same(a: Any, b: Any) -> bool:

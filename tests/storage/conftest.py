@@ -97,17 +97,14 @@ def store_bucket(request):
     return request.getfixturevalue({"s3": "bucket", "gs": "gs_bucket"}[request.param])
 
 
-@pytest.fixture
-def proxy(s3_server, monkeypatch):
-    """A `FaultProxy` in front of the S3 server, which this process's store requests go through
-    (`AWS_ENDPOINT_URL`); afterwards it passes everything and the checkpoint writer finishes what
-    it was doing before the proxy stops."""
+@contextlib.contextmanager
+def _proxied(upstream: str, variable: str, monkeypatch):
     from fault_proxy import FaultProxy
 
-    from fitjax import checkpoint
+    from fitjax import _storage, checkpoint
 
-    proxy = FaultProxy(s3_server)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    proxy = FaultProxy(upstream)
+    monkeypatch.setenv(variable, proxy.url)
     try:
         yield proxy
     finally:
@@ -118,3 +115,23 @@ def proxy(s3_server, monkeypatch):
         with contextlib.suppress(Exception):
             checkpoint.writer().raise_failure()  # a stalled save's failure, raised by its test already
         proxy.close()
+        # the server's address again, and no filesystem made for the proxy's: a test after this
+        # one that lists with fsspec before fitjax's next request would reach the closed proxy
+        os.environ[variable] = upstream
+        _storage._forget_filesystems()
+
+
+@pytest.fixture
+def proxy(s3_server, monkeypatch):
+    """A `FaultProxy` in front of the S3 server, which this process's store requests go through
+    (`AWS_ENDPOINT_URL`); afterwards it passes everything and the checkpoint writer finishes what
+    it was doing before the proxy stops."""
+    with _proxied(s3_server, "AWS_ENDPOINT_URL", monkeypatch) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def gs_proxy(gcs_server, monkeypatch):
+    """`proxy`, in front of the GCS emulator (`STORAGE_EMULATOR_HOST`)."""
+    with _proxied(gcs_server, "STORAGE_EMULATOR_HOST", monkeypatch) as proxy:
+        yield proxy

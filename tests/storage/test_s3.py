@@ -79,14 +79,16 @@ def test_two_callbacks_on_a_store_resume_last_bitwise_keep_top_k_and_load(store_
     assert trainer.validate(module, fj.DataLoader(VAL, batch_size=16), ckpt_path="best", verbose=False)
 
 
+@pytest.mark.parametrize("store", ["s3", "gs"])
 @pytest.mark.parametrize("where", ["dirpath", "default_root_dir"])
-def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server, where):
+def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(store, where, request):
+    request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[store])
     history = LossHistory()
-    url = "s3://no-such-bucket-fitjax/run"
+    url = f"{store}://no-such-bucket-fitjax/run"
     trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True, **(
         {"callbacks": [history, fj.ModelCheckpoint(url)]} if where == "dirpath"
         else {"callbacks": [history], "default_root_dir": url, "logger": fj.TensorBoardLogger(url)}))
-    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run.*'.*bucket") as error:
+    with pytest.raises(PermissionError, match=rf"'{store}://no-such-bucket-fitjax/run.*'.*bucket") as error:
         trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
     assert history.losses == [] and len(str(error.value).splitlines()) == 1
 
