@@ -29,7 +29,7 @@ def check_no_runs(runs, where: str) -> None:
         raise ValueError(
             f"{where} with Trainer(runs={runs.size}) is not supported: the planner plans one run's train step, "
             f"and {runs.size} runs side by side hold {runs.size} states in one program. Pick the strategy "
-            "yourself (runs take strategy='single' or 'dp'), or plan one run with a Trainer without runs=.")
+            "yourself (runs take strategy='single', 'dp' or 'runs'), or plan one run with a Trainer without runs=.")
 
 
 def plan_trainer(trainer, module, train_data, datamodule, *, target: str | None, sweep: bool | Mapping[str, Sequence],

@@ -59,7 +59,7 @@ def test_plan_is_the_string_and_its_budget_is_checked():
 def test_plan_with_runs_is_refused_before_anything_compiles():
     # the planner compiles one run's step; runs=3 vmaps three states through it: no plan describes that
     with pytest.raises(ValueError, match=r"Trainer\(strategy='plan'\) with Trainer\(runs=3\) is not supported: "
-                                         r"the planner plans one run's train step.*strategy='single' or 'dp'"):
+                                         r"the planner plans one run's train step.*strategy='single', 'dp' or 'runs'"):
         fj.Trainer(strategy="plan", runs=3, logger=False)
     trainer = quiet_trainer(runs=2, max_steps=1)
     with pytest.raises(ValueError, match=r"Trainer.plan with Trainer\(runs=2\) is not supported"):
