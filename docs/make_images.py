@@ -1,12 +1,14 @@
 """Makes the site's pictures from real runs of examples/digits.py; run from the repository root.
 
     python docs/make_images.py                  # all of them, into docs/images/ (~1-2 min on 2 cores)
-    python docs/make_images.py --only lr_find   # one: progress, tensorboard or lr_find
+    python docs/make_images.py --only lr_find   # one: progress, tensorboard, lr_find or metrics
 
 - `progress.svg`: a 4-epoch digits run in a real terminal (tmux), its screen as SVG (rich);
 - `tensorboard_scalars.png`, `tensorboard_hparams.png`: TensorBoard, started here on 127.0.0.1
   over that fit's logs, screenshotted by headless Chromium (Debian's chromium and chromedriver);
-- `lr_find.png`: `Tuner.lr_find` on the same module, its `plot(suggest=True)`.
+- `lr_find.png`: `Tuner.lr_find` on the same module, its `plot(suggest=True)`;
+- `metrics_f1.png`, `metrics_confusion.png`: `examples/imbalanced_digits.py`'s macro F1 and AUROC
+  curves and its last confusion matrix, in TensorBoard as above.
 
 Needs `pip install -e ".[dev]"` (TensorBoard, matplotlib, selenium) and chromium. Nothing is
 drawn by hand: rerun it after a change to the bar, the logger or the tuner.
@@ -15,6 +17,7 @@ drawn by hand: rerun it after a change to the bar, the logger or the tuner.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import shutil
@@ -91,18 +94,15 @@ def _browser(width: int = 1100, height: int = 700):
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))
 
 
-def tensorboard(root: Path) -> None:
-    """TensorBoard's scalars and HPARAMS tabs over a digits fit's event files."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    _digits_run(root, epochs=8, bar=None)
+@contextlib.contextmanager
+def _tensorboard_browser(logdir: Path, width: int = 1500, height: int = 900):
+    """A TensorBoard on 127.0.0.1 over `logdir` and a headless browser; yields (browser, its URL)."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(root), "--host", "127.0.0.1",
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
          "--port", str(port), "--reload_interval", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    browser = _browser(1500, 900)
+    browser = _browser(width, height)
     try:
         for _ in range(120):  # TensorBoard takes a few seconds to start and read the files
             try:
@@ -110,19 +110,7 @@ def tensorboard(root: Path) -> None:
                 break
             except OSError:
                 time.sleep(0.5)
-        browser.get(f"http://127.0.0.1:{port}/#timeseries")
-        tags = WebDriverWait(browser, 90).until(lambda b: b.find_element(By.CSS_SELECTOR, "input[placeholder^='Filter tags']"))
-        tags.send_keys("^(train|val)/")  # the metrics a user looks at first, not epoch or lr
-        for close in browser.find_elements(By.CSS_SELECTOR, "button[aria-label='Close side pane']"):
-            close.click()  # the settings pane would cover the third column of charts
-        WebDriverWait(browser, 90).until(
-            lambda b: b.find_elements(By.XPATH, "//*[contains(text(), 'Tags matching filter')]"))
-        time.sleep(4)  # the charts draw after their cards appear
-        browser.save_screenshot(str(IMAGES / "tensorboard_scalars.png"))
-        browser.get(f"http://127.0.0.1:{port}/#hparams")
-        WebDriverWait(browser, 90).until(lambda b: "val/acc" in b.find_element(By.TAG_NAME, "body").text)
-        time.sleep(3)  # the columns TensorBoard ticks by itself: the ones the logger put first
-        browser.save_screenshot(str(IMAGES / "tensorboard_hparams.png"))
+        yield browser, f"http://127.0.0.1:{port}"
     except Exception:
         browser.save_screenshot("/tmp/make_images_failed.png")  # what the browser showed
         raise
@@ -130,6 +118,47 @@ def tensorboard(root: Path) -> None:
         browser.quit()
         server.terminate()
         server.wait(timeout=30)
+
+
+def _time_series(browser, url: str, tags: str, image: str) -> None:
+    """TensorBoard's time series of the tags matching the regex `tags`, screenshotted to `image`."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{url}/#timeseries")
+    box = WebDriverWait(browser, 90).until(lambda b: b.find_element(By.CSS_SELECTOR, "input[placeholder^='Filter tags']"))
+    box.send_keys(tags)
+    for close in browser.find_elements(By.CSS_SELECTOR, "button[aria-label='Close side pane']"):
+        close.click()  # the settings pane would cover the third column of charts
+    WebDriverWait(browser, 90).until(
+        lambda b: b.find_elements(By.XPATH, "//*[contains(text(), 'Tags matching filter')]"))
+    time.sleep(4)  # the charts draw after their cards appear
+    browser.save_screenshot(str(IMAGES / image))
+
+
+def tensorboard(root: Path) -> None:
+    """TensorBoard's scalars and HPARAMS tabs over a digits fit's event files."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    _digits_run(root, epochs=8, bar=None)
+    with _tensorboard_browser(root) as (browser, url):
+        _time_series(browser, url, "^(train|val)/", "tensorboard_scalars.png")  # not epoch or lr
+        browser.get(f"{url}/#hparams")
+        WebDriverWait(browser, 90).until(lambda b: "val/acc" in b.find_element(By.TAG_NAME, "body").text)
+        time.sleep(3)  # the columns TensorBoard ticks by itself: the ones the logger put first
+        browser.save_screenshot(str(IMAGES / "tensorboard_hparams.png"))
+
+
+def metrics(root: Path) -> None:
+    """`examples/imbalanced_digits.py`: its macro F1 and AUROC per epoch, and its confusion matrix."""
+    import imbalanced_digits
+
+    imbalanced_digits.main(["--root-dir", str(root), "--no-progress-bar"])
+    with _tensorboard_browser(root, 1500, 680) as (browser, url):
+        _time_series(browser, url, "^val/(f1|auroc|acc)$", "metrics_f1.png")
+    with _tensorboard_browser(root, 800, 760) as (browser, url):
+        _time_series(browser, url, "confusion", "metrics_confusion.png")
 
 
 class _ConstantRate(digits.DigitsClassifier):
@@ -159,7 +188,7 @@ def lr_find(root: Path) -> None:
     print(f"lr_find: suggestion {finder.suggestion():.2e}")
 
 
-MAKERS = {"progress": progress, "tensorboard": tensorboard, "lr_find": lr_find}
+MAKERS = {"progress": progress, "tensorboard": tensorboard, "lr_find": lr_find, "metrics": metrics}
 
 
 def main(argv: list[str] | None = None) -> None:

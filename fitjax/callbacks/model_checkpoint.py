@@ -6,6 +6,8 @@ the process's one writer, in order; a save at a later step, and the end of fit, 
 queued. Any number of checkpoint callbacks work together, each with its own bookkeeping.
 Which saves are kept follows Lightning: the `save_top_k` best by `monitor` (the newest without
 one), plus the newest with `save_last`; a save that would be neither is not written at all.
+With `Trainer(runs=...)` a save holds every run and is scored per run (`monitor/run_<i>`): it is
+kept while it is among the `save_top_k` best of any run, so each run has its own best.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from fitjax import _storage, checkpoint
+from fitjax.runs import run_suffix
 from fitjax.strategies import broadcast_str
+from fitjax.callbacks import _ranking
 from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs, plain_hook
 
 __all__ = ["ModelCheckpoint"]
@@ -58,6 +62,14 @@ class ModelCheckpoint(Callback):
         verbose: print a line per save.
 
     After fit: `best_model_path`, `best_model_score`, `last_model_path`.
+
+    With `Trainer(runs=...)` and a `monitor` the runs log each under their own key
+    (`monitor="val/loss"`: `val/loss/run_<i>`), every save holds all runs and each run is
+    ranked on its own value: a save is kept while it is among the `save_top_k` best of any
+    run. `best_model_paths[i]` and `best_model_scores[i]` are run i's best
+    (`LitModule.load_from_checkpoint(ckpt.best_model_paths[i], run=i)` loads its weights);
+    `best_model_path`/`best_model_score` the best of all runs', and `best_k_models` maps each
+    kept path to its scores per run. A monitor naming one run (`"val/loss/run_0"`) ranks by it.
 
     Example:
         >>> import fitjax as fj
@@ -113,9 +125,10 @@ class ModelCheckpoint(Callback):
         self.best_model_score: float | None = None
         self.last_model_path = ""
         self.current_score: float | None = None  # the monitored value at the last save
-        # This run's checkpoints still on disk, oldest first: path -> score (None: unscored).
-        # Restored on resume, so a resumed run ranks and deletes its own saves, never another run's.
-        self._kept: dict[str, float | None] = {}
+        # This run's checkpoints still on disk, oldest first: path -> score (None: unscored; a
+        # tuple of each run's with `Trainer(runs=...)`). Restored on resume, so a resumed run
+        # ranks and deletes its own saves, never another run's.
+        self._kept: dict[str, float | tuple[float, ...] | None] = {}
         self._writer: checkpoint.CheckpointWriter | None = None  # set during fit
         self._saved_steps: set[int] = set()  # global steps saved during this fit
         self._validated_at: int | None = None  # global step of this fit's last validation
@@ -127,9 +140,26 @@ class ModelCheckpoint(Callback):
         self._listed: set[str] | None = None  # a store folder's names at fit start, and this fit's saves
 
     @property
-    def best_k_models(self) -> dict[str, float]:
-        """The kept checkpoints ranked by `monitor`: path -> score (Lightning's `best_k_models`)."""
+    def best_k_models(self) -> dict[str, float | tuple[float, ...]]:
+        """The kept checkpoints ranked by `monitor`: path -> score (Lightning's `best_k_models`;
+        with `Trainer(runs=...)`, a tuple of each run's score)."""
         return {path: score for path, score in self._kept.items() if score is not None}
+
+    @property
+    def best_model_paths(self) -> list[str]:
+        """Each run's best checkpoint (`Trainer(runs=...)`; one run: `[best_model_path]`)."""
+        return [path for path, _ in self._best_per_run()]
+
+    @property
+    def best_model_scores(self) -> list[float | None]:
+        """Each run's best score (`Trainer(runs=...)`; one run: `[best_model_score]`)."""
+        return [score for _, score in self._best_per_run()]
+
+    def _best_per_run(self) -> list[tuple[str, float | None]]:
+        scored = self.best_k_models
+        if not scored or not isinstance(next(iter(scored.values())), tuple):
+            return [(self.best_model_path, self.best_model_score)]
+        return [_ranking.best(run, self.mode) for run in _ranking.per_run(scored)]
 
     @property
     def state_key(self) -> str:
@@ -185,7 +215,7 @@ class ModelCheckpoint(Callback):
                 return _storage.as_path(self.best_model_path)
             if self.monitor is not None:
                 scored = [(score, str(path)) for path in self._candidates(trainer)
-                          if (score := _saved_score(path, self.monitor)) is not None]
+                          if (score := _saved_score(path, self.monitor, self.mode)) is not None]
                 if scored:
                     return _storage.as_path((min if self.mode == "min" else max)(scored)[1])
         damaged: checkpoint.CheckpointDamaged | None = None
@@ -374,7 +404,7 @@ class ModelCheckpoint(Callback):
                 logger.save()
             meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
             if ranked:
-                meta["score"] = {"monitor": self.monitor, "value": score}
+                meta["score"] = {"monitor": self.monitor, "value": list(score) if isinstance(score, tuple) else score}
             writer.save(path, trainer.state, meta, delete=dropped, on_failure=undo)
         except BaseException:
             undo()
@@ -388,14 +418,18 @@ class ModelCheckpoint(Callback):
         if self.verbose:
             print(f"ModelCheckpoint: saving {path}")
 
-    def _score(self, trainer) -> tuple[float | None, bool]:
-        """`(score, ranked)`: the monitored value (NaN as +-inf, like Lightning) and whether this
-        save takes part in the top-k ranking."""
+    def _score(self, trainer) -> tuple[float | tuple[float, ...] | None, bool]:
+        """`(score, ranked)`: the monitored value (NaN as +-inf, like Lightning; each run's, a
+        tuple, when the runs of a `Trainer(runs=...)` fit log it) and whether this save takes
+        part in the top-k ranking."""
         if self.save_top_k == 0:
             return None, False
         if self.monitor is None:
             return None, True
         candidates = self._monitor_candidates(trainer)
+        runs = trainer.runs
+        if self.monitor not in candidates and runs is not None and self.monitor + run_suffix(0) in candidates:
+            return tuple(self._finite(candidates[self.monitor + run_suffix(i)]) for i in range(runs.size)), True
         if self.monitor not in candidates:
             message = (f"ModelCheckpoint(monitor={self.monitor!r}) could not find the monitored key "
                        f"in the logged metrics: {sorted(candidates)}. Log it (e.g. a `val/<name>` from "
@@ -406,24 +440,23 @@ class ModelCheckpoint(Callback):
                 warnings.warn(message, stacklevel=3)
                 self._warned_missing = True
             return None, False
-        score = float(candidates[self.monitor])
-        if math.isnan(score):
-            score = math.inf if self.mode == "min" else -math.inf
-        return score, True
+        return self._finite(candidates[self.monitor]), True
+
+    def _finite(self, value: Any) -> float:
+        score = float(value)
+        return (math.inf if self.mode == "min" else -math.inf) if math.isnan(score) else score
 
     @staticmethod
     def _monitor_candidates(trainer) -> dict[str, float]:
         return {**trainer.callback_metrics, "epoch": trainer.current_epoch, "step": trainer.global_step}
 
-    def _ranks_in_top_k(self, score: float | None) -> bool:
-        """Lightning's `check_monitor_top_k`: a place free, or better than the k-th best."""
+    def _ranks_in_top_k(self, score: float | tuple[float, ...] | None) -> bool:
+        """Lightning's `check_monitor_top_k`: a place free, or better than the k-th best (of any
+        run's, with runs)."""
         if self.save_top_k == -1 or self.monitor is None:
             return True
-        scored = sorted(v for v in self._kept.values() if v is not None)
-        if len(scored) < self.save_top_k:
-            return True
-        kth = scored[self.save_top_k - 1] if self.mode == "min" else scored[-self.save_top_k]
-        return score < kth if self.mode == "min" else score > kth
+        kept = [v for v in self._kept.values() if v is not None]
+        return _ranking.in_top_k(score, kept, self.save_top_k, self.mode)
 
     def _keep(self, *, newest: str, always: bool) -> set[str]:
         """The paths to keep after saving `newest`: the top k, and the newest when it is the
@@ -434,9 +467,7 @@ class ModelCheckpoint(Callback):
         elif self.monitor is None:
             keep = set(paths[-self.save_top_k:]) if self.save_top_k else set()
         else:
-            scored = [p for p in paths if self._kept[p] is not None]
-            scored.sort(key=lambda p: self._kept[p] if self.mode == "min" else -self._kept[p])
-            keep = set(scored[: self.save_top_k])
+            keep = _ranking.top_k(self.best_k_models, self.save_top_k, self.mode)
         if self.save_last or always:
             keep.add(newest)
         return keep
@@ -449,9 +480,10 @@ class ModelCheckpoint(Callback):
                 self.best_model_path = candidate
             return
         scored = {p: v for p, v in self._kept.items() if v is not None}
-        if scored:
-            best = (min if self.mode == "min" else max)(scored, key=scored.get)
-            self.best_model_path, self.best_model_score = best, scored[best]
+        if scored:  # with runs, the best of every run's best
+            self.best_model_path, self.best_model_score = _ranking.best(
+                {p: (min if self.mode == "min" else max)(v) if isinstance(v, tuple) else v
+                 for p, v in scored.items()}, self.mode)
 
     def _unique_name(self, trainer) -> str:
         """The formatted name; `-v1`, `-v2`, ... appended while that folder exists (Lightning's
@@ -494,8 +526,8 @@ class ModelCheckpoint(Callback):
             self._resumed = True
             self.best_model_score = state.get("best_model_score")
             self.last_model_path = state.get("last_model_path", "")
-            self._kept = {path: score for path, score in state.get("kept", [])
-                          if checkpoint.is_checkpoint(path)}
+            self._kept = {path: tuple(score) if isinstance(score, list) else score  # per run: JSON's lists
+                          for path, score in state.get("kept", []) if checkpoint.is_checkpoint(path)}
 
 
 def _same_class(saved_by: str, module) -> bool:
@@ -526,6 +558,10 @@ def _saved_time(path: Path) -> float:
     return float(checkpoint.read_meta(path).get("saved_at") or (path / checkpoint.META_ITEM).stat().st_mtime)
 
 
-def _saved_score(path: Path, monitor: str) -> float | None:
+def _saved_score(path: Path, monitor: str, mode: str) -> float | None:
+    """The score a save recorded (with runs, the best run's)."""
     score = checkpoint.read_meta(path).get("score") or {}
-    return float(score["value"]) if score.get("monitor") == monitor else None
+    if score.get("monitor") != monitor:
+        return None
+    value = score["value"]
+    return float((min if mode == "min" else max)(value) if isinstance(value, list) else value)

@@ -58,3 +58,31 @@ def test_a_run_stopped_early_keeps_its_parameters_while_the_other_goes_on():
         np.testing.assert_array_equal(got, want)  # unchanged since its stop
     moved = member(final, 1)["Dense_1"]["kernel"], member(snapshot.params[0], 1)["Dense_1"]["kernel"]
     assert np.isfinite(moved[0]).all() and not np.array_equal(*moved)
+
+
+def test_each_run_keeps_its_own_best_checkpoint(tmp_path):
+    class Snapshot(fj.Callback):  # every run's weights at each epoch's end, when the save is made
+        def __init__(self):
+            self.variables = []
+
+        def on_train_epoch_end(self, trainer, module):
+            self.variables.append(jax.device_get((trainer.state.params, trainer.state.model_state)))
+
+    # measured: run 0's val/loss is lowest after epoch 3 (2.25), run 1's after epoch 1 (5.61)
+    runs = [{"lr": 0.01, "wd": 0.0}, {"lr": 0.1, "wd": 0.0}]
+    saves = fj.ModelCheckpoint(tmp_path, filename="{epoch}", monitor="val/loss", save_top_k=1)
+    snapshot = Snapshot()
+    trainer = quiet_trainer(max_epochs=4, runs=runs, callbacks=[saves, snapshot], enable_checkpointing=True)
+    trainer.fit(Decayed(), loader(), loader())
+
+    best_epochs = [int(path.rpartition("epoch=")[2].split("-")[0]) for path in saves.best_model_paths]
+    assert best_epochs == [3, 1]  # each run ranked on its own val/loss/run_<i>
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=1-step=8", "epoch=3-step=16"]  # the top 1 of each
+    results = trainer.run_results
+    assert saves.best_model_scores == [results.best[i]["val/loss"] for i in range(2)]
+    assert saves.best_model_score == min(saves.best_model_scores) and saves.best_model_path == saves.best_model_paths[0]
+    for i, epoch in enumerate(best_epochs):
+        module = Decayed.load_from_checkpoint(saves.best_model_paths[i], run=i)
+        assert module.hparams.lr == runs[i]["lr"]
+        for got, want in zip(jax.tree.leaves(module.variables), jax.tree.leaves(member(snapshot.variables[epoch], i))):
+            np.testing.assert_array_equal(np.asarray(got), want)  # run i's weights at its best epoch
