@@ -11,7 +11,9 @@ text is Python code: the source of the standard library's `json` package, which 
 ships (no download), read as bytes like the base's corpus. Rank-`--rank` adapters go on the
 attention's query and value and on the MLP of every block (`--targets`); the base weights stay as
 they were and hold no optimizer state. At the end the script prints the validation loss before
-and after, and the adapter file's size against the full model's.
+and after, the adapter file's size against the full model's, and the checkpoint of the adapters
+(`ModelCheckpoint(weights="trainable")`: adapters, their optimizer state, the loop position)
+against one of the whole train state.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Result:
     val_loss_after: float
     adapter_bytes: int
     full_bytes: int
+    checkpoint_bytes: int  # ModelCheckpoint(weights="trainable")
+    full_checkpoint_bytes: int  # the whole train state
     module: Any
 
 
@@ -85,11 +89,14 @@ def main(argv: Sequence[str] | None = None) -> Result:
 
     (before,) = fj.Trainer(enable_checkpointing=False, **trainer_args).validate(module, val_loader, verbose=False)
     module.apply_lora(args.targets, rank=args.rank)
-    trainer = fj.Trainer(max_steps=args.steps, enable_checkpointing=False, **trainer_args)
+    out = Path(args.root_dir)
+    # the adapters, their optimizer state and the loop position: resumes this fit given the same base
+    adapters_only = fj.ModelCheckpoint(out / "checkpoints", weights="trainable")
+    trainer = fj.Trainer(max_steps=args.steps, callbacks=[adapters_only], **trainer_args)
     trainer.fit(module, fj.DataLoader(train, batch_size=args.batch_size, shuffle=True, drop_last=True))
+    trainer.save_checkpoint(out / "full_checkpoint")  # the whole state, base included, to compare
     (after,) = trainer.validate(module, val_loader, verbose=False)
 
-    out = Path(args.root_dir)
     out.mkdir(parents=True, exist_ok=True)
     module.save_weights(out / "adapters.safetensors", lora="adapters")
     module.save_weights(out / "merged.safetensors")  # what a plain GPTModule.load_weights reads
@@ -98,7 +105,15 @@ def main(argv: Sequence[str] | None = None) -> Result:
           f"{args.steps} LoRA steps (rank {args.rank})")
     print(f"adapters: {adapter_bytes / 1024:.1f} KiB, {adapter_bytes / full_bytes:.1%} of the full model's "
           f"{full_bytes / 1024:.1f} KiB ({out / 'adapters.safetensors'}, {out / 'merged.safetensors'})")
-    return Result(before["val/loss"], after["val/loss"], adapter_bytes, full_bytes, module)
+    ckpt_bytes, full_ckpt_bytes = folder_bytes(adapters_only.last_model_path), folder_bytes(out / "full_checkpoint")
+    print(f"checkpoint of the adapters: {ckpt_bytes / 1024:.1f} KiB, {ckpt_bytes / full_ckpt_bytes:.1%} of the "
+          f"whole state's {full_ckpt_bytes / 1024:.1f} KiB ({adapters_only.last_model_path})")
+    return Result(before["val/loss"], after["val/loss"], adapter_bytes, full_bytes, ckpt_bytes, full_ckpt_bytes,
+                  module)
+
+
+def folder_bytes(path: str | Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ downloads the listed files once into a per-process cache, sizes checked, its own
 marker written last: an interrupted download is never trusted.
 
 Waits on a store are bounded: every request has `store_timeout()` seconds to answer (connect and
-read), and fitjax's operations retry transient failures (refused or dropped connections,
-timeouts, 5xx) with back-off until that much time has passed since their first try, then raise
-`StoreTimeout` naming the URL and the operation.
+read), one attempt each (s3fs/botocore's and gcsfs's own retry loops, which would multiply the
+bound, are turned off for the filesystems fitjax and epath use), and fitjax's operations retry
+transient failures (refused or dropped connections, timeouts, 5xx) with back-off until that much
+time has passed since their first try, then raise `StoreTimeout` naming the URL and the operation.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import shutil
 import tempfile
 import threading
 import time
+import types
 import uuid
 from pathlib import Path
 from typing import Any, Callable, TypeVar, Union
@@ -69,6 +71,9 @@ def as_path(path: str | os.PathLike) -> AnyPath:
     text = os.fspath(path)
     if is_url(text):
         _bound_requests()
+        if text.startswith(("gs://", "gcs://")):
+            with contextlib.suppress(ImportError):  # gcsfs missing: said at the first request (`_fs`)
+                _one_attempt(epath.backend.fsspec_backend.fs(text))  # the instance epath reads with
         return epath.Path(text)
     return Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -95,14 +100,16 @@ def store_timeout() -> float:
     return value
 
 
-_BOUND: dict[str, Any] = {}  # the request bounds set in fsspec's s3 configuration, to update them
+_BOUND: dict[str, Any] = {}  # the request bounds set in fsspec's configuration, to update them
 
 
 def _bound_requests() -> None:
-    """Makes every request of fsspec's s3 filesystem (the one `epath` and fitjax share) give up
-    after `store_timeout()` seconds, one attempt each (fitjax's operations retry, `_call`), and
-    list afresh each time, by fsspec's per-protocol defaults; values a user set there are kept.
-    A changed timeout or `AWS_ENDPOINT_URL` takes effect at the next URL."""
+    """Makes every request of fsspec's s3 and gs filesystems (those `epath` and fitjax use) give
+    up after `store_timeout()` seconds without an answer (connecting, or between two reads: a
+    large file may take longer as long as it flows), one attempt each (fitjax's operations retry,
+    `_call`), and list afresh each time, by fsspec's per-protocol defaults; values a user set there
+    are kept. A changed timeout or `AWS_ENDPOINT_URL` takes effect at the next URL (gcsfs reads
+    `STORAGE_EMULATOR_HOST` at each request)."""
     timeout = store_timeout()
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if _BOUND.get("read_timeout") == timeout and _BOUND.get("endpoint") == endpoint:
@@ -116,21 +123,35 @@ def _bound_requests() -> None:
     for key, value in mine.items():
         if key not in kwargs or kwargs[key] == _BOUND.get(key):
             kwargs[key] = value
+    # gcsfs: `requests_timeout` goes to aiohttp (a socket that connects or reads nothing for that
+    # long ends the request), `retry_timeout` bounds the bucket-type lookup of gcsfs's default
+    # class (a gRPC call retried for 60 s by default); its HTTP retries are turned off per instance
+    gs_conf = fsspec.config.conf.setdefault("gs", {})
+    with contextlib.suppress(ImportError):  # aiohttp comes with gcsfs
+        import aiohttp  # noqa: PLC0415 - only for gs://
+
+        for key, value in {"requests_timeout": aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout),
+                           "retry_timeout": timeout}.items():
+            if key not in gs_conf or gs_conf[key] == _BOUND.get(f"gs {key}"):
+                gs_conf[key] = value
+                _BOUND[f"gs {key}"] = value
     if "endpoint" in _BOUND:  # settings changed since the filesystems were made: made again
         _forget_filesystems()
-    # s3fs keeps every listing forever by default: another process's saves, or a deletion,
-    # would stay unseen ("last" resuming from an older checkpoint)
+    # s3fs and gcsfs keep every listing forever by default: another process's saves, or a
+    # deletion, would stay unseen ("last" resuming from an older checkpoint)
     conf.setdefault("use_listings_cache", False)
+    gs_conf.setdefault("use_listings_cache", False)
     _BOUND.update(mine, endpoint=endpoint)
 
 
 def _forget_filesystems() -> None:
-    """Drops fsspec's and epath's s3 filesystems (each keeps the first it made, with the
+    """Drops fsspec's and epath's s3 and gs filesystems (each keeps the first it made, with the
     settings of then), so the next request uses the current timeout and endpoint."""
     import fsspec  # noqa: PLC0415 - only for stores
 
-    with contextlib.suppress(ImportError, ValueError):
-        fsspec.get_filesystem_class("s3").clear_instance_cache()
+    for protocol in ("s3", "gs"):
+        with contextlib.suppress(ImportError, ValueError):
+            fsspec.get_filesystem_class(protocol).clear_instance_cache()
     cached = getattr(getattr(epath.backend, "_FileSystemSpecBackend", None), "_get_filesystem", None)
     if hasattr(cached, "cache_clear"):
         cached.cache_clear()
@@ -141,6 +162,7 @@ _TRANSIENT = {"TimeoutError", "ConnectionError", "EndpointConnectionError", "Con
               "ReadTimeoutError", "ConnectionClosedError", "HTTPClientError", "ServerDisconnectedError",
               "ClientConnectorError", "ClientOSError", "ClientPayloadError", "IncompleteRead",
               "ResponseParserError", "FSTimeoutError", "ProxyConnectionError"}
+_TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}  # gcsfs's HttpError.code
 _TRANSIENT_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "503 ", "500 ",
                     "(503)", "(500)")
 
@@ -153,7 +175,7 @@ def _transient(error: BaseException) -> bool:
         if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, NotImplementedError)):
             return False
         if {c.__name__ for c in type(error).__mro__} & _TRANSIENT or any(
-                code in str(error) for code in _TRANSIENT_CODES):
+                code in str(error) for code in _TRANSIENT_CODES) or getattr(error, "code", None) in _TRANSIENT_HTTP:
             return True
         error = error.__cause__ or error.__context__
     return False
@@ -214,7 +236,25 @@ def _fs(path: AnyPath):
         # s3fs retries a timed-out request 5 times itself (a class attribute, no argument sets
         # it): once here, `_call` retries on a clock. The instance is the one epath shares.
         fs.retries = 1
+    _one_attempt(fs)
     return fs, root
+
+
+_GCSFS_RETRIED = ("_request", "_get_file_request", "_get_file_concurrent")
+
+
+def _one_attempt(fs: Any) -> None:
+    """Turns off gcsfs's own retries on the instance `fs`: it tries each request 6 times, sleeping
+    1 to 16 s between, fixed when the class is defined (no setting changes it), which would make a
+    stalled store's bound 6 timeouts and 31 s more; `_call` retries on a clock instead. Each
+    retried method is replaced, on this instance only, by the one it wraps."""
+    if not type(fs).__module__.startswith("gcsfs") or getattr(fs, "_fitjax_one_attempt", False):
+        return
+    for name in _GCSFS_RETRIED:
+        inner = getattr(getattr(type(fs), name, None), "__wrapped__", None)
+        if inner is not None:
+            setattr(fs, name, types.MethodType(inner, fs))
+    fs._fitjax_one_attempt = True
 
 
 def _files(local: Path) -> list[Path]:
@@ -267,8 +307,9 @@ def put_folder(local: Path, target: AnyPath) -> None:
 
 def create_new(target: AnyPath, data: bytes = b"") -> bool:
     """Creates the store object `target` only if there is none: True if this call created it,
-    False if it existed. The store decides (S3's conditional `PUT` with `If-None-Match: *`), so
-    of several processes creating one object at once exactly one gets True.
+    False if it existed. The store decides (S3's conditional `PUT` with `If-None-Match: *`, GCS's
+    `ifGenerationMatch=0`), so of several processes creating one object at once exactly one gets
+    True.
 
     Raises `NotImplementedError` for a filesystem without exclusive creation.
     """
@@ -308,13 +349,20 @@ def remove(target: AnyPath) -> None:
     fitjax's and finishes the deletion)."""
     fs, root = _fs(target)
     url = os.fspath(target)
-    _call(f"deleting {COMPLETE}", url, lambda: fs.rm_file(f"{root}/{COMPLETE}"))
+    _call(f"deleting {COMPLETE}", url, lambda: _rm_if_there(fs, f"{root}/{COMPLETE}"))
     fs.invalidate_cache(root)
     rest = [name for name in _call("listing", url, lambda: fs.find(root)) if name != f"{root}/{CLAIM}"]
     if rest:
         _call("deleting", url, lambda: fs.rm(rest))
-    _call(f"deleting {CLAIM}", url, lambda: fs.rm_file(f"{root}/{CLAIM}"))
+    _call(f"deleting {CLAIM}", url, lambda: _rm_if_there(fs, f"{root}/{CLAIM}"))
     fs.invalidate_cache(root)
+
+
+def _rm_if_there(fs, name: str) -> None:
+    """Deletes the store object `name`, if there: S3 answers a deletion of a missing object as
+    done, GCS with 404 (an interrupted deletion, retried, meets it)."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(name)
 
 
 def _cache() -> Path:

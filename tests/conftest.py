@@ -16,13 +16,18 @@ assert jax.device_count() == 8, "conftest must run before anything imports jax"
 
 # One of each session fixture per test run, also under `pytest -n 2 --dist loadgroup` (README's
 # command): the tests that use one run on the same worker, which starts it once.
-_SESSION_FIXTURES = ("slurm", "site", "s3_server")
+# A test parametrized over the stores ("s3", "gs": tests/storage/conftest.py's `store_bucket`, or a
+# parameter that picks a bucket fixture by that name) joins the group of that store's server.
+_SESSION_FIXTURES = ("slurm", "site", "s3_server", "gcs_server")
+_STORE_SERVERS = {"s3": "s3_server", "gs": "gcs_server"}
 
 
 def pytest_collection_modifyitems(items):
     import pytest
 
     for item in items:
-        shared = [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        shared = [_STORE_SERVERS[value] for value in params.values() if isinstance(value, str) and value in _STORE_SERVERS]
+        shared += [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))

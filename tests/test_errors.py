@@ -131,7 +131,7 @@ BAD_ARGUMENTS = {
     "min_epochs": [(-2, ValueError, r"min_epochs=\.\.\.\) must be an int >= 0 or None, got -2")],
     "min_steps": [("1", ValueError, r"min_steps=\.\.\.\) must be an int >= 0 or None, got '1'")],
     "accelerator": [("x", ValueError, r"accelerator=\.\.\.\) must be one of 'auto', 'cpu', 'gpu', 'tpu', 'cuda'; got 'x'")],
-    "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'plan', 'ddp', 'dp', 'fsdp', 'single', 'zero1'\]")],
+    "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'plan', 'ddp', 'dp', 'fsdp', 'runs', 'single', 'zero1'\]")],
     "remat": [("x", ValueError, r"remat=\.\.\.\) got 'x'; use one of \['none', 'full', 'dots', 'offload'\]")],
     "runs": [(0, ValueError, r"runs=\.\.\.\) must be at least 1, got 0"),
              ("x", TypeError, r"runs=\.\.\.\) takes a number of runs .*got 'x'")],

@@ -60,6 +60,11 @@ class ModelCheckpoint(Callback):
             the last save, checked after each step.
         save_on_exception: save when fit raises (the error still reaches the caller).
         verbose: print a line per save.
+        weights: "all" (default) saves every parameter; "trainable" only those the optimizer
+            trains (`apply_lora`'s adapters, the groups `fj.param_groups` does not freeze), with
+            their optimizer state and the loop position, and a fingerprint of each frozen array:
+            a small checkpoint that resumes a fit (bitwise, mid-epoch) whose module is given the
+            same base weights again, and fails naming the arrays when they differ.
 
     After fit: `best_model_path`, `best_model_score`, `last_model_path`.
 
@@ -93,6 +98,7 @@ class ModelCheckpoint(Callback):
         train_time_interval: datetime.timedelta | None = None,
         save_on_exception: bool = False,
         verbose: bool = False,
+        weights: str = "all",
     ):
         if mode not in ("min", "max"):
             raise ValueError(f"ModelCheckpoint(mode=...) must be 'min' or 'max', got {mode!r}")
@@ -104,6 +110,10 @@ class ModelCheckpoint(Callback):
         if train_time_interval is not None and not isinstance(train_time_interval, datetime.timedelta):
             raise TypeError("ModelCheckpoint(train_time_interval=...) takes a datetime.timedelta, got "
                             f"{train_time_interval!r}; e.g. datetime.timedelta(minutes=30).")
+        if weights not in ("all", "trainable"):
+            raise ValueError(f"ModelCheckpoint(weights=...) must be 'all' (every parameter) or 'trainable' (the "
+                             f"parameters the optimizer trains, e.g. LoRA's adapters, without the frozen base); "
+                             f"got {weights!r}.")
         if filename is not None and (not isinstance(filename, str) or not filename):
             raise ValueError(f"ModelCheckpoint(filename=...) must be a non-empty str template, got {filename!r}")
         # `~` expanded and made absolute now, as Lightning does: saves, best/last paths and
@@ -121,6 +131,8 @@ class ModelCheckpoint(Callback):
         self.every_n_epochs = every_n_epochs
         self.save_on_exception = bool(save_on_exception)
         self.verbose = verbose
+        self.weights = weights
+        self._frozen: dict[str, list[int]] | None = None  # weights="trainable": this fit's base fingerprints
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
@@ -271,6 +283,7 @@ class ModelCheckpoint(Callback):
         if _storage.is_url(directory):
             self._listed = {p.name for p in directory.iterdir()} if directory.is_dir() else set()
         self._saved_steps, self._validated_at, self._failing = set(), None, False
+        self._frozen = None
         self._last_time = time.monotonic()
         self._deferred = False
 
@@ -405,7 +418,7 @@ class ModelCheckpoint(Callback):
             meta = trainer.checkpoint_meta(module)  # holds state_dict() and the options restore errors quote
             if ranked:
                 meta["score"] = {"monitor": self.monitor, "value": list(score) if isinstance(score, tuple) else score}
-            writer.save(path, trainer.state, meta, delete=dropped, on_failure=undo)
+            writer.save(path, self._saved_state(trainer, module, meta), meta, delete=dropped, on_failure=undo)
         except BaseException:
             undo()
             raise
@@ -417,6 +430,22 @@ class ModelCheckpoint(Callback):
             logger.after_save_checkpoint(self)
         if self.verbose:
             print(f"ModelCheckpoint: saving {path}")
+
+    def _saved_state(self, trainer, module, meta: dict[str, Any]):
+        """The state to save: the whole of it, or with weights="trainable" its trained parameters
+        alone (`meta` given the frozen ones' fingerprints, computed at the fit's first save)."""
+        mask = module.trainable_mask(trainer.state.params) if self.weights == "trainable" else None
+        if mask is None:
+            if self.weights == "trainable" and self._frozen is None:
+                self._frozen = {}
+                warnings.warn("ModelCheckpoint(weights='trainable') saves every parameter: this fit's optimizer "
+                              "freezes none (use `module.apply_lora(...)` or `fj.param_groups` with a group None).",
+                              stacklevel=3)
+            return trainer.state
+        if self._frozen is None:  # the frozen part never changes during a fit: read once
+            self._frozen = checkpoint.fingerprints(trainer.state.params, mask)
+        meta[checkpoint.FROZEN_KEY] = self._frozen
+        return checkpoint.keep_trained(trainer.state, mask)
 
     def _score(self, trainer) -> tuple[float | tuple[float, ...] | None, bool]:
         """`(score, ranked)`: the monitored value (NaN as +-inf, like Lightning; each run's, a

@@ -49,6 +49,7 @@ from fitjax.checkpoint._format import (
 # process that every save goes through (`_writer`).
 from fitjax.checkpoint._format import META_ITEM, STATE_ITEM, TMP_MARK, check_path, jsonable
 from fitjax.checkpoint._writer import CheckpointWriter, cleanup, is_donated, prepare, writer
+from fitjax.checkpoint._trainable import FROZEN_KEY, fingerprints, keep_trained
 
 __all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
            "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "local_path", "module_init_args",

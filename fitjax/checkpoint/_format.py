@@ -18,6 +18,7 @@ from etils import epath
 from fitjax import _storage
 from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
+from fitjax.checkpoint import _trainable
 from fitjax.state import TrainState
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
@@ -219,7 +220,7 @@ def check_path(path: str | os.PathLike, *, where: str) -> Path:
 # --------------------------------------------------------------------------------- restoring
 
 def restore_state(path: str | os.PathLike, like: TrainState, *,
-                  options: dict[str, Any] | None = None) -> TrainState:
+                  options: dict[str, Any] | None = None, trains: PyTree | None = None) -> TrainState:
     """The saved train state, laid out like `like` (its shapes, dtypes and shardings).
 
     The target shardings come from `like`, so a state saved under one strategy restores under
@@ -229,9 +230,17 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
     (`params`, `model_state`), the optimizer (`opt_state`), or the option that creates the
     field (`loss_scale`: `precision`). `options` are this run's (e.g. `{"precision": "32-true"}`),
     quoted in those errors next to the ones saved in the checkpoint.
+
+    A checkpoint of the trained parameters alone (`ModelCheckpoint(weights="trainable")`)
+    takes the frozen ones from `like`, after checking they are those it was trained against;
+    `trains` is this run's trainable mask (`LitModule.trainable_mask`; True: trains).
     """
     shown, path = local_path(path), _readable(path)
     meta = read_meta(path)
+    full = like
+    if meta.get(_trainable.FROZEN_KEY) is not None:  # the frozen base is this run's, if it is the same
+        _trainable.check_frozen(meta[_trainable.FROZEN_KEY], like.params, trains, f"checkpoint {str(shown)!r}")
+        like = _trainable.keep_trained(like, trains)
     target, impls = saveable_tree(like)
     target = jax.tree.map(_abstract, target)
     _check_tree(_saved_tree(path, shown), target, shown, saved_options=meta.get("options", {}),
@@ -250,7 +259,9 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
             leaf, impl=saved_impls.get(name, impls[name]))
 
     tree = jax.tree_util.tree_map_with_path(typed, tree)
-    return dataclasses.replace(like, **{f.name: tree.get(f.name) for f in dataclasses.fields(like)})
+    if full is not like:
+        tree["params"] = _trainable.merge_trained(full.params, tree["params"])
+    return dataclasses.replace(full, **{f.name: tree.get(f.name) for f in dataclasses.fields(full)})
 
 
 def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | None = None
@@ -265,7 +276,14 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
     """
     shown, path = local_path(path), _readable(path)
     saved = _saved_tree(path, shown)
-    key = read_meta(path).get("eval_params") or ["params"]
+    meta = read_meta(path)
+    if meta.get(_trainable.FROZEN_KEY) is not None:
+        raise ValueError(f"checkpoint {str(shown)!r} holds only the trained parameters "
+                         "(ModelCheckpoint(weights='trainable')), not the frozen base: it resumes a fit "
+                         "(`Trainer.fit(module, ckpt_path=...)`, the module given the same base weights), and "
+                         "`module.save_weights(path, lora='adapters')` after that fit writes the adapters for "
+                         "`load_adapters`. To load weights from a checkpoint, save with weights='all'.")
+    key = meta.get("eval_params") or ["params"]
     saved_params = _at(saved, key)
     if like is None:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

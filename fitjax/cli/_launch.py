@@ -8,8 +8,10 @@ Each process gets what `Trainer(num_nodes=...)` reads (`fitjax.strategies.initia
 killed at once (SIGKILL, as Lightning's launcher does: a process that lost a peer waits in a
 collective and cannot finish, and jax.distributed traps SIGTERM to sync a preemption, which would
 wait for the dead peer too) and `launch` exits with the failed process's status. SIGINT and SIGTERM
-are forwarded to every process (fitjax saves a checkpoint on SIGTERM and returns from `fit`); a
-second one kills them. With `--max-restarts R`, a failure (an exit with a non-zero status, a
+are forwarded to every process (fitjax saves a checkpoint on SIGTERM and returns from `fit`; on
+Ctrl-C every process stops after one agreed step, saves one checkpoint and exits with status 130,
+and the others get 30 s to end after the first such exit; one that comes while they start reaches
+them once they can end quietly); a second one kills them. With `--max-restarts R`, a failure (an exit with a non-zero status, a
 kill, a `Watchdog`'s exit) stops the rest and starts all N processes again, up to R times
 (torchrun's elastic restarts; a forwarded signal is not retried). The restarted processes get
 `FITJAX_RESTART_COUNT` (1, 2, ...), and `Trainer.fit()` without `ckpt_path` then resumes from the
@@ -39,6 +41,12 @@ __all__ = ["launch"]
 
 _POLL_S = 0.05  # how often the processes are checked: bounds the delay before a failure stops the rest
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
+_INTERRUPTED = (130, -signal.SIGINT)  # Ctrl-C ended it: fitjax's status, or Python's default handler
+_INTERRUPT_GRACE_S = 30.0  # the others' time to finish their shutdown after one such exit
+# What a normal run prints that says nothing to its user, dropped from the output: Gloo's (the CPU
+# collectives') note that each process reached its peers. Its errors and everything else pass.
+_NOISE = re.compile(rb"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer "
+                    rb"ranks is : \d+\r?\n?$")
 
 
 _VALUED = ("--nproc", "--devices-per-process", "--port", "--max-restarts")  # launcher options that take a value
@@ -128,9 +136,13 @@ def _env(rank: int, nproc: int, port: int, devices: int | None, restart: int = 0
 
 
 def _die_with_parent() -> None:
-    """Runs in each child before exec: its own process group (we forward signals ourselves), and on
-    Linux a SIGKILL when the launcher dies, so a killed launcher leaves no process behind."""
+    """Runs in each child before exec: its own process group (we forward signals ourselves), SIGINT
+    blocked until `_run.py` unblocks it, and on Linux a SIGKILL when the launcher dies, so a killed
+    launcher leaves no process behind."""
     os.setpgid(0, 0)
+    # Ctrl-C waits (blocked, not lost) until `_run.py` is ready to end it quietly: one that lands
+    # while Python starts would print a traceback of its imports and exit 1
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -146,6 +158,8 @@ class _Group:
         self.restart = restart
         self.procs: list[subprocess.Popen] = []
         self.signals = 0
+        self.started = False  # every process started: a signal is forwarded at once
+        self.pending: int | None = None  # a signal that came before, forwarded once they are
         self.lock = threading.Lock()
 
     def run(self) -> int:
@@ -159,6 +173,10 @@ class _Group:
                 self.procs.append(subprocess.Popen(
                     self.command, env=_env(rank, self.nproc, self.port, self.devices, self.restart),
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
+            self.started = True
+            if self.pending is not None:  # a signal while they were started: each gets it now
+                for proc in self.procs:
+                    _signal_group(proc, self.pending)
             for rank, proc in enumerate(self.procs):
                 reader = threading.Thread(target=self._copy, args=(rank, proc.stdout), daemon=True)
                 reader.start()
@@ -173,10 +191,21 @@ class _Group:
         return status
 
     def _wait(self) -> int:
-        """Waits for every process; at the first failure kills the rest. Returns the exit status."""
+        """Waits for every process; at the first failure kills the rest. Returns the exit status.
+        A process that Ctrl-C ended (status 130) is not a failure of the others: they stop after
+        the same step and save one checkpoint together (`fitjax.loop._preemption`), so they get
+        `_INTERRUPT_GRACE_S` to finish before they are killed."""
+        interrupted_at = None
         while True:
             codes = [proc.poll() for proc in self.procs]
-            failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+            if any(code in _INTERRUPTED for code in codes) and interrupted_at is None:
+                interrupted_at = time.monotonic()
+            failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0, *_INTERRUPTED)]
+            if interrupted_at is not None and not failed and None in codes:
+                if time.monotonic() - interrupted_at < _INTERRUPT_GRACE_S:
+                    time.sleep(_POLL_S)
+                    continue
+                failed = [(rank, code) for rank, code in enumerate(codes) if code in _INTERRUPTED]
             if failed:
                 rank, code = failed[0]
                 running = [r for r, c in enumerate(codes) if c is None]
@@ -184,14 +213,17 @@ class _Group:
                 self._say(f"rank {rank} exited with status {_describe(code)}{stopping}")
                 self._kill_all()
                 return _status(code)
-            if all(code == 0 for code in codes):
-                return 0
+            if None not in codes:
+                return _status(next((code for code in codes if code != 0), 0))
             time.sleep(_POLL_S)
 
     def _forward(self, signum: int, frame) -> None:
         self.signals += 1
         if self.signals > 1:  # a second Ctrl-C: do not wait for a graceful stop
             self._kill_all()
+            return
+        if not self.started:
+            self.pending = signum
             return
         for proc in self.procs:
             if proc.poll() is None:
@@ -211,6 +243,8 @@ class _Group:
         prefix = f"[rank {rank}] ".encode()
         out = sys.stdout.buffer
         for line in iter(stream.readline, b""):
+            if _NOISE.match(line):
+                continue
             with self.lock:
                 out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
                 out.flush()

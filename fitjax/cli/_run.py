@@ -5,7 +5,8 @@ environment variables when it is first imported, and a script may set them at it
 
 The script runs as `__main__` (as `python script.py` would run it), with one difference: when it
 fails (an exception, or `sys.exit` with a non-zero status) the process prints the traceback and
-ends at once. Left to Python, the interpreter's exit would call `jax.distributed.shutdown()`,
+ends at once; Ctrl-C (`KeyboardInterrupt`) prints Lightning's line instead, from process 0 only, and
+ends with status 130 (the traceback too with `FITJAX_DEBUG=1`). Left to Python, the interpreter's exit would call `jax.distributed.shutdown()`,
 which waits at a barrier for the other processes, and they are waiting in a collective for this
 one: nothing would exit until a heartbeat timed out, and the launcher would not know to stop them.
 """
@@ -14,8 +15,13 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import traceback
+
+# fitjax.loop._interrupt's, restated: nothing is imported before the script (a test checks they agree)
+MESSAGE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."
+DEBUG_VAR = "FITJAX_DEBUG"
 
 
 def _exit_now(status: int) -> None:
@@ -49,6 +55,7 @@ def main() -> None:
         sys.path[0] = os.path.dirname(os.path.abspath(args[0]))  # as `python script.py` sets it
         run = lambda: runpy.run_path(args[0], run_name="__main__")  # noqa: E731
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the launcher until now
         run()
     except SystemExit as exc:
         if exc.code in (None, 0):
@@ -56,8 +63,11 @@ def main() -> None:
         if not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
-    except KeyboardInterrupt as exc:
-        _print_traceback(exc)
+    except KeyboardInterrupt as exc:  # outside a fit (which ends as SystemExit(130) itself)
+        if os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no"):
+            _print_traceback(exc)
+        if os.environ.get("JAX_PROCESS_ID", "0") == "0":  # one line for the job, as a fit's
+            print(MESSAGE, file=sys.stderr)
         _exit_now(130)  # as a shell reports a process ended by SIGINT
     except BaseException as exc:  # noqa: BLE001 - every failure must end the process now
         _print_traceback(exc)

@@ -42,11 +42,13 @@ CPU_STEP_FLOPS = 1 << 25  # ~1 ms on 2 CPU cores: larger steps take their batche
 
 
 def _is_plain_loader(loader: Any) -> bool:
-    """A `fj.DataLoader` whose batches are its rows as they are (no subclass changing them)."""
+    """A `fj.DataLoader` whose batches are its rows as they are, in its own order (no subclass
+    changing them: each run's order, `fitjax.runs.RunOrders`, stays on the host)."""
     return (
         isinstance(loader, DataLoader)
         and type(loader).__iter__ is DataLoader.__iter__
         and type(loader)._batches is DataLoader._batches
+        and type(loader)._order is DataLoader._order
     )
 
 

@@ -56,7 +56,9 @@ class DataLoader:
     Args:
       data: an array or a pytree of arrays sharing the leading dimension.
       batch_size: examples per batch, global across processes.
-      shuffle: whether to draw a new order every epoch.
+      shuffle: whether to draw a new order every epoch: False, True, or "per_run": with
+        `Trainer(runs=...)`, each run draws its own order (run i's is this loader's with
+        `seed + i`; True gives every run the same order). Without runs, "per_run" is True.
       seed: the seed of the shuffle; the epoch is mixed in.
       drop_last: whether to drop the last batch when it is smaller than `batch_size`.
       process_index: this process's index; None asks `jax.process_index()` at the first
@@ -77,14 +79,18 @@ class DataLoader:
         data: Any,
         *,
         batch_size: int,
-        shuffle: bool = False,
+        shuffle: bool | str = False,
         seed: int = 0,
         drop_last: bool = False,
         process_index: int | None = None,
         process_count: int | None = None,
     ) -> None:
         self.batch_size = _check_int(batch_size, where="`DataLoader(batch_size=...)`", minimum=1)
+        if not isinstance(shuffle, bool) and shuffle != "per_run":
+            raise ValueError(f"`DataLoader(shuffle=...)` must be True, False or 'per_run' (each run of a "
+                             f"Trainer(runs=...) fit its own order), got {shuffle!r}.")
         self.shuffle = bool(shuffle)
+        self.shuffle_per_run = shuffle == "per_run"
         self.seed = _check_int(seed, where="`DataLoader(seed=...)`", minimum=0)
         self.drop_last = bool(drop_last)
         self._data = _host_arrays(data)

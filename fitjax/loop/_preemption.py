@@ -12,8 +12,11 @@
 - SIGINT (Ctrl-C): Python's `KeyboardInterrupt` at once (fit's graceful shutdown follows,
   `fitjax.loop._interrupt`), except while a step holds the train state (its buffers donated, the
   new state not returned yet): then the loop stops after that step, raising `KeyboardInterrupt`
-  once the new state is stored, so the exception hooks save the newest state. A second Ctrl-C
-  before that raises at once (a step that never returns).
+  once the new state is stored, so the exception hooks save the newest state. With several
+  processes, always the agreed stop: every process raises `KeyboardInterrupt` after the same
+  step (a Ctrl-C during validation waits for the next train step), so the shutdown's
+  checkpoint is one collective save of one step. A second Ctrl-C before that raises at once (a
+  step that never returns).
 - A fit without `ckpt_path` resumes from the newest `hpc_ckpt_<n>` when it runs under SLURM
   (Lightning's rule: the requeued job runs the same script), and after a `fitjax launch
   --max-restarts` restart from the newest complete checkpoint ("last").
@@ -62,11 +65,13 @@ def stop_on_signals(environment, state: Callable[[], Any]) -> Iterator[StopAgree
     """While fitting, SIGTERM (and the cluster `environment`'s requeue signal) ask every process
     to stop after an agreed step: yields the fit's `StopAgreement`. SIGINT raises
     `KeyboardInterrupt`, or asks for a stop after the step in flight when `state()` (the loop's
-    train state) has been donated to it. The handlers only record the
+    train state) has been donated to it, and with several processes always asks for the agreed
+    stop. The handlers only record the
     first request (a SIGTERM that SLURM sends after a requeue changes nothing): saving from a
     handler could meet the state half-donated to a running step. Installed from the main thread
     only (Python's rule); the previous handlers are restored after."""
     agreement = StopAgreement()
+    several = jax.process_count() > 1
     reasons = {signal.SIGTERM: "SIGTERM"}
     requeue = requeue_signal(environment)
     if requeue is not None:
@@ -77,8 +82,11 @@ def stop_on_signals(environment, state: Callable[[], Any]) -> Iterator[StopAgree
         checkpoint.writer().signalled(reasons[signum])  # a save waiting on a stalled store gives up
 
     def on_sigint(signum, frame):
-        if agreement.requested != SIGINT and checkpoint.is_donated(state()):
-            agreement.request(SIGINT)  # the step in flight returns the newest state: stop after it
+        if agreement.requested != SIGINT and (several or checkpoint.is_donated(state())):
+            # the step in flight returns the newest state: stop after it; with several processes
+            # always after an agreed step, since a process raising alone leaves the others
+            # waiting for it in a collective (the launcher's Ctrl-C reaches each at its own step)
+            agreement.request(SIGINT)
             return
         _interrupt.on_sigint(signum, frame)
 

@@ -53,7 +53,7 @@ from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation
 from fitjax.loop.fit_run import Built, FitRun
-from fitjax.loop.train_feed import TrainFeed, fit_loaders
+from fitjax.loop.train_feed import FitLoaders, TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
@@ -708,7 +708,8 @@ class Trainer(metaclass=_CheckedArguments):
             if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
                 log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
                                             self.cluster_environment))
-            loaders = fit_loaders(module, train_data, val_data, datamodule, overfit=bool(self.overfit_batches))
+            loaders = self._run_loaders(fit_loaders(module, train_data, val_data, datamodule,
+                                                    overfit=bool(self.overfit_batches)))
             check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
                            processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
                            accumulate=self.step_options.accumulate_grad_batches)
@@ -804,7 +805,8 @@ class Trainer(metaclass=_CheckedArguments):
                 run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
                                                          options=feed.options)
             else:  # every run's state stacked, one program training them all
-                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options)
+                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options,
+                                                           per_run_data=isinstance(feed.loader, runs_lib.RunOrders))
         self._step_flops = {}
         self._metric_log.begin_fit(run.compiled.log_specs)
         run.built_from = checks.BuiltFrom.of(first, "the first train batch")
@@ -846,7 +848,8 @@ class Trainer(metaclass=_CheckedArguments):
         meta = checkpoint.read_meta(path)
         if self.is_global_zero:  # Lightning's line, with where the run stood
             log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
-        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision})
+        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision},
+                                             trains=run.module.trainable_mask(run.state.params))
         point = _resume.ResumePoint.from_meta(meta)
         point.restore(self._progress)
         run.resume_at = point.batches_done
@@ -860,12 +863,16 @@ class Trainer(metaclass=_CheckedArguments):
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
         options = self.step_options
-        if self._runs is None and self._hooks.reads_outputs("on_train_batch_end", module):  # one run only
+        if self._hooks.reads_outputs("on_train_batch_end", module):
             options = dataclasses.replace(options, hook_outputs=True)
         if self._accumulation is None:
             return options
         k = self._accumulation.get_accumulate_grad_batches(epoch)
         return dataclasses.replace(options, accumulate_grad_batches=k)
+
+    def _run_loaders(self, loaders: FitLoaders) -> FitLoaders:
+        """With runs, a `DataLoader(shuffle="per_run")` gives each run its own order."""
+        return loaders if self._runs is None else dataclasses.replace(loaders, train=self._runs.train_loader(loaders.train))
 
     def _reload_due(self, loaded_at: int) -> bool:
         n = self.reload_dataloaders_every_n_epochs
@@ -874,7 +881,7 @@ class Trainer(metaclass=_CheckedArguments):
     def _reload_loaders(self, run: FitRun) -> None:
         """The loaders asked for again from the hooks they came from (Lightning's
         `reload_dataloaders_every_n_epochs`), with the epoch's batch count and device feed."""
-        run.loaders = run.loaders.reloaded(bool(self.overfit_batches))
+        run.loaders = self._run_loaders(run.loaders.reloaded(bool(self.overfit_batches)))
         run.feed = run.feed.replaced(run.loaders.train, run.state.params)
         self._progress.batches_in_epoch = run.feed.batches_in_epoch
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
@@ -1072,8 +1079,9 @@ class Trainer(metaclass=_CheckedArguments):
                                                                     datamodule, ckpt_path)
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run
-        with _interrupt.graceful(), module_lib.hook_mode(module, False):
+        # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
+        # status line per compilation, as in fit (its times not logged: no fit's window to join)
+        with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
 
     def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
@@ -1120,7 +1128,8 @@ class Trainer(metaclass=_CheckedArguments):
         `return_predictions=False` returns None."""
         module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
                                                                     datamodule, ckpt_path)
-        with _interrupt.graceful(), module_lib.hook_mode(module, False):  # Ctrl-C as in fit; eval mode
+        # Ctrl-C as in fit; eval mode; a status line per compilation
+        with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
@@ -1166,8 +1175,10 @@ class Trainer(metaclass=_CheckedArguments):
         state = self.state
         if ckpt_path is None and state is not None and self._in_use.module is module:
             return self._eval_params(), state.model_state, state.rng
-        variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy, seed=self.seed,
-                                                      options=self.step_options, limit=self.limits[stage])
+        with _status.phase("initialising the state", "initialised the state"):
+            variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy,
+                                                          seed=self.seed, options=self.step_options,
+                                                          limit=self.limits[stage])
         if ckpt_path is not None:
             variables = evaluation.load_weights(self, module, variables, ckpt_path,
                                                 self._hooks.overriding("on_load_checkpoint"))

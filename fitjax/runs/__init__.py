@@ -3,7 +3,8 @@
 one jitted step vmapped over a leading axis of the train state (see docs/guides/many_runs.md)."""
 
 from fitjax.runs._axis import RunAxis, active_runs, member, run_suffix, stop_run
+from fitjax.runs._orders import RunOrders
 from fitjax.runs._results import RunResults
 from fitjax.runs._runs import Runs
 
-__all__ = ["RunAxis", "RunResults", "Runs", "active_runs", "member", "run_suffix", "stop_run"]
+__all__ = ["RunAxis", "RunOrders", "RunResults", "Runs", "active_runs", "member", "run_suffix", "stop_run"]

@@ -8,7 +8,9 @@ value is per run (`train/loss/run_3`, `val/acc/run_3`). The wraps below stack th
 vmapped function and name them again after it: slices and concatenations of a few scalars
 inside the compiled program.
 
-The batch is the same for every run (not vmapped): same data, same order. Each run's key is
+The batch is the same for every run (not vmapped): same data, same order; or, from a
+`DataLoader(shuffle="per_run")` (`RunOrders`), each run's own rows on the axis after the batch's
+(`per_run_data`), vmapped there. Each run's key is
 its own seed's (`jax.random.key(seed)`), so run i is bitwise the key of a fit with that seed.
 Hyperparameters that differ between runs are read by the user's code through `self.hparams`
 while it is traced (`fitjax.step.context.run_hparams`): a traced array holding the run's value.
@@ -27,6 +29,7 @@ import optax
 from fitjax.state import TrainState
 from fitjax.step import ModuleSpec, context
 from fitjax.step.jitted import check_optimizer
+from fitjax.step.train import OUTPUTS_KEY
 
 __all__ = ["RunAxis", "active_runs", "member", "run_suffix", "stop_run"]
 
@@ -91,6 +94,10 @@ class RunAxis:
         self.fixed = {k: hparams[0][k] for k in keys if k not in self.differing}
         self._values = {k: np.asarray([h[k] for h in hparams]) for k in self.differing}
         self._read: set[str] = set()  # the names the user's code read while traced
+        # one run's batch (shapes, `Runs.build`), and whether each batch holds every run's rows
+        # ([batch, runs, ...]: `RunOrders`)
+        self.batch: Any = None
+        self.per_run_data = False
 
     # ---------------------------------------------------------------- names of per-run values
 
@@ -174,13 +181,17 @@ class RunAxis:
 
         return runs_init
 
-    def step(self, step_fn: Callable) -> Callable:
-        """`train_step(state, inputs)` of every run, on the same inputs."""
+    def step(self, step_fn: Callable, *, stacked: int = 0) -> Callable:
+        """`train_step(state, inputs)` of every run, on the same inputs (or each run's rows of
+        them); `stacked`: how many dimensions (steps, micro-batches) a call's batches and what
+        the step returns for the hooks stack in front of the rows."""
 
         def runs_step(state, inputs):
-            stacked = state.replace(metrics=self.stacked(state.metrics), extras=None)
-            new, values = self._vmapped(step_fn, (_STATE_AXES, None), stacked, inputs, out_axes=(_STATE_AXES, 0))
+            runs_state = state.replace(metrics=self.stacked(state.metrics), extras=None)
+            new, values = self._vmapped(step_fn, (_STATE_AXES, self._inputs_axes(inputs)), runs_state, inputs,
+                                        out_axes=(_STATE_AXES, 0))
             self._check_read()
+            returned = values.pop(OUTPUTS_KEY, None)  # what the step returned for the hooks
             active = state.extras[_ACTIVE]
 
             def keep(new_tree, old_tree):  # a stopped run keeps its parameters and optimizer state
@@ -189,29 +200,50 @@ class RunAxis:
 
             new = new.replace(params=keep(new.params, state.params), opt_state=keep(new.opt_state, state.opt_state),
                               model_state=keep(new.model_state, state.model_state), extras=state.extras)
-            return new.replace(metrics=self.flat(new.metrics)), self.flat(values)
+            values = self.flat(values)
+            if returned is not None:  # every run's rows on the axis after the batch's, behind [steps, micro-batches]
+                values[OUTPUTS_KEY] = rows_then_runs(returned, stacked)
+            return new.replace(metrics=self.flat(new.metrics)), values
 
         runs_step.__name__ = getattr(step_fn, "__name__", "train_step")
         return runs_step
+
+    def _inputs_axes(self, inputs: Any) -> Any:
+        """None (every run reads the same inputs), or where each leaf holds the runs: right
+        after the batch's axis, behind the stacked steps and micro-batches (`(batches, mask)`
+        with accumulation: the mask is shared)."""
+        if not self.per_run_data:
+            return None
+        batches, mask = self._batches(inputs)
+        axes = jax.tree.map(lambda x, one: x.ndim - one.ndim, batches, self.batch)
+        return (axes, *mask) if mask else axes
+
+    def _batches(self, inputs: Any) -> tuple[Any, tuple]:
+        """The batches of a train step's inputs, and `(None,)` for a mask beside them (accumulation)."""
+        if jax.tree.structure(inputs) == jax.tree.structure(self.batch):
+            return inputs, ()
+        return inputs[0], (None,)
 
     def eval_step(self, eval_fn: Callable) -> Callable:
         """`eval_step(params, model_state, rng, acc, batch, mask)` of every run, on the same batch."""
 
         def runs_eval(params, model_state, rng, acc, batch, mask):
-            acc, values = self._vmapped(eval_fn, (0, 0, 0, 0, None, None), params, model_state, rng,
-                                        self.stacked(acc), batch, mask)
-            return self.flat(acc), self.flat(values)
+            acc, values, *returned = self._vmapped(eval_fn, (0, 0, 0, 0, None, None), params, model_state, rng,
+                                                   self.stacked(acc), batch, mask)
+            # what the step returned and appended for the hooks: every run's rows on axis 1
+            return (self.flat(acc), self.flat(values), *rows_then_runs(returned, 0))
 
         runs_eval.__name__ = getattr(eval_fn, "__name__", "eval_step")
         return runs_eval
 
     def predict_step(self, predict_fn: Callable) -> Callable:
-        def runs_predict(*args):
-            raise ValueError(
-                f"Trainer.predict with Trainer(runs={self.size}): predictions of several runs are not "
-                "supported yet; predict with one run's weights: `fj.Trainer().predict("
-                f"{self.owner}.load_from_checkpoint(path), data)` after a fit with one run.")
+        """`predict_step(params, model_state, rng, batch)` of every run, on the same batch: each
+        leaf `[batch, runs, ...]` (every run's rows side by side; a scalar per run: `[runs]`)."""
 
+        def runs_predict(params, model_state, rng, batch):
+            return rows_then_runs(self._vmapped(predict_fn, (0, 0, 0, None), params, model_state, rng, batch), 0)
+
+        runs_predict.__name__ = getattr(predict_fn, "__name__", "predict_step")
         return runs_predict
 
     def _check_read(self) -> None:
@@ -227,8 +259,15 @@ class RunAxis:
                 "where the step uses it, or fit one module per value.")
 
 
+def rows_then_runs(tree: Any, stacked: int) -> Any:
+    """`tree`'s leaves `[runs, *stacked, batch, ...]` as `[*stacked, batch, runs, ...]`: the runs'
+    axis after the rows (where the rows are trimmed and joined); a leaf without rows keeps it last."""
+    return jax.tree.map(lambda x: jnp.moveaxis(x, 0, min(stacked + 1, x.ndim - 1)), tree)
+
+
 def _is_tracer_error(err: Exception) -> bool:
-    return not isinstance(err, TypeError) or "Traced<" in str(err) or "concrete" in str(err)
+    """JAX's own errors (all `TypeError`s), or a plain `TypeError` a traced value caused."""
+    return isinstance(err, _TRACER_ERRORS[:-1]) or "Traced<" in str(err) or "concrete" in str(err)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -12,9 +12,13 @@ import dataclasses
 import numbers
 from typing import Any, Mapping, Sequence
 
+import jax
+
 from fitjax import step as step_lib
+from fitjax.data import DataLoader
 from fitjax.runs._axis import RunAxis
-from fitjax.strategies import DataParallel, SingleDevice, Strategy
+from fitjax.runs._orders import RunOrders
+from fitjax.strategies import DataParallel, RunsParallel, SingleDevice, Strategy
 
 __all__ = ["Runs"]
 
@@ -92,11 +96,12 @@ class Runs:
 
     def check_options(self, strategy: Strategy, options: step_lib.StepOptions) -> None:
         """Raises naming the first Trainer option that does not compose with runs yet."""
-        if not isinstance(strategy, (SingleDevice, DataParallel)):
+        if not isinstance(strategy, (SingleDevice, DataParallel, RunsParallel)):
             raise ValueError(
                 f"Trainer(runs=..., strategy={type(strategy).__name__}): several runs in one program "
-                "work with strategy='single' or 'dp' (the runs' axis replicated, the batch split); "
-                "sharding the state (fsdp) is not supported with runs yet.")
+                "work with strategy='single', 'dp' (the runs' axis replicated, the batch split) or 'runs' "
+                "(the runs split over the devices, the batch whole); sharding the state (fsdp) is not "
+                "supported with runs yet.")
         refused = {
             "precision='16-mixed'": options.precision.initial_loss_scale() is not None,
             "detect_anomaly=True": options.detect_anomaly,
@@ -129,11 +134,33 @@ class Runs:
                     "`self.save_hyperparameters()`, and read them through `self.hparams`.")
         return RunAxis(self.seeds, self.hparams, owner)
 
-    def build(self, module: Any, strategy: Strategy, batch: Any, *, options: step_lib.StepOptions
-              ) -> step_lib.StepBuild:
-        """The state of every run, stacked, and the programs that train them together."""
+    def train_loader(self, loader: Any) -> Any:
+        """The train loader the runs read: `RunOrders` for a `DataLoader(shuffle="per_run")`
+        (each run its own order), else `loader` (every run the same batches)."""
+        if isinstance(loader, DataLoader) and loader.shuffle_per_run and not isinstance(loader, RunOrders):
+            return RunOrders(loader, self.size)
+        return loader
+
+    def build(self, module: Any, strategy: Strategy, batch: Any, *, options: step_lib.StepOptions,
+              per_run_data: bool = False) -> step_lib.StepBuild:
+        """The state of every run, stacked, and the programs that train them together;
+        `per_run_data`: `batch` holds each run's rows (`RunOrders`), run 0's build the programs
+        (every run's state starts from its seed alone, whatever its first rows)."""
         axis = self.axis(module)
-        spec = axis.spec(module.step_spec())
+        spec = module.step_spec()
+        if spec.variables is not None and not axis.differing:
+            # every run would start from the same weights: they would differ by random streams alone
+            raise ValueError(
+                f"Trainer(runs={self.size}) with {axis.owner}, whose model already holds weights (an NNX "
+                "model makes them in `__init__`; a Linen model after a fit or a load): every run would "
+                "start from those same weights, so runs that differ by seed alone would train alike (only "
+                "dropout's draws differ). Use a Linen model (initialised for each run from its own seed), "
+                "or sweep hyperparameters (`runs=[{'lr': 1e-3}, {'lr': 3e-3}]`: every run then starts "
+                "from the model's weights).")
+        spec = axis.spec(spec)
+        if per_run_data:
+            batch = jax.tree.map(lambda x: x[:, 0], batch)
+        axis.batch, axis.per_run_data = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch), per_run_data
         return step_lib.build(spec, strategy, batch, seed=self.seeds[0], options=options, runs=axis)
 
 

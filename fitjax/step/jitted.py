@@ -226,8 +226,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     def eval_step(stage: str, found: forward.StepNames, specs: dict, dataloader_idx: int = 0) -> EvalStep:
-        # with several runs (`Trainer(runs=...)`) nothing the step returned reaches the hooks
-        returning = None if not isinstance(runs, _NoRuns) else jit_eval(stage, dataloader_idx, returns=True)
+        returning = jit_eval(stage, dataloader_idx, returns=True)
         return EvalStep(jit_eval(stage, dataloader_idx), runs.slots(found.slots(found.eval, train=False)), specs,
                         returning, found.eval_appends if returning is not None else ())
 
@@ -249,7 +248,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 class _NoRuns:
     """One run: every wrap is the identity."""
 
-    def init(self, fn: Callable) -> Callable:
+    def init(self, fn: Callable, **_) -> Callable:
         return fn
 
     step = eval_step = predict_step = init
@@ -336,22 +335,25 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     def host_sharding(leading: int):
         return _host_sharding(strategy, options, leading)
 
-    def jit_train(fn: Callable, inputs_sharding) -> Callable:
+    def jit_train(fn: Callable, inputs_sharding, single: bool) -> Callable:
         """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `xla_cpu` plans."""
         def jit(donate: bool = True, compiler_options: dict | None = None):
-            return _jit_train(runs.step(fn), strategy, shardings, inputs_sharding, donate=donate,
-                              compiler_options=compiler_options)
+            return _jit_train(runs.step(fn, stacked=stacked(single)), strategy, shardings, inputs_sharding,
+                              donate=donate, compiler_options=compiler_options)
         return xla_cpu.step(jit, platform=strategy.platform)
 
     def make(single: bool, unrolled: bool = False) -> Callable:
         return train.make_train_step(spec, tx, options, train_names, single=single, unrolled=unrolled)
 
+    def stacked(single: bool) -> int:  # the dimensions (steps, micro-batches) in front of a call's batches
+        return (0 if single or spe == 1 else 1) + (k > 1)
+
     full_leading = 1 if spe > 1 else 0
     full = make(single=False)
-    train_step = jit_train(full, host_sharding(full_leading))
-    tail_step = jit_train(make(single=True), host_sharding(0)) if spe > 1 else train_step
+    train_step = jit_train(full, host_sharding(full_leading), single=False)
+    tail_step = jit_train(make(single=True), host_sharding(0), single=True) if spe > 1 else train_step
     # compiled only if used (a block step runs only when the data is kept on the devices)
-    block_step = jit_train(train.picking(full, options), (block_sharding(strategy), replicated))
+    block_step = jit_train(train.picking(full, options), (block_sharding(strategy), replicated), single=False)
 
     def shard_inputs(inputs, is_full: bool):
         target = host_sharding(full_leading if is_full else 0)
@@ -365,7 +367,7 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
                                 out_shardings=shardings.metrics)
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
             "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
-            "make": lambda single, unrolled=False: runs.step(make(single, unrolled))}
+            "make": lambda single, unrolled=False: runs.step(make(single, unrolled), stacked=stacked(single))}
 
 
 def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: StepOptions, abstract_state,

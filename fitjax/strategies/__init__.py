@@ -13,6 +13,7 @@ from fitjax.strategies._describe import LeafSharding, bytes_per_device, describe
 from fitjax.strategies._distributed import initialize_distributed
 from fitjax.strategies.dp import DataParallel
 from fitjax.strategies.fsdp import FSDP
+from fitjax.strategies.runs_parallel import RunsParallel
 from fitjax.strategies.single import SingleDevice
 
 # For the Trainer, not part of the user-facing API: `accelerator=` resolved to JAX devices and the
@@ -30,6 +31,7 @@ __all__ = [
     "DataParallel",
     "FSDP",
     "LeafSharding",
+    "RunsParallel",
     "SingleDevice",
     "Strategy",
     "bytes_per_device",
@@ -45,6 +47,7 @@ _REGISTRY: dict[str, Callable[[], Strategy]] = {
     "ddp": DataParallel,  # Lightning's name for the same thing
     "fsdp": FSDP,
     "zero1": lambda: DataParallel(zero1=True),  # optimizer state sharded, parameters replicated
+    "runs": RunsParallel,  # the runs of Trainer(runs=...) split over the devices, the batch whole
 }
 
 

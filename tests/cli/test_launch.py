@@ -14,10 +14,14 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import launch_ctrl_c
 from cli_parts import LAUNCH_COMMON, LAUNCH_RUNS, Regressor, RegressorData, swa_fit
 from helpers import assert_trees_close
 
-from fitjax.cli import LightningCLI, launch
+import fitjax as fj
+from fitjax import checkpoint
+from fitjax.cli import LightningCLI, _run, launch
+from fitjax.loop import _interrupt
 
 HERE = Path(__file__).resolve().parent
 WORKTREE = HERE.parents[1]
@@ -131,7 +135,10 @@ def test_sigint_reaches_every_process(tmp_path):
     proc.send_signal(signal.SIGINT)
     out = finish(proc, timeout=30)
     assert proc.returncode == 130, out[-4000:]  # KeyboardInterrupt in the processes
-    assert "[rank 0] KeyboardInterrupt" in out or "[rank 1] KeyboardInterrupt" in out
+    # outside a fit too: Lightning's line once (process 0), no traceback
+    assert out.count("Detected KeyboardInterrupt, attempting graceful shutdown ...") == 1, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    assert (_run.MESSAGE, _run.DEBUG_VAR) == (_interrupt.MESSAGE, _interrupt.DEBUG_VAR)  # restated there
     for rank in range(2):
         assert_gone(int((tmp_path / f"pid_{rank}").read_text()))
 
@@ -186,3 +193,31 @@ def test_a_failure_after_the_last_restart_says_the_restarts_are_used_up(tmp_path
     assert proc.returncode == 3, out[-3000:]
     assert "restarting all 1 processes (restart 1 of 1)" in out
     assert "failed again (status 3) and no restart is left (--max-restarts 1 used up): giving up" in out
+
+
+class _ResumedAt(fj.Callback):
+    def on_train_start(self, trainer, module):
+        self.step = trainer.global_step
+
+
+def test_ctrl_c_at_the_launcher_ends_every_process_after_one_step_with_one_checkpoint(tmp_path):
+    # a terminal's Ctrl-C reaches the launcher (the processes have process groups of their own)
+    proc = start_launch("--nproc", 2, "--devices-per-process", 1, HERE / "launch_ctrl_c.py", tmp_path, cwd=tmp_path)
+    wait_for_files(proc, [tmp_path / f"training_{rank}" for rank in range(2)], timeout=120)
+    proc.send_signal(signal.SIGINT)
+    out = finish(proc, timeout=60)
+    assert proc.returncode == 130, out[-4000:]
+    assert out.count("Detected KeyboardInterrupt, attempting graceful shutdown ...") == 1, out[-4000:]  # process 0
+    assert "Traceback" not in out and "[Gloo]" not in out and "exited with status" not in out, out[-4000:]
+    stopped = {int((tmp_path / f"stopped_{rank}").read_text()) for rank in range(2)}
+    assert len(stopped) == 1, stopped  # one agreed step on both
+    step = stopped.pop()
+    saved = sorted((tmp_path / "checkpoints").iterdir())
+    assert [p.name for p in saved] == [f"epoch={(step - 1) // 4}-step={step}"], saved  # 4 steps an epoch
+    assert checkpoint.is_checkpoint(saved[0])
+
+    resumed_at = _ResumedAt()
+    trainer = launch_ctrl_c.trainer(tmp_path, devices=2, max_steps=step + 1, callbacks=[resumed_at],
+                                    enable_progress_bar=False)
+    trainer.fit(Regressor(), RegressorData().train_dataloader(), ckpt_path="last")
+    assert resumed_at.step == step and trainer.global_step == step + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 
 import pytest
@@ -99,3 +100,11 @@ def test_the_beginner_page_shows_no_test_notes_and_porting_words_are_searchable(
     words = {word.lower() for doc in json.loads((site / "search" / "search_index.json").read_text())["docs"]
              if doc["location"].startswith("porting") for word in separator.split(doc["text"])}
     assert {"ddp", "gpus", "accelerator", "precision", "16"} <= words  # Lightning's words find the page
+
+
+def test_a_long_signature_is_shown_one_parameter_a_line(site):
+    # docs/hooks/signatures.py: formatted without Black or Ruff installed
+    html = (site / "reference" / "fitjax.Trainer.html").read_text()
+    signature = html[html.index("doc-signature"):]
+    code = re.sub(r"<[^>]+>", "", signature[signature.index("<code>"):signature.index("</code>")])
+    assert code.startswith("Trainer(\n    *,\n    max_epochs: int | None = None,\n    max_steps:"), code[:300]

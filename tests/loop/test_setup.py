@@ -8,6 +8,7 @@ import io
 import re
 
 import optax
+import pytest
 from helpers import MLP, regression_data
 
 import fitjax as fj
@@ -117,3 +118,22 @@ def test_on_a_terminal_each_status_line_shows_while_its_phase_runs_and_ends_with
     # the train step compiles under the drawn bar (its row says so); the line is printed above it
     compiled = drawn.index("fitjax: compiled the train step in ")
     assert drawn.index("compiling train step") < compiled < drawn.rindex("Epoch 0")
+
+
+class Predicting(CountedSteps):
+    def predict_step(self, batch, batch_idx):
+        return self(batch["x"])
+
+
+@pytest.mark.filterwarnings("ignore:.*never fitted nor loaded")
+def test_validate_test_and_predict_on_their_own_say_their_set_up_as_fit_does(capsys):
+    module = Predicting()
+    trainer = fj.Trainer(strategy="single", enable_progress_bar=False, logger=False)
+    data = fj.DataLoader(regression_data(n=16), batch_size=16)
+    said = {}
+    for stage in (trainer.validate, trainer.test, trainer.predict):
+        stage(module, data)
+        said[stage.__name__] = re.findall(r"^fitjax: (.*) in \d+\.\d s$", capsys.readouterr().out, re.M)
+    assert said == {"validate": ["initialised the state", "compiled the evaluation step"],
+                    "test": ["initialised the state", "compiled the evaluation step"],
+                    "predict": ["initialised the state", "compiled the predict step"]}

@@ -1,10 +1,12 @@
 """`LitModule.apply_lora` (qwix): only the adapters train and hold optimizer state, the base stays
-bitwise, the merged export is the adapted model, and dp and fsdp train as one device does."""
+bitwise, the merged export is the adapted model, fsdp trains (LoRA and QLoRA) as one device does,
+and a checkpoint of the adapters alone resumes a fit bitwise on its base and refuses another."""
 
 import flax.linen as nn
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from safetensors.numpy import load_file
@@ -101,30 +103,17 @@ def test_only_the_adapters_train_and_hold_state_and_the_merged_export_is_the_ada
         Classifier().load_adapters("a.safetensors")
 
 
-def test_a_lora_fit_resumed_mid_epoch_equals_the_uninterrupted_one_bitwise(based, tmp_path):
-    def run(steps, ckpt_path=None, save=True):
-        module = Classifier()
-        module.load_weights(based)
-        module.apply_lora(r".*up", rank=2, dropout=0.25)  # the adapters' dropout draws from the step's keys
-        extra = [fj.ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3)] if save else []
-        trainer = quiet_trainer(max_steps=steps, strategy="single", enable_checkpointing=save, callbacks=extra)
-        trainer.fit(module, fj.DataLoader({"x": X, "y": RIGHT}, batch_size=16, shuffle=True), ckpt_path=ckpt_path)
-        return trainer
-
-    whole = run(6, save=False)
-    run(3)  # saved after step 3 of 4 in epoch 0
-    resumed = run(6, ckpt_path="last")
-    assert resumed.global_step == 6
-    assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
-    assert_trees_close(resumed.state.opt_state, whole.state.opt_state, rtol=0, atol=0)
-
-
-def test_fsdp_with_accumulation_trains_the_adapters_as_one_device(based):
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_fsdp_with_accumulation_trains_lora_and_qlora_as_one_device(based, quantize):
     runs = {}
     for strategy in ("single", fj.strategies.FSDP(min_size_to_shard=0)):  # dp: the same program, replicated
-        module = adapted(based)
-        fit(module, RIGHT, 3, strategy=strategy, accumulate_grad_batches=2)
+        module = Classifier()
+        module.load_weights(based)
+        module.apply_lora(r".*", rank=2, quantize=quantize)
+        trainer = fit(module, RIGHT, 3, strategy=strategy, accumulate_grad_batches=2)
         runs[str(strategy)] = jax.device_get(module.variables[0])
+        if quantize and strategy != "single":  # fsdp: the int8 base sharded, as a float one is
+            assert "fsdp" in str(trainer.state.params["up"]["kernel"].array.qvalue.sharding.spec)
     first, *others = runs.values()
     for other in others:
         assert_trees_close(other, first, rtol=1e-5, atol=1e-6)
@@ -143,6 +132,14 @@ def test_an_nnx_model_takes_adapters_from_an_example_input_and_keeps_its_base():
     assert_trees_close({k: params[k][n] for k in ("up", "down") for n in ("kernel", "bias")},
                        {k: before[k][n] for k in ("up", "down") for n in ("kernel", "bias")}, rtol=0, atol=0)
     assert np.abs(params["up"]["kernel_lora_b"]).max() > 0
+
+    quantized = Classifier(NNXNet(nnx.Rngs(0)))  # QLoRA: qwix quantizes the NNX kernel too
+    quantized.apply_lora(r".*up.*", rank=4, example_input=X[:2], quantize="int8")
+    fit(quantized, RIGHT, 3)
+    up = jax.device_get(quantized.variables[0])["up"]
+    kernel = up["kernel"]["array"]
+    assert kernel["qvalue"].dtype == np.int8 and np.abs(up["kernel_lora_b"]).max() > 0
+    np.testing.assert_allclose(kernel["qvalue"] * kernel["scale"], before["up"]["kernel"], atol=kernel["scale"].max())
 
 
 def test_qlora_trains_the_adapters_on_an_int8_base_that_stays_quantized_and_unchanged(based):
@@ -167,3 +164,35 @@ def test_qlora_trains_the_adapters_on_an_int8_base_that_stays_quantized_and_unch
     assert loss(module, RIGHT) < 0.5 * base_loss
     with pytest.raises(ValueError, match=r"apply_lora\(quantize=...\) must be None \(LoRA\) or one of \['int8'"):
         Classifier().apply_lora(quantize="int3")
+
+
+def test_an_adapters_only_checkpoint_resumes_a_qlora_fit_bitwise_on_its_base_and_refuses_another(based, tmp_path):
+    def run(steps, base=based, ckpt_path=None, save=True):
+        module = Classifier()
+        module.load_weights(base)
+        module.apply_lora(r".*up", rank=2, dropout=0.25, quantize="int8")
+        extra = [fj.ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=3, weights="trainable")] * save
+        trainer = quiet_trainer(max_steps=steps, strategy="single", enable_checkpointing=save, callbacks=extra)
+        trainer.fit(module, fj.DataLoader({"x": X, "y": RIGHT}, batch_size=16, shuffle=True), ckpt_path=ckpt_path)
+        return trainer
+
+    whole = run(6, save=False)
+    run(3)  # saved after step 3 of 4 in epoch 0: the adapters, their Adam moments, the loop position
+    (saved,) = [p for p in tmp_path.iterdir() if p.name.startswith("epoch")]
+    tree = ocp.StandardCheckpointHandler().metadata(saved / "state").tree
+    assert jax.tree_util.tree_map(lambda m: m.shape, tree["params"]) == {
+        "up": {"kernel_lora_a": (8, 2), "kernel_lora_b": (2, 32)}}  # no base: neither int8 nor float
+    resumed = run(6, ckpt_path="last")
+    assert resumed.global_step == 6
+    assert_trees_close(resumed.state.params, whole.state.params, rtol=0, atol=0)
+    assert_trees_close(resumed.state.opt_state, whole.state.opt_state, rtol=0, atol=0)
+
+    saved = resumed.checkpoint_callback.last_model_path
+    other = {**based, "down": {**based["down"], "bias": based["down"]["bias"] + 1}}
+    with pytest.raises(ValueError, match=r"frozen base weights are not the ones .*\['down.bias'\] \(1 of 5 "
+                                         r"frozen arrays differ\)\. Load the base weights"):
+        run(6, base=other, ckpt_path=saved, save=False)
+    with pytest.raises(ValueError, match=r"holds only the trained parameters .*resumes a fit"):
+        Classifier.load_from_checkpoint(saved)
+    with pytest.raises(ValueError, match=r"ModelCheckpoint\(weights=...\) must be 'all' .*got 'adapters'"):
+        fj.ModelCheckpoint(weights="adapters")

@@ -9,6 +9,7 @@ product over the runs, whose summation order differs from the single run's (meas
 from __future__ import annotations
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import numpy as np
 import optax
@@ -122,6 +123,15 @@ def test_a_shape_changing_hyperparameter_is_refused_by_name():
         quiet_trainer(max_epochs=1, runs=runs).fit(WidthsFit(), loader())
 
 
+def test_a_hyperparameter_in_a_python_branch_is_refused_by_name():
+    class Scheduled(Decayed):  # optax's schedule compares its peak value with 0 in Python: an `if`
+        def configure_optimizer(self):
+            return optax.sgd(optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 2, 8))
+
+    with pytest.raises(ValueError, match=r"\['lr'\] differs between runs.*an `if`"):
+        quiet_trainer(max_epochs=1, runs=[{"lr": 0.1}, {"lr": 0.2}]).fit(Scheduled(), loader())
+
+
 def test_a_hyperparameter_never_read_is_refused():
     class FixedRate(WidthsFit):
         def configure_optimizer(self):
@@ -144,7 +154,7 @@ def test_bad_runs_are_refused_at_the_trainer(runs, error, match):
 
 
 @pytest.mark.parametrize("option, match", [
-    ({"strategy": "fsdp"}, "strategy=FSDP.*'single' or 'dp'"),
+    ({"strategy": "fsdp"}, "strategy=FSDP.*'single', 'dp'.*or 'runs'"),
     ({"precision": "16-mixed"}, "precision='16-mixed'"),
     ({"detect_anomaly": True}, "detect_anomaly=True"),
     ({"callbacks": [fj.EMA(0.9)]}, r"callbacks that change the train step \(\['ema'\]"),
@@ -157,3 +167,50 @@ def test_options_that_do_not_compose_yet_are_refused_by_name(option, match):
 def test_unknown_hyperparameter_is_refused_at_fit():
     with pytest.raises(ValueError, match=r"runs\[0\] sets \['momentum'\], which Decayed's hparams do not have"):
         quiet_trainer(runs=[{"momentum": 0.1}, {"momentum": 0.2}]).fit(Decayed(), loader())
+
+
+def test_each_run_draws_its_own_order_only_when_asked():
+    same = fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=5)
+    assert fj.runs.Runs.create(2, seed=0).train_loader(same) is same  # the default: one order for all
+    own = fj.runs.Runs.create(2, seed=0).train_loader(fj.DataLoader(DATA, batch_size=16, shuffle="per_run", seed=5))
+    own.set_epoch(1)
+    for i in range(2):  # run i's rows: the loader's order with seed 5 + i, bitwise
+        alone = fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=5 + i)
+        alone.set_epoch(1)
+        for both, one in zip(own, alone):
+            np.testing.assert_array_equal(both["x"][:, i], one["x"])
+
+    # two runs alike but for their orders: each equals a fit of one run with its order
+    # (to float tolerance: vmapped products sum in another order, see the module's doc)
+    trainer = quiet_trainer(max_epochs=1, runs=[{"seed": 0}, {"seed": 0}])
+    trainer.fit(Decayed(), fj.DataLoader(DATA, batch_size=16, shuffle="per_run", seed=5))
+    params = jax.device_get(trainer.state.params)
+    assert not np.allclose(member(params, 0)["Dense_0"]["kernel"], member(params, 1)["Dense_0"]["kernel"])
+    alone = quiet_trainer(max_epochs=1, seed=0)  # run 1 (run 0's order is the loader's own, seed 5)
+    alone.fit(Decayed(), fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=6))
+    assert_trees_close(member(params, 1), alone.state.params, rtol=1e-5, atol=1e-6)
+
+
+class LinearNNX(fj.LitModule):
+    """An NNX model: its weights are made in `__init__`, shared by every run."""
+
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = nnx.Linear(8, 1, rngs=nnx.Rngs(0))
+
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    def configure_optimizer(self):
+        return optax.sgd(self.hparams.lr)
+
+
+def test_nnx_runs_sweep_hyperparameters_and_refuse_seeds_alone():
+    with pytest.raises(ValueError, match=r"runs=2\) with LinearNNX, whose model already holds weights.*Linen model"):
+        quiet_trainer(max_epochs=1, runs=2).fit(LinearNNX(), loader())
+    trainer = quiet_trainer(max_epochs=1, runs=[{"lr": 0.01}, {"lr": 0.05}])
+    trainer.fit(LinearNNX(), loader())
+    alone = quiet_trainer(max_epochs=1)
+    alone.fit(LinearNNX(lr=0.05), loader())
+    assert_trees_close(member(trainer.state.params, 1), alone.state.params, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,6 @@
 """fitjax deletes only what it can prove it wrote: a user's folders, another run's logs and
-checkpoints, and foreign files next to (and around) a run's checkpoints survive it, on local disk
-and on an S3 store (moto's server on 127.0.0.1, tests/storage/conftest.py); what fitjax's own
+checkpoints, and foreign files next to (and around) a run's checkpoints survive it, on local disk,
+an S3 store and a GCS one (servers on 127.0.0.1, tests/storage/conftest.py); what fitjax's own
 interrupted writes left is removed, with a log line naming it."""
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ def _plant(root, fs=None) -> None:
             fs[0].pipe_file(f"{fs[1]}/{name}", data)
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", "s3", "gs"])
 def test_a_fit_with_checkpoints_at_the_root_deletes_nothing_it_did_not_write(where, request, tmp_path, capsys):
-    if where == "s3":
+    if where != "local":
         import fsspec
 
-        root = request.getfixturevalue("bucket")  # dirpath = default_root_dir = the bucket's root
+        root = request.getfixturevalue({"s3": "bucket", "gs": "gs_bucket"}[where])  # dirpath = default_root_dir = the bucket's root
         fs = fsspec.core.url_to_fs(root)
         _plant(None, fs)
         fs[0].pipe_file(f"{fs[1]}/epoch=0-step=9/{_storage.CLAIM}", b"")  # a killed fitjax upload's

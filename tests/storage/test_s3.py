@@ -1,5 +1,6 @@
 """Checkpoints on an S3-compatible store: moto's server on 127.0.0.1 (tests/storage/conftest.py),
-reached through the same s3fs and botocore a user's AWS or MinIO bucket is."""
+reached through the same s3fs and botocore a user's AWS or MinIO bucket is. The tests taking
+`store_bucket` run on a GCS emulator too, through gcsfs, as a user's `gs://` bucket is reached."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def _listed(url: str) -> list[str]:
     return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
 
 
-def test_two_callbacks_on_s3_resume_last_bitwise_keep_top_k_and_load(bucket, tmp_path):
+def test_two_callbacks_on_a_store_resume_last_bitwise_keep_top_k_and_load(store_bucket, tmp_path):
+    bucket = store_bucket
     whole_cbs = _callbacks(str(tmp_path / "local"))
     _, whole, whole_losses = _fit(whole_cbs, max_epochs=4)
 
@@ -77,14 +79,16 @@ def test_two_callbacks_on_s3_resume_last_bitwise_keep_top_k_and_load(bucket, tmp
     assert trainer.validate(module, fj.DataLoader(VAL, batch_size=16), ckpt_path="best", verbose=False)
 
 
+@pytest.mark.parametrize("store", ["s3", "gs"])
 @pytest.mark.parametrize("where", ["dirpath", "default_root_dir"])
-def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(s3_server, where):
+def test_a_bucket_that_does_not_exist_fails_before_the_first_step_naming_it(store, where, request):
+    request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[store])
     history = LossHistory()
-    url = "s3://no-such-bucket-fitjax/run"
+    url = f"{store}://no-such-bucket-fitjax/run"
     trainer = quiet_trainer(max_epochs=1, enable_checkpointing=True, **(
         {"callbacks": [history, fj.ModelCheckpoint(url)]} if where == "dirpath"
         else {"callbacks": [history], "default_root_dir": url, "logger": fj.TensorBoardLogger(url)}))
-    with pytest.raises(PermissionError, match=r"'s3://no-such-bucket-fitjax/run.*'.*bucket") as error:
+    with pytest.raises(PermissionError, match=rf"'{store}://no-such-bucket-fitjax/run.*'.*bucket") as error:
         trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
     assert history.losses == [] and len(str(error.value).splitlines()) == 1
 
@@ -173,9 +177,10 @@ def _scalars(folder: Path) -> dict:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_logs_and_default_checkpoints_under_an_s3_root_equal_a_local_run(bucket, tmp_path, monkeypatch):
+def test_logs_and_default_checkpoints_under_a_store_root_equal_a_local_run(store_bucket, tmp_path, monkeypatch):
     import fsspec
 
+    bucket = store_bucket
     local = tmp_path / "local"
     _logged_fit(str(local))
     root = f"{bucket}/runs"

@@ -1,5 +1,5 @@
 """A store that is slow, drops connections, or never answers (a fault proxy on 127.0.0.1 in front
-of moto's S3 server, tests/storage/fault_proxy.py): saves retry through short outages, a stall
+of moto's S3 server or the GCS emulator, tests/storage/fault_proxy.py): saves retry through short outages, a stall
 ends with an error naming the URL and the operation within its bound, a failed deletion is a
 warning and the saves after it go on, and SIGTERM is acted on while a save waits."""
 
@@ -38,7 +38,11 @@ def _fit(url: str, *, max_steps: int, top_k: int = -1, extra=()) -> fj.Trainer:
     return trainer
 
 
-def test_an_outage_shorter_than_the_timeout_is_retried_and_every_save_lands(proxy, bucket, monkeypatch):
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_an_outage_shorter_than_the_timeout_is_retried_and_every_save_lands(store, request, monkeypatch):
+    # on gs, fitjax's retries are the only ones (gcsfs's own are off: `_storage._one_attempt`)
+    proxy = request.getfixturevalue({"s3": "proxy", "gs": "gs_proxy"}[store])
+    bucket = request.getfixturevalue({"s3": "bucket", "gs": "gs_bucket"}[store])
     monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "20")
     url = f"{bucket}/outage"
     until = []
@@ -61,6 +65,27 @@ def test_a_store_that_never_answers_ends_the_fit_naming_the_url_and_operation(pr
     with pytest.raises(checkpoint.SaveFailed) as error:
         _fit(url, max_steps=4)
     assert time.monotonic() - start < 60
+    message = str(error.value)
+    assert f"{url}/epoch=0-step=2" in message and "did not complete within 3 s" in message
+    assert "writing .fitjax-checkpoint" in message and "FITJAX_STORE_TIMEOUT" in message
+    assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=1")
+
+
+def test_a_gcs_store_that_stops_answering_ends_the_fit_within_its_bound(gs_proxy, gs_bucket, monkeypatch):
+    # gcsfs tries each request 6 times, sleeping 1 to 16 s between: left on, this stall would
+    # take 6 x 3 s + 31 s to end; fitjax's bound is one request's timeout, then `_call`'s clock
+    monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "3")
+    url = f"{gs_bucket}/stalled"
+    stalled = []
+
+    def stall() -> None:  # from the save at step 2 on: every upload left unanswered
+        checkpoint.writer().drain()  # the save at step 1 is on the store
+        stalled.append(time.monotonic())
+
+    gs_proxy.rule = lambda method, path: "dead" if stalled and method == "POST" else "pass"
+    with pytest.raises(checkpoint.SaveFailed) as error:
+        _fit(url, max_steps=4, extra=[_AtStep(2, stall)])
+    assert time.monotonic() - stalled[0] < 15
     message = str(error.value)
     assert f"{url}/epoch=0-step=2" in message and "did not complete within 3 s" in message
     assert "writing .fitjax-checkpoint" in message and "FITJAX_STORE_TIMEOUT" in message
