@@ -5,7 +5,8 @@
     python benchmarks/overhead.py --smoke            # every row, tiny sizes, seconds: checks it runs
 
 Rows (each a ratio of steps/s, the median over `--repeats` of per-repeat ratios, runs alternated
-so drifts in machine load hit both sides; the steps/s columns are the best runs):
+so drifts in machine load hit both sides, with the lowest and highest of those ratios; the steps/s
+columns are the medians over the repeats, so they agree with the ratio up to the pairing):
 
 - `tiny` (first: the case users start with): the tiny MLP (64-64-10, batch 32, 1024-step epochs)
   fed by `fj.DataLoader`, against the naive hand-written loop the Flax docs teach (`@jax.jit`
@@ -14,7 +15,12 @@ so drifts in machine load hit both sides; the steps/s columns are the best runs)
   them off (`bar off`, `logger off`, `ckpt off`), with all of them off (target >= 1.05: fitjax
   keeps the data on the device and donates the state), and `steps_per_execution=32` with all off
   against a raw `lax.scan` of 32 steps a call (target >= 0.95). Then the µs per step each default
-  costs (the defaults' time per step less that with the default off; target <= 3% each).
+  costs (the defaults' time per step less that with the default off; target <= 3% each), in wall
+  time and in the main thread's CPU time (`time.thread_time`: what the loop itself costs, little
+  moved by other processes' load; the wall time on a loaded machine is not), each the median of
+  the per-repeat differences with their range. Before the repeats one untimed run of each kind
+  warms the process (imports, thread pools, first-use caches), and every run times the same
+  epochs (`--epochs`, at least 5 here: 4 timed after the compiling one).
 - `clip`: `gradient_clip_val=1.0` against the unclipped run (tiny MLP, progress bar, logger,
   summary and checkpointing off). Target >= 0.95. `clip/hand`: the same clipped fits against
   the hand-written naive loop with `optax.clip_by_global_norm(1.0)` chained before Adam (target
@@ -39,7 +45,10 @@ so drifts in machine load hit both sides; the steps/s columns are the best runs)
 
 Every run is timed in steady state: epoch 0 (compilation) is a warm-up. fitjax's progress bar
 draws as on a terminal into a discarded stream, and its other output is discarded too, so the
-table below stays readable; the numbers include the cost of drawing.
+table below stays readable; the numbers include the cost of drawing. The load average is printed
+at the start and the end: on a loaded machine compare the ratios, never the steps/s of two runs.
+Without a GPU plugin installed JAX runs on the CPU here (`JAX_PLATFORMS=cpu` unless set): libtpu,
+when installed, would otherwise probe for a TPU at start-up.
 """
 
 from __future__ import annotations
@@ -47,12 +56,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import io
 import os
 import statistics
 import sys
 import tempfile
 import time
+
+if "JAX_PLATFORMS" not in os.environ and not any(
+        importlib.util.find_spec(plugin) for plugin in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+    os.environ["JAX_PLATFORMS"] = "cpu"  # no TPU probe at start-up (libtpu is in the dev extra)
 
 import flax.linen as nn
 import jax
@@ -107,12 +121,31 @@ def cross_entropy(logits, labels):
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
+class Timing(float):
+    """One run's steady-state steps/s (wall clock; a float, as the other scripts use it), with
+    `cpu_us`: the main thread's CPU µs per step."""
+
+    def __new__(cls, rate: float, cpu_us: float) -> Timing:
+        timing = super().__new__(cls, rate)
+        timing.cpu_us = cpu_us
+        return timing
+
+
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.thread_time()
+
+
+def _timing(start: tuple[float, float], steps: int) -> Timing:
+    wall, cpu = (now - then for now, then in zip(_clocks(), start))
+    return Timing(steps / wall, cpu / steps * 1e6)
+
+
 # ----------------------------------------------------------------------------- hand-written loop
 
 
-def hand_written(model, data, batch_size, epochs, tx=None):
-    """Returns steady-state steps/s of the Flax-docs loop (epoch 0 is the warm-up); `tx` defaults
-    to `optax.adam(1e-3)`."""
+def hand_written(model, data, batch_size, epochs, tx=None) -> Timing:
+    """The steady state of the Flax-docs loop (epoch 0 is the warm-up); `tx` defaults to
+    `optax.adam(1e-3)`."""
     n = len(data["y"])
     params = model.init(jax.random.key(0), data["x"][:batch_size])["params"]
     tx = optax.adam(1e-3) if tx is None else tx
@@ -132,14 +165,14 @@ def hand_written(model, data, batch_size, epochs, tx=None):
     for epoch in range(epochs):
         if epoch == 1:
             jax.block_until_ready(state)
-            start = time.perf_counter()
+            start = _clocks()
         perm = np.random.default_rng(epoch).permutation(n)
         for i in range(steps):
             idx = perm[i * batch_size:(i + 1) * batch_size]
             batch = {"x": data["x"][idx], "y": data["y"][idx]}
             state, loss = train_step(state, batch)
     jax.block_until_ready(state)
-    return steps * (epochs - 1) / (time.perf_counter() - start)
+    return _timing(start, steps * (epochs - 1))
 
 
 # ----------------------------------------------------------------------------------- fitjax
@@ -163,11 +196,11 @@ class SteadyStateTimer(fj.Callback):
     def on_train_epoch_start(self, trainer, module):
         if trainer.current_epoch == 1:
             jax.block_until_ready(trainer.state)
-            self.start, self.start_step = time.perf_counter(), trainer.global_step
+            self.start, self.start_step = _clocks(), trainer.global_step
 
     def on_train_end(self, trainer, module):
         jax.block_until_ready(trainer.state)
-        self.steps_per_s = (trainer.global_step - self.start_step) / (time.perf_counter() - self.start)
+        self.timing = _timing(self.start, trainer.global_step - self.start_step)
 
 
 # each default's name -> the Trainer flag that turns it off
@@ -176,8 +209,8 @@ DEFAULT_PARTS = {"progress bar": "enable_progress_bar", "summary": "enable_model
 
 
 def with_fitjax(model, data, batch_size, epochs, root, *, module_cls=Classifier, defaults=True,
-                extra_callbacks=(), **trainer_kwargs):
-    """Steady-state steps/s of `Trainer.fit`; `defaults=False` turns off the progress bar, the
+                extra_callbacks=(), **trainer_kwargs) -> Timing:
+    """The steady state of `Trainer.fit`; `defaults=False` turns off the progress bar, the
     model summary, the logger and checkpointing, a tuple of `DEFAULT_PARTS` names keeps those on."""
     parts = tuple(DEFAULT_PARTS) if defaults is True else tuple(defaults or ())
     timer = SteadyStateTimer()
@@ -191,7 +224,7 @@ def with_fitjax(model, data, batch_size, epochs, root, *, module_cls=Classifier,
         trainer = fj.Trainer(max_epochs=epochs, callbacks=callbacks, default_root_dir=root, strategy="single",
                              **trainer_kwargs)
         trainer.fit(module_cls(model), fj.DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True))
-    return timer.steps_per_s
+    return timer.timing
 
 
 def hand_written_scan(model, data, batch_size, epochs, k):
@@ -278,11 +311,29 @@ def median_ratio(runs: list[float], base: list[float]) -> float:
     return statistics.median(r / b for r, b in zip(runs, base))
 
 
+def _cpu(runs: list[float]) -> str:
+    """The median main-thread CPU µs per step of `runs` ("-" for runs not timed so)."""
+    cpu = [getattr(r, "cpu_us", None) for r in runs]
+    return "-" if None in cpu else f"{statistics.median(cpu):.0f}"
+
+
 def _row(name: str, workload: str, runs: list[float], base: list[float], base_name: str, target: float) -> str:
-    ratio = median_ratio(runs, base)
+    """A row: the median steps/s of each side, the median of the per-repeat ratios with their
+    range, the verdict, and the main thread's CPU µs per step of each side (medians)."""
+    ratios = [r / b for r, b in zip(runs, base)]
+    ratio = statistics.median(ratios)
     verdict = "ok" if ratio >= target else "BELOW"
-    return (f"{name:<9} {workload:<10} {max(runs):>10.0f} {max(base):>10.0f}  {base_name:<22} "
-            f"{ratio:>6.2f}x {'>= ' + format(target, '.2f'):>8}  {verdict}")
+    return (f"{name:<10} {workload:<10} {statistics.median(runs):>9.0f} {statistics.median(base):>9.0f}  "
+            f"{base_name:<22} {ratio:>5.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] "
+            f"{'>= ' + format(target, '.2f'):>8}  {verdict:<5}  {_cpu(runs):>5}/{_cpu(base):<5}")
+
+
+HEADER = (f"{'row':<10} {'workload':<10} {'fitjax/s':>9} {'base/s':>9}  {'against':<22} {'ratio [range]':<19}"
+          f"{'target':>8}         cpu µs/step")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # the `tiny` rows: name -> the defaults kept on (None: the hand-written loop)
@@ -292,37 +343,48 @@ TINY_RUNS = {"hand": None, "defaults": tuple(DEFAULT_PARTS),
              "all off": ()}
 
 
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):+.1f} [{min(values):+.1f}..{max(values):+.1f}]"
+
+
 def tiny_rows(args, workload, root, spe: int) -> None:
-    """The `tiny` rows: each of `TINY_RUNS` and the spe pair, alternated in every repeat."""
+    """The `tiny` rows: each of `TINY_RUNS` and the spe pair, alternated in every repeat, after one
+    untimed run of each kind (the first run in a process pays for imports and first-use caches)."""
     factory, data, batch_size = workload
-    epochs = args.epochs
+    epochs = args.epochs if args.smoke else max(args.epochs, 5)  # the same timed epochs for every run
     runs = {name: [] for name in (*TINY_RUNS, "spe", "scan")}
+
+    def run(name):
+        if name == "hand":
+            return hand_written(factory(), data, batch_size, epochs)
+        if name == "spe":
+            return with_fitjax(factory(), data, batch_size, epochs, root, defaults=False, steps_per_execution=spe)
+        if name == "scan":
+            return hand_written_scan(factory(), data, batch_size, epochs, spe)
+        return with_fitjax(factory(), data, batch_size, epochs, root, defaults=TINY_RUNS[name])
+
+    for name in () if args.smoke else ("hand", "defaults", "spe", "scan"):  # the process's warm-up, not timed
+        run(name)
     for repeat in range(args.repeats):
         order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]
         for name in order:
-            if name == "hand":
-                result = hand_written(factory(), data, batch_size, epochs)
-            elif name == "spe":
-                result = with_fitjax(factory(), data, batch_size, epochs, root, defaults=False,
-                                     steps_per_execution=spe)
-            elif name == "scan":
-                result = hand_written_scan(factory(), data, batch_size, epochs, spe)
-            else:
-                result = with_fitjax(factory(), data, batch_size, epochs, root, defaults=TINY_RUNS[name])
-            runs[name].append(result)
+            runs[name].append(run(name))
     for name, target in (("defaults", 0.95), ("bar off", 0.95), ("logger off", 0.95), ("ckpt off", 0.95),
                          ("all off", 1.05)):
         print(_row(name, "tiny_mlp", runs[name], runs["hand"], "hand-written naive", target), flush=True)
     print(_row("spe=32", "tiny_mlp", runs["spe"], runs["scan"], "hand lax.scan of 32", 0.95), flush=True)
-    # a default's cost: the defaults' time per step less that with the default off, per repeat
-    per_step = statistics.median(1e6 / r for r in runs["defaults"])
-    costs = []
-    for name in ("bar off", "logger off", "ckpt off"):
-        cost = statistics.median(1e6 / d - 1e6 / o for d, o in zip(runs["defaults"], runs[name]))
-        costs.append(f"{name.removesuffix(' off')} {cost:+.1f} µs ({cost / per_step:+.1%})")
-    all_off = statistics.median(1e6 / d - 1e6 / o for d, o in zip(runs["defaults"], runs["all off"]))
-    print(f"tiny: each default's cost a step (target <= 3% of the defaults' {per_step:.0f} µs): "
-          f"{', '.join(costs)}; all four {all_off:+.1f} µs ({all_off / per_step:+.1%})", flush=True)
+    # a default's cost: the defaults' time per step less that with the default off, per repeat,
+    # in wall time and in the main thread's CPU time (the loop's own work, steadier under load)
+    wall = statistics.median(1e6 / r for r in runs["defaults"])
+    cpu = statistics.median(r.cpu_us for r in runs["defaults"])
+    print(f"tiny: each default's cost a step, median [range] over {args.repeats} repeats (target <= 3% of the "
+          f"defaults' {wall:.0f} µs wall, {cpu:.0f} µs CPU):", flush=True)
+    for name in ("bar off", "logger off", "ckpt off", "all off"):
+        walls = [1e6 / d - 1e6 / o for d, o in zip(runs["defaults"], runs[name])]
+        cpus = [d.cpu_us - o.cpu_us for d, o in zip(runs["defaults"], runs[name])]
+        what = "all four" if name == "all off" else name.removesuffix(" off")
+        print(f"  {what:<9} wall {_spread(walls)} µs ({statistics.median(walls) / wall:+.1%}),  "
+              f"CPU {_spread(cpus)} µs ({statistics.median(cpus) / cpu:+.1%})", flush=True)
 
 
 def main(argv=None):
@@ -348,11 +410,11 @@ def main(argv=None):
     rows = args.only or ["tiny", "clip", "ema", "spe", "defaults", *(["parts"] if args.smoke else [])]
     spe = 32
     short = args.epochs if args.smoke else max(args.epochs, 6)
+    tiny = args.epochs if args.smoke else max(args.epochs, 5)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
-          f"{args.repeats} repeats; timed epochs after a warm-up one: {short - 1} (clip, spe), "
-          f"{args.epochs - 1} (defaults)", flush=True)
-    print(f"{'row':<9} {'workload':<10} {'fitjax/s':>10} {'base/s':>10}  {'against':<22} {'ratio':>7} "
-          f"{'target':>8}", flush=True)
+          f"{args.repeats} repeats; timed epochs after a warm-up one: {tiny - 1} (tiny), {short - 1} (clip, spe), "
+          f"{args.epochs - 1} (defaults); load average {_load()}", flush=True)
+    print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as root:
         def data_for(name):
             factory, shape, batch_size, steps = workloads[name]
@@ -421,6 +483,7 @@ def main(argv=None):
                                                       defaults=() if part == "none" else (part,)))
                 for part, label in zip(DEFAULT_PARTS, ("+bar", "+summary", "+tb", "+ckpt")):
                     print(_row(label, name, runs[part], runs["none"], "fitjax, no defaults", 0.95), flush=True)
+    print(f"load average at the end {_load()}", flush=True)
 
 
 if __name__ == "__main__":

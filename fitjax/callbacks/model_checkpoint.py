@@ -26,7 +26,7 @@ from fitjax import _storage, checkpoint
 from fitjax.runs import run_suffix
 from fitjax.strategies import broadcast_str
 from fitjax.callbacks import _ranking
-from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs, plain_hook
 
 __all__ = ["ModelCheckpoint"]
 
@@ -287,6 +287,7 @@ class ModelCheckpoint(Callback):
         self._last_time = time.monotonic()
         self._deferred = False
 
+    @plain_hook  # logs nothing, calls no model: called directly at every step
     @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from fitjax import _logged, _status
-from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
+from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs, plain_hook
 
 _MIN_UPDATE_S = 0.1  # the live bar's redraw period (rich's default refresh rate)
 
@@ -272,6 +272,7 @@ class RichProgressBar(Callback):
         elif note:
             self._print(note)
 
+    @plain_hook  # logs nothing, calls no model: called directly at every step
     @ignores_outputs
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -158,6 +158,8 @@ class CheckpointWriter:
     def raise_failure(self) -> None:
         """Raises `SaveFailed` if a save failed since the last call (cheap: no waiting), after
         running the `on_failure` of every save that failed."""
+        if not self._failures and not self._undeleted:  # asked every step: no lock when nothing
+            return  # is waiting (a list the thread appends to now is seen at the next call)
         with self._idle:
             failures, self._failures = self._failures, []
             undeleted, self._undeleted = self._undeleted, []

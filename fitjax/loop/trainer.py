@@ -905,6 +905,8 @@ class Trainer(metaclass=_CheckedArguments):
         wants_batch_start = self._hooks.wants("on_train_batch_start", module)  # the module's or a callback's
         wants_batch_end = self._hooks.wants("on_train_batch_end", module)
         module_batch_end = module_lib.overrides(module, "on_train_batch_end")
+        batch_start = self._hooks.caller("on_train_batch_start", self, module)  # per step: the cheapest call
+        batch_end = self._hooks.caller("on_train_batch_end", self, module)
         hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start", module)
                                            or self._hooks.needs_batch("on_train_batch_end", module))
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
@@ -929,7 +931,7 @@ class Trainer(metaclass=_CheckedArguments):
             batch_idx += chunk.num_batches
             batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
             if wants_batch_start:
-                self._hooks.call("on_train_batch_start", self, module, batch, batch_idx)
+                batch_start(batch, batch_idx)
                 self._write_params(module)
                 if self._hooks.response == -1:  # Lightning's: the rest of the epoch is skipped
                     break
@@ -955,9 +957,7 @@ class Trainer(metaclass=_CheckedArguments):
             if synced:
                 run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
             if wants_batch_end:
-                self._hooks.call("on_train_batch_end", self, module,
-                                 outputs if returned is None else _step_outputs.merged(outputs, returned),
-                                 batch, batch_idx)
+                batch_end(outputs if returned is None else _step_outputs.merged(outputs, returned), batch, batch_idx)
                 if module_batch_end:  # the module's hook may have written weights
                     self._write_params(module)
             # a signal's stop: every process after the same step (`_preemption`)
@@ -1277,9 +1277,12 @@ class Trainer(metaclass=_CheckedArguments):
                      else self._built.positions if self._built is not None else None)
         point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
                                        loader_state=positions.state_after if positions else lambda done: None)
-        meta = _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
-                                precision=self.precision, pieces=self.step_options.pieces,
-                                save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
+        # the `on_save_checkpoint` hooks see the host model from any save (a step's save from a
+        # `plain_hook` runs outside the hooks' usual block); already installed: unchanged
+        with module_lib.host_model_installed(module, lambda: self._host_variables(module)):
+            meta = _resume.fit_meta(point, module, callbacks=self.callbacks, loggers=self.loggers,
+                                    precision=self.precision, pieces=self.step_options.pieces,
+                                    save_hooks=self._hooks.overriding("on_save_checkpoint"), trainer=self)
         if self._runs is not None:  # which run is which: `load_from_checkpoint(path, run=i)` reads it
             meta["runs"] = self._runs.to_meta()
         return meta

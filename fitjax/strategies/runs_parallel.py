@@ -45,12 +45,16 @@ class RunsParallel(Strategy):
         replicated = super().state_shardings(abstract_state, annotations)
         size = self.mesh.shape["runs"]
         runs = jax.tree.leaves(abstract_state.rng)[0].shape[:1] if jax.tree.leaves(abstract_state.rng) else ()
-        if not runs or runs[0] % size:
+        if not runs:
             raise ValueError(
                 f"strategy=RunsParallel shards the runs of a Trainer(runs=...) fit over {size} devices, but "
-                f"{'the fit has no runs' if not runs else f'it has {runs[0]}'}: use a number of runs that is a "
-                f"multiple of {size}, fewer devices (`Trainer(devices=...)`), or strategy='dp' (every run on "
-                "every device, the batch split).")
+                "this state holds one run (a fit without `runs=`, or a module of one run given to validate, "
+                "test or predict): use strategy='dp' or 'single' for it.")
+        if runs[0] % size:
+            raise ValueError(
+                f"strategy=RunsParallel shards the runs of a Trainer(runs=...) fit over {size} devices, but "
+                f"it has {runs[0]}: use a number of runs that is a multiple of {size}, fewer devices "
+                "(`Trainer(devices=...)`), or strategy='dp' (every run on every device, the batch split).")
         sharded = NamedSharding(self.mesh, P("runs"))
 
         def shard(tree):
