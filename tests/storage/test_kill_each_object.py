@@ -1,0 +1,134 @@
+"""A writer killed with SIGKILL at *each* object of a checkpoint's upload, and of its deletion,
+on an S3 store (moto's server on 127.0.0.1 behind a fault proxy, tests/storage/conftest.py):
+whatever the kill leaves, no name under the folder passes for a checkpoint unless it loads,
+`"last"` resolves to the newest complete one, and the next writer's start-up clean-up removes
+the torn prefix and nothing else (a user's files next to it survive).
+
+The killed process is a real one running fitjax's own upload and deletion (`fitjax._storage`,
+what the checkpoint writer thread calls for a store folder) on a real Orbax checkpoint; the proxy
+kills it as it sends the k-th object, before the store gets it. tests/storage/test_s3.py kills
+whole fits (at two points of a save) and resumes them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import Regressor, quiet_trainer, regression_data
+
+import fitjax as fj
+from fitjax import _storage, checkpoint
+
+HERE = Path(__file__).resolve().parent
+USER_FILE = "notes/ideas.md"  # a user's file in the checkpoint folder: never deleted
+
+_CHILD = textwrap.dedent("""
+    from pathlib import Path
+    from fitjax import _storage
+    _storage.{what}
+    print("not killed")
+""")
+
+
+def _saved(tmp_path: Path) -> list[Path]:
+    """Two real checkpoints on local disk: `epoch=0-step=1`, `epoch=0-step=2`."""
+    folder = tmp_path / "saved"
+    trainer = quiet_trainer(max_steps=2, enable_checkpointing=True,
+                            callbacks=[fj.ModelCheckpoint(folder, every_n_train_steps=1, save_top_k=-1)])
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(regression_data(n=32), batch_size=16))
+    return sorted(folder.iterdir())
+
+
+def _killed_at(proxy, what: str, counted, k: int) -> list[str]:
+    """Runs `_storage.<what>` in a child process and SIGKILLs it when it sends its `k`-th request
+    that `counted(method, path)` counts, which the store then never gets. Returns the counted
+    requests it sent (the last one dropped)."""
+    box, sent = [], []
+
+    def rule(method, path):
+        if counted(method, path):
+            sent.append(f"{method} {path}")
+            if len(sent) == k:
+                os.kill(box[0].pid, signal.SIGKILL)
+                return "drop"
+        return "pass"
+
+    proxy.rule = rule
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    box.append(subprocess.Popen([sys.executable, "-c", _CHILD.format(what=what)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env))
+    out = box[0].communicate(timeout=120)[0]
+    proxy.rule = lambda method, path: "pass"
+    assert box[0].returncode == -signal.SIGKILL, f"request {k} of {what}: {sent}\n{out[-3000:]}"
+    return sent
+
+
+def _listed(url: str) -> list[str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()  # the killed process wrote there
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+
+
+def _only_complete_names_and_cleanup_removes_the_rest(url: str, kept: str, torn: str) -> None:
+    """After a kill: `kept` loads, `torn` is a checkpoint only if it loads, `"last"` is the newest
+    complete one, and the start-up clean-up removes `torn` if it is not (naming it) and nothing else."""
+    listed = _listed(url)
+    checkpoint.verify(f"{url}/{kept}")
+    complete = checkpoint.is_checkpoint(f"{url}/{torn}")
+    if complete:
+        checkpoint.verify(f"{url}/{torn}")
+    newest = torn if complete else kept
+    assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/{newest}")
+    removed = checkpoint.cleanup(_storage.as_path(url))
+    expected = sorted({kept, "notes"} | ({torn} if complete else set()))
+    assert _listed(url) == expected
+    assert [p.name for p in removed] == ([] if complete or torn not in listed else [torn])
+
+
+def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_checkpoints(proxy, bucket,
+                                                                                          tmp_path):
+    import fsspec
+
+    first, second = _saved(tmp_path)
+    url = f"{bucket}/ckpts"
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.pipe_file(f"{root}/{USER_FILE}", b"# ideas\n")
+    _storage.upload(first, _storage.as_path(f"{url}/{first.name}"))
+    objects = 2 + sum(1 for p in second.rglob("*") if p.is_file())  # the claim, the files, the marker
+    assert objects >= 5
+
+    upload = f"upload(Path({str(second)!r}), _storage.as_path({url + '/' + second.name!r}))"
+    puts = lambda method, path: method == "PUT" and f"/{second.name}/" in path
+    for k in range(1, objects + 1):
+        sent = _killed_at(proxy, upload, puts, k)
+        assert len(sent) == k  # killed at its k-th object, in order: claim, files, marker
+        if k == 1:
+            assert sent[0].endswith(f"/{_storage.CLAIM}")
+        if k == objects:
+            assert sent[-1].endswith(f"/{_storage.COMPLETE}")
+        assert (second.name in _listed(url)) == (k > 1)  # the claim is up from the second object on
+        assert not checkpoint.is_checkpoint(f"{url}/{second.name}")
+        _only_complete_names_and_cleanup_removes_the_rest(url, first.name, second.name)
+
+    # the same checkpoint uploaded whole, then its deletion killed at each of its requests
+    # (the marker's DELETE, the files' bulk delete, the claim's DELETE)
+    deletion = f"remove(_storage.as_path({url + '/' + second.name!r}))"
+    deletes = lambda method, path: method == "DELETE" or (method == "POST" and "delete" in path)
+    for k in range(1, 4):
+        _storage.upload(second, _storage.as_path(f"{url}/{second.name}"))
+        assert checkpoint.is_checkpoint(f"{url}/{second.name}")
+        sent = _killed_at(proxy, deletion, deletes, k)
+        # the marker goes first: from the first request on the checkpoint is no longer complete
+        # only when the store got that request (k > 1)
+        assert checkpoint.is_checkpoint(f"{url}/{second.name}") == (k == 1), sent
+        _only_complete_names_and_cleanup_removes_the_rest(url, first.name, second.name)
+        if k == 1:  # still complete: deleted for the next round
+            _storage.remove(_storage.as_path(f"{url}/{second.name}"))
+    assert fs.cat_file(f"{root}/{USER_FILE}") == b"# ideas\n"
