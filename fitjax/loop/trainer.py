@@ -339,6 +339,8 @@ class Trainer(metaclass=_CheckedArguments):
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
         self._run: FitRun | None = None  # while fitting: everything that lives for the fit
+        # where an epoch cut short by max_steps stood before its end work: what a save after it resumes
+        self._cut_point: _resume.ResumePoint | None = None
         self._built: Built | None = None  # what the last fit/validate/test/predict built, for the next
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
@@ -727,7 +729,7 @@ class Trainer(metaclass=_CheckedArguments):
             self._hooks.call("setup", self, module, "fit")
             self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
             hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
-            self._sigterm, self._interrupted = None, False
+            self._sigterm, self._interrupted, self._cut_point = None, False, None
             feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
                              options=self._epoch_options(self.current_epoch, module))
             run = None
@@ -1031,6 +1033,11 @@ class Trainer(metaclass=_CheckedArguments):
             log.info(
                 "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
                 "been met. Training will continue...", self.min_epochs, self.min_steps)
+        if schedule.max_steps_reached(self._config, self._progress) and not schedule.epoch_exhausted(self._progress):
+            # the run's end inside an epoch: a save after it (the default checkpoint's at the end
+            # of training) resumes at the next batch of this epoch, as one made before its end
+            # work does, so a fit resumed with a larger max_steps trains the epoch's rest
+            self._cut_point = self._resume_point()
         self._progress.end_epoch()
 
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
@@ -1271,12 +1278,9 @@ class Trainer(metaclass=_CheckedArguments):
         """What a checkpoint taken now stores besides the train state, as plain (JSON) data: the
         loop's progress (with this position as the last saved), the data position, callback and
         logger states, hyperparameters. A read: it changes nothing (`record_save` acts)."""
-        progress = self._progress
-        stopped = self.should_stop or (self.max_steps is not None and progress.global_step >= self.max_steps)
-        positions = (self._run.feed.positions if self._run is not None
-                     else self._built.positions if self._built is not None else None)
-        point = _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
-                                       loader_state=positions.state_after if positions else lambda done: None)
+        point = self._resume_point()
+        if self._cut_point is not None and self._cut_point.global_step == point.global_step:
+            point = self._cut_point  # no step since max_steps cut the epoch short
         # the `on_save_checkpoint` hooks see the host model from any save (a step's save from a
         # `plain_hook` runs outside the hooks' usual block); already installed: unchanged
         with module_lib.host_model_installed(module, lambda: self._host_variables(module)):
@@ -1286,6 +1290,15 @@ class Trainer(metaclass=_CheckedArguments):
         if self._runs is not None:  # which run is which: `load_from_checkpoint(path, run=i)` reads it
             meta["runs"] = self._runs.to_meta()
         return meta
+
+    def _resume_point(self) -> _resume.ResumePoint:
+        """Where a fit resumed from a checkpoint taken now continues (`ResumePoint.at`)."""
+        progress = self._progress
+        stopped = self.should_stop or (self.max_steps is not None and progress.global_step >= self.max_steps)
+        positions = (self._run.feed.positions if self._run is not None
+                     else self._built.positions if self._built is not None else None)
+        return _resume.ResumePoint.at(progress, stopped=stopped, epoch_acc=self._metric_log.epoch_accumulators,
+                                      loader_state=positions.state_after if positions else lambda done: None)
 
     def record_save(self) -> None:
         """Readies the loop for a checkpoint of the current position, before `checkpoint_meta`:

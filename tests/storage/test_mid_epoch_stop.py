@@ -92,3 +92,30 @@ def test_a_stop_between_two_batches_resumes_into_the_uninterrupted_run(tmp_path,
     assert seen == full_seen  # epoch 1's validation and end once, at step 16
     assert _rows(tmp_path) == full_rows  # the same rows, steps and values as the uninterrupted run
     assert resumed.global_step == 16 and resumed.current_epoch == 2
+
+
+def test_max_steps_raised_on_resume_trains_the_rest_of_the_epoch_into_the_uninterrupted_run(tmp_path, uninterrupted):
+    """`max_steps` reached inside an epoch is the run's configured end: it ends the epoch there
+    (no validation: Lightning validates there only for a stop request), as Lightning does
+    (docs/porting.md). Resumed with a larger `max_steps`, the fit
+    trains the epoch's remaining batches, none skipped or replayed, into the uninterrupted run's
+    weights, and ends the epoch again at its real end."""
+    full_module, full_losses, full_seen, _ = uninterrupted
+    seen = []
+    history = LossHistory()
+    first = quiet_trainer(max_steps=STOP_AT, strategy="single", num_sanity_val_steps=0, enable_checkpointing=True,
+                          default_root_dir=tmp_path, logger=False, callbacks=[history, Hooks(seen)])
+    data = lambda: fj.DataLoader(DATA, batch_size=8, shuffle=True, seed=3)
+    first.fit(Regressor(batchnorm=False), data(), fj.DataLoader(VAL, batch_size=8))
+    assert first.global_step == STOP_AT
+    assert seen == [*full_seen[:2], ("epoch_end", 1, STOP_AT)]  # the configured end
+
+    rest = LossHistory()
+    resumed = quiet_trainer(max_steps=16, strategy="single", num_sanity_val_steps=0, enable_checkpointing=True,
+                            default_root_dir=tmp_path, logger=False, callbacks=[rest, Hooks(seen)])
+    module = Regressor(batchnorm=False)
+    resumed.fit(module, data(), fj.DataLoader(VAL, batch_size=8), ckpt_path="last")
+    assert len(rest.losses) == 16 - STOP_AT  # epoch 1 from batch 2: none replayed, none skipped
+    assert history.losses + rest.losses == full_losses
+    assert_trees_close(module.variables, full_module.variables, rtol=0, atol=0)
+    assert seen[3:] == [("val", 1, 16), ("epoch_end", 1, 16)]  # again at the epoch's real end
