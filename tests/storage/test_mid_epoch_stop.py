@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import os
 import signal
+import time
 
 import pytest
 from helpers import LossHistory, Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer, regression_data
@@ -16,6 +17,7 @@ import fitjax as fj
 DATA = regression_data(n=64)  # 8 batches of 8 an epoch
 VAL = regression_data(n=16, seed=1)
 STOP_AT = 10  # after batch 1 of epoch 1's 8
+MAX_TIME = 4  # seconds: far more than the steps before STOP_AT take (their program is cached)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,17 +46,19 @@ class StopAt(fj.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step == STOP_AT:
-            if self.how == "sigterm":
+            if self.how == "max_time":  # the Trainer's max_time (MAX_TIME s) runs out at this step
+                time.sleep(MAX_TIME + 0.5)
+            elif self.how == "sigterm":
                 os.kill(os.getpid(), signal.SIGTERM)  # a real signal, handled by fit
             else:
                 trainer.should_stop = True  # what max_time's Timer and EarlyStopping do
 
 
-def _fit(root, seen, *extra, ckpt_path=None):
+def _fit(root, seen, *extra, ckpt_path=None, max_time=None):
     history = LossHistory()
     trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=3, num_sanity_val_steps=0,
                             enable_checkpointing=True, logger=fj.loggers.CSVLogger(root), default_root_dir=root,
-                            callbacks=[history, Hooks(seen), *extra])
+                            callbacks=[history, Hooks(seen), *extra], max_time=max_time)
     module = Regressor(batchnorm=False)
     trainer.fit(module, fj.DataLoader(DATA, batch_size=8, shuffle=True, seed=3),
                 fj.DataLoader(VAL, batch_size=8), ckpt_path=ckpt_path)
@@ -74,12 +78,12 @@ def uninterrupted(tmp_path_factory):
     return module, losses, seen, _rows(root)
 
 
-@pytest.mark.parametrize("how", ["should_stop", "sigterm"])
+@pytest.mark.parametrize("how", ["should_stop", "sigterm", "max_time"])
 def test_a_stop_between_two_batches_resumes_into_the_uninterrupted_run(tmp_path, uninterrupted, how):
     full_module, full_losses, full_seen, full_rows = uninterrupted
     assert full_seen == [("val", 0, 8), ("epoch_end", 0, 8), ("val", 1, 16), ("epoch_end", 1, 16)]
     seen = []
-    stopped, _, first = _fit(tmp_path, seen, StopAt(how))
+    stopped, _, first = _fit(tmp_path, seen, StopAt(how), max_time={"seconds": MAX_TIME} if how == "max_time" else None)
     assert stopped.global_step == STOP_AT and stopped.current_epoch == 1  # epoch 1 is not over
     assert seen == full_seen[:2]  # no validation or epoch end at the stop
     saved = sorted(p.name for p in (tmp_path / "fitjax_logs" / "version_0" / "checkpoints").iterdir())
