@@ -1,0 +1,80 @@
+"""Google's JAX metrics (google-metrax, clu) returned from `metrics` as they are, through real
+fits: the logged epoch value is the same metric computed by hand on the whole validation set's
+predictions (or sklearn's), on one device and on dp over 8 devices with a padded last batch."""
+
+from __future__ import annotations
+
+import clu.metrics
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import metrax
+import numpy as np
+import optax
+import pytest
+import sklearn.metrics
+from helpers import regression_data
+
+import fitjax as fj
+
+_DATA = regression_data(n=203)  # 203 = 6 batches of 32 + 11: the validation's last batch is padded
+X, Y = _DATA["x"], _DATA["y"][:, 0]
+POSITIVE = (Y > 0).astype(np.int32)
+VAL = [{"x": X[i:i + 32], "y": Y[i:i + 32], "pos": POSITIVE[i:i + 32]} for i in range(0, 203, 32)]
+TRAIN = VAL[:-1]  # the train batches divide over 8 devices
+
+
+def google_metrics(pred, y, pos):
+    """name -> metrax / clu metric of one batch: `pred` a regression of `y`, `sigmoid(pred)` the
+    probability that `y > 0` (`pos`)."""
+    prob = jax.nn.sigmoid(pred)
+    return {
+        "aucroc": metrax.AUCROC.from_model_output(prob, pos),
+        "aucpr": metrax.AUCPR.from_model_output(prob, pos),
+        "precision": metrax.Precision.from_model_output(prob, pos),
+        "recall": metrax.Recall.from_model_output(prob, pos),
+        "mse": metrax.MSE.from_model_output(pred, y),
+        "r2": metrax.RSQUARED.from_model_output(pred, y),
+        "clu_accuracy": clu.metrics.Accuracy.from_model_output(
+            logits=jnp.stack([-pred, pred], -1), labels=pos.astype(jnp.int32)),
+        "clu_mae": clu.metrics.Average.from_model_output(jnp.abs(pred - y)),
+    }
+
+
+class Google(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Dense(1)
+
+    def loss(self, model, batch):
+        pred = model(batch["x"])[:, 0]
+        return ((pred - batch["y"]) ** 2).mean(), pred
+
+    def metrics(self, batch, pred):
+        return google_metrics(pred, batch["y"], batch["pos"])
+
+    def configure_optimizer(self):
+        return optax.sgd(0.05)
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp"])
+def test_metrax_and_clu_metrics_log_their_value_on_the_whole_validation_set(tmp_path, strategy):
+    module = Google()
+    trainer = fj.Trainer(default_root_dir=tmp_path, max_epochs=1, strategy=strategy, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(module, TRAIN, VAL)
+    logged = trainer.callback_metrics
+
+    pred = np.asarray(nn.Dense(1).apply({"params": module.variables[0]}, X))[:, 0]
+    by_hand = {name: float(m.compute()) for name, m in google_metrics(jnp.asarray(pred), Y, POSITIVE).items()}
+    for name, value in by_hand.items():
+        assert logged[f"val/{name}"] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    # and independent of metrax: sklearn on the same predictions
+    decided = pred > 0
+    assert logged["val/precision"] == pytest.approx(sklearn.metrics.precision_score(POSITIVE, decided), abs=1e-6)
+    assert logged["val/recall"] == pytest.approx(sklearn.metrics.recall_score(POSITIVE, decided), abs=1e-6)
+    assert logged["val/clu_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(POSITIVE, decided), abs=1e-6)
+    assert logged["val/mse"] == pytest.approx(sklearn.metrics.mean_squared_error(Y, pred), rel=1e-5)
+    assert logged["val/r2"] == pytest.approx(sklearn.metrics.r2_score(Y, pred), abs=1e-5)
+    assert logged["val/aucroc"] == pytest.approx(sklearn.metrics.roc_auc_score(POSITIVE, pred), abs=1e-2)
+    assert "train/aucroc_epoch" in logged
