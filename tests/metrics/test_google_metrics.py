@@ -24,10 +24,12 @@ VAL = [{"x": X[i:i + 32], "y": Y[i:i + 32], "pos": POSITIVE[i:i + 32]} for i in 
 TRAIN = VAL[:-1]  # the train batches divide over 8 devices
 
 
-def google_metrics(pred, y, pos):
+def google_metrics(x, pred, y, pos):
     """name -> metrax / clu metric of one batch: `pred` a regression of `y`, `sigmoid(pred)` the
-    probability that `y > 0` (`pos`)."""
+    probability that `y > 0` (`pos`); for ranking, each row's 8 features scored by `x * pred` and
+    relevant where `x > 0.5`."""
     prob = jax.nn.sigmoid(pred)
+    scores, relevant, ks = x * pred[:, None], (x > 0.5).astype(jnp.float32), jnp.array([1, 3])
     return {
         "aucroc": metrax.AUCROC.from_model_output(prob, pos),
         "aucpr": metrax.AUCPR.from_model_output(prob, pos),
@@ -35,6 +37,8 @@ def google_metrics(pred, y, pos):
         "recall": metrax.Recall.from_model_output(prob, pos),
         "mse": metrax.MSE.from_model_output(pred, y),
         "r2": metrax.RSQUARED.from_model_output(pred, y),
+        "ndcg": metrax.NDCGAtK.from_model_output(scores, relevant, ks),  # one value per k
+        "mrr": metrax.MRR.from_model_output(scores, relevant, ks),
         "clu_accuracy": clu.metrics.Accuracy.from_model_output(
             logits=jnp.stack([-pred, pred], -1), labels=pos.astype(jnp.int32)),
         "clu_mae": clu.metrics.Average.from_model_output(jnp.abs(pred - y)),
@@ -51,7 +55,7 @@ class Google(fj.LitModule):
         return ((pred - batch["y"]) ** 2).mean(), pred
 
     def metrics(self, batch, pred):
-        return google_metrics(pred, batch["y"], batch["pos"])
+        return google_metrics(batch["x"], pred, batch["y"], batch["pos"])
 
     def configure_optimizer(self):
         return optax.sgd(0.05)
@@ -66,9 +70,10 @@ def test_metrax_and_clu_metrics_log_their_value_on_the_whole_validation_set(tmp_
     logged = trainer.callback_metrics
 
     pred = np.asarray(nn.Dense(1).apply({"params": module.variables[0]}, X))[:, 0]
-    by_hand = {name: float(m.compute()) for name, m in google_metrics(jnp.asarray(pred), Y, POSITIVE).items()}
-    for name, value in by_hand.items():
-        assert logged[f"val/{name}"] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    by_hand = {name: np.asarray(m.compute()) for name, m in google_metrics(X, jnp.asarray(pred), Y, POSITIVE).items()}
+    for name, value in by_hand.items():  # every validation example once, the padding rows none
+        got = [logged[f"val/{name}/{i}"] for i in range(value.size)] if value.ndim else logged[f"val/{name}"]
+        np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6, err_msg=name)
     # and independent of metrax: sklearn on the same predictions
     decided = pred > 0
     assert logged["val/precision"] == pytest.approx(sklearn.metrics.precision_score(POSITIVE, decided), abs=1e-6)
@@ -78,3 +83,18 @@ def test_metrax_and_clu_metrics_log_their_value_on_the_whole_validation_set(tmp_
     assert logged["val/r2"] == pytest.approx(sklearn.metrics.r2_score(Y, pred), abs=1e-5)
     assert logged["val/aucroc"] == pytest.approx(sklearn.metrics.roc_auc_score(POSITIVE, pred), abs=1e-2)
     assert "train/aucroc_epoch" in logged
+
+
+@pytest.mark.parametrize("name", ["BLEU", "RougeL", "WER"])
+def test_metrax_text_metrics_in_the_step_fail_at_once_naming_the_metric_and_the_host(tmp_path, name):
+    """metrax's text metrics split strings in Python: they cannot run in the jitted step."""
+    class Text(Google):
+        def metrics(self, batch, pred):
+            tokens, refs = (pred > 0).astype(jnp.int32), batch["pos"]
+            return {"text": getattr(metrax, name).from_model_output(tokens, refs[:, None] if name == "BLEU" else refs)}
+
+    trainer = fj.Trainer(default_root_dir=tmp_path, max_epochs=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)
+    with pytest.raises(TypeError, match=rf"Text.metrics calls metrax.{name}.from_model_output, which takes "
+                                        r"Python strings.*Compute it on the host"):
+        trainer.fit(Text(), TRAIN, VAL)
