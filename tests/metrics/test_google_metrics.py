@@ -85,6 +85,36 @@ def test_metrax_and_clu_metrics_log_their_value_on_the_whole_validation_set(tmp_
     assert "train/aucroc_epoch" in logged
 
 
+class LoggedGoogle(fj.LitModule):
+    """Lightning's way: `self.log` a metrax / clu metric in `validation_step`."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Dense(1)
+
+    def training_step(self, batch, batch_idx):
+        return ((self.model(batch["x"])[:, 0] - batch["y"]) ** 2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        pred = self.model(batch["x"])[:, 0]
+        self.log("val_aucroc", metrax.AUCROC.from_model_output(jax.nn.sigmoid(pred), batch["pos"]))
+        self.log("val_mae", clu.metrics.Average.from_model_output(jnp.abs(pred - batch["y"])))
+
+    def configure_optimizers(self):
+        return optax.sgd(0.05)
+
+
+def test_metrax_and_clu_metrics_passed_to_self_log_log_the_epoch_value(tmp_path):
+    module = LoggedGoogle()
+    trainer = fj.Trainer(default_root_dir=tmp_path, max_epochs=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(module, TRAIN, VAL)
+    pred = jnp.asarray(nn.Dense(1).apply({"params": module.variables[0]}, X))[:, 0]
+    expected_auc = float(metrax.AUCROC.from_model_output(jax.nn.sigmoid(pred), POSITIVE).compute())
+    assert trainer.callback_metrics["val_aucroc"] == pytest.approx(expected_auc, abs=1e-6)
+    assert trainer.callback_metrics["val_mae"] == pytest.approx(float(jnp.abs(pred - Y).mean()), rel=1e-5)
+
+
 @pytest.mark.parametrize("name", ["BLEU", "RougeL", "WER"])
 def test_metrax_text_metrics_in_the_step_fail_at_once_naming_the_metric_and_the_host(tmp_path, name):
     """metrax's text metrics split strings in Python: they cannot run in the jitted step."""
