@@ -76,6 +76,9 @@ def add(acc: Accumulator, values: Mapping[str, Any], weight: jax.Array | float) 
 
 
 def _add_state(total: Tracked, value: Any, weight: jax.Array) -> Tracked:
+    # a foreign metric may hold a Python number among its fields (metrax's AUCROC holds
+    # `num_thresholds: int`): an array like the state's own leaf, so the entry keeps one structure
+    value = jax.tree.map(jnp.asarray, value)
     if weight.ndim:  # one state per example: merged over the real rows first
         keep = weight > 0
         value = value.reduce_rows(keep) if isinstance(value, Metric) else _reduce_rows(value, keep)

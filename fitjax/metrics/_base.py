@@ -16,7 +16,9 @@ logged.
 
 A user's own metric subclasses `Metric` and defines `empty`, `batch_state` and `compute_state`
 (and `merge_ops` for fields merged by max or min). Any other object with `merge(other)` and
-`compute()` that is a pytree (a `clu.metrics.Metric` or a `metrax` metric) works as it is.
+`compute()` that is a pytree (a `clu.metrics.Metric` or a `metrax` metric) works as it is, if it is
+made from arrays: metrax's text metrics (`BLEU`, `RougeL`, `RougeN`, `WER`) take Python strings
+and run on the host, outside the step.
 """
 
 from __future__ import annotations

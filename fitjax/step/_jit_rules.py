@@ -45,13 +45,43 @@ def explain_jit_rules(owner: str, method: str) -> Iterator[None]:
     """Re-raises JAX's tracer errors from a user method with the jit rule broken and the fix."""
     try:
         yield
-    except tuple(kind for kind, _ in _JIT_RULES) as err:
-        what = next(text for kind, text in _JIT_RULES if isinstance(err, kind))
+    except Exception as err:
+        host_metric = _host_only_metric(err)
+        if host_metric is not None:
+            raise TypeError(
+                f"{owner}.{method} calls {host_metric}.from_model_output, which takes Python strings "
+                f"(or lists of tokens) and loops over them in Python: it cannot run in the jitted step, "
+                f"where the batch and outputs are arrays traced once. Compute it on the host: append the "
+                f"step's token ids to a list in `validation_step` (`self.validation_step_outputs`), or "
+                f"take `trainer.predict`'s outputs, decode them to strings and call "
+                f"`{host_metric}.from_model_output(predictions, references).compute()` there "
+                f"(docs/guides/metrics.md). The error it raised follows: {type(err).__name__}."
+            ) from err
+        what = next((text for kind, text in _JIT_RULES if isinstance(err, kind)), None)
+        if what is None:
+            raise
         raise TypeError(
             f"{owner}.{method} is traced under jax.jit (once, with abstract values) and does {what}. "
             f"`print(x)` is fine but shows a tracer. {HOST_WORK} JAX's message follows: "
             f"{type(err).__name__}."
         ) from err
+
+
+def _host_only_metric(err: BaseException) -> str | None:
+    """`"metrax.BLEU"` (WER, RougeL, RougeN) when `err` came from that string metric's
+    `from_model_output`, which a traced method cannot call; else None."""
+    import traceback
+
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        cls = frame.f_locals.get("cls") if frame.f_code.co_name == "from_model_output" else None
+        if isinstance(cls, type) and frame.f_globals.get("__name__", "").startswith("metrax.nlp_metrics") \
+                and cls.__name__ in _HOST_ONLY_METRICS:
+            return f"metrax.{cls.__name__}"
+    return None
+
+
+# metrax's metrics of text: `from_model_output` splits strings and counts n-grams in Python
+_HOST_ONLY_METRICS = ("BLEU", "RougeL", "RougeN", "WER")
 
 
 def defined_at(module: object, method: str) -> str:
