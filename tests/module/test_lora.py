@@ -119,6 +119,22 @@ def test_fsdp_with_accumulation_trains_lora_and_qlora_as_one_device(based, quant
         assert_trees_close(other, first, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_trains_the_adapters_and_keeps_the_float32_base_bitwise(based, precision):
+    module = adapted(based)
+    before = float(optax.softmax_cross_entropy_with_integer_labels(Net().apply({"params": based}, X), RIGHT).mean())
+    trainer = fit(module, RIGHT, 12, precision=precision, gradient_clip_val=1.0)
+    params = jax.device_get(module.variables[0])
+    for layer in ("up", "down"):  # the base: float32 as loaded, not one bit moved
+        assert params[layer]["kernel"].dtype == np.float32
+        assert np.array_equal(params[layer]["kernel"], based[layer]["kernel"])
+        assert np.array_equal(params[layer]["bias"], based[layer]["bias"])
+    assert loss(module, RIGHT) < 0.7 * before  # the adapters, trained in half precision, fix the task
+    moments = [x for x in jax.tree.leaves(trainer.state.opt_state) if np.ndim(x)]
+    adapters = [v for k, v in jax.tree_util.tree_leaves_with_path(params) if "lora" in jax.tree_util.keystr(k)]
+    assert adapters and nbytes(moments) == 2 * nbytes(adapters)  # Adam's two moments: the adapters' only
+
+
 def test_an_nnx_model_takes_adapters_from_an_example_input_and_keeps_its_base():
     module = Classifier(NNXNet(nnx.Rngs(0)))
     with pytest.raises(ValueError, match=r"apply_lora\(example_input=...\) is needed for an NNX model"):
