@@ -82,6 +82,28 @@ def test_swa_with_batchnorm_over_two_processes_matches_one_process(tmp_path):
     assert_trees_close(launched, [np.asarray(x) for x in jax.tree.leaves(swa_fit())], rtol=1e-5, atol=1e-6)
 
 
+def test_stateful_metrics_of_two_launched_processes_equal_one_processs(tmp_path):
+    """Macro F1 and AUROC under `fitjax launch`: each process logs the numbers one process of 8
+    devices logs (their states merged over both processes), and the validation rows the two
+    processes' `validation_step_outputs` got are every example once (the last batch partial)."""
+    proc = start_launch("--nproc", 2, "--devices-per-process", 4, HERE / "launch_metrics.py", tmp_path, cwd=tmp_path)
+    out = finish(proc, timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    launched = [pickle.loads((tmp_path / f"metrics_{rank}.pkl").read_bytes()) for rank in range(2)]
+    if str(HERE.parent / "strategies") not in sys.path:  # the module and data of tests/strategies' 2-process run
+        sys.path.insert(0, str(HERE.parent / "strategies"))
+    from multiprocess_data import fit_metrics
+
+    one = fit_metrics(fj.Trainer(max_epochs=2, strategy="dp", logger=False, enable_progress_bar=False,
+                                 enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0))
+    assert set(one["logged"]) == {"train_f1", "val_f1", "val_auroc"}
+    for got in launched:
+        assert got["logged"] == pytest.approx(one["logged"], rel=1e-6)
+    for epoch in range(2):
+        both = np.concatenate([got["rows"][epoch] for got in launched])
+        np.testing.assert_array_equal(np.sort(both), np.sort(one["rows"][epoch]))
+
+
 def test_a_failing_process_stops_the_others_within_10_s(tmp_path):
     proc = start_launch("--nproc", 2, "--devices-per-process", 1, HERE / "launch_fail.py", tmp_path, cwd=tmp_path)
     out = finish(proc, timeout=120)
