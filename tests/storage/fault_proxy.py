@@ -5,6 +5,9 @@ never answers), as `rule(method, path)` says. Loopback only; every wait is bound
 from __future__ import annotations
 
 import http.client
+import os
+import signal
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -30,6 +33,30 @@ class FaultProxy:
     def release(self) -> None:
         """Ends the requests left hanging (their connections closed unanswered)."""
         self._released.set()
+
+    def kill_child(self, command: list[str], env: dict[str, str], counted: Callable[[str, str], str | None],
+                   when: Callable[[list[str]], bool], timeout: float = 300) -> tuple[str, int, list[str]]:
+        """Runs `command` and SIGKILLs it as it sends the request that makes `when(sent)` true,
+        before the store gets it (the request is dropped): a real kill at a real point of a real
+        exchange. `sent` lists `counted(method, path)` of each request it counts (None: not
+        counted). Returns the child's output, its pid and `sent`; the child must have been killed."""
+        box, sent = [], []
+
+        def rule(method, path):
+            name = counted(method, path)
+            if name is not None:
+                sent.append(name)
+                if when(sent):
+                    os.kill(box[0].pid, signal.SIGKILL)
+                    return "drop"
+            return "pass"
+
+        self.rule = rule
+        box.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        out = box[0].communicate(timeout=timeout)[0]
+        self.rule = lambda method, path: "pass"
+        assert box[0].returncode == -signal.SIGKILL, f"{sent}\n{out[-3000:]}"
+        return out, box[0].pid, sent
 
     def close(self) -> None:
         """Releases the requests left hanging, then stops listening."""

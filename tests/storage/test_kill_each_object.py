@@ -12,19 +12,16 @@ whole fits (at two points of a save) and resumes them."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 from helpers import Regressor, quiet_trainer, regression_data
+from store_parts import listed
 
 import fitjax as fj
 from fitjax import _storage, checkpoint
 
-HERE = Path(__file__).resolve().parent
 USER_FILE = "notes/ideas.md"  # a user's file in the checkpoint folder: never deleted
 
 _CHILD = textwrap.dedent("""
@@ -48,38 +45,17 @@ def _killed_at(proxy, what: str, counted, k: int) -> list[str]:
     """Runs `_storage.<what>` in a child process and SIGKILLs it when it sends its `k`-th request
     that `counted(method, path)` counts, which the store then never gets. Returns the counted
     requests it sent (the last one dropped)."""
-    box, sent = [], []
-
-    def rule(method, path):
-        if counted(method, path):
-            sent.append(f"{method} {path}")
-            if len(sent) == k:
-                os.kill(box[0].pid, signal.SIGKILL)
-                return "drop"
-        return "pass"
-
-    proxy.rule = rule
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-    box.append(subprocess.Popen([sys.executable, "-c", _CHILD.format(what=what)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env))
-    out = box[0].communicate(timeout=120)[0]
-    proxy.rule = lambda method, path: "pass"
-    assert box[0].returncode == -signal.SIGKILL, f"request {k} of {what}: {sent}\n{out[-3000:]}"
+    _, _, sent = proxy.kill_child([sys.executable, "-c", _CHILD.format(what=what)], env,
+                                  lambda method, path: f"{method} {path}" if counted(method, path) else None,
+                                  lambda sent: len(sent) == k, timeout=120)
     return sent
-
-
-def _listed(url: str) -> list[str]:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    fs.invalidate_cache()  # the killed process wrote there
-    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
 
 
 def _only_complete_names_and_cleanup_removes_the_rest(url: str, kept: str, torn: str) -> None:
     """After a kill: `kept` loads, `torn` is a checkpoint only if it loads, `"last"` is the newest
     complete one, and the start-up clean-up removes `torn` if it is not (naming it) and nothing else."""
-    listed = _listed(url)
+    before = listed(url)
     checkpoint.verify(f"{url}/{kept}")
     complete = checkpoint.is_checkpoint(f"{url}/{torn}")
     if complete:
@@ -88,8 +64,8 @@ def _only_complete_names_and_cleanup_removes_the_rest(url: str, kept: str, torn:
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/{newest}")
     removed = checkpoint.cleanup(_storage.as_path(url))
     expected = sorted({kept, "notes"} | ({torn} if complete else set()))
-    assert _listed(url) == expected
-    assert [p.name for p in removed] == ([] if complete or torn not in listed else [torn])
+    assert listed(url) == expected
+    assert [p.name for p in removed] == ([] if complete or torn not in before else [torn])
 
 
 def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_checkpoints(proxy, bucket,
@@ -113,7 +89,7 @@ def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_c
             assert sent[0].endswith(f"/{_storage.CLAIM}")
         if k == objects:
             assert sent[-1].endswith(f"/{_storage.COMPLETE}")
-        assert (second.name in _listed(url)) == (k > 1)  # the claim is up from the second object on
+        assert (second.name in listed(url)) == (k > 1)  # the claim is up from the second object on
         assert not checkpoint.is_checkpoint(f"{url}/{second.name}")
         _only_complete_names_and_cleanup_removes_the_rest(url, first.name, second.name)
 

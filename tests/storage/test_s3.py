@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from store_parts import listed
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -47,14 +47,6 @@ def _fit(callbacks, *, max_epochs, ckpt_path=None):
     return trainer, module, history.losses
 
 
-def _listed(url: str) -> list[str]:
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    fs.invalidate_cache()  # other processes wrote there
-    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
-
-
 def test_two_callbacks_on_a_store_resume_last_bitwise_keep_top_k_and_load(store_bucket, tmp_path):
     bucket = store_bucket
     whole_cbs = _callbacks(str(tmp_path / "local"))
@@ -68,7 +60,7 @@ def test_two_callbacks_on_a_store_resume_last_bitwise_keep_top_k_and_load(store_
         np.testing.assert_array_equal(a, b)
     # top-k deletion on the store: exactly what each callback keeps, as on local disk
     for on_s3, local in zip(resumed_cbs, whole_cbs):
-        assert _listed(str(on_s3.dirpath)) == sorted(p.name for p in Path(local.dirpath).iterdir())
+        assert listed(str(on_s3.dirpath)) == sorted(p.name for p in Path(local.dirpath).iterdir())
         assert str(on_s3.best_model_path).startswith(f"{bucket}/run/")
     # load_from_checkpoint and predict straight from the store
     assert Path(str(resumed_cbs[1].last_model_path)).name == Path(whole_cbs[1].last_model_path).name
@@ -110,28 +102,16 @@ _CHILD = textwrap.dedent("""
 
 def _killed_during_upload(proxy, url: str, tmp: Path, step: int, nth) -> tuple[str, int]:
     """Runs `_CHILD` (resuming from "last") and SIGKILLs it when it sends its `nth` object
-    (`nth(name)` says which) of the upload of `epoch=0-step=<step>`, before the store gets
+    (`nth(names)` says which) of the upload of `epoch=0-step=<step>`, before the store gets
     it: a real kill at a real point of a real upload. Returns the child's output and pid."""
-    box, sent = [], []
-
-    def rule(method, path):
-        if method == "PUT" and f"-step={step}/" in path:
-            sent.append(path.rsplit(f"-step={step}/", 1)[1])
-            if nth(sent):
-                os.kill(box[0].pid, signal.SIGKILL)
-                return "drop"
-        return "pass"
-
-    proxy.rule = rule
     (tmp / "temp").mkdir(exist_ok=True)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "JAX_COMPILATION_CACHE_DIR": str(tmp / "xla"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "TMPDIR": str(tmp / "temp")}
-    box.append(subprocess.Popen([sys.executable, "-c", _CHILD.format(tests=str(HERE.parent), url=url)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    out = box[0].communicate(timeout=300)[0]
-    proxy.rule = lambda method, path: "pass"
-    assert box[0].returncode == -signal.SIGKILL, out[-3000:]
-    return out, box[0].pid
+    out, pid, _ = proxy.kill_child(
+        [sys.executable, "-c", _CHILD.format(tests=str(HERE.parent), url=url)], env,
+        lambda method, path: path.rsplit(f"-step={step}/", 1)[1] if method == "PUT" and f"-step={step}/" in path
+        else None, nth)
+    return out, pid
 
 
 def test_kill_9_at_any_object_of_an_upload_leaves_only_loadable_names_and_last_resumes(proxy, bucket, tmp_path):
@@ -140,14 +120,14 @@ def test_kill_9_at_any_object_of_an_upload_leaves_only_loadable_names_and_last_r
     # killed half-way through the save at step 3 (at its fifth object) ...
     _, first = _killed_during_upload(proxy, url, tmp_path, 3, lambda sent: len(sent) == 5)
     assert staged(first)  # its staging copy, left by the kill
-    assert _listed(url) == ["epoch=0-step=1", "epoch=0-step=2", "epoch=0-step=3"]
+    assert listed(url) == ["epoch=0-step=1", "epoch=0-step=2", "epoch=0-step=3"]
     assert checkpoint.damage(f"{url}/epoch=0-step=3") == ".fitjax-complete is missing (an incomplete upload)"
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=2")
     # ... then a resumed run at the last object of its save at step 4 (every file up but the marker)
     out, second = _killed_during_upload(proxy, url, tmp_path, 4, lambda sent: sent[-1] == ".fitjax-complete")
     assert f"fitjax: removing {url}/epoch=0-step=3," in out  # the next writer removed the torn upload
     assert not staged(first) and staged(second)  # and the staging copy the killed one left
-    assert _listed(url) == ["epoch=0-step=2", "epoch=0-step=3", "epoch=0-step=4"]
+    assert listed(url) == ["epoch=0-step=2", "epoch=0-step=3", "epoch=0-step=4"]
     assert not checkpoint.is_checkpoint(f"{url}/epoch=0-step=4")
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=3")
 
@@ -156,8 +136,8 @@ def test_kill_9_at_any_object_of_an_upload_leaves_only_loadable_names_and_last_r
                             callbacks=[history, fj.ModelCheckpoint(url, every_n_train_steps=1, save_top_k=2)])
     trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16), ckpt_path="last")
     assert trainer.global_step == 5 and len(history.losses) == 2  # resumed after step 3
-    assert _listed(url) == ["epoch=0-step=4", "epoch=1-step=5"]
-    for name in _listed(url):  # every name under the folder loads
+    assert listed(url) == ["epoch=0-step=4", "epoch=1-step=5"]
+    for name in listed(url):  # every name under the folder loads
         checkpoint.verify(f"{url}/{name}")
 
 
@@ -193,7 +173,7 @@ def test_logs_and_default_checkpoints_under_a_store_root_equal_a_local_run(store
     assert sorted(p.name for p in temp.iterdir() if p.name.startswith("fitjax-logs")) == ["fitjax-logs-notes"]
     log_dir = f"{root}/fitjax_logs/version_0"
     assert str(trainer.checkpoint_callback.dirpath) == f"{log_dir}/checkpoints"
-    assert _listed(f"{log_dir}/checkpoints") == ["epoch=1-step=8"]
+    assert listed(f"{log_dir}/checkpoints") == ["epoch=1-step=8"]
     fs, _ = fsspec.core.url_to_fs(root)
     fs.get(f"{log_dir}/", str(tmp_path / "tb"), recursive=True)  # TensorBoard's reader takes local folders
     # everything but compile times (seconds measured in each run)
@@ -295,7 +275,7 @@ def test_two_processes_started_at_once_under_one_s3_root_claim_a_version_each(bu
     versions = [[int(v) for v in out.split()] for out, _ in outputs]
     assert sorted(versions[0] + versions[1]) == list(range(6))  # never one version for two runs
     fs, _ = fsspec.core.url_to_fs(root)
-    assert _listed(f"{root}/runs") == [f"version_{v}" for v in range(6)]
+    assert listed(f"{root}/runs") == [f"version_{v}" for v in range(6)]
     for pid, mine in enumerate(versions):  # each folder holds its own run's files only
         for v in mine:
             assert fs.cat_file(f"{root}/runs/version_{v}/hparams.yaml").decode() == f"pid: {pid}\n"
@@ -331,7 +311,7 @@ def test_cli_config_and_profiler_outputs_land_under_an_s3_root(bucket):
     trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
     trace = str(profiler.trace_dir)
     assert trace.startswith(f"{root}/jax/") and "/plugins/profile/" in trace
-    names = _listed(trace)
+    names = listed(trace)
     assert any(n.endswith(".xplane.pb") for n in names) and any(n.endswith(".trace.json.gz") for n in names)
 
 
@@ -351,8 +331,8 @@ def test_two_launched_processes_save_one_fsdp_state_to_s3_and_resume_last_bitwis
     (straight_losses, straight_params), (resumed_losses, resumed_params) = runs["straight"], runs["resumed"]
     assert len(resumed_losses) == 6 and resumed_losses == straight_losses  # bitwise, step by step
     assert resumed_params == straight_params
-    assert _listed(url) == ["epoch=1-step=5", "epoch=1-step=6"]  # top 2 of the resumed run
-    assert all(checkpoint.is_checkpoint(f"{url}/{name}") for name in _listed(url))
+    assert listed(url) == ["epoch=1-step=5", "epoch=1-step=6"]  # top 2 of the resumed run
+    assert all(checkpoint.is_checkpoint(f"{url}/{name}") for name in listed(url))
 
 
 def test_a_damaged_store_checkpoint_is_named_by_its_url_not_its_local_copy(bucket):
