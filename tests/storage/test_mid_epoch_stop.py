@@ -54,11 +54,12 @@ class StopAt(fj.Callback):
                 trainer.should_stop = True  # what max_time's Timer and EarlyStopping do
 
 
-def _fit(root, seen, *extra, ckpt_path=None, max_time=None):
+def _fit(root, seen, *extra, ckpt_path=None, **limits):
+    """A fit of 2 epochs (fewer with `limits`: max_time, max_steps) with `extra` callbacks."""
     history = LossHistory()
     trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=3, num_sanity_val_steps=0,
                             enable_checkpointing=True, logger=fj.loggers.CSVLogger(root), default_root_dir=root,
-                            callbacks=[history, Hooks(seen), *extra], max_time=max_time)
+                            callbacks=[history, Hooks(seen), *extra], **limits)
     module = Regressor(batchnorm=False)
     trainer.fit(module, fj.DataLoader(DATA, batch_size=8, shuffle=True, seed=3),
                 fj.DataLoader(VAL, batch_size=8), ckpt_path=ckpt_path)
@@ -83,7 +84,8 @@ def test_a_stop_between_two_batches_resumes_into_the_uninterrupted_run(tmp_path,
     full_module, full_losses, full_seen, full_rows = uninterrupted
     assert full_seen == [("val", 0, 8), ("epoch_end", 0, 8), ("val", 1, 16), ("epoch_end", 1, 16)]
     seen = []
-    stopped, _, first = _fit(tmp_path, seen, StopAt(how), max_time={"seconds": MAX_TIME} if how == "max_time" else None)
+    limits = {"max_time": {"seconds": MAX_TIME}} if how == "max_time" else {}
+    stopped, _, first = _fit(tmp_path, seen, StopAt(how), **limits)
     assert stopped.global_step == STOP_AT and stopped.current_epoch == 1  # epoch 1 is not over
     assert seen == full_seen[:2]  # no validation or epoch end at the stop
     saved = sorted(p.name for p in (tmp_path / "fitjax_logs" / "version_0" / "checkpoints").iterdir())
@@ -106,20 +108,12 @@ def test_max_steps_raised_on_resume_trains_the_rest_of_the_epoch_into_the_uninte
     weights, and ends the epoch again at its real end."""
     full_module, full_losses, full_seen, _ = uninterrupted
     seen = []
-    history = LossHistory()
-    first = quiet_trainer(max_steps=STOP_AT, strategy="single", num_sanity_val_steps=0, enable_checkpointing=True,
-                          default_root_dir=tmp_path, logger=False, callbacks=[history, Hooks(seen)])
-    data = lambda: fj.DataLoader(DATA, batch_size=8, shuffle=True, seed=3)
-    first.fit(Regressor(batchnorm=False), data(), fj.DataLoader(VAL, batch_size=8))
+    first, _, losses = _fit(tmp_path, seen, max_steps=STOP_AT)
     assert first.global_step == STOP_AT
     assert seen == [*full_seen[:2], ("epoch_end", 1, STOP_AT)]  # the configured end
 
-    rest = LossHistory()
-    resumed = quiet_trainer(max_steps=16, strategy="single", num_sanity_val_steps=0, enable_checkpointing=True,
-                            default_root_dir=tmp_path, logger=False, callbacks=[rest, Hooks(seen)])
-    module = Regressor(batchnorm=False)
-    resumed.fit(module, data(), fj.DataLoader(VAL, batch_size=8), ckpt_path="last")
-    assert len(rest.losses) == 16 - STOP_AT  # epoch 1 from batch 2: none replayed, none skipped
-    assert history.losses + rest.losses == full_losses
+    _, module, rest = _fit(tmp_path, seen, ckpt_path="last", max_steps=16)
+    assert len(rest) == 16 - STOP_AT  # epoch 1 from batch 2: none replayed, none skipped
+    assert losses + rest == full_losses
     assert_trees_close(module.variables, full_module.variables, rtol=0, atol=0)
     assert seen[3:] == [("val", 1, 16), ("epoch_end", 1, 16)]  # again at the epoch's real end
