@@ -9,6 +9,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import fitjax  # noqa: E402,F401  (first: it picks XLA:CPU's scheduler before the backends start)
 import jax  # noqa: E402
+import pytest  # noqa: E402
+from helpers import persistent_compile_cache  # noqa: E402
 
 assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in os.environ["XLA_FLAGS"]
 assert jax.device_count() == 8, "conftest must run before anything imports jax"
@@ -23,11 +25,18 @@ _STORE_SERVERS = {"s3": "s3_server", "gs": "gcs_server"}
 
 
 def pytest_collection_modifyitems(items):
-    import pytest
-
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         shared = [_STORE_SERVERS[value] for value in params.values() if isinstance(value, str) and value in _STORE_SERVERS]
         shared += [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """XLA's persistent cache for one test module (a fresh folder): each program its fits build
+    again and again is compiled once. A module opts in with
+    `pytestmark = pytest.mark.usefixtures("compile_cache")`."""
+    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
+        yield

@@ -7,16 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import (FixedLinearFit, Regressor, assert_trees_close, count_compiles, fixed_linear_data,
-                     persistent_compile_cache, quiet_trainer, regression_data)
+                     quiet_trainer, regression_data)
 
 import fitjax as fj
 from fitjax.strategies import FSDP
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 # Lightning 2.6 (/work/lvenv, torch CPU), precision="64-true": a 3->1 Linear with weights

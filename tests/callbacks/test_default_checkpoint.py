@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import Regressor, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -23,10 +23,7 @@ from fitjax.callbacks import DefaultCheckpoint
 DATA = regression_data(n=64)  # 2 batches of 32 an epoch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 class Saves(fj.Callback):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from helpers import Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import Regressor, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax.module import set_variables
@@ -15,10 +15,7 @@ from fitjax.strategies import FSDP
 DECAY = 0.8  # far from 1: after a few steps the average differs clearly from the params
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 class ParamsHistory(fj.Callback):

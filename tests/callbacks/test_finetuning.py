@@ -10,16 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer
+from helpers import assert_trees_close, count_compiles, quiet_trainer
 
 import fitjax as fj
 from fitjax.strategies import FSDP
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 _RNG = np.random.default_rng(0)

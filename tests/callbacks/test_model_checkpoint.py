@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
-from helpers import Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -15,10 +15,7 @@ from fitjax import checkpoint
 ONE_BATCH = regression_data(n=32)  # one batch of 32 an epoch, as Lightning's limit_train_batches=1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 class NanMetric(Regressor):

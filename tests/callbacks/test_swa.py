@@ -11,7 +11,7 @@ import numpy as np
 import optax
 from flax import nnx
 import pytest
-from helpers import (MLP, Regressor, assert_trees_close, count_compiles, persistent_compile_cache, quiet_trainer,
+from helpers import (MLP, Regressor, assert_trees_close, count_compiles, quiet_trainer,
                      regression_data)
 
 import fitjax as fj
@@ -20,10 +20,7 @@ from fitjax.module import set_variables
 from fitjax.strategies import FSDP
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 class SWARegressor(Regressor):

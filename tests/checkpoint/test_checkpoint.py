@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from helpers import persistent_compile_cache, LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
+from helpers import LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -33,11 +33,7 @@ def _trainer(ckpt_dir, history, *, strategy="single", **kwargs):
                          log_every_n_steps=2, **kwargs)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    """The fits here compile the same few programs; XLA's persistent cache compiles them once."""
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

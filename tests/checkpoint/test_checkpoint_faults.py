@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import LossHistory, Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -18,10 +18,7 @@ from fitjax import checkpoint
 DATA = regression_data(n=96)  # 3 batches of 32 an epoch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def _fit(ckpt, *, ckpt_path=None, callbacks=(), **trainer_args):

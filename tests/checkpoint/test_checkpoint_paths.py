@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -15,11 +15,7 @@ DATA = regression_data(n=64)  # 2 batches of 32 an epoch
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "checkpoints.md"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    """The fits here compile the same few programs; XLA's persistent cache compiles them once."""
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def _fit(trainer, **kwargs):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import persistent_compile_cache, LossHistory, Poisoned, assert_trees_close, poisoned_data, quiet_trainer
+from helpers import LossHistory, Poisoned, assert_trees_close, poisoned_data, quiet_trainer
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -28,11 +28,7 @@ def _fit(folder, *, max_steps, ckpt_path=None, precision=SCALED, optimizer="sgd"
     return trainer, module, history.losses
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    """The fits here compile the same few programs; XLA's persistent cache compiles them once."""
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def test_16_mixed_resumes_from_last_with_its_loss_scale_bitwise(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer
+from helpers import Regressor, assert_trees_close, quiet_trainer
 
 import fitjax as fj
 from fitjax.strategies import FSDP
@@ -23,10 +23,7 @@ LIGHTNING_WARNING = ("You requested to overfit but enabled train dataloader shuf
                      "the train dataloader shuffling for you.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def _data(n, start=0):

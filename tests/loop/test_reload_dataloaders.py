@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer
+from helpers import Regressor, assert_trees_close, quiet_trainer
 
 import fitjax as fj
 from fitjax.strategies import FSDP
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 # Lightning 2.6 (/work/lvenv, torch CPU): a LightningDataModule whose train_dataloader() returns 8

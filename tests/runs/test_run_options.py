@@ -10,17 +10,14 @@ import numpy as np
 import pytest
 
 import fitjax as fj
-from helpers import assert_trees_close, persistent_compile_cache, quiet_trainer
+from helpers import assert_trees_close, quiet_trainer
 from test_many_runs import Decayed, loader, member
 from test_run_checkpoints import plain
 
 RUNS = [{"lr": 0.01, "wd": 0.1, "seed": 3}, {"lr": 0.05, "wd": 0.0, "seed": 4}]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 class Metered(Decayed):

@@ -9,17 +9,14 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import LossHistory, Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
 
 DATA = regression_data(n=64)  # 4 batches of 16 an epoch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def _fit(ckpt, *, max_epochs=2, ckpt_path=None, **trainer_args):

@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from helpers import LossHistory, Regressor, assert_trees_close, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import LossHistory, Regressor, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 
@@ -20,10 +20,7 @@ STOP_AT = 10  # after batch 1 of epoch 1's 8
 MAX_TIME = 4  # seconds: far more than the steps before STOP_AT take (their program is cached)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 class Hooks(fj.Callback):

@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from helpers import LossHistory, Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import LossHistory, Regressor, quiet_trainer, regression_data
 from store_parts import listed
 
 import fitjax as fj
@@ -27,10 +27,7 @@ VAL = regression_data(n=32, seed=1)
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def _callbacks(root: str) -> list[fj.ModelCheckpoint]:

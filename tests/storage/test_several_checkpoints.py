@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Regressor, persistent_compile_cache, quiet_trainer, regression_data
+from helpers import Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax import checkpoint
@@ -31,10 +31,7 @@ DATA = regression_data(n=64)  # 4 batches of 16 an epoch
 VAL = regression_data(n=32, seed=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
-        yield
+pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
 
 
 def _three(root: Path) -> list[fj.ModelCheckpoint]:
