@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The GPU check: one command, under 8 minutes on one H200, printing what README's GPU figures quote.
+# The GPU check: one command, under 10 minutes on one H200, printing what the docs' GPU figures quote.
 #
 #   bash benchmarks/gpu_check.sh            # on a GPU machine (JAX with CUDA, torch, lightning)
 #   bash benchmarks/gpu_check.sh --smoke    # on CPU with the dev extra: the same steps in seconds
 #
-# It runs, each under its own time limit so that the whole stays under 8 minutes:
-#   1. benchmarks/gpt.py --gpu      GPT-2 small's shape: tokens/s and MFU of fitjax against the
+# It runs, each under its own time limit so that the whole stays under 10 minutes:
+#   1. benchmarks/many_runs.py      8 runs of the digits MLP and CNN in one program against 8 fits
+#   2. benchmarks/plan_gpu.py       the planner's memory and step-time estimates for GPT-2 small's
+#                                   shape against fits of the same configurations on the GPU
+#   3. benchmarks/gpt.py --gpu      GPT-2 small's shape: tokens/s and MFU of fitjax against the
 #                                   hand-written loop (bf16-mixed, accumulation 2, clip 1.0)
-#   2. benchmarks/overhead.py       the overhead rows (tiny, clip, ema, steps_per_execution, defaults)
-#   3. benchmarks/peers.py --gpu    fitjax against Lightning 2.6 (torch on CUDA) on the tiny MLP,
+#   4. benchmarks/peers.py --gpu    fitjax against Lightning 2.6 (torch on CUDA) on the tiny MLP,
 #                                   the MNIST-sized MLP and the small CNN of overhead.py
+#   5. benchmarks/overhead.py       the overhead rows (tiny, clip, ema, steps_per_execution, defaults)
 # fitjax runs from this checkout (PYTHONPATH), not an installed copy. What the machine lacks of
 # fitjax's own dependencies travels as wheels in benchmarks/wheels/ (tensorboardX: the CUDA image
 # has tensorboard but not it) and is installed into a scratch folder, never into the system.
@@ -23,7 +26,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; echo "  --smoke   every step on CPU in seconds (checks the script runs)"; exit 0 ;;
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; echo "  --smoke   every step on CPU in seconds (checks the script runs)"; exit 0 ;;
   *) echo "gpu_check.sh: unknown argument ${1@Q}; use --smoke or nothing (--help)" >&2; exit 2 ;;
 esac
 
@@ -67,13 +70,17 @@ print(f"JAX devices: {jax.devices()}")
 EOF
 
 if [ "$smoke" -eq 1 ]; then
+  step 120 many_runs "$python" "$here/many_runs.py" --smoke
+  step 150 plan_gpu "$python" "$here/plan_gpu.py" --smoke
   step 120 gpt "$python" "$here/gpt.py" --smoke
-  step 150 overhead "$python" "$here/overhead.py" --smoke
   step 120 peers "$python" "$here/peers.py" --smoke
+  step 150 overhead "$python" "$here/overhead.py" --smoke
 else
-  step 240 gpt "$python" "$here/gpt.py" --gpu --repeats 2 --steps 20
-  step 120 overhead "$python" "$here/overhead.py" --repeats 2
-  step 90 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 2
+  step 120 many_runs "$python" "$here/many_runs.py"
+  step 120 plan_gpu "$python" "$here/plan_gpu.py"
+  step 150 gpt "$python" "$here/gpt.py" --gpu --repeats 1 --steps 20
+  step 80 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 1
+  step 90 overhead "$python" "$here/overhead.py" --repeats 1
 fi
 echo
 echo "== gpu_check: $([ "$status" -eq 0 ] && echo ok || echo 'a step FAILED'), ${SECONDS}s in all"

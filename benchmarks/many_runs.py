@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import flax.linen as nn
+import jax
 import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -83,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     models = {"mlp": lambda total: DigitsMLP(total_steps=total),
               "cnn": lambda total: DigitsClassifier(total_steps=total)}
     chosen = list(models) if args.model == "both" else [args.model]
-    print(f"{args.runs} runs of the digits models, {args.epochs} epochs each, one CPU device")
+    device = jax.devices()[0]
+    print(f"{args.runs} runs of the digits models, {args.epochs} epochs each, one device: {device.device_kind} "
+          f"({device.platform}, jax {jax.__version__})")
     print(f"{'model':<6} {'':<14} {'sequential s':>12} {'together s':>10} {'ratio':>6}")
     for name in chosen:
         sequential = [fit(models[name], None, seed, args.epochs, train, val) for seed in range(args.runs)]

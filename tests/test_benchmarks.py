@@ -24,7 +24,7 @@ def test_there_are_benchmarks():
 
 
 # their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
-IN_GPU_CHECK = {"gpt.py", "overhead.py", "peers.py"}
+IN_GPU_CHECK = {"gpt.py", "many_runs.py", "overhead.py", "peers.py", "plan_gpu.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -41,15 +41,16 @@ def test_help_and_smoke(script):
 
 def test_gpu_check_smoke():
     """`benchmarks/gpu_check.sh --smoke` runs every step of the GPU check on CPU: the GPT table,
-    the spe rows, the peers' table (the peers that are installed), and says it passed."""
+    the spe rows, the peers' table (the peers that are installed), the many-runs and planned-against-
+    fitted tables, and says it passed."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
     done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--smoke"], capture_output=True, text=True,
                           timeout=600, cwd=BENCHMARKS.parent, env={**env, "PYTHON": sys.executable})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     out = done.stdout
-    for part in ("== gpt:", "== overhead:", "== peers:"):
+    for part in ("== many_runs:", "== plan_gpu:", "== gpt:", "== overhead:", "== peers:"):
         assert part in out, out[-3000:]
     assert "FAILED" not in out
     assert any(line.startswith("single ") for line in out.splitlines())  # gpt.py's table row
-    assert "spe/shuf" in out and "fitjax/peer" in out
+    assert "spe/shuf" in out and "fitjax/peer" in out and "peak plan" in out
     assert out.rstrip().splitlines()[-1].startswith("== gpu_check: ok")

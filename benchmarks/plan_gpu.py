@@ -1,0 +1,128 @@
+"""The planner against real fits on the GPU it runs on: is its estimate what the device then does?
+
+    python benchmarks/plan_gpu.py            # on a GPU machine: GPT-2 small's shape (~3 min on an H200)
+    python benchmarks/plan_gpu.py --smoke    # a tiny GPT on whatever JAX sees: checks it runs
+
+GPT-2 small's shape (`examples/gpt.py`: 12 blocks of width 768, 12 heads, context 1024), 16 rows a
+step, bf16-mixed, one device. The plan sweeps activation rematerialization (none, full) for the
+local device (`target="local"`); then each candidate is fitted for `--steps` optimizer steps after
+`--warmup` ones, each fit in a process of its own so that the device's high-water mark is that
+fit's. Printed per candidate:
+
+- memory: the plan's per-device peak (XLA's memory analysis of the step: arguments, outputs and
+  scratch) against the allocator's peak bytes in use during the fit (`memory_stats()`: the step's
+  and everything the loop keeps beside it: the batch in flight, the metric values fetched);
+- time: the plan's roofline step time (max of compute at peak FLOP/s and memory traffic at peak
+  bandwidth; no overlap modelled) against the measured step time (synced, steady state);
+- MFU: model FLOPs (6N + attention, the module's `transformer_shape`) over each time at the
+  device kind's peak (`fitjax/planner/_devices.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, ROOT)  # this checkout's fitjax
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import fitjax as fj  # noqa: E402
+import gpt  # noqa: E402
+from fitjax.planner import human_bytes, spec_for  # noqa: E402
+
+GPT2_SMALL = dict(layers=12, width=768, heads=12, context=1024)
+TINY = dict(layers=2, width=64, heads=4, context=64)
+
+
+def _trainer(**kwargs) -> fj.Trainer:
+    return fj.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, strategy="single", precision="bf16-mixed", **kwargs)
+
+
+def _batch(shape: dict, rows: int) -> list[dict]:
+    return [{"tokens": np.zeros((rows, shape["context"] + 1), np.int32)}]
+
+
+class _StepTimer(fj.Callback):
+    """Times the optimizer steps after `warmup` (the first compiles), synced at both ends."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.start, self.seconds, self.steps = warmup, None, None, 0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step == self.warmup and self.start is None:
+            jax.block_until_ready(trainer.state)
+            self.start, self.first = time.perf_counter(), trainer.global_step
+
+    def on_train_end(self, trainer, module):
+        jax.block_until_ready(trainer.state)
+        self.seconds, self.steps = time.perf_counter() - self.start, trainer.global_step - self.first
+
+
+def fit_one(shape: dict, rows: int, remat: str, warmup: int, steps: int) -> dict:
+    """One fit of the configuration; its measured step time and the device's peak bytes."""
+    timer = _StepTimer(warmup)
+    trainer = _trainer(remat=remat, max_steps=warmup + steps, limit_val_batches=0, callbacks=[timer])
+    data = gpt.GPTData(context=shape["context"], batch_size=rows)
+    trainer.fit(gpt.GPTModule(**shape), datamodule=data)
+    stats = trainer.devices[0].memory_stats() or {}
+    return {"step_s": timer.seconds / timer.steps, "peak_bytes": stats.get("peak_bytes_in_use"),
+            "device_kind": trainer.devices[0].device_kind}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=16, help="rows (sequences) a step")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per fit")
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT, 2 rows, 2 timed steps: checks it runs")
+    parser.add_argument("--fit", metavar="REMAT", help=argparse.SUPPRESS)  # one fit, in a child process
+    args = parser.parse_args(argv)
+    shape, rows = (TINY, 2) if args.smoke else (GPT2_SMALL, args.rows)
+    steps = 2 if args.smoke else args.steps
+    if args.fit:
+        print(json.dumps(fit_one(shape, rows, args.fit, args.warmup, steps)), flush=True)
+        return
+    device = jax.devices()[0]
+    print(f"jax {jax.__version__} on {device.device_kind} ({device.platform}); GPT {shape}, {rows} rows a step, "
+          f"bf16-mixed, one device; {steps} timed steps after {args.warmup}", flush=True)
+    started = time.perf_counter()
+    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, rows), sweep={"remat": ["none", "full"]})
+    print(f"planned {len(plan.candidates)} candidates in {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"{'remat':<6}{'peak plan':>11}{'peak fit':>11}{'ratio':>7}{'step plan':>11}{'step fit':>11}"
+          f"{'ratio':>7}{'MFU plan':>10}{'MFU fit':>9}", flush=True)
+    tokens = rows * shape["context"]
+    for measured in plan.candidates:
+        child = subprocess.run([sys.executable, __file__, "--fit", measured.remat, "--warmup", str(args.warmup),
+                                "--steps", str(args.steps), "--rows", str(rows)] + (["--smoke"] if args.smoke else []),
+                               capture_output=True, text=True)
+        if child.returncode != 0:
+            print(f"{measured.remat:<6} the fit failed (exit {child.returncode}):\n{child.stderr[-2000:]}", flush=True)
+            continue
+        fit = json.loads(child.stdout.strip().splitlines()[-1])
+        planned_peak, fit_peak = measured.memory["peak"], fit["peak_bytes"]
+        peak_ratio = f"{fit_peak / planned_peak:.2f}" if fit_peak and planned_peak else "-"
+        step_plan = measured.step_time_s
+        step_ratio = f"{fit['step_s'] / step_plan:.2f}" if step_plan else "-"
+        spec = spec_for(fit["device_kind"])
+        mfu_fit = (measured.model_flops / (fit["step_s"] * spec.peak_flops)
+                   if spec is not None and measured.model_flops else None)
+        print(f"{measured.remat:<6}{human_bytes(planned_peak) if planned_peak else '-':>11}"
+              f"{human_bytes(fit_peak) if fit_peak else '-':>11}{peak_ratio:>7}"
+              f"{(f'{step_plan * 1e3:.1f} ms' if step_plan else '-'):>11}{fit['step_s'] * 1e3:>8.1f} ms"
+              f"{step_ratio:>7}{(f'{measured.mfu:.0%}' if measured.mfu else '-'):>10}"
+              f"{(f'{mfu_fit:.0%}' if mfu_fit else '-'):>9}", flush=True)
+    print(f"model FLOPs a step (6N + attention): {plan.candidates[0].model_flops:.3g} "
+          f"({tokens} tokens); recommended: {plan.recommended.name if plan.recommended else 'none'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
