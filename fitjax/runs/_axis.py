@@ -80,11 +80,15 @@ class RunAxis:
         seeds: each run's seed (its parameter init and random streams).
         hparams: each run's hyperparameters over the module's (dicts of the same keys), or None.
         owner: the module's class name, for errors.
+        vmap: how the runs are vmapped: `jax.vmap`, or the platform's (`fitjax.step.xla_cpu.runs_vmap`).
     """
 
-    def __init__(self, seeds: Sequence[int], hparams: Sequence[Mapping[str, Any]] | None, owner: str):
+    def __init__(self, seeds: Sequence[int], hparams: Sequence[Mapping[str, Any]] | None, owner: str, *,
+                 vmap: Callable[..., Callable] = jax.vmap):
         self.size = len(seeds)
         self.owner = owner
+        # the vmap of the platform (`xla_cpu.runs_vmap`: on CPU, convolutions computed per run)
+        self._vmap = vmap
         # made here, outside any trace: run i's key is exactly `jax.random.key(seeds[i])`
         self._key_data = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
         hparams = list(hparams) if hparams else [{}] * self.size
@@ -147,7 +151,7 @@ class RunAxis:
         hyperparameter used where JAX needs a Python value (a shape, an `if`) is refused, named."""
         traced = {k: jnp.asarray(v) for k, v in self._values.items()}
         try:
-            return jax.vmap(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)(traced, *args)
+            return self._vmap(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)(traced, *args)
         except _TRACER_ERRORS as err:
             if not self.differing or not _is_tracer_error(err):
                 raise
@@ -163,7 +167,7 @@ class RunAxis:
         """Whether tracing with only `key` traced (the others at run 0's values) fails as above."""
         fixed = {**self.fixed, **{k: v[0].item() for k, v in self._values.items() if k != key}}
         try:
-            jax.vmap(self._member(fn, fixed), in_axes=(0, *in_axes))({key: jnp.asarray(self._values[key])}, *args)
+            self._vmap(self._member(fn, fixed), in_axes=(0, *in_axes))({key: jnp.asarray(self._values[key])}, *args)
         except _TRACER_ERRORS as err:
             return _is_tracer_error(err)
         return False
