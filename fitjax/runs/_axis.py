@@ -146,12 +146,15 @@ class RunAxis:
 
         return member
 
-    def _vmapped(self, fn: Callable, in_axes: tuple, *args: Any, out_axes: Any = 0) -> Any:
+    def _vmapped(self, fn: Callable, in_axes: tuple, *args: Any, out_axes: Any = 0,
+                 vmap: Callable[..., Callable] | None = None) -> Any:
         """`fn` of every run (`in_axes` of `args`), the differing hyperparameters traced. A
-        hyperparameter used where JAX needs a Python value (a shape, an `if`) is refused, named."""
+        hyperparameter used where JAX needs a Python value (a shape, an `if`) is refused, named.
+        `vmap`: another than the platform's."""
         traced = {k: jnp.asarray(v) for k, v in self._values.items()}
         try:
-            return self._vmap(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)(traced, *args)
+            over_runs = (vmap or self._vmap)(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)
+            return over_runs(traced, *args)
         except _TRACER_ERRORS as err:
             if not self.differing or not _is_tracer_error(err):
                 raise
@@ -179,7 +182,10 @@ class RunAxis:
         def runs_init(rng, batch, given):
             del rng
             keys = jax.random.wrap_key_data(jnp.asarray(self._key_data))
-            state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES)
+            # `jax.vmap`: the forward pass Linen's init traces is dead code, so the platform's
+            # convolutions per run (`xla_cpu.runs_vmap`) would only add compile time
+            state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES,
+                                  vmap=jax.vmap)
             # which runs still train (an early-stopped run's updates are masked out)
             return state.replace(metrics=self.flat(state.metrics), extras={_ACTIVE: jnp.ones(self.size, bool)})
 

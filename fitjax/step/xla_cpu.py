@@ -229,5 +229,6 @@ def _conv_per_run(batched: Callable, conv: Any, axis_data: Any, args: tuple, dim
     (lhs, rhs), (lhs_dim, rhs_dim) = args, dims
     if axis_data.name != _RUNS_AXIS or lhs_dim is None or rhs_dim is None:
         return batched(axis_data, args, dims, **params)
-    lhs, rhs = jnp.moveaxis(lhs, lhs_dim, 0), jnp.moveaxis(rhs, rhs_dim, 0)
-    return jnp.stack([conv.bind(lhs[i], rhs[i], **params) for i in range(lhs.shape[0])]), 0
+    one = functools.partial(jax.lax.index_in_dim, keepdims=False)
+    return jnp.stack([conv.bind(one(lhs, i, lhs_dim), one(rhs, i, rhs_dim), **params)
+                      for i in range(lhs.shape[lhs_dim])]), 0
