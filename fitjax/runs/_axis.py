@@ -80,11 +80,15 @@ class RunAxis:
         seeds: each run's seed (its parameter init and random streams).
         hparams: each run's hyperparameters over the module's (dicts of the same keys), or None.
         owner: the module's class name, for errors.
+        vmap: how the runs are vmapped: `jax.vmap`, or the platform's (`fitjax.step.xla_cpu.runs_vmap`).
     """
 
-    def __init__(self, seeds: Sequence[int], hparams: Sequence[Mapping[str, Any]] | None, owner: str):
+    def __init__(self, seeds: Sequence[int], hparams: Sequence[Mapping[str, Any]] | None, owner: str, *,
+                 vmap: Callable[..., Callable] = jax.vmap):
         self.size = len(seeds)
         self.owner = owner
+        # the vmap of the platform (`xla_cpu.runs_vmap`: on CPU, convolutions computed per run)
+        self._vmap = vmap
         # made here, outside any trace: run i's key is exactly `jax.random.key(seeds[i])`
         self._key_data = np.stack([np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds])
         hparams = list(hparams) if hparams else [{}] * self.size
@@ -142,12 +146,15 @@ class RunAxis:
 
         return member
 
-    def _vmapped(self, fn: Callable, in_axes: tuple, *args: Any, out_axes: Any = 0) -> Any:
+    def _vmapped(self, fn: Callable, in_axes: tuple, *args: Any, out_axes: Any = 0,
+                 vmap: Callable[..., Callable] | None = None) -> Any:
         """`fn` of every run (`in_axes` of `args`), the differing hyperparameters traced. A
-        hyperparameter used where JAX needs a Python value (a shape, an `if`) is refused, named."""
+        hyperparameter used where JAX needs a Python value (a shape, an `if`) is refused, named.
+        `vmap`: another than the platform's."""
         traced = {k: jnp.asarray(v) for k, v in self._values.items()}
         try:
-            return jax.vmap(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)(traced, *args)
+            over_runs = (vmap or self._vmap)(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)
+            return over_runs(traced, *args)
         except _TRACER_ERRORS as err:
             if not self.differing or not _is_tracer_error(err):
                 raise
@@ -163,7 +170,7 @@ class RunAxis:
         """Whether tracing with only `key` traced (the others at run 0's values) fails as above."""
         fixed = {**self.fixed, **{k: v[0].item() for k, v in self._values.items() if k != key}}
         try:
-            jax.vmap(self._member(fn, fixed), in_axes=(0, *in_axes))({key: jnp.asarray(self._values[key])}, *args)
+            self._vmap(self._member(fn, fixed), in_axes=(0, *in_axes))({key: jnp.asarray(self._values[key])}, *args)
         except _TRACER_ERRORS as err:
             return _is_tracer_error(err)
         return False
@@ -175,7 +182,10 @@ class RunAxis:
         def runs_init(rng, batch, given):
             del rng
             keys = jax.random.wrap_key_data(jnp.asarray(self._key_data))
-            state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES)
+            # `jax.vmap`: the forward pass Linen's init traces is dead code, so the platform's
+            # convolutions per run (`xla_cpu.runs_vmap`) would only add compile time
+            state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES,
+                                  vmap=jax.vmap)
             # which runs still train (an early-stopped run's updates are masked out)
             return state.replace(metrics=self.flat(state.metrics), extras={_ACTIVE: jnp.ones(self.size, bool)})
 

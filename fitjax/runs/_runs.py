@@ -16,6 +16,7 @@ import jax
 
 from fitjax import step as step_lib
 from fitjax.data import DataLoader
+from fitjax.step import xla_cpu
 from fitjax.runs._axis import RunAxis
 from fitjax.runs._orders import RunOrders
 from fitjax.strategies import DataParallel, RunsParallel, SingleDevice, Strategy
@@ -118,8 +119,9 @@ class Runs:
                 "StochasticWeightAveraging, BaseFinetuning, SpikeDetection, ...) is not supported yet: "
                 "drop those callbacks or fit the runs one at a time.")
 
-    def axis(self, module: Any) -> RunAxis:
-        """The runs of a fit of `module`: its hyperparameters must have every name the runs set."""
+    def axis(self, module: Any, strategy: Strategy | None = None) -> RunAxis:
+        """The runs of a fit of `module`: its hyperparameters must have every name the runs set;
+        vmapped as `strategy`'s platform does best (`xla_cpu.runs_vmap`; None: `jax.vmap`)."""
         owner = type(module).__name__
         if vars(module).get("_weights_load") is not None:
             raise ValueError(f"Trainer(runs=...) with {owner}.load_weights(...) is not supported yet: "
@@ -132,7 +134,9 @@ class Runs:
                     f"Trainer(runs=[...]): runs[{i}] sets {unknown}, which {owner}'s hparams do not have "
                     f"(saved: {sorted(saved)}). Make them __init__ arguments recorded by "
                     "`self.save_hyperparameters()`, and read them through `self.hparams`.")
-        return RunAxis(self.seeds, self.hparams, owner)
+        vmap = jax.vmap if strategy is None else xla_cpu.runs_vmap(
+            platform=strategy.platform, sharded=isinstance(strategy, RunsParallel))
+        return RunAxis(self.seeds, self.hparams, owner, vmap=vmap)
 
     def train_loader(self, loader: Any) -> Any:
         """The train loader the runs read: `RunOrders` for a `DataLoader(shuffle="per_run")`
@@ -146,7 +150,7 @@ class Runs:
         """The state of every run, stacked, and the programs that train them together;
         `per_run_data`: `batch` holds each run's rows (`RunOrders`), run 0's build the programs
         (every run's state starts from its seed alone, whatever its first rows)."""
-        axis = self.axis(module)
+        axis = self.axis(module, strategy)
         spec = module.step_spec()
         if spec.variables is not None and not axis.differing:
             # every run would start from the same weights: they would differ by random streams alone
