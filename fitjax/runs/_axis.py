@@ -68,6 +68,24 @@ def member(tree: Any, i: jax.Array | int) -> Any:
     return jax.tree.map(lambda x: x[i], tree)
 
 
+def _one_by_one(fn: Callable, *, in_axes: tuple, out_axes: Any) -> Callable:
+    """`jax.vmap(fn, in_axes, out_axes)` computed run by run (`jax.lax.map`). `in_axes`: 0 or
+    None per argument; `out_axes`: 0 or None per leaf of its tree (None: the runs' results are
+    the same, run 0's is taken)."""
+    assert all(axis in (0, None) for axis in in_axes), in_axes
+
+    def over_runs(*args: Any) -> Any:
+        def one(mapped: list) -> Any:
+            values = iter(mapped)
+            return fn(*(next(values) if axis == 0 else arg for arg, axis in zip(args, in_axes)))
+
+        out = jax.lax.map(one, [arg for arg, axis in zip(args, in_axes) if axis == 0])
+        return jax.tree.map(lambda axis, tree: tree if axis == 0 else jax.tree.map(lambda x: x[0], tree),
+                            out_axes, out, is_leaf=lambda x: x is None)
+
+    return over_runs
+
+
 def run_suffix(i: int) -> str:
     """What the keys of run `i`'s values end with: `/run_<i>` (as Lightning's `/dataloader_idx_<i>`)."""
     return f"{_SUFFIX}{i}"
@@ -182,10 +200,10 @@ class RunAxis:
         def runs_init(rng, batch, given):
             del rng
             keys = jax.random.wrap_key_data(jnp.asarray(self._key_data))
-            # `jax.vmap`: the forward pass Linen's init traces is dead code, so the platform's
-            # convolutions per run (`xla_cpu.runs_vmap`) would only add compile time
+            # one run after another (`_one_by_one`): the init program is then one run's, compiled
+            # in about one run's time (vmapped, the 8-run CNN's took twice as long), and runs once
             state = self._vmapped(init_fn, (0, None, None), keys, batch, given, out_axes=_STATE_AXES,
-                                  vmap=jax.vmap)
+                                  vmap=_one_by_one)
             # which runs still train (an early-stopped run's updates are masked out)
             return state.replace(metrics=self.flat(state.metrics), extras={_ACTIVE: jnp.ones(self.size, bool)})
 
