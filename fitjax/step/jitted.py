@@ -201,7 +201,8 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     programs = {}
     if fit:
         def train_programs_for(other: StepOptions) -> dict[str, Any]:
-            made = _train_programs(spec, tx, other, train_names, strategy, shardings, runs)
+            made = _train_programs(spec, tx, other, train_names, strategy, shardings, runs,
+                                   abstract=(abstract_state, abstract_batch))
             make = made.pop("make")
             made["train_step_cost"] = lambda: train_step_cost(
                 make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
@@ -301,7 +302,8 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, spec.binding.annotations)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
-    made = _train_programs(spec, tx, options, train_names, strategy, shardings)
+    made = _train_programs(spec, tx, options, train_names, strategy, shardings,
+                           abstract=(abstract_state, abstract_batch))
     make, spe = made["make"], options.steps_per_execution
     inputs_sharding = _host_sharding(strategy, options, 1 if spe > 1 else 0)
     step = _jit_train(make(single=False), strategy, shardings, inputs_sharding)
@@ -325,9 +327,10 @@ def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, 
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings,
-                    runs: Any = None) -> dict[str, Any]:
+                    runs: Any = None, *, abstract: tuple[Any, Any]) -> dict[str, Any]:
     """The jitted train step variants, the host-input sharding and the metric reset (and `make`,
-    which makes a train step function); `runs` (see `build`) wraps each step."""
+    which makes a train step function); `runs` (see `build`) wraps each step. `abstract`: the
+    abstract state and one step's batch, to trace the step with."""
     runs = runs or _NoRuns()
     k, spe = options.accumulate_grad_batches, options.steps_per_execution
     replicated = strategy.replicated
@@ -348,10 +351,15 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     def stacked(single: bool) -> int:  # the dimensions (steps, micro-batches) in front of a call's batches
         return (0 if single or spe == 1 else 1) + (k > 1)
 
+    # loops (accumulation, several steps a call) unrolled where the platform runs them slowly
+    unrolled = (k > 1 or spe > 1) and xla_cpu.unrolls_loops(
+        platform=strategy.platform, step_fn=runs.step(make(single=False), stacked=stacked(False)),
+        state=abstract[0], inputs=step_inputs(abstract[1], options))
     full_leading = 1 if spe > 1 else 0
-    full = make(single=False)
+    full = make(single=False, unrolled=unrolled)
     train_step = jit_train(full, host_sharding(full_leading), single=False)
-    tail_step = jit_train(make(single=True), host_sharding(0), single=True) if spe > 1 else train_step
+    tail_step = (jit_train(make(single=True, unrolled=unrolled), host_sharding(0), single=True) if spe > 1
+                 else train_step)
     # compiled only if used (a block step runs only when the data is kept on the devices)
     block_step = jit_train(train.picking(full, options), (block_sharding(strategy), replicated), single=False)
 

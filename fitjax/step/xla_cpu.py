@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["SCHEDULER_FLAG", "Plan", "PlannedStep", "largest_buffer_bytes", "plan",
-           "prefer_depth_first_scheduler", "runs_vmap", "step"]
+           "prefer_depth_first_scheduler", "runs_vmap", "step", "unrolls_loops"]
 
 SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 # XLA aborts the process on a flag it does not know, so the flag is set only for the jaxlib
@@ -233,3 +233,33 @@ def _conv_per_run(batched: Callable, conv: Any, axis_data: Any, args: tuple, dim
     one = functools.partial(jax.lax.index_in_dim, keepdims=False)
     return jnp.stack([conv.bind(one(lhs, i, lhs_dim), one(rhs, i, rhs_dim), **params)
                       for i in range(lhs.shape[lhs_dim])]), 0
+
+
+def unrolls_loops(*, platform: str, step_fn: Callable, state: Any, inputs: Any) -> bool:
+    """Whether the train step's loops (over micro-batches with `accumulate_grad_batches`, over
+    steps with `steps_per_execution`) are unrolled into one straight program: on CPU, when the
+    step (`step_fn(state, inputs)`, traced abstractly) holds a convolution.
+
+    XLA:CPU runs a convolution's gradient inside a loop body on a slow path: measured, the
+    kernel gradient of a 3x3 convolution (32 images of 8x8x32, 64 filters) took 115 ms four
+    times in a `fori_loop` against 4.2 ms unrolled, and the digits CNN's epoch took 9.5x as long
+    with `accumulate_grad_batches=2` and 8.3x with `steps_per_execution=4`. Unrolled, the
+    program computes the same, compiled in a time that grows with the loops' length. Other
+    platforms keep their loops."""
+    if platform != "cpu":
+        return False
+    return _holds_convolution(jax.make_jaxpr(step_fn)(state, inputs).jaxpr)
+
+
+def _holds_convolution(jaxpr: Any) -> bool:
+    """Whether `jaxpr` or any jaxpr inside it (a scan's body, a `jax.checkpoint`, a `cond`'s
+    branches) holds a convolution."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is jax.lax.conv_general_dilated_p:
+            return True
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's Jaxpr
+                if hasattr(inner, "eqns") and _holds_convolution(inner):
+                    return True
+    return False
