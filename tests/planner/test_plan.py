@@ -80,6 +80,31 @@ def test_fsdp_keeps_an_eighth_of_the_state_and_zero1_of_the_optimizer_state_on_e
     assert dp.model_flops_source == "xla" and dp.model_flops == dp.xla_flops  # the CNN declares no shape
 
 
+def test_an_fsdp_x_tensor_candidate_is_planned_where_the_rules_name_a_tensor_axis_and_fits_as_planned():
+    from fitjax.planner._sweep import strategy_variants
+
+    names = list(strategy_variants(fj.strategies.FSDP(rules=gpt.GPT_RULES), jax.devices()))
+    assert names == ["dp", "zero1", "fsdp", "fsdp(data=2,fsdp=4)", "fsdp(fsdp=4,tensor=2)"]
+    assert "fsdp(fsdp=4,tensor=2)" not in strategy_variants(fj.strategies.FSDP(), jax.devices())
+
+    module, data = gpt.GPTModule(**TINY_GPT), gpt_data()
+    plan = quiet_trainer(strategy=fj.strategies.FSDP(rules=gpt.GPT_RULES)).plan(
+        module, data, sweep={"strategy": ["fsdp(fsdp=4,tensor=2)"]})
+    (tensor,) = plan.candidates
+    assert tensor.mesh == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert "all-reduce" in tensor.collectives  # the row-split matmuls' partial sums
+    # the fit with that strategy holds the state the candidate planned, in the same layout
+    trainer = quiet_trainer(strategy=fj.strategies.FSDP(tensor=2, rules=gpt.GPT_RULES), max_steps=1,
+                            limit_val_batches=0)
+    trainer.fit(gpt.GPTModule(**TINY_GPT), data)
+    state = sum(s.data.nbytes for x in jax.tree.leaves(trainer.state) for s in x.addressable_shards
+                if s.device == trainer.devices[0])
+    planned = tensor.memory["params"] + tensor.memory["optimizer"] + tensor.memory["other_state"]
+    assert planned == pytest.approx(state, rel=0.01)
+    up = trainer.state.params["block_0"]["up"]["kernel"]
+    assert up.addressable_shards[0].data.shape == (32 // 4, 128 // 2)
+
+
 @in_own_process  # libtpu stays out of the suite's process
 def test_gpt_example_planned_for_tpu_slices_declares_its_shape_and_is_deterministic():
     module = gpt.GPTModule(**TINY_GPT)
