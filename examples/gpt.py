@@ -5,6 +5,7 @@
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
+    python examples/gpt.py --preset small --scan-layers --remat full   # blocks as one nn.scan, recomputed
     fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
 
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
@@ -177,8 +178,8 @@ class GPTModule(fj.LitModule):
         if width % heads:
             raise ValueError(f"GPTModule(width={width!r}, heads={heads!r}): heads must divide width")
         # scan_layers off by default: the presets' 2-6 blocks compile in seconds either way, and
-        # `block_i` names are what checkpoints, LoRA targets and weight mappings use; for deep models
-        # (GPT-2's 12-48 blocks, planned for a TPU) the scan cuts compile time by the depth
+        # `block_i` names are what checkpoints, LoRA targets and weight mappings use; deep models gain
+        # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
         self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers)
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
