@@ -87,7 +87,7 @@ def _parse(hlo_text: str) -> tuple[dict[str, _Computation], str | None]:
     return computations, entry
 
 
-def _opcode(text: str) -> str | None:
+def _opcode_at(text: str) -> re.Match | None:
     """The opcode after an instruction's result type (a shape, or a tuple of them in parentheses)."""
     end = 0
     if text.startswith("("):
@@ -99,12 +99,20 @@ def _opcode(text: str) -> str | None:
         end += 1
     else:
         end = text.find(" ")
-    found = _OPCODE.match(text, max(end, 0))
+    return _OPCODE.match(text, max(end, 0))
+
+
+def _opcode(text: str) -> str | None:
+    found = _opcode_at(text)
     return found.group(1) if found else None
 
 
 def _operands(text: str) -> list[str]:
-    inside = text[text.index("(", text.index(_opcode(text) or "(")) + 1:] if "(" in text else ""
+    """The instruction names in an instruction's operand list."""
+    found = _opcode_at(text)
+    if not found:
+        return []
+    inside = text[found.end():]  # just after the opcode's opening parenthesis
     depth, end = 1, 0
     for end, char in enumerate(inside):  # up to the operand list's closing parenthesis
         depth += {"(": 1, ")": -1}.get(char, 0)
