@@ -5,6 +5,7 @@
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
+    python examples/gpt.py --preset small --scan-layers --remat full   # blocks as one nn.scan, recomputed
     fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
 
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
@@ -47,9 +48,10 @@ import fitjax as fj
 # `tensor` (Megatron: the first matmul of each pair is split by columns, the second by rows, so
 # each pair needs one all-reduce); the byte vocabulary stays whole.
 # "batch" names the activations' batch dimension (`nn.with_logical_constraint` in the model): split
-# over both data-parallel axes, as the trainer splits each batch.
+# over both data-parallel axes, as the trainer splits each batch. "layers" is the leading axis of
+# the stacked parameters of `scan_layers=True`: each device keeps every layer's slice.
 GPT_RULES = {"batch": ("data", "fsdp"), "vocab": None, "embed": "fsdp", "heads": "tensor", "mlp": "tensor",
-             "length": None}
+             "length": None, "layers": None}
 
 PRESETS: dict[str, dict[str, Any]] = {
     # CI: a few seconds of compilation, under a minute of training on 2 busy cores
@@ -111,13 +113,27 @@ class Block(nn.Module):
         return _place(x + h, "batch", None, None)
 
 
+class ScannedBlock(Block):
+    """A block as `nn.scan`'s body: (x, nothing) -> (x, nothing)."""
+
+    def __call__(self, x: jax.Array, _: None) -> tuple[jax.Array, None]:
+        return super().__call__(x), None
+
+
 class GPT(nn.Module):
-    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, 256]."""
+    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, 256].
+
+    `scan_layers=True` runs the blocks as one `nn.scan` over parameters stacked on a leading
+    "layers" axis (`params["blocks"]`, each array `[layers, ...]`) instead of `block_0` ...
+    `block_{layers-1}`: XLA then compiles one block, not `layers` copies of it (MaxText's
+    `scan_layers`). The same numbers from the same (stacked) parameters.
+    """
 
     layers: int
     width: int
     heads: int
     context: int
+    scan_layers: bool = False
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -126,8 +142,14 @@ class GPT(nn.Module):
         positions = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
                                (self.context, self.width))
         x = _place(embed(tokens) + positions[: tokens.shape[1]].astype(embed.embedding.dtype), "batch", None, None)
-        for i in range(self.layers):
-            x = Block(self.heads, residual_std=0.02 / (2 * self.layers) ** 0.5, name=f"block_{i}")(x)
+        residual_std = 0.02 / (2 * self.layers) ** 0.5
+        if self.scan_layers:
+            blocks = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                             length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = blocks(self.heads, residual_std=residual_std, name="blocks")(x, None)
+        else:
+            for i in range(self.layers):
+                x = Block(self.heads, residual_std=residual_std, name=f"block_{i}")(x)
         logits = embed.attend(nn.LayerNorm(use_bias=False)(x))  # tied: the output head is embed's table
         return _place(logits, "batch", None, None)
 
@@ -149,12 +171,16 @@ class GPTModule(fj.LitModule):
     """Next-byte prediction: `batch["tokens"]` [batch, context + 1] int32."""
 
     def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, context: int = 64,
-                 lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1):
+                 lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1,
+                 scan_layers: bool = False):
         super().__init__()
         self.save_hyperparameters()
         if width % heads:
             raise ValueError(f"GPTModule(width={width!r}, heads={heads!r}): heads must divide width")
-        self.model = GPT(layers=layers, width=width, heads=heads, context=context)
+        # scan_layers off by default: the presets' 2-6 blocks compile in seconds either way, and
+        # `block_i` names are what checkpoints, LoRA targets and weight mappings use; deep models gain
+        # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
+        self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers)
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
         # read by fj.LearningRateMonitor (optax keeps the schedule inside the optimizer)
@@ -339,6 +365,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress-bar", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-length", type=int, default=120, help="bytes per printed sample (0: none)")
+    parser.add_argument("--remat", default="none", choices=["none", "full", "dots", "offload"],
+                        help="recompute each block's activations in the backward pass (Trainer(remat=...))")
+    parser.add_argument("--scan-layers", action="store_true",
+                        help="run the blocks as one nn.scan over stacked parameters: XLA compiles one block")
     # every preset value can be overridden: --layers 6 --width 384 --max-steps 1000 ...
     for key, value in PRESETS["tiny"].items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=None)
@@ -367,7 +397,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
     train_loader = fj.DataLoader(train, batch_size=global_batch, shuffle=True, seed=args.seed, drop_last=True)
     val_loader = fj.DataLoader(val, batch_size=global_batch)
     module = GPTModule(layers=args.layers, width=args.width, heads=args.heads, context=args.context,
-                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps)
+                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps, scan_layers=args.scan_layers)
     # a row holds `context + 1` bytes: `context` of them are trained on (inputs, shifted targets)
     throughput = fj.ThroughputMonitor(batch_size_fn=lambda batch: batch["tokens"].shape[0],
                                       length_fn=lambda batch: batch["tokens"].shape[0] * args.context,
@@ -383,6 +413,7 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
         devices=args.devices if args.devices == "auto" else int(args.devices),
         precision=args.precision,
         accumulate_grad_batches=args.accumulate,
+        remat=args.remat,
         gradient_clip_val=1.0,
         log_every_n_steps=args.log_every,
         val_check_interval=args.ckpt_every * args.accumulate,  # batches: validate at each checkpoint

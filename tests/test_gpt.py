@@ -1,5 +1,6 @@
 """examples/gpt.py end to end: it learns, fsdp and fsdp × tensor give one device's numbers, a resumed
-run is bitwise the uninterrupted one, and generation writes what was asked.
+run is bitwise the uninterrupted one, generation writes what was asked, and `scan_layers` computes
+the unrolled model's numbers.
 
 Every run combines the options at once: AdamW with warmup-cosine, clipping at 1.0, gradient
 accumulation over 2 micro-batches, periodic checkpoints with validation, bf16 for the learning run.
@@ -10,9 +11,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from helpers import LossHistory, assert_trees_close  # first: it puts examples/ on the path
+from helpers import LossHistory, assert_trees_close, quiet_trainer  # first: it puts examples/ on the path
 
 import gpt  # noqa: E402,I001
+import flax.linen as nn
+import jax.numpy as jnp
+from jax.extend.core import jaxprs_in_params
 from jax.sharding import PartitionSpec as P
 
 import fitjax as fj
@@ -151,3 +155,63 @@ def test_resuming_a_finished_run_says_there_is_nothing_left_to_train(single, tmp
     assert run.trainer.global_step == 6 and losses == []
     assert ("nothing left to train: the checkpoint is at step 6 and --max-steps is 6; pass a larger --max-steps "
             "to train on") in capsys.readouterr().out
+
+
+def _stacked(params, layers: int):
+    """The unrolled model's parameters in `scan_layers`' layout: `block_i` stacked as `blocks`."""
+    blocks = [params[f"block_{i}"] for i in range(layers)]
+    rest = {k: v for k, v in params.items() if not k.startswith("block_")}
+    return {**rest, "blocks": jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)}
+
+
+def _primitives(jaxpr, depth=0):
+    """(depth, primitive name) of every equation, sub-jaxprs (a scan's body, a remat's) one deeper."""
+    for eqn in jaxpr.eqns:
+        yield depth, eqn.primitive.name
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _primitives(sub, depth + 1)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_scanned_blocks_compute_the_unrolled_models_loss_and_gradients(remat):
+    from fitjax.step.remat import remat_layers
+
+    shape = dict(layers=3, width=32, heads=2, context=16)
+    unrolled, scanned = gpt.GPT(**shape), gpt.GPT(**shape, scan_layers=True)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 17)), jnp.int32)
+    params = nn.unbox(unrolled.init(jax.random.key(0), tokens[:, :-1]))["params"]
+    stacked = _stacked(params, 3)
+    assert jax.tree.structure(stacked) == jax.tree.structure(
+        nn.unbox(scanned.init(jax.random.key(0), tokens[:, :-1]))["params"])
+
+    module = gpt.GPTModule(**shape)
+    loss = lambda model, p: module.loss(model.bind({"params": p}), {"tokens": tokens})  # noqa: E731
+    with remat_layers(remat):  # what Trainer(remat=...) traces the step under
+        want, want_grads = jax.jit(jax.value_and_grad(lambda p: loss(unrolled, p)))(params)
+        got, got_grads = jax.jit(jax.value_and_grad(lambda p: loss(scanned, p)))(stacked)
+        jaxpr = jax.make_jaxpr(lambda p: loss(scanned, p))(stacked).jaxpr
+    assert got == pytest.approx(want, rel=1e-6)
+    assert_trees_close(got_grads, _stacked(want_grads, 3), rtol=1e-5, atol=1e-7)
+    # remat composes with the scan: each iteration's block is rematerialized inside the loop's body
+    # (a checkpoint around the whole scan would keep every layer's activations for the backward pass)
+    # as one checkpoint (not one per Dense or LayerNorm in it); the embedding and the final norm at the top
+    found = list(_primitives(jaxpr))
+    assert [d for d, name in found if name == "scan"] == [0]
+    assert sorted(d for d, name in found if name == "remat2") == ([0, 0, 1] if remat == "full" else [])
+
+
+def test_scanned_blocks_train_under_fsdp_x_tensor_with_remat_and_keep_the_layer_axis_whole():
+    module = gpt.GPTModule(layers=2, width=32, heads=2, context=32, lr=1e-2, warmup=1, total_steps=4,
+                           scan_layers=True)
+    train, _ = gpt.splits(32)
+    history = LossHistory()
+    trainer = quiet_trainer(strategy=gpt.strategy_for("fsdp", tensor=2), max_steps=4, remat="full",
+                            callbacks=[history])
+    trainer.fit(module, fj.DataLoader(train, batch_size=8, shuffle=True, seed=0, drop_last=True))
+    assert len(history.losses) == 4 and history.losses[-1] < history.losses[0]
+    blocks = trainer.state.params["blocks"]
+    # [layers, ...]: the layer axis ("layers" -> None in GPT_RULES) on every device, the rest as unrolled
+    assert blocks["up"]["kernel"].shape == (2, 32, 128)
+    assert blocks["up"]["kernel"].sharding.spec == P(None, "fsdp", "tensor")
+    assert blocks["proj"]["kernel"].sharding.spec == P(None, "tensor", "fsdp")
+    assert blocks["up"]["kernel"].addressable_shards[0].data.shape == (2, 32 // 4, 128 // 2)

@@ -1,7 +1,7 @@
 """`Trainer(strategy="plan")`: fit with the strategy the planner recommends for the devices it runs on.
 
 At the start of each fit the planner compiles the train step for every strategy (dp, ZeRO-1,
-fsdp, hybrid fsdp) on the trainer's devices (again with activation rematerialization when none
+fsdp, hybrid fsdp; fsdp × tensor where a configured FSDP's rules name a tensor axis) on the trainer's devices (again with activation rematerialization when none
 fits without it), and fit runs the recommended one: the fastest estimate that fits (on a device with no peak figures,
 such as a CPU, the fewest FLOPs and collective bytes), said in one line. Only choices that
 leave the numbers as they are: the batch, precision and accumulation stay the trainer's.

@@ -5,7 +5,8 @@ how many devices share it. Bytes on the wire per device follow the ring algorith
 all-reduce sends `2 (n-1)/n` of its data, an all-gather or reduce-scatter `(n-1)/n` of the
 gathered/scattered whole, a permute all of it). An instruction inside a loop body (a `lax.scan`
 over micro-batches) runs once per iteration: its bytes are multiplied by the loop's trip count
-when XLA recorded it (`known_trip_count`).
+as XLA recorded it (`known_trip_count`) or as the loop's condition and counter give it
+(`fitjax.step.hlo_loops`: XLA:TPU records none).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import math
 import re
 from typing import NamedTuple
+
+from fitjax.step import hlo_loops
 
 __all__ = ["Collective", "collectives"]
 
@@ -22,9 +25,6 @@ _INSTRUCTION = re.compile(
 )
 _SHAPE = re.compile(r"\b(pred|bf16|f8e\w+|c64|c128|[suf]\d+)\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_WHILE = re.compile(r"while\(.*body=%?([\w.\-]+).*")
-_TRIP = re.compile(r'known_trip_count[^0-9]*(\d+)')
-_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-, %]+)\}?")
 
 
 class Collective(NamedTuple):
@@ -73,47 +73,10 @@ def _group_size(line: str, devices: int) -> int:
     return devices
 
 
-def _trip_counts(hlo_text: str) -> dict[str, int]:
-    """Computation name -> how many times it runs per call of the entry computation."""
-    bodies: dict[str, list[tuple[str, int]]] = {}  # computation -> [(called, times)]
-    current = None
-    for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line)
-        if header and "=" not in line.split("{")[0]:
-            current = header.group(1)
-            bodies.setdefault(current, [])
-            continue
-        if current is None:
-            continue
-        loop = _WHILE.search(line)
-        if loop and " while(" in line:
-            trip = _TRIP.search(line)
-            bodies[current].append((loop.group(1), int(trip.group(1)) if trip else 1))
-            continue
-        for called in _CALLS.findall(line):
-            for name in called.replace("%", "").split(","):
-                if name.strip():
-                    bodies[current].append((name.strip(), 1))
-    entry = next((m.group(1) for m in (re.match(r"^ENTRY\s+%?([\w.\-]+)", line) for line in hlo_text.splitlines())
-                  if m), None)
-    times: dict[str, int] = {}
-
-    def visit(name: str, factor: int, depth: int = 0) -> None:
-        if depth > 50:
-            return
-        times[name] = times.get(name, 0) + factor
-        for called, n in bodies.get(name, ()):
-            visit(called, factor * n, depth + 1)
-
-    if entry is not None:
-        visit(entry, 1)
-    return times
-
-
 def collectives(hlo_text: str, devices: int) -> dict[str, Collective]:
     """The collectives of a compiled program's HLO (`compiled.as_text()`) by kind, for a program
     over `devices` devices; kinds that do not occur are left out."""
-    times = _trip_counts(hlo_text)
+    times = hlo_loops.trip_counts(hlo_text)
     found: dict[str, list[float]] = {}
     current = None
     for line in hlo_text.splitlines():

@@ -124,9 +124,6 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
         program = jitted.abstract_train(spec, strategy, candidate.batch, options=options)
         try:
             compiled = program.train_step.lower(program.state, program.inputs).compile()
-            # XLA's cost analysis counts a loop body once: the unrolled program counts every micro-batch
-            counted = compiled if k == 1 and spe == 1 else program.unrolled_step.lower(
-                program.state, program.inputs).compile()
         except Exception as exc:
             if _OUT_OF_MEMORY in str(exc):
                 return _refused(candidate, target, program, str(exc), headroom, time.perf_counter() - started)
@@ -135,12 +132,15 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
             raise
     compile_s = time.perf_counter() - started
     memory = _memory(program, compiled.memory_analysis(), strategy)
-    cost = jitted.cost_of(counted)
+    text = compiled.as_text()
+    # loops (micro-batches, steps, scanned layers) counted per iteration, from the program itself:
+    # no second, unrolled compilation
+    cost = jitted.cost_of(compiled, text)
     xla_flops = cost.get("flops")
     xla_flops = xla_flops / spe if xla_flops and xla_flops > 0 else None
     accessed = cost.get("bytes accessed")
     accessed = accessed / spe if accessed and accessed > 0 else None
-    found = _hlo.collectives(compiled.as_text(), len(target.devices))
+    found = _hlo.collectives(text, len(target.devices))
     found = {kind: c._replace(count=c.count // spe, bytes=c.bytes // spe, wire_bytes=c.wire_bytes / spe)
              for kind, c in found.items()}
     rows = jax.tree.leaves(candidate.batch)[0].shape[0]
@@ -167,7 +167,7 @@ def _unrematerialized_flops(spec, strategy: Strategy, batch: Any, options: step_
     plain = dataclasses.replace(options, remat="none")
     with quiet_stderr(), plain.precision.context():
         program = jitted.abstract_train(spec, strategy, batch, options=plain)
-        flops = jitted.cost_of(program.unrolled_step.lower(program.state, program.inputs).compile()).get("flops")
+        flops = jitted.cost_of(program.train_step.lower(program.state, program.inputs).compile()).get("flops")
     return flops / options.steps_per_execution if flops and flops > 0 else None
 
 

@@ -3,7 +3,8 @@
 Without a sweep the plan has one candidate: the trainer as configured, exactly what `fit` would
 run. A sweep varies what the user leaves open, each axis a list: the strategy and its mesh
 (`single` on one device, `dp`, `zero1` (dp with the optimizer state sharded), `fsdp`, hybrid
-`fsdp` with 2 data replicas), activation
+`fsdp` with 2 data replicas, and `fsdp` × 2-way tensor parallelism where the configured FSDP's
+rules map some logical axis to "tensor", as the GPT example's heads and MLP units), activation
 rematerialization, micro-batches with gradient accumulation (the same global batch in `k`
 micro-batches of `1/k` of it: same numbers, less activation memory) and precision.
 """
@@ -42,7 +43,16 @@ def strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[[
                                                "fsdp": lambda: FSDP(**fsdp_args)}
     if n >= 4 and n % 2 == 0:
         made[f"fsdp(data=2,fsdp={n // 2})"] = lambda: FSDP(data=2, **fsdp_args)
+        if _names_tensor(fsdp_args.get("rules")):  # the model says which dimensions a tensor axis splits
+            made[f"fsdp(fsdp={n // 2},tensor=2)"] = lambda: FSDP(tensor=2, **fsdp_args)
     return made
+
+
+def _names_tensor(rules: Mapping[str, Any] | None) -> bool:
+    """Whether FSDP rules map some logical axis to the `tensor` mesh axis."""
+    def names(target: Any) -> bool:
+        return target == "tensor" or isinstance(target, (tuple, list)) and "tensor" in target
+    return any(names(target) for target in (rules or {}).values())
 
 
 def _axis(sweep: Mapping[str, Sequence], name: str, default: Sequence) -> list:

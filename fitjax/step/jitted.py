@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import context, xla_cpu, forward, train, trainable
+from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
@@ -267,8 +267,6 @@ class AbstractTrain(NamedTuple):
     inputs: Any
     #: the donated, jitted `train_step(state, inputs)` fit runs (to `.lower(state, inputs)`)
     train_step: Callable[..., Any]
-    #: the same step with its scans unrolled, for XLA's cost analysis (`train_step_cost`)
-    unrolled_step: Callable[..., Any]
 
 
 def step_inputs(batch: Batch, options: StepOptions, *, processes: int = 1) -> Any:
@@ -307,8 +305,7 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
     make, spe = made["make"], options.steps_per_execution
     inputs_sharding = _host_sharding(strategy, options, 1 if spe > 1 else 0)
     step = _jit_train(make(single=False), strategy, shardings, inputs_sharding)
-    unrolled = _jit_train(make(single=False, unrolled=True), strategy, shardings, inputs_sharding, donate=False)
-    return AbstractTrain(state, step_inputs(abstract_batch, options), step, unrolled)
+    return AbstractTrain(state, step_inputs(abstract_batch, options), step)
 
 
 def _host_sharding(strategy: Strategy, options: StepOptions, leading: int):
@@ -386,8 +383,9 @@ def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: S
 
     `step_fn` is the train step with its scans unrolled (`make_train_step(unrolled=True)`):
     XLA's cost analysis counts a loop body once, so the program that runs (a scan over
-    micro-batches and steps) would report one micro-batch's FLOPs. Compiled once per call of
-    this function, with the step's own shardings and nothing donated.
+    micro-batches and steps) would report one micro-batch's FLOPs. (`cost_of` counts the loops
+    left in the model, such as scanned layers, per iteration.) Compiled once per call of this
+    function, with the step's own shardings and nothing donated.
     """
     leading = 1 if options.steps_per_execution > 1 else 0
     jitted = _jit_train(step_fn, strategy, shardings, _host_sharding(strategy, options, leading), donate=False)
@@ -403,12 +401,15 @@ def step_memory_bytes(memory_analysis: Any) -> int:
                + m.temp_size_in_bytes)
 
 
-def cost_of(compiled: Any) -> dict[str, float]:
-    """A compiled program's `cost_analysis()` as `{name: float}` (`flops`, `bytes accessed`, ...)."""
+def cost_of(compiled: Any, hlo_text: str | None = None) -> dict[str, float]:
+    """A compiled program's `cost_analysis()` as `{name: float}` (`flops`, `bytes accessed`, ...),
+    each loop body counted once per iteration (`fitjax.step.hlo_loops`: XLA counts it once).
+    `hlo_text`: `compiled.as_text()` when the caller has it already."""
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jaxlibs: one dict per program
         cost = cost[0] if cost else {}
-    return {key: float(value) for key, value in (cost or {}).items() if isinstance(value, (int, float))}
+    cost = {key: float(value) for key, value in (cost or {}).items() if isinstance(value, (int, float))}
+    return hlo_loops.per_iteration(compiled.as_text() if hlo_text is None else hlo_text, cost)
 
 
 def _variables(state: TrainState) -> tuple[Any, Any]:
