@@ -204,6 +204,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
             made = _train_programs(spec, tx, other, train_names, strategy, shardings, runs,
                                    abstract=(abstract_state, abstract_batch))
             make = made.pop("make")
+            made.pop("loops_unrolled")
             made["train_step_cost"] = lambda: train_step_cost(
                 make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
             return made
@@ -304,7 +305,7 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
                            abstract=(abstract_state, abstract_batch))
     make, spe = made["make"], options.steps_per_execution
     inputs_sharding = _host_sharding(strategy, options, 1 if spe > 1 else 0)
-    step = _jit_train(make(single=False), strategy, shardings, inputs_sharding)
+    step = _jit_train(make(single=False, unrolled=made["loops_unrolled"]), strategy, shardings, inputs_sharding)
     return AbstractTrain(state, step_inputs(abstract_batch, options), step)
 
 
@@ -372,7 +373,8 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
                                 out_shardings=shardings.metrics)
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
             "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
-            "make": lambda single, unrolled=False: runs.step(make(single, unrolled), stacked=stacked(single))}
+            "make": lambda single, unrolled=False: runs.step(make(single, unrolled), stacked=stacked(single)),
+            "loops_unrolled": unrolled}
 
 
 def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: StepOptions, abstract_state,
