@@ -13,7 +13,7 @@ from fitjax.callbacks.summary import RichModelSummary
 
 __all__ = ["DefaultCheckpoint", "with_defaults"]
 
-SAVE_SHARE = 0.05  # the default checkpoint's saves take at most this share of the fit's time
+SAVE_SHARE = 0.02  # the default checkpoint's saves take at most this share of the fit's time
 
 
 def with_defaults(callbacks: Iterable[Callback] | None, *, progress_bar: bool, model_summary: bool

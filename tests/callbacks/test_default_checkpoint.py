@@ -125,4 +125,4 @@ def test_a_configured_model_checkpoint_keeps_its_schedule(tmp_path):
 def test_share_is_checked():
     with pytest.raises(ValueError, match=r"DefaultCheckpoint\(share=...\) must be a number in \(0, 1\], got 0"):
         DefaultCheckpoint(share=0)
-    assert np.isclose(DefaultCheckpoint().share, 0.05)
+    assert np.isclose(DefaultCheckpoint().share, 0.02)
