@@ -352,7 +352,7 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     # loops (accumulation, several steps a call) unrolled where the platform runs them slowly
     unrolled = (k > 1 or spe > 1) and xla_cpu.unrolls_loops(
         platform=strategy.platform, step_fn=runs.step(make(single=False), stacked=stacked(False)),
-        state=abstract[0], inputs=step_inputs(abstract[1], options))
+        state=abstract[0], inputs=step_inputs(abstract[1], options), trips=k * spe)
     full_leading = 1 if spe > 1 else 0
     full = make(single=False, unrolled=unrolled)
     train_step = jit_train(full, host_sharding(full_leading), single=False)

@@ -204,7 +204,7 @@ def _conv(x, k):
     return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def test_loops_are_unrolled_on_cpu_only_for_steps_holding_a_convolution():
+def test_short_loops_are_unrolled_on_cpu_only_for_steps_holding_a_convolution():
     x, k = jax.numpy.ones((2, 4, 4, 3)), jax.numpy.ones((3, 3, 3, 5))
 
     def nested(state, inputs):  # a convolution inside a rematerialized function inside a scan
@@ -215,10 +215,11 @@ def test_loops_are_unrolled_on_cpu_only_for_steps_holding_a_convolution():
         return jax.lax.scan(lambda carry, xi: (carry + (xi @ state).sum(), None), 0.0, inputs)[0]
 
     stacked = jax.numpy.stack([x, x])
-    assert _xla_cpu.unrolls_loops(platform="cpu", step_fn=nested, state=k, inputs=stacked)
-    assert not _xla_cpu.unrolls_loops(platform="gpu", step_fn=nested, state=k, inputs=stacked)
+    assert _xla_cpu.unrolls_loops(platform="cpu", step_fn=nested, state=k, inputs=stacked, trips=2)
+    assert not _xla_cpu.unrolls_loops(platform="cpu", step_fn=nested, state=k, inputs=stacked, trips=32)
+    assert not _xla_cpu.unrolls_loops(platform="gpu", step_fn=nested, state=k, inputs=stacked, trips=2)
     assert not _xla_cpu.unrolls_loops(platform="cpu", step_fn=dense, state=jax.numpy.ones((4, 2)),
-                                      inputs=jax.numpy.ones((2, 3, 4)))
+                                      inputs=jax.numpy.ones((2, 3, 4)), trips=2)
 
 
 class SmallCNN(nn.Module):
