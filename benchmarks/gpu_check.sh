@@ -76,10 +76,12 @@ if [ "$smoke" -eq 1 ]; then
   step 120 peers "$python" "$here/peers.py" --smoke
   step 150 overhead "$python" "$here/overhead.py" --smoke
 else
-  step 120 many_runs "$python" "$here/many_runs.py"
-  step 120 plan_gpu "$python" "$here/plan_gpu.py"
+  # limits from its first run on an H200 (many_runs 80 s, plan_gpu 181 s with --steps 20 where
+  # each fit's start took ~60 s, gpt 149 s, peers 58 s, overhead 86 s): 590 s in all
+  step 100 many_runs "$python" "$here/many_runs.py"
+  step 180 plan_gpu "$python" "$here/plan_gpu.py" --steps 10
   step 150 gpt "$python" "$here/gpt.py" --gpu --repeats 1 --steps 20
-  step 80 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 1
+  step 70 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 1
   step 90 overhead "$python" "$here/overhead.py" --repeats 1
 fi
 echo
