@@ -15,9 +15,11 @@ from helpers import assert_trees_close, quiet_trainer
 import fitjax as fj
 from fitjax.step import StepOptions, xla_cpu
 
+
 RNG = np.random.default_rng(0)
 IMAGES = RNG.normal(size=(32, 6, 6, 1)).astype(np.float32)
 DATA = {"image": IMAGES, "y": IMAGES.mean(axis=(1, 2))}
+
 
 class ConvNet(nn.Module):
     @nn.compact
@@ -25,6 +27,7 @@ class ConvNet(nn.Module):
         x = nn.relu(nn.Conv(4, (3, 3))(x))  # the kernel holds the runs, the batch does not
         x = nn.relu(nn.Conv(4, (3, 3), strides=(2, 2))(x))  # both hold them
         return nn.Dense(1)(x.reshape(x.shape[0], -1))
+
 
 class Convs(fj.LitModule):
     def __init__(self, lr: float = 0.05):
@@ -38,8 +41,10 @@ class Convs(fj.LitModule):
     def configure_optimizer(self):
         return optax.sgd(self.hparams.lr, momentum=0.9)
 
+
 def loader():
     return fj.DataLoader(DATA, batch_size=16, shuffle=True, seed=0)
+
 
 def test_conv_runs_hold_no_grouped_convolution_and_equal_single_fits():
     strategy = fj.strategies.SingleDevice()
@@ -59,6 +64,7 @@ def test_conv_runs_hold_no_grouped_convolution_and_equal_single_fits():
         alone = quiet_trainer(max_epochs=1, seed=i, strategy="single")
         alone.fit(Convs(), loader())
         assert_trees_close(fj.runs.member(trainer.state.params, i), alone.state.params, rtol=1e-5, atol=1e-6)
+
 
 def test_only_the_runs_axis_computes_convolutions_per_run():
     assert xla_cpu.runs_vmap(platform="gpu") is jax.vmap
