@@ -10,9 +10,11 @@
 #                                   shape against fits of the same configurations on the GPU
 #   3. benchmarks/gpt.py --gpu      GPT-2 small's shape: tokens/s and MFU of fitjax against the
 #                                   hand-written loop (bf16-mixed, accumulation 2, clip 1.0)
-#   4. benchmarks/peers.py --gpu    fitjax against Lightning 2.6 (torch on CUDA) on the tiny MLP,
+#   4. benchmarks/init_compile.py   GPT-2 small's init compiled with threefry as XLA operations and
+#                                   as JAX's GPU kernel (what fit does on GPU): times, same bits
+#   5. benchmarks/peers.py --gpu    fitjax against Lightning 2.6 (torch on CUDA) on the tiny MLP,
 #                                   the MNIST-sized MLP and the small CNN of overhead.py
-#   5. benchmarks/overhead.py       the overhead rows (tiny, clip, ema, steps_per_execution, defaults)
+#   6. benchmarks/overhead.py       the overhead rows (tiny, clip, ema, steps_per_execution, defaults)
 # fitjax runs from this checkout (PYTHONPATH), not an installed copy. What the machine lacks of
 # fitjax's own dependencies travels as wheels in benchmarks/wheels/ (tensorboardX: the CUDA image
 # has tensorboard but not it) and is installed into a scratch folder, never into the system.
@@ -73,14 +75,18 @@ if [ "$smoke" -eq 1 ]; then
   step 120 many_runs "$python" "$here/many_runs.py" --smoke
   step 150 plan_gpu "$python" "$here/plan_gpu.py" --smoke
   step 120 gpt "$python" "$here/gpt.py" --smoke
+  step 60 init_compile "$python" "$here/init_compile.py" --smoke
   step 120 peers "$python" "$here/peers.py" --smoke
   step 150 overhead "$python" "$here/overhead.py" --smoke
 else
   # limits from its first run on an H200 (many_runs 80 s, plan_gpu 181 s with --steps 20 where
-  # each fit's start took ~60 s, gpt 149 s, peers 58 s, overhead 86 s): 590 s in all
-  step 100 many_runs "$python" "$here/many_runs.py"
-  step 180 plan_gpu "$python" "$here/plan_gpu.py" --steps 10
-  step 150 gpt "$python" "$here/gpt.py" --gpu --repeats 1 --steps 20
+  # each fit's start took ~60 s, gpt 149 s, peers 58 s, overhead 86 s), less the ~40 s a GPT
+  # state's init took to compile before it lowered threefry to the GPU kernel (init_compile
+  # measures both: 55 s): 590 s in all
+  step 90 many_runs "$python" "$here/many_runs.py"
+  step 150 plan_gpu "$python" "$here/plan_gpu.py" --steps 10
+  step 120 gpt "$python" "$here/gpt.py" --gpu --repeats 1 --steps 20
+  step 70 init_compile "$python" "$here/init_compile.py"
   step 70 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 1
   step 90 overhead "$python" "$here/overhead.py" --repeats 1
 fi

@@ -24,7 +24,7 @@ def test_there_are_benchmarks():
 
 
 # their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
-IN_GPU_CHECK = {"gpt.py", "many_runs.py", "overhead.py", "peers.py", "plan_gpu.py"}
+IN_GPU_CHECK = {"gpt.py", "init_compile.py", "many_runs.py", "overhead.py", "peers.py", "plan_gpu.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

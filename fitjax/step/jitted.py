@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu
+from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu, xla_gpu
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
@@ -193,10 +193,12 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         def initial(given=given):  # the model's own values, for what the source does not give
             if given is not None:
                 return given
-            return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
-                rng, sharded_batch)
+            with xla_gpu.rng_kernels(strategy.platform):
+                return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
+                    rng, sharded_batch)
         given = spec.weights((abstract_state.params, abstract_state.model_state), variable_shardings, initial)
-    state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
+    with xla_gpu.rng_kernels(strategy.platform):  # GPU: the init's draws compile in seconds, same bits
+        state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
 
     programs = {}
     if fit:
