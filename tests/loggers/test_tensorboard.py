@@ -1,5 +1,6 @@
 """TensorBoardLogger, read back with TensorBoard's own reader and its hparams plugin backend."""
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,21 @@ def test_scalars_are_written_at_their_global_steps(tmp_path):
     assert _points(accumulator, "train/loss") == [(10, 2.0), (20, 1.5)]
     assert _points(accumulator, "lr") == [(10, pytest.approx(0.1)), (20, pytest.approx(0.05))]
     assert _points(accumulator, "val/acc") == [(20, 0.75)]
+
+
+def test_what_was_logged_is_readable_after_save_and_no_thread_writes_it(tmp_path):
+    """Events are written by the thread that logs (tensorboardX's queue and writer thread cost a
+    tiny step ~11%): `save()` puts every event logged so far on disk, with the file still open."""
+    before = set(threading.enumerate())
+    logger = TensorBoardLogger(tmp_path, flush_secs=3600)  # no timed flush during the test
+    for step in range(1, 201):
+        logger.log_metrics({"train/loss": 1.0 / step}, step=step)
+    assert set(threading.enumerate()) == before  # no writer (or queue feeder) thread started
+    logger.save()
+    assert len(_points(_read(logger.log_dir), "train/loss")) == 200
+    logger.log_metrics({"train/loss": 0.0}, step=201)
+    logger.finalize("success")
+    assert _points(_read(logger.log_dir), "train/loss")[-1] == (201, 0.0)
 
 
 def test_hparams_land_in_the_run_folder_itself_with_their_values_and_status(tmp_path):
