@@ -205,10 +205,9 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         def train_programs_for(other: StepOptions) -> dict[str, Any]:
             made = _train_programs(spec, tx, other, train_names, strategy, shardings, runs,
                                    abstract=(abstract_state, abstract_batch))
-            make = made.pop("make")
-            made.pop("loops_unrolled")
-            made["train_step_cost"] = lambda: train_step_cost(
-                make(single=False, unrolled=True), strategy, shardings, other, abstract_state, abstract_batch)
+            make, unrolled = made.pop("make"), made.pop("loops_unrolled")
+            made["train_step_cost"] = lambda: train_step_cost(  # the step as it runs, loops and all
+                make(single=False, unrolled=unrolled), strategy, shardings, other, abstract_state, abstract_batch)
             return made
 
         programs = {**train_programs_for(options), "train_programs_for": train_programs_for}
@@ -385,11 +384,10 @@ def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: S
     batches shaped like `abstract_batch` (this process's), as compiled for one device of the
     strategy's mesh: the partitioned program each device runs.
 
-    `step_fn` is the train step with its scans unrolled (`make_train_step(unrolled=True)`):
-    XLA's cost analysis counts a loop body once, so the program that runs (a scan over
-    micro-batches and steps) would report one micro-batch's FLOPs. (`cost_of` counts the loops
-    left in the model, such as scanned layers, per iteration.) Compiled once per call of this
-    function, with the step's own shardings and nothing donated.
+    `step_fn` is the train step as fit runs it: its scans over micro-batches and steps (and a
+    model's own, such as scanned layers) are counted once per iteration by `cost_of`, where
+    XLA's analysis counts a loop body once. Compiled once per call of this function, with the
+    step's own shardings and nothing donated.
     """
     leading = 1 if options.steps_per_execution > 1 else 0
     jitted = _jit_train(step_fn, strategy, shardings, _host_sharding(strategy, options, leading), donate=False)

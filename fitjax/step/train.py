@@ -170,9 +170,7 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
     (one with `single=True`: an epoch's leftovers); `values` are the last step's.
 
     `unrolled`: the scans over micro-batches and steps fully unrolled, the same computation as
-    one straight program: for XLA's cost analysis, which counts a loop's body once whatever its
-    trip count (measured: a 4-step `lax.scan` reports one step's FLOPs), and where a platform
-    runs the loops slowly (`xla_cpu.unrolls_loops`)."""
+    one straight program, where a platform runs the loops slowly (`xla_cpu.unrolls_loops`)."""
     policy = options.precision
     k = options.accumulate_grad_batches
     user_names = tuple(n for n in metric_names if n != "grad_norm")
