@@ -29,9 +29,10 @@ from fitjax.loop.progress import Progress
 # JAX's, for the train state's random key). 66 before issue 40's changes, 48 after; 78 once the
 # one road of logged values (issue 35) ran each callback's hook in its own `collecting()` block
 # with the host model installed (15 calls per hook); 38 since fitjax's own per-step hooks are
-# marked `plain_hook` and called directly (one call for the two, none of those blocks).
-CALLS_PER_STEP = 38
-HOOK_CALLS_PER_STEP = 2  # on_train_batch_end of the progress bar and of the checkpoint
+# marked `plain_hook` and called directly (one call for the two, none of those blocks); 36 since
+# the default checkpoint (epoch-end saves, each waited for) has no per-step hook.
+CALLS_PER_STEP = 36
+HOOK_CALLS_PER_STEP = 1  # on_train_batch_end of the progress bar
 
 
 class _Busy(fj.Callback):
