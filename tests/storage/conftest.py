@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -65,7 +66,8 @@ def gcs_server():
     """The endpoint URL of a GCS emulator (`STORAGE_EMULATOR_HOST` set in the environment: gcsfs,
     like Google's own clients, then sends every request there, without credentials)."""
     port = _free_port()
-    with _server("gcp-storage-emulator", [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+    emulator = str(Path(__file__).with_name("gcs_emulator.py"))  # its uploads stored byte for byte
+    with _server("gcp-storage-emulator", [sys.executable, emulator, "start", "--host", "127.0.0.1",
                                           "--port", str(port), "--in-memory", "--quiet"], port,
                  {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}) as url:
         yield url

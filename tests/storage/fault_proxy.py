@@ -1,6 +1,7 @@
 """A fault proxy on 127.0.0.1 in front of the S3 server: each request is forwarded, delayed,
-dropped (the connection closed unanswered) or left unanswered (a store that accepts connections and
-never answers), as `rule(method, path)` says. Loopback only; every wait is bounded."""
+dropped (the connection closed unanswered), left unanswered (a store that accepts connections and
+never answers) or forwarded with the uploaded file's last byte cut (a store keeping a file short),
+as `rule(method, path)` says. Loopback only; every wait is bounded."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Union
 
-Rule = Callable[[str, str], Union[str, float]]  # "pass", "drop", "dead", or a delay in seconds
+Rule = Callable[[str, str], Union[str, float]]  # "pass", "drop", "dead", "truncate", or a delay in seconds
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
 
 
@@ -95,6 +96,8 @@ class FaultProxy:
                     return
                 if isinstance(what, (int, float)):
                     time.sleep(what)
+                if what == "truncate":
+                    body = _cut_last_byte(body, self.headers.get("Content-Type", ""))
                 upstream = http.client.HTTPConnection(*proxy._upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 upstream.request(self.command, self.path, body=body or None, headers=headers)
@@ -114,3 +117,12 @@ class FaultProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
         return Handler
+
+
+def _cut_last_byte(body: bytes, content_type: str) -> bytes:
+    """`body` with the uploaded file's last byte gone: in a multipart upload (gcsfs's, each part
+    ended by a line break before the boundary), the byte before the closing boundary."""
+    if content_type.startswith("multipart/"):
+        end = body.rindex(b"\n--")
+        return body[:end - 1] + body[end:]
+    return body[:-1]

@@ -343,3 +343,19 @@ def test_a_damaged_store_checkpoint_is_named_by_its_url_not_its_local_copy(bucke
             fs.pipe_file(name, b"\xff" * fs.size(name))
     with pytest.raises(checkpoint.CheckpointDamaged, match=rf"^checkpoint '{url}/epoch=0-step=4' is damaged: state/"):
         checkpoint.verify(f"{url}/epoch=0-step=4")
+
+
+def test_files_ending_in_line_breaks_land_whole(store_bucket, tmp_path):
+    """Every byte of a file reaches the store, a last CR or LF included (the store's multipart
+    parsing must not take a file's last CR for the boundary's line break)."""
+    import fsspec
+
+    from fitjax import _storage
+
+    ends = {"cr": b"\r", "lf": b"\n", "crlf": b"\r\n", "cr-cr": b"\r\r", "none": b"x"}
+    for name, end in ends.items():
+        (tmp_path / name).write_bytes(os.urandom(64) + end)
+    _storage.put_folder(tmp_path, _storage.as_path(f"{store_bucket}/ends"))
+    fs = fsspec.filesystem(store_bucket.split(":")[0])
+    for name in ends:
+        assert fs.cat_file(f"{store_bucket}/ends/{name}") == (tmp_path / name).read_bytes(), name

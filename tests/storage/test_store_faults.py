@@ -129,3 +129,37 @@ def test_sigterm_while_a_save_waits_on_a_stalled_store_ends_the_fit(proxy, bucke
     else:
         pytest.fail(f"fit returned at step {trainer.global_step}; stalled requests: {stalled}")
     assert time.monotonic() - start < 30
+
+
+def _multipart_upload(method: str, path: str) -> bool:
+    return method == "POST" and "uploadType=multipart" in path  # gcsfs's upload of a file under 5 MiB
+
+
+def test_a_file_the_store_keeps_short_is_uploaded_again_and_every_save_lands(gs_proxy, gs_bucket):
+    # a store that keeps one file a byte short (the GCS emulator did so for files ending in CR)
+    url = f"{gs_bucket}/short"
+    armed, posts = [], []
+
+    def rule(method, path):  # step 2's save: its first file (after its claim) is kept short, once
+        if armed and _multipart_upload(method, path):
+            posts.append(path)
+            return "truncate" if len(posts) == 2 else "pass"
+        return "pass"
+
+    gs_proxy.rule = rule
+    _fit(url, max_steps=4, extra=[_AtStep(2, lambda: checkpoint.writer().drain() or armed.append(True))])
+    assert len(posts) > 2  # a file landed short, was found in the listing and uploaded again
+    for step in (1, 2, 3, 4):
+        checkpoint.verify(f"{url}/epoch=0-step={step}")
+
+
+def test_a_store_that_keeps_files_short_fails_the_save_and_marks_nothing_complete(gs_proxy, gs_bucket):
+    url = f"{gs_bucket}/always-short"
+    armed = []
+    gs_proxy.rule = lambda method, path: "truncate" if armed and _multipart_upload(method, path) else "pass"
+    with pytest.raises(checkpoint.SaveFailed) as error:
+        _fit(url, max_steps=4, extra=[_AtStep(2, lambda: checkpoint.writer().drain() or armed.append(True))])
+    message = str(error.value)
+    assert f"{url}/epoch=0-step=2" in message and "the store holds" in message, message
+    assert "uploaded, twice" in message and "not marked complete" in message, message
+    assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=1")
