@@ -265,8 +265,7 @@ def upload(local: Path, target: AnyPath) -> None:
     """Copies the checkpoint folder `local` to the store folder `target`: `CLAIM` first, then
     its files, then `COMPLETE` listing them (`begin`, `put_folder`, `commit`)."""
     begin(target)
-    put_folder(local, target)
-    commit(target, {f.relative_to(local).as_posix(): f.stat().st_size for f in _files(local)})
+    commit(target, put_folder(local, target))
 
 
 def begin(target: AnyPath) -> None:
@@ -294,8 +293,9 @@ def is_partial(target: AnyPath) -> bool:
                  lambda: fs.exists(f"{root}/{CLAIM}") and not fs.exists(f"{root}/{COMPLETE}"))
 
 
-def put_folder(local: Path, target: AnyPath) -> None:
-    """Copies every file under the local folder `local` to the same place under `target`.
+def put_folder(local: Path, target: AnyPath) -> dict[str, int]:
+    """Copies every file under the local folder `local` to the same place under `target`;
+    returns what it copied (name under `target` -> size), as `commit` lists it.
 
     Then checks, in one listing, that the store holds each file at its size: a file it holds at
     another size is uploaded again, once, and if it is still not whole an `OSError` names it, so
@@ -305,13 +305,14 @@ def put_folder(local: Path, target: AnyPath) -> None:
     fs, root = _fs(target)
     url = os.fspath(target)
     files = {file.relative_to(local).as_posix(): file for file in _files(local)}
+    sizes = {name: file.stat().st_size for name, file in files.items()}
 
     def put(name: str) -> None:
         _call(f"uploading {name}", url, lambda: fs.put_file(str(files[name]), f"{root}/{name}"))
 
     def not_whole() -> dict[str, int | None]:  # name -> the size the store holds (None: none)
         held = _held(fs, root, url)
-        return {name: held.get(name) for name, file in files.items() if held.get(name) != file.stat().st_size}
+        return {name: held.get(name) for name, size in sizes.items() if held.get(name) != size}
 
     for name in files:
         put(name)
@@ -319,8 +320,9 @@ def put_folder(local: Path, target: AnyPath) -> None:
         put(name)
     if wrong := not_whole():
         name, held = next(iter(wrong.items()))
-        raise OSError(f"{url}/{name}: the store holds {held} bytes of the {files[name].stat().st_size} "
+        raise OSError(f"{url}/{name}: the store holds {held} bytes of the {sizes[name]} "
                       f"uploaded, twice ({len(wrong)} file(s) so); it is not marked complete.")
+    return sizes
 
 
 def _held(fs, root: str, url: str) -> dict[str, int]:
