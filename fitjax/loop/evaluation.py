@@ -60,7 +60,7 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
         # what the step returned and appended travels only where something reads it
         returning = (reads_outputs or bool(evaluator.appends)) and evaluator.returning is not None
         eval_step = evaluator.returning if returning else evaluator.step
-        acc = jax.device_put(acc_lib.zeros(names), strategy.replicated)
+        acc = strategy.put(acc_lib.zeros(names, host=True), strategy.replicated)
         batches = eval_batches(loader, stage, strategy, limit, with_mask=True)
         for batch_idx, (padded, mask, batch) in enumerate(batches):
             if wants_batch_start:

@@ -368,10 +368,13 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
             return _put(inputs[0], target[0]), _put(inputs[1], target[1])
         return _put(inputs, target)
 
-    # Fresh zeros from a call with no arguments: a jitted `state -> state` would pass every
-    # leaf of the state through XLA, which on CPU costs ~3 µs a leaf.
-    zero_metrics = strategy.jit(lambda: acc_lib.zeros(runs.slots(train_names)), in_shardings=(),
-                                out_shardings=shardings.metrics)
+    # Fresh zeros placed from the host: no program to compile (a jitted `state -> state` would
+    # also pass every leaf of the state through XLA, ~3 µs a leaf on CPU).
+    slots = runs.slots(train_names)
+
+    def zero_metrics() -> Any:
+        return strategy.put(acc_lib.zeros(slots, host=True), shardings.metrics)
+
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
             "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
             "make": lambda single, unrolled=False: runs.step(make(single, unrolled), stacked=stacked(single)),
