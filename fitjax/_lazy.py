@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -24,8 +25,29 @@ class LazyModule:
     def __getattr__(self, attr: str) -> Any:
         return getattr(importlib.import_module(self._name), attr)
 
+    def import_soon(self) -> None:
+        """Imports the module on a daemon thread now, unless it is imported or being imported,
+        so that the first read does not wait for it: started where the caller's thread spends a
+        while outside Python (compiling), the import costs it almost nothing. A failed import
+        is left for the first read to raise. A first read made before the import ends waits for
+        it (Python's import lock)."""
+        if self._name in sys.modules or self._name in _STARTED:
+            return
+        _STARTED.add(self._name)
+        threading.Thread(target=_import_quietly, args=(self._name,), name=f"import {self._name}", daemon=True).start()
+
     def __repr__(self) -> str:
         return f"LazyModule({self._name!r})"
+
+
+_STARTED: set[str] = set()  # modules `import_soon` began importing
+
+
+def _import_quietly(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except BaseException:  # noqa: BLE001  # the first read imports it again and raises there
+        pass
 
 
 def import_without(name: str, blocked: str) -> ModuleType:

@@ -48,7 +48,7 @@ from fitjax.checkpoint._format import (
 # not part of the user-facing API: the folder's item names and checks, and the one writer per
 # process that every save goes through (`_writer`).
 from fitjax.checkpoint._format import META_ITEM, STATE_ITEM, TMP_MARK, check_path, jsonable
-from fitjax.checkpoint._writer import CheckpointWriter, cleanup, is_donated, prepare, writer
+from fitjax.checkpoint._writer import CheckpointWriter, cleanup, import_orbax_soon, is_donated, prepare, writer
 from fitjax.checkpoint._trainable import FROZEN_KEY, fingerprints, keep_trained
 
 __all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
