@@ -38,3 +38,55 @@ def test_import_fitjax_imports_no_heavy_optional_package(tmp_path):
     assert "tensorboardX" in found["after_tensorboard"]
     assert "torch" not in found["after_tensorboard"]
     assert found["torch"]
+
+
+_SOON = """
+import json, sys, tempfile, threading, time
+import numpy as np
+import fitjax as fj
+
+seen = {}
+class Watch(fj.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        # the train step has compiled: the import started before it has had that long to run
+        if batch_idx == 0:
+            for thread in threading.enumerate():
+                if thread.name == "import orbax.checkpoint":
+                    thread.join(60)
+            seen["orbax_before_first_save"] = "orbax.checkpoint" in sys.modules
+
+class Tiny(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        import flax.linen as nn
+        self.model = nn.Dense(1)
+    def loss(self, model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+    def configure_optimizer(self):
+        import optax
+        return optax.sgd(0.1)
+
+x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+trainer = fj.Trainer(max_epochs=1, default_root_dir=tempfile.mkdtemp(), enable_progress_bar=False,
+                     callbacks=[Watch()])
+trainer.fit(Tiny(), fj.DataLoader({"x": x, "y": x[:, :1]}, batch_size=16))
+missing = fj._lazy.LazyModule("fitjax_no_such_module")
+missing.import_soon()
+time.sleep(0.5)
+try:
+    missing.anything
+    raised = None
+except ImportError as err:
+    raised = type(err).__name__
+print(json.dumps({**seen, "saved": trainer.checkpoint_callback.last_model_path != "", "missing_raised": raised}))
+"""
+
+
+def test_orbax_is_imported_while_the_train_step_compiles_and_a_failed_import_raises_at_first_use():
+    """A fit that saves imports Orbax on a thread from `on_train_start`, so the first save does
+    not wait for it; a module that cannot be imported is silent there and raises where it is read."""
+    out = subprocess.run([sys.executable, "-c", _SOON], cwd=ROOT, capture_output=True, text=True,
+                         env={"PATH": "", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found == {"orbax_before_first_save": True, "saved": True, "missing_raised": "ModuleNotFoundError"}
