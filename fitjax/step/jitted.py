@@ -197,8 +197,9 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
                 return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
                     rng, sharded_batch)
         given = spec.weights((abstract_state.params, abstract_state.model_state), variable_shardings, initial)
+    cpu_options = xla_cpu.compiler_options(strategy.platform)  # CPU: LLVM's level 2 (None elsewhere)
     with xla_gpu.rng_kernels(strategy.platform):  # GPU: the init's draws compile in seconds, same bits
-        state = jax.jit(init_fn, out_shardings=shardings)(rng, sharded_batch, given)
+        state = jax.jit(init_fn, out_shardings=shardings, compiler_options=cpu_options)(rng, sharded_batch, given)
 
     programs = {}
     if fit:
@@ -220,12 +221,14 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
             donate_argnums=(3,),
+            compiler_options=cpu_options,
         )
 
     predict_step = strategy.jit(
         runs.predict_step(forward.make_predict_step(spec, options.precision)),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
+        compiler_options=cpu_options,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     def eval_step(stage: str, found: forward.StepNames, specs: dict, dataloader_idx: int = 0) -> EvalStep:
@@ -322,7 +325,8 @@ def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, 
                compiler_options: dict | None = None) -> Callable:
     """`fn(state, inputs)` jitted with the state's shardings (donated unless `donate=False`)."""
     return strategy.jit(fn, in_shardings=(shardings, inputs_sharding), out_shardings=(shardings, strategy.replicated),
-                        donate_argnums=(0,) if donate else (), compiler_options=compiler_options)
+                        donate_argnums=(0,) if donate else (),
+                        compiler_options=xla_cpu.compiler_options(strategy.platform, compiler_options))
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings,

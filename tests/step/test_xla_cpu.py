@@ -37,6 +37,49 @@ def test_plan_compiler_options():
     assert Plan(heap_bytes=16 * MiB).compiler_options == {"xla_multiheap_size_constraint_per_heap": 16 * MiB}
 
 
+def test_compiler_options_ask_for_llvm_level_2_on_cpu_only(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    level = {"xla_backend_optimization_level": 2}
+    assert _xla_cpu.compiler_options("cpu") == level
+    assert _xla_cpu.compiler_options("cpu", {"xla_multiheap_size_constraint_per_heap": 16 * MiB}) == {
+        **level, "xla_multiheap_size_constraint_per_heap": 16 * MiB}
+    assert _xla_cpu.compiler_options("cpu", {"xla_backend_optimization_level": 3}) == {
+        "xla_backend_optimization_level": 3}  # a level asked for stands
+    assert _xla_cpu.compiler_options("gpu") is None and _xla_cpu.compiler_options("tpu", {"a": 1}) == {"a": 1}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=3")  # the user's own choice
+    assert _xla_cpu.compiler_options("cpu") is None
+
+
+def _compile_levels(monkeypatch) -> list:
+    """The LLVM level asked for by each XLA compilation from here on (None: XLA's default)."""
+    from jax._src import compiler
+
+    levels, real = [], compiler.get_compile_options
+
+    def recording(*args, env_options_overrides=None, **kwargs):
+        levels.append((env_options_overrides or {}).get("xla_backend_optimization_level"))
+        return real(*args, env_options_overrides=env_options_overrides, **kwargs)
+
+    monkeypatch.setattr(compiler, "get_compile_options", recording)
+    return levels
+
+
+@pytest.mark.parametrize("flag", [None, "--xla_backend_optimization_level=3"])
+def test_a_fits_programs_compile_at_level_2_unless_the_user_named_a_level(monkeypatch, flag):
+    if flag is not None:
+        monkeypatch.setenv("XLA_FLAGS", f"{flag} --xla_force_host_platform_device_count=8")
+    levels = _compile_levels(monkeypatch)
+    data = regression_data(n=128, d=8)
+    trainer = quiet_trainer(max_epochs=1, seed=0, strategy="single")
+    with count_compiles() as compiles:
+        trainer.fit(WideRegressor(nn.Dense(1)), fj.DataLoader(data, batch_size=32),
+                    fj.DataLoader(data, batch_size=32))
+    programs = compiles["init"] + compiles["train_step"] + compiles["eval_step"]
+    assert programs >= 3
+    asked = [level for level in levels if level is not None]
+    assert asked == ([] if flag else [2] * programs)
+
+
 def test_largest_buffer_bytes_reads_hlo_shapes():
     hlo = """
     ENTRY %main (p0: f32[128,28,28,32], p1: bf16[4096,2048]) -> (f32[], pred[10]) {
