@@ -44,6 +44,7 @@ _SOON = """
 import json, sys, tempfile, threading, time
 import numpy as np
 import fitjax as fj
+from helpers import DenseRegression  # imports no Orbax: the fit below must
 
 seen = {}
 class Watch(fj.Callback):
@@ -55,21 +56,11 @@ class Watch(fj.Callback):
                     thread.join(60)
             seen["orbax_before_first_save"] = "orbax.checkpoint" in sys.modules
 
-class Tiny(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        import flax.linen as nn
-        self.model = nn.Dense(1)
-    def loss(self, model, batch):
-        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
-    def configure_optimizer(self):
-        import optax
-        return optax.sgd(0.1)
-
+assert "orbax.checkpoint" not in sys.modules
 x = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
 trainer = fj.Trainer(max_epochs=1, default_root_dir=tempfile.mkdtemp(), enable_progress_bar=False,
                      callbacks=[Watch()])
-trainer.fit(Tiny(), fj.DataLoader({"x": x, "y": x[:, :1]}, batch_size=16))
+trainer.fit(DenseRegression(), fj.DataLoader({"x": x, "y": x[:, :1]}, batch_size=16))
 missing = fj._lazy.LazyModule("fitjax_no_such_module")
 missing.import_soon()
 time.sleep(0.5)
@@ -86,7 +77,7 @@ def test_orbax_is_imported_while_the_train_step_compiles_and_a_failed_import_rai
     """A fit that saves imports Orbax on a thread from `on_train_start`, so the first save does
     not wait for it; a module that cannot be imported is silent there and raises where it is read."""
     out = subprocess.run([sys.executable, "-c", _SOON], cwd=ROOT, capture_output=True, text=True,
-                         env={"PATH": "", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"})
+                         env={"PATH": "", "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}", "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-3000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found == {"orbax_before_first_save": True, "saved": True, "missing_raised": "ModuleNotFoundError"}
