@@ -103,9 +103,9 @@ class Strategy(abc.ABC):
         """Host (numpy) values that every process holds whole -> global arrays laid out as
         `shardings` (one sharding, or a tree of them), each device given its part. Unlike
         `jax.device_put`, no program and no exchange between processes."""
-        if not isinstance(shardings, jax.sharding.Sharding):
-            return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, x.__getitem__), tree, shardings)
-        return jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, shardings, x.__getitem__), tree)
+        if isinstance(shardings, jax.sharding.Sharding):
+            shardings = jax.tree.map(lambda _, one=shardings: one, tree)
+        return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, x.__getitem__), tree, shardings)
 
     def jit(self, fn: Callable, *, in_shardings: Any, out_shardings: Any,
             donate_argnums: tuple[int, ...] = (), compiler_options: dict[str, Any] | None = None
