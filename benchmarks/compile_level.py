@@ -11,8 +11,8 @@ one process. Columns, medians over repeats:
 
 - `compile 3`, `compile 2`: the seconds XLA spent compiling the fit's train steps (JAX's compile
   events; several for a workload whose batches come in several shapes);
-- `step 3`, `step 2`: steady-state ms per step (epochs after the first, or steps after the first
-  few);
+- `step 3`, `step 2`: steady-state ms per optimizer step (epochs after the first, timed by
+  `overhead.py`'s `SteadyStateTimer`);
 - `bits`: `same` when both levels trained to the same parameters, bit for bit.
 
 Workloads: overhead.py's tiny MLP, MNIST-sized MLP and small CNN (Adam); Flax's MNIST CNN as
@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu in the dev extra: no TPU probe at start-up
@@ -60,34 +59,13 @@ def _listen(event: str, seconds: float, **kwargs) -> None:
 jax.monitoring.register_event_duration_secs_listener(_listen)
 
 
-class StepTimer(fj.Callback):
-    """Steady-state time per step: from the start of the first timed epoch (or step) to the end."""
-
-    def __init__(self, *, by_steps: int | None = None) -> None:
-        self.by_steps, self.start = by_steps, None
-
-    def on_train_epoch_start(self, trainer, module):
-        if self.by_steps is None and trainer.current_epoch == 1:
-            jax.block_until_ready(trainer.state)
-            self.start, self.first = time.perf_counter(), trainer.global_step
-
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if self.by_steps is not None and trainer.global_step == self.by_steps:
-            jax.block_until_ready(trainer.state)
-            self.start, self.first = time.perf_counter(), trainer.global_step
-
-    def on_train_end(self, trainer, module):
-        jax.block_until_ready(trainer.state)
-        self.ms = 1000 * (time.perf_counter() - self.start) / max(trainer.global_step - self.first, 1)
-
-
 def _overhead(name: str, smoke: bool):
     factory, shape, batch, steps = overhead.WORKLOADS[name]
     steps = 16 if smoke else steps
     data = overhead.make_data(shape, batch * steps)
     return (lambda: overhead.Classifier(factory()),
             lambda: fj.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, seed=0),
-            dict(max_epochs=2 if smoke else 3), None)
+            dict(max_epochs=2 if smoke else 3))
 
 
 def _mnist(smoke: bool):
@@ -96,23 +74,24 @@ def _mnist(smoke: bool):
         train = {k: np.concatenate([v] * 4) for k, v in train.items()}
     return (flax_mnist.MNISTClassifier,
             lambda: fj.DataLoader(train, batch_size=128, shuffle=True, drop_last=True, seed=0),
-            dict(max_epochs=2 if smoke else 3), None)
+            dict(max_epochs=2 if smoke else 3))
 
 
 def _sst2(smoke: bool):
     n, width = (256, 8) if smoke else (2000, 24)
     return (flax_sst2.SST2Classifier,
             lambda: flax_sst2.BucketedBatches(flax_sst2.sentences(n, 0, width), shuffle=True, seed=0, drop_last=True),
-            dict(max_epochs=2 if smoke else 3), None)
+            dict(max_epochs=2 if smoke else 3))
 
 
 def _gpt(smoke: bool):
-    context, steps = (32, 6) if smoke else (128, 30)
+    context, batches, epochs = (32, 4, 2) if smoke else (128, 20, 3)  # 2 batches an optimizer step
     train, _ = gpt.splits(context)
     module = lambda: gpt.GPTModule(layers=2, width=64 if smoke else 128, heads=4, context=context,  # noqa: E731
-                                   lr=1e-3, warmup=2, total_steps=steps)
+                                   lr=1e-3, warmup=2, total_steps=epochs * batches // 2)
     return (module, lambda: fj.DataLoader(train, batch_size=16, shuffle=True, drop_last=True, seed=0),
-            dict(max_steps=steps, precision="bf16-mixed", accumulate_grad_batches=2, gradient_clip_val=1.0), 4)
+            dict(max_epochs=epochs, limit_train_batches=batches, precision="bf16-mixed", accumulate_grad_batches=2,
+                 gradient_clip_val=1.0))
 
 
 WORKLOADS = {
@@ -125,19 +104,19 @@ WORKLOADS = {
 }
 
 
-def fit_at(level: int, module_fn, loader_fn, trainer_kwargs: dict, by_steps: int | None):
+def fit_at(level: int, module_fn, loader_fn, trainer_kwargs: dict):
     """(train-step compile seconds, ms per step, parameters) of one fit at LLVM `level`."""
     xla_cpu._LEVEL = level  # noqa: SLF001  # the one setting this script compares
     jax.clear_caches()
     _COMPILES.clear()
-    timer = StepTimer(by_steps=by_steps)
+    timer = overhead.SteadyStateTimer()
     sink = io.StringIO()
     with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         trainer = fj.Trainer(default_root_dir=root, seed=0, callbacks=[timer], enable_progress_bar=False,
                              enable_model_summary=False, logger=False, enable_checkpointing=False,
                              num_sanity_val_steps=0, **trainer_kwargs)
         trainer.fit(module_fn(), loader_fn())
-    return sum(_COMPILES), timer.ms, jax.device_get(trainer.state.params)
+    return sum(_COMPILES), 1000 / timer.timing, jax.device_get(trainer.state.params)
 
 
 def same_bits(a, b) -> bool:
@@ -157,11 +136,11 @@ def main(argv=None) -> None:
     print(f"{'workload':<11} {'compile 3':>9} {'compile 2':>9} {'step 3':>8} {'step 2':>8}  bits", flush=True)
     smoke_rows = ("tiny_mlp", "gpt")  # one of each timer (epochs, steps): the script's paths
     for name in args.only or (smoke_rows if args.smoke else WORKLOADS):
-        module_fn, loader_fn, trainer_kwargs, by_steps = WORKLOADS[name](args.smoke)
+        module_fn, loader_fn, trainer_kwargs = WORKLOADS[name](args.smoke)
         results: dict[int, list] = {3: [], 2: []}
         for _ in range(repeats):
             for level in (3, 2):
-                results[level].append(fit_at(level, module_fn, loader_fn, trainer_kwargs, by_steps))
+                results[level].append(fit_at(level, module_fn, loader_fn, trainer_kwargs))
         compile3, compile2 = (statistics.median(r[0] for r in results[lv]) for lv in (3, 2))
         step3, step2 = (statistics.median(r[1] for r in results[lv]) for lv in (3, 2))
         bits = "same" if same_bits(results[3][0][2], results[2][0][2]) else "DIFFER"
