@@ -2,8 +2,9 @@
 
 Everything here returns values; nothing mutates the trainer. Every jitted train step variant
 (a full call, an epoch's leftover steps, a call picking its batches from a block on the device)
-goes through `_jit_train`, the one place where platform-specific compile choices are made: the
-state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans.
+goes through `_jit_train`, the one place where a train step's platform-specific compile choices
+are made: the state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans. The
+state's init and the evaluation and predict steps take `xla_cpu.compiler_options` in `build`.
 """
 
 from __future__ import annotations
