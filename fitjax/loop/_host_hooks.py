@@ -50,15 +50,17 @@ class HostHooks:
     def caller(self, hook: str, trainer, module) -> Callable[..., None]:
         """`call(hook, trainer, module, *args)` as a function of `args`, for a hook called at every
         step: when only callbacks' hooks marked `plain_hook` run (no logging block, no host model
-        needed: fitjax's progress bar and checkpoint), a loop over their bound methods, a
-        function call a hook instead of ~15 (`tests/loop/test_host_cost.py` counts them)."""
+        needed: fitjax's progress bar), the bound method itself, or a loop over them, one
+        function call a hook instead of ~15 (`tests/loop/test_host_cost.py` counts them). The
+        module does not define `hook` then: `response` (what its hook returned) is not set."""
         methods = self._hooks.plain_methods(hook, module)
         if methods is None:
             return functools.partial(self.call, hook, trainer, module)
-        hooks = self._hooks
+        if len(methods) == 1:
+            method = methods[0]
+            return functools.partial(method, trainer, module)
 
         def call_plain(*args: Any) -> None:
-            hooks.response = None  # what the module's hook returned: it defines none
             for method in methods:
                 method(trainer, module, *args)
 

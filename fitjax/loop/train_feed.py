@@ -238,15 +238,10 @@ class TrainFeed:
         self.positions.computed(self.loader._state_at)
         return self.device.chunks(start=start, stop=stop, steps_left=steps_left, current_step=current_step)
 
-    def hook_batch_maker(self, needs_batch: bool) -> Callable[[step_lib.StepInputs], Any]:
-        """`chunk -> the batch the per-batch hooks get`: host arrays, as the loader yields them;
-        None for a chunk on the devices when no hook that runs reads the batch."""
-        def hook_batch(chunk: step_lib.StepInputs) -> Any:
-            if not chunk.on_device:
-                return chunk.inputs
-            return self.device.host_inputs(chunk) if needs_batch else None
-
-        return hook_batch
+    def hook_batch(self, chunk: step_lib.StepInputs) -> Any:
+        """The batch the per-batch hooks get: host arrays, as the loader yields them (gathered
+        back from the devices for a chunk kept there). The loop asks only when a hook reads it."""
+        return chunk.inputs if not chunk.on_device else self.device.host_inputs(chunk)
 
 
 def _prefetch(chunks: Iterable[step_lib.StepInputs], shard_inputs: Callable) -> Iterable[step_lib.StepInputs]:

@@ -906,11 +906,13 @@ class Trainer(metaclass=_CheckedArguments):
         self._write_params(module)
         wants_batch_start = self._hooks.wants("on_train_batch_start", module)  # the module's or a callback's
         wants_batch_end = self._hooks.wants("on_train_batch_end", module)
+        module_batch_start = module_lib.overrides(module, "on_train_batch_start")
         module_batch_end = module_lib.overrides(module, "on_train_batch_end")
         batch_start = self._hooks.caller("on_train_batch_start", self, module)  # per step: the cheapest call
         batch_end = self._hooks.caller("on_train_batch_end", self, module)
-        hook_batch = feed.hook_batch_maker(self._hooks.needs_batch("on_train_batch_start", module)
-                                           or self._hooks.needs_batch("on_train_batch_end", module))
+        # the batch the hooks get: None when every hook that runs ignores it (fitjax's own)
+        gives_batch = (self._hooks.needs_batch("on_train_batch_start", module)
+                       or self._hooks.needs_batch("on_train_batch_end", module))
         wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
         compiled = run.compiled
         block_step, train_step, tail_step = (wrap(compiled.block_step), wrap(compiled.train_step),
@@ -931,11 +933,12 @@ class Trainer(metaclass=_CheckedArguments):
         self._metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
         for chunk in self.profiler.wrap_batches(chunks):
             batch_idx += chunk.num_batches
-            batch = hook_batch(chunk) if wants_batch_start or wants_batch_end else None
+            batch = feed.hook_batch(chunk) if gives_batch else None
             if wants_batch_start:
                 batch_start(batch, batch_idx)
                 self._write_params(module)
-                if self._hooks.response == -1:  # Lightning's: the rest of the epoch is skipped
+                # Lightning's: the module's hook returned -1, the rest of the epoch is skipped
+                if module_batch_start and self._hooks.response == -1:
                     break
             if chunk.on_device:
                 step_fn = block_step
