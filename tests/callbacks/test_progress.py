@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import threading
+import time
 
 import jax
 import helpers
@@ -350,3 +351,26 @@ def test_the_array_summary_fits_80_columns_and_names_nnx_state_kinds():
     rows = {(row.module, row.name, row.collection) for row in summary.summary.rows}
     assert {("bn", "mean", "batch_stats"), ("bn", "var", "batch_stats"), ("hidden", "kernel", "params")} <= rows
     assert "batch_" in "".join(lines)  # shown (folded in its cell at 80 columns on a mesh)
+
+
+class _SlowSteps(fj.Callback):
+    """Each train step of epoch 0 takes ~25 ms more (a slow model, as the bar sees it)."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.current_epoch == 0:
+            time.sleep(0.025)
+
+
+def test_the_live_bar_redraws_on_its_clock_between_steps_not_at_every_step():
+    bar = _recorded_bar(terminal=True)
+    trainer = quiet_trainer(max_epochs=2, strategy="single", callbacks=[bar, _SlowSteps()],
+                            enable_progress_bar=True, num_sanity_val_steps=0)
+    trainer.fit(Regressor(), fj.DataLoader(regression_data(n=32 * 24), batch_size=32))  # 24 steps/epoch
+    raw = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bar.console.file.getvalue())  # colours, cursor moves
+    # every count a redraw showed, per epoch: epoch 0's 24 steps last ~0.6 s, so its 10 Hz clock
+    # draws ~6 counts between the first step and the last; epoch 1's fast steps draw ~none
+    drawn = {epoch: {int(n) for n in re.findall(rf"Epoch {epoch}/1 .*? +(\d+)/24 ", raw)} for epoch in (0, 1)}
+    middle = {epoch: {n for n in counts if 1 < n < 24} for epoch, counts in drawn.items()}
+    assert 3 <= len(middle[0]) <= 16, drawn[0]  # on the clock: not every step (22), not only the ends
+    assert 24 in drawn[0] and 24 in drawn[1]  # each epoch's last batch is drawn
+    assert len(middle[1]) <= 3, drawn[1]
