@@ -14,6 +14,7 @@ still while one call blocks (a compilation, which the bar then names).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any, TextIO
@@ -186,8 +187,9 @@ class RichProgressBar(Callback):
         self._seen_window = None  # the last log window's position this bar has looked at
         self._eval_logged_at: dict[str, int] = {}  # key -> the global step of the evaluation that logged it
         self._last_update = 0.0
-        # The per-step hook returns at once before batch index `_quiet_until` (the epoch's last)
-        # while the clock is before `_quiet_till` (the next redraw's time): -1 and 0 check every step.
+        # The per-step hook returns at once before batch index `_quiet_until` while the clock is
+        # before `_quiet_till`: the live bar's next redraw (the epoch's last batch, 0.1 s from the
+        # last one), the plain lines' next possible line (no clock). -1 checks every step.
         self._quiet_until = -1
         self._quiet_till = 0.0
         self._printed_window = None
@@ -271,6 +273,8 @@ class RichProgressBar(Callback):
         self._epoch_offset = trainer.progress.batches_done  # a resumed epoch's batches done before
         self._epoch_batches = trainer.num_training_batches
         note = self._compile_note("train")
+        # the first step checks (it may have compiled); plain lines come at steps, not times
+        self._quiet_until, self._quiet_till = -1, (0.0 if self._progress is not None else math.inf)
         if self._progress is not None:
             of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
             fields = dict(description=f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches,
@@ -319,8 +323,19 @@ class RichProgressBar(Callback):
         if self.refresh_rate > 1:
             if trainer.progress.crossed(self.refresh_rate):  # several steps per call included
                 self._print_line(trainer, trainer.current_epoch, done, trainer.global_step)
+                self._quiet_until = batch_idx + self.refresh_rate  # the next multiple: as many steps on
         elif trainer.progress.last_logged is not self._seen_window:  # a window reached the loggers
             self._print_window(trainer)
+            self._quiet_until = self._next_window_batch(trainer)
+
+    def _next_window_batch(self, trainer) -> int:
+        """The first batch index at which a log window after the last printed one can reach the
+        host: its log step is `log_every_n_steps` optimizer steps (at least as many batches) after
+        the printed window's (-1, every step, when that window is not of this epoch)."""
+        printed, every = self._printed_window, trainer.log_every_n_steps
+        if printed is None or not every or printed.epoch != trainer.current_epoch:
+            return -1
+        return printed.batches_done - 1 + every
 
     def _eta(self, trainer, done: int, rate: float | None) -> str:
         """The epoch's time left at `rate` steps per second ("-:--:--" until measured)."""

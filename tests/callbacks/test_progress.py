@@ -106,6 +106,34 @@ def test_a_terminal_gets_a_live_bar():
     assert "\x1b" in text and "Epoch 1/1" in text and "Validation" in text
 
 
+class _Windows(fj.Callback):
+    """Every log window that reached the loggers, as the loop's position records them."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        for position, _, _ in trainer.progress.recent_logged:
+            if position not in self.seen:
+                self.seen.append(position)
+
+    on_train_epoch_end = lambda self, trainer, module: self.on_train_batch_end(trainer, module, None, None, -1)
+
+
+@pytest.mark.parametrize("options", [{"accumulate_grad_batches": 2}, {"steps_per_execution": 4}, {}])
+def test_plain_lines_between_log_steps_miss_no_window(options):
+    """The bar looks for an arrived window only from the batch of the next possible log step on:
+    with several batches a step or several steps a call, every window still gets its line."""
+    out, windows = io.StringIO(), _Windows()
+    trainer = quiet_trainer(max_epochs=2, strategy="single", log_every_n_steps=3, enable_progress_bar=True,
+                            callbacks=[fj.RichProgressBar(file=out), windows], **options)
+    trainer.fit(Marked(), fj.DataLoader(regression_data(n=32 * 24), batch_size=32))  # 24 batches an epoch
+    printed = [tuple(map(int, re.match(r"epoch (\d+) batch (\d+)/24 \(optimizer step (\d+)\)", line).groups()))
+               for line in _joined(out.getvalue()).splitlines() if line.startswith("epoch ")]
+    assert printed == [(p.epoch, p.batches_done, p.step) for p in windows.seen]
+    assert len(printed) >= 4
+
+
 def test_refresh_rate_sets_the_plain_line_interval_and_is_checked():
     steps = [line for line in _fit_with_bar(refresh_rate=8).splitlines() if line.startswith("epoch ")]
     assert len(steps) == 2

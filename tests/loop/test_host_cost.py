@@ -31,10 +31,10 @@ from fitjax.loop.progress import Progress
 # with the host model installed (15 calls per hook); 38 since fitjax's own per-step hooks are
 # marked `plain_hook` and called directly (one call for the two, none of those blocks); 36 since
 # the default checkpoint (epoch-end saves, each waited for) has no per-step hook (32 measured
-# then); 31 since a lone plain hook is called as its bound method and no batch is made for hooks
-# that ignore it (the bar here prints plain lines: it looks at the log windows every step; drawn
-# live it returns after a clock read between its redraws).
-CALLS_PER_STEP = 31
+# then); 28 since a lone plain hook is called as its bound method, no batch is made for hooks
+# that ignore it, and the bar (here printing plain lines) looks for an arrived log window only
+# from the next possible log step on (drawn live, it reads the clock between its redraws).
+CALLS_PER_STEP = 28
 HOOK_CALLS_PER_STEP = 1  # on_train_batch_end of the progress bar
 
 
