@@ -273,8 +273,11 @@ class RichProgressBar(Callback):
         self._epoch_offset = trainer.progress.batches_done  # a resumed epoch's batches done before
         self._epoch_batches = trainer.num_training_batches
         note = self._compile_note("train")
-        # the first step checks (it may have compiled); plain lines come at steps, not times
-        self._quiet_until, self._quiet_till = -1, (0.0 if self._progress is not None else math.inf)
+        if self._progress is not None and not note and self._epoch_batches is not None:
+            # the next redraw: 0.1 s after the last one (the previous epoch's), or the last batch
+            self._quiet_until, self._quiet_till = self._epoch_batches - 1, self._last_update + _MIN_UPDATE_S
+        else:  # the first step checks (it compiled); plain lines come at steps, not times
+            self._quiet_until, self._quiet_till = -1, (0.0 if self._progress is not None else math.inf)
         if self._progress is not None:
             of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
             fields = dict(description=f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches,
