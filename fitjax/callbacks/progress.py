@@ -273,9 +273,8 @@ class RichProgressBar(Callback):
         self._epoch_offset = trainer.progress.batches_done  # a resumed epoch's batches done before
         self._epoch_batches = trainer.num_training_batches
         note = self._compile_note("train")
-        if self._progress is not None and not note and self._epoch_batches is not None:
-            # the next redraw: 0.1 s after the last one (the previous epoch's), or the last batch
-            self._quiet_until, self._quiet_till = self._epoch_batches - 1, self._last_update + _MIN_UPDATE_S
+        if self._progress is not None and not note:
+            self._quiet_until_redraw()  # the last redraw was the previous epoch's
         else:  # the first step checks (it compiled); plain lines come at steps, not times
             self._quiet_until, self._quiet_till = -1, (0.0 if self._progress is not None else math.inf)
         if self._progress is not None:
@@ -314,8 +313,7 @@ class RichProgressBar(Callback):
             if compiled or last or (now - self._last_update >= _MIN_UPDATE_S
                                     and trainer.progress.crossed_batches(self.refresh_rate)):
                 self._last_update = now
-                if self._epoch_batches is not None:  # unknown length: every step checks
-                    self._quiet_until, self._quiet_till = self._epoch_batches - 1, now + _MIN_UPDATE_S
+                self._quiet_until_redraw()
                 rate = trainer.progress.steps_per_second
                 # The epoch's last batch is drawn by what follows it at once: the epoch's line
                 # printed above the bar, or the validation bar's first draw.
@@ -330,6 +328,14 @@ class RichProgressBar(Callback):
         elif trainer.progress.last_logged is not self._seen_window:  # a window reached the loggers
             self._print_window(trainer)
             self._quiet_until = self._next_window_batch(trainer)
+
+    def _quiet_until_redraw(self) -> None:
+        """The per-step hook returns at once until the live bar's next redraw is due: 0.1 s
+        after the last one, or the epoch's last batch (an epoch of unknown length: every step)."""
+        if self._epoch_batches is None:
+            self._quiet_until, self._quiet_till = -1, 0.0
+        else:
+            self._quiet_until, self._quiet_till = self._epoch_batches - 1, self._last_update + _MIN_UPDATE_S
 
     def _next_window_batch(self, trainer) -> int:
         """The first batch index at which a log window after the last printed one can reach the

@@ -57,8 +57,7 @@ class HostHooks:
         if methods is None:
             return functools.partial(self.call, hook, trainer, module)
         if len(methods) == 1:
-            method = methods[0]
-            return functools.partial(method, trainer, module)
+            return functools.partial(methods[0], trainer, module)
 
         def call_plain(*args: Any) -> None:
             for method in methods:
