@@ -8,7 +8,7 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, planner, plugins, precision, profilers,
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, nn, planner, plugins, precision, profilers,
                     strategies, tuner)
 from fitjax.callbacks import (
     EMA,
@@ -82,6 +82,7 @@ __all__ = [
     "data",
     "loggers",
     "metrics",
+    "nn",
     "param_groups",
     "plan",
     "planner",

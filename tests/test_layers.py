@@ -27,7 +27,7 @@ LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._seed",
                 "fitjax._status"]),
-    ("step", ["fitjax.step"]),
+    ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and

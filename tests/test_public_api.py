@@ -6,6 +6,7 @@ import pytest
 
 
 PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.metrics",
+            "fitjax.nn",
             "fitjax.integrations.ray", "fitjax.plugins", "fitjax.plugins.environments", "fitjax.planner",
             "fitjax.profilers", "fitjax.runs", "fitjax.strategies", "fitjax.tuner"]
 
@@ -29,6 +30,7 @@ def test_docstring_examples_run():
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
-                 "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.planner._choose", "fitjax.loop.plan"]:
+                 "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.planner._choose", "fitjax.loop.plan",
+                 "fitjax.nn._attention"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

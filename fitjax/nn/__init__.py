@@ -1,0 +1,8 @@
+"""Building blocks for the models users train: fitjax's fused attention (and, beside it, the
+output layer's loss). The GPT example and every model in `fitjax.models` call these, so a
+platform's faster kernel reaches all of them.
+"""
+
+from fitjax.nn._attention import attention, attention_mask
+
+__all__ = ["attention", "attention_mask"]
