@@ -4,17 +4,18 @@ chunk of tokens at a time so the float32 logits [batch, length, vocab] never exi
 The plain way (`logits = hidden @ embedding.T`, then `optax.softmax_cross_entropy...`) keeps
 the float32 logits for the backward pass and makes a second array of their size for their
 gradient: for GPT-2 small's vocabulary (50,304) at 16 rows of 1,024 tokens, 3.3 GB each, the
-largest buffers of the step. Here the tokens are cut into chunks of `chunk_size`; each chunk's
-logits [chunk_size, vocab] are computed, reduced to the chunk's loss, and dropped. The
+largest buffers of the step. Here the length is cut into chunks of `chunk_size` positions; each
+chunk's logits [batch, chunk_size, vocab] are computed, reduced to the chunk's loss, and dropped. The
 gradient is computed in the same pass (a custom VJP): for a chunk, d loss / d logits is
 `softmax - one_hot(target)` (times the token's mask), so the hidden states' gradient
 (`dlogits @ embedding`) and the embedding's (`dlogits.T @ hidden`, summed over chunks in
 float32) come from the logits while they are live. Memory: one chunk's logits and their
-gradient (2 x chunk_size x vocab x 4 bytes: 0.8 GB at 2,048 tokens and GPT-2's vocabulary)
-instead of two [tokens, vocab] arrays, plus the hidden states' gradient [tokens, width] and a
+gradient (2 x batch x chunk_size x vocab x 4 bytes: 0.8 GB at 16 rows, 256 positions and
+GPT-2's vocabulary) instead of two [batch, length, vocab] arrays, plus the hidden states' gradient [tokens, width] and a
 float32 [vocab, width] accumulator kept from the forward pass to the backward one. Compute: the
 same three matrix products as the plain way (logits, and the two gradients), none repeated; a
-call that is not differentiated (evaluation) computes only the logits.
+call that is not differentiated (evaluation) computes only the logits. Under a batch sharded
+over devices, the embedding's gradient is summed over them once per chunk (the plain way: once).
 """
 
 from __future__ import annotations
@@ -30,22 +31,23 @@ __all__ = ["chunked_cross_entropy"]
 
 
 def chunked_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.Array, *,
-                          mask: jax.Array | None = None, chunk_size: int = 2048,
+                          mask: jax.Array | None = None, chunk_size: int = 256,
                           logit_softcap: float | None = None) -> TokenLoss:
     """Softmax cross-entropy of the logits `hidden @ embedding.T` against `targets`, as the
     `TokenLoss` of its sum over the tokens and their count, without the whole logits in memory
     (module docstring).
 
     Args:
-        hidden: the final hidden states, [batch, length, width] (or [tokens, width]).
+        hidden: the final hidden states, [batch, length, width].
         embedding: the output layer's weights as [vocab, width]: a tied model's token embedding
             table as it is (`nn.Embed`'s `embedding`). An untied Dense kernel [width, vocab] is
             passed as `kernel.T` (free under jit: XLA folds it into the product).
         targets: int [batch, length], the token each position should predict.
         mask: [batch, length], 1 where a token counts and 0 for padding; fractional values
             weigh a token's loss. None: every token counts.
-        chunk_size: tokens per chunk (the batch and length axes flattened, the last chunk
-            padded): one chunk's float32 logits are the largest array made.
+        chunk_size: positions of the length per chunk (the last chunk padded): one chunk's
+            float32 logits [batch, chunk_size, vocab] are the largest array made. Each chunk
+            holds every row, so a batch sharded over devices stays sharded.
         logit_softcap: logits become `cap * tanh(logits / cap)` (Gemma 2).
 
     Returns:
@@ -62,21 +64,23 @@ def chunked_cross_entropy(hidden: jax.Array, embedding: jax.Array, targets: jax.
         (32.0, ())
     """
     _check(hidden, embedding, targets, mask, chunk_size)
-    width = hidden.shape[-1]
-    tokens = targets.size
-    weights = jnp.ones((tokens,), jnp.float32) if mask is None else mask.reshape(tokens).astype(jnp.float32)
-    chunk = min(chunk_size, tokens)
-    pad = -tokens % chunk  # padded tokens weigh 0
-    chunks = (tokens + pad) // chunk
-    h = jnp.pad(hidden.reshape(tokens, width), ((0, pad), (0, 0))).reshape(chunks, chunk, width)
-    t = jnp.pad(targets.reshape(tokens).astype(jnp.int32), (0, pad)).reshape(chunks, chunk)
-    w = jnp.pad(weights, (0, pad)).reshape(chunks, chunk)
-    total = _loss_sum(h, embedding, t, w, logit_softcap)
+    batch, length, width = hidden.shape
+    weights = jnp.ones((batch, length), jnp.float32) if mask is None else mask.astype(jnp.float32)
+    chunk = min(chunk_size, length)
+    pad = -length % chunk  # padded positions weigh 0
+    chunks = (length + pad) // chunk
+
+    def split(x: jax.Array) -> jax.Array:  # [batch, length, ...] -> [chunks, batch, chunk, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return x.reshape(batch, chunks, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+    total = _loss_sum(split(hidden), embedding, split(targets.astype(jnp.int32)), split(weights), logit_softcap)
     return TokenLoss(sum=total, count=weights.sum())
 
 
 def _check(hidden, embedding, targets, mask, chunk_size) -> None:
-    if hidden.shape[:-1] != targets.shape or embedding.ndim != 2 or embedding.shape[1] != hidden.shape[-1]:
+    if (hidden.ndim != 3 or hidden.shape[:-1] != targets.shape or embedding.ndim != 2
+            or embedding.shape[1] != hidden.shape[-1]):
         raise ValueError(f"chunked_cross_entropy(hidden, embedding, targets): expected hidden [batch, length, width], "
                          f"embedding [vocab, width] (an untied [width, vocab] kernel as `kernel.T`) and targets "
                          f"[batch, length]; got hidden {hidden.shape}, embedding {embedding.shape}, targets "
@@ -84,13 +88,13 @@ def _check(hidden, embedding, targets, mask, chunk_size) -> None:
     if mask is not None and mask.shape != targets.shape:
         raise ValueError(f"chunked_cross_entropy(mask=...): expected the targets' shape {targets.shape}; got {mask.shape}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunked_cross_entropy(chunk_size={chunk_size!r}) must be a positive int (tokens per "
-                         f"chunk), e.g. 2048")
+        raise ValueError(f"chunked_cross_entropy(chunk_size={chunk_size!r}) must be a positive int (positions of "
+                         f"the length per chunk), e.g. 256")
 
 
 def _chunk_logits(h: jax.Array, embedding: jax.Array, softcap: float | None):
     """(logits as the loss sees them, d logits / d raw logits or None), float32."""
-    raw = jnp.einsum("cw,vw->cv", h, embedding, preferred_element_type=jnp.float32)
+    raw = jnp.einsum("bcw,vw->bcv", h, embedding, preferred_element_type=jnp.float32)
     if softcap is None:
         return raw, None
     capped = jnp.tanh(raw / softcap)
@@ -105,7 +109,7 @@ def _chunk_loss(logits: jax.Array, t: jax.Array, w: jax.Array) -> tuple[jax.Arra
 
 
 def _is_target(logits: jax.Array, t: jax.Array) -> jax.Array:
-    return jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1) == t[:, None]
+    return jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == t[..., None]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -127,13 +131,13 @@ def _loss_sum_fwd(h, embedding, t, w, softcap):
         logits, d_cap = _chunk_logits(h_c, embedding, softcap)
         loss, lse = _chunk_loss(logits, t_c, w_c)
         # d loss / d logits: softmax - one_hot(target), per token times its weight
-        probs = jnp.exp(logits - lse[:, None])
-        d_logits = jnp.where(_is_target(logits, t_c), probs - 1.0, probs) * w_c[:, None]
+        probs = jnp.exp(logits - lse[..., None])
+        d_logits = jnp.where(_is_target(logits, t_c), probs - 1.0, probs) * w_c[..., None]
         if d_cap is not None:
             d_logits = d_logits * d_cap
         d_logits = d_logits.astype(dtype)  # the products run in the inputs' dtype, as autodiff's would
-        d_h = jnp.einsum("cv,vw->cw", d_logits, embedding, preferred_element_type=jnp.float32).astype(h.dtype)
-        d_embedding = d_embedding + jnp.einsum("cv,cw->vw", d_logits, h_c, preferred_element_type=jnp.float32)
+        d_h = jnp.einsum("bcv,vw->bcw", d_logits, embedding, preferred_element_type=jnp.float32).astype(h.dtype)
+        d_embedding = d_embedding + jnp.einsum("bcv,bcw->vw", d_logits, h_c, preferred_element_type=jnp.float32)
         return (total + loss, d_embedding), d_h
 
     start = (jnp.zeros((), jnp.float32), jnp.zeros(embedding.shape, jnp.float32))
