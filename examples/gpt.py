@@ -4,6 +4,8 @@
     python examples/gpt.py --preset small                     # the README's run: 160 steps, ~10 min on 2 busy CPU cores
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
+    python examples/gpt.py --preset gpt2-small                # GPT-2 small's shape (124 M, context 1024): a TPU chip
+    python examples/gpt.py --preset gpt2-medium --remat dots  # GPT-2 medium's (355 M)
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
     python examples/gpt.py --preset small --scan-layers --remat full   # blocks as one nn.scan, recomputed
     fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
@@ -11,7 +13,10 @@
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
 code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by
 position: the first 90% trains, the last 10% validates. The model is a decoder-only transformer
-(pre-norm, causal self-attention, GELU MLP, learned positions, tied input/output embeddings) whose
+(pre-norm, causal self-attention, GELU MLP, learned positions, tied input/output embeddings) built
+on fitjax's own layers: `fj.nn.attention` (on a TPU, the Pallas splash kernel; `--attention`
+chooses) and, for the training loss, `fj.nn.chunked_cross_entropy` (the tied output layer and
+its cross-entropy a chunk of the length at a time, never the whole float32 logits). Its
 parameters carry logical axis names (`nn.with_logical_partitioning`); `GPT_RULES` maps them to the
 mesh axes of `fj.strategies.FSDP`, so the same code runs on one device, data-parallel, FSDP, or
 FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
@@ -65,8 +70,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # corpus has 419 K training bytes, so 600 steps are ~23 passes over it: watch val/loss for overfitting
     "gpu": dict(layers=6, width=384, heads=6, context=256, batch_size=64, accumulate=1, max_steps=600,
                 lr=1e-3, warmup=60, log_every=25, ckpt_every=100, sample_every=100, precision="bf16-mixed"),
+    # GPT-2 small's and medium's shapes for a TPU chip (not run on this project's machines): the byte
+    # vocabulary padded to GPT-2's 50,257 tokens rounded up to a multiple of 128 (`--vocab`), so the
+    # parameter count (124 M, 355 M) and the output layer's cost are GPT-2's. 8 rows of 1,024 bytes
+    # a step; the corpus' 419 K training bytes are ~100 such steps
+    "gpt2-small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304, batch_size=8, accumulate=1,
+                       max_steps=300, lr=6e-4, warmup=30, log_every=25, ckpt_every=300, sample_every=0,
+                       precision="bf16-mixed"),
+    "gpt2-medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304, batch_size=8, accumulate=1,
+                        max_steps=200, lr=3e-4, warmup=20, log_every=25, ckpt_every=200, sample_every=0,
+                        precision="bf16-mixed"),
 }
-VOCAB = 256  # bytes
+VOCAB = 256  # bytes: the tokens the data holds (a larger `vocab` adds rows no byte uses)
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -86,6 +101,7 @@ class Block(nn.Module):
     heads: int
     mlp_ratio: int = 4
     residual_std: float = 0.02
+    attention: str = "auto"  # fj.nn.attention's implementation
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -102,7 +118,7 @@ class Block(nn.Module):
                       .reshape(batch, length, self.heads, head_dim), "batch", None, "heads", None)
                for name in "qkv"]
         # [batch, length, heads, head_dim]; softmax in float32 even when the inputs are bfloat16
-        attn = jax.nn.dot_product_attention(*qkv, is_causal=True).reshape(batch, length, width)
+        attn = fj.nn.attention(*qkv, causal=True, implementation=self.attention).reshape(batch, length, width)
         x = x + nn.Dense(width, use_bias=False, name="proj", kernel_init=_param(out_init, "heads", "embed"))(attn)
         x = _place(x, "batch", None, None)
 
@@ -121,7 +137,10 @@ class ScannedBlock(Block):
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, 256].
+    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, vocab],
+    or with `targets` [batch, length] the `fj.TokenLoss` of predicting them (no logits kept: the
+    output layer and the loss go through `fj.nn.chunked_cross_entropy`, `loss_chunk` positions at
+    a time).
 
     `scan_layers=True` runs the blocks as one `nn.scan` over parameters stacked on a leading
     "layers" axis (`params["blocks"]`, each array `[layers, ...]`) instead of `block_0` ...
@@ -134,10 +153,13 @@ class GPT(nn.Module):
     heads: int
     context: int
     scan_layers: bool = False
+    vocab: int = VOCAB
+    attention: str = "auto"
+    loss_chunk: int = 256
 
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        embed = nn.Embed(VOCAB, self.width, name="embed",
+    def __call__(self, tokens: jax.Array, targets: jax.Array | None = None) -> jax.Array | fj.TokenLoss:
+        embed = nn.Embed(self.vocab, self.width, name="embed",
                          embedding_init=_param(nn.initializers.normal(0.02), "vocab", "embed"))
         positions = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
                                (self.context, self.width))
@@ -146,22 +168,25 @@ class GPT(nn.Module):
         if self.scan_layers:
             blocks = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
                              length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = blocks(self.heads, residual_std=residual_std, name="blocks")(x, None)
+            x, _ = blocks(self.heads, residual_std=residual_std, attention=self.attention, name="blocks")(x, None)
         else:
             for i in range(self.layers):
-                x = Block(self.heads, residual_std=residual_std, name=f"block_{i}")(x)
-        logits = embed.attend(nn.LayerNorm(use_bias=False)(x))  # tied: the output head is embed's table
-        return _place(logits, "batch", None, None)
+                x = Block(self.heads, residual_std=residual_std, attention=self.attention, name=f"block_{i}")(x)
+        x = nn.LayerNorm(use_bias=False)(x)
+        if targets is not None:  # tied: the output layer is embed's table [vocab, width]
+            return fj.nn.chunked_cross_entropy(x, embed.embedding, targets, chunk_size=self.loss_chunk)
+        return _place(embed.attend(x), "batch", None, None)
 
 
-def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, **_: Any) -> int:
+def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, vocab: int = VOCAB,
+                    **_: Any) -> int:
     """Training FLOPs per token (forward + backward = 3 × forward; PaLM's appendix B count).
 
     6 × the parameters used in matmuls (attention q, k, v, out; the MLP; the tied output head) plus
     12 × layers × context × width for the attention scores and their weighted sum (the causal
     mask's skipped half counted, as PaLM does).
     """
-    matmul_params = layers * (4 * width * width + 2 * mlp_ratio * width * width) + VOCAB * width
+    matmul_params = layers * (4 * width * width + 2 * mlp_ratio * width * width) + vocab * width
     return 6 * matmul_params + 12 * layers * context * width
 
 
@@ -172,7 +197,7 @@ class GPTModule(fj.LitModule):
 
     def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, context: int = 64,
                  lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1,
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, vocab: int = VOCAB, attention: str = "auto", loss_chunk: int = 256):
         super().__init__()
         self.save_hyperparameters()
         if width % heads:
@@ -180,7 +205,10 @@ class GPTModule(fj.LitModule):
         # scan_layers off by default: the presets' 2-6 blocks compile in seconds either way, and
         # `block_i` names are what checkpoints, LoRA targets and weight mappings use; deep models gain
         # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
-        self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers)
+        if vocab < VOCAB:
+            raise ValueError(f"GPTModule(vocab={vocab!r}): the data holds bytes, so at least {VOCAB}")
+        self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers,
+                         vocab=vocab, attention=attention, loss_chunk=loss_chunk)
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
         # read by fj.LearningRateMonitor (optax keeps the schedule inside the optimizer)
@@ -189,8 +217,9 @@ class GPTModule(fj.LitModule):
 
     def loss(self, model, batch):
         tokens = batch["tokens"]
-        logits = model(tokens[:, :-1]).astype(jnp.float32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        # every row holds `context` targets, so the mean over a micro-batch's tokens is exact under
+        # accumulation too (a `TokenLoss` returned whole would be the same here)
+        return model(tokens[:, :-1], targets=tokens[:, 1:]).mean
 
     def configure_optimizer(self):
         decay = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731 (no decay on norms)
@@ -264,7 +293,7 @@ def _generate(model: GPT, params, prompt: jax.Array, rng: jax.Array, temperature
         buffer, rng = state
         first = jnp.clip(t - model.context, 0, size - model.context)
         window = jax.lax.dynamic_slice_in_dim(buffer, first, model.context, axis=1)
-        logits = model.apply({"params": params}, window)[:, t - 1 - first].astype(jnp.float32)
+        logits = model.apply({"params": params}, window)[:, t - 1 - first, :VOCAB].astype(jnp.float32)
         rng, key = jax.random.split(rng)
         sampled = jax.random.categorical(key, logits / jnp.maximum(temperature, 1e-6))
         token = jnp.where(temperature > 0, sampled, logits.argmax(-1))  # one compilation for both
@@ -369,6 +398,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="recompute each block's activations in the backward pass (Trainer(remat=...))")
     parser.add_argument("--scan-layers", action="store_true",
                         help="run the blocks as one nn.scan over stacked parameters: XLA compiles one block")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help=f"output rows (default {VOCAB}, the bytes; more pads the table, e.g. GPT-2's 50304)")
+    parser.add_argument("--attention", default="auto", choices=["auto", "xla", "pallas", "cudnn"],
+                        help="fj.nn.attention's implementation (auto: the platform's kernel where it applies)")
+    parser.add_argument("--loss-chunk", type=int, default=256,
+                        help="positions per chunk of fj.nn.chunked_cross_entropy (the training loss)")
     # every preset value can be overridden: --layers 6 --width 384 --max-steps 1000 ...
     for key, value in PRESETS["tiny"].items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=None)
@@ -376,6 +411,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.vocab = args.vocab or VOCAB
     return args
 
 
@@ -397,7 +433,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
     train_loader = fj.DataLoader(train, batch_size=global_batch, shuffle=True, seed=args.seed, drop_last=True)
     val_loader = fj.DataLoader(val, batch_size=global_batch)
     module = GPTModule(layers=args.layers, width=args.width, heads=args.heads, context=args.context,
-                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps, scan_layers=args.scan_layers)
+                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps, scan_layers=args.scan_layers,
+                       vocab=args.vocab, attention=args.attention, loss_chunk=args.loss_chunk)
     # a row holds `context + 1` bytes: `context` of them are trained on (inputs, shifted targets)
     throughput = fj.ThroughputMonitor(batch_size_fn=lambda batch: batch["tokens"].shape[0],
                                       length_fn=lambda batch: batch["tokens"].shape[0] * args.context,
