@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from fitjax import _storage
+from fitjax import _safe_names, _storage
 from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
 from fitjax.checkpoint import _trainable
@@ -355,6 +355,8 @@ def _readable(path: str | os.PathLike) -> Path:
         return _storage.download(path)
     except FileNotFoundError as error:  # a file its list names is gone, or of another size
         raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {_first_line(error)}.") from None
+    except _safe_names.UnsafeName as error:  # its record names a place outside it: nothing written
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {error}.") from None
 
 
 def _restore(path: Path, target: PyTree) -> PyTree:
