@@ -20,12 +20,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # Lowest first. A module is placed by its longest matching prefix; modules matching none are
 # placed on top (they may import anything, and nothing placed below may import them). The private
 # modules left at the top level are the utilities several packages share: `_typing` (every layer),
-# `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_lazy` (checkpoint, loggers),
+# `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_safe_names` (names read from a
+# checkpoint that become paths: `_storage`, checkpoint, callbacks), `_lazy` (checkpoint, loggers),
 # `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers), `_seed` (loop,
 # cli, `fj.seed_everything`) and `_status` (the set-up's status lines: loop, profilers, callbacks).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
-                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._seed",
+                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names", "fitjax._seed",
                 "fitjax._status"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
