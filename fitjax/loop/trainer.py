@@ -771,7 +771,7 @@ class Trainer(metaclass=_CheckedArguments):
         Reports per candidate, per device: memory (parameters, optimizer state, other state,
         the batch, temporaries: gradients and activations; the peak, from XLA's memory analysis)
         and whether it fits the device's memory with `headroom` of it kept free; model FLOPs
-        (6N + attention for a module declaring `transformer_shape`, else its `flops_per_batch`,
+        (its `flops_per_batch`, else 6N + attention for a module declaring `transformer_shape`,
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
