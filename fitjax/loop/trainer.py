@@ -324,7 +324,8 @@ class Trainer(metaclass=_CheckedArguments):
         # with runs, the loggers that can write a folder per run do, and the results see every row
         self._run_results = None if self._runs is None else RunResults(self._runs.names)
         self._log_to = self.loggers if self._runs is None else [
-            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
+            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams, stops=self._run_results.stops),
+            self._run_results]
         self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
                                      on_timed=self._progress.timed,
@@ -436,6 +437,8 @@ class Trainer(metaclass=_CheckedArguments):
         if isinstance(run, bool) or not isinstance(run, int) or not 0 <= run < self._runs.size:
             raise ValueError(f"Trainer.stop_run(run=...) takes a run index from 0 to {self._runs.size - 1}, got {run!r}.")
         self._run.state = runs_lib.stop_run(self._run.state, run)
+        # its logs end here: the row of the step just run is its last (the loggers' run folders, the table)
+        self._run_results.stops.stop(run, last_row=self.global_step - 1, epoch=self.current_epoch)
         if not any(runs_lib.active_runs(self._run.state)):  # sync point: only when a run stops
             self.should_stop = True
 
@@ -771,7 +774,7 @@ class Trainer(metaclass=_CheckedArguments):
         Reports per candidate, per device: memory (parameters, optimizer state, other state,
         the batch, temporaries: gradients and activations; the peak, from XLA's memory analysis)
         and whether it fits the device's memory with `headroom` of it kept free; model FLOPs
-        (6N + attention for a module declaring `transformer_shape`, else its `flops_per_batch`,
+        (its `flops_per_batch`, else 6N + attention for a module declaring `transformer_shape`,
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
@@ -819,6 +822,8 @@ class Trainer(metaclass=_CheckedArguments):
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = self._resume_fit(run, ckpt_path)
+        if self._runs is not None:  # which runs train (a resumed state keeps its stopped runs stopped)
+            self._run_results.stops.begin_fit(runs_lib.active_runs(run.state), last_row=self.global_step - 1)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
         kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
         for logger in self._log_to if not kept else ():
