@@ -652,7 +652,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                                     overfit=bool(self.overfit_batches)))
             check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
                            processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                           accumulate=self.step_options.accumulate_grad_batches)
+                           accumulate=self.step_options.accumulate_grad_batches, resuming=ckpt_path is not None)
             if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
                 for loader in loaders.val:
                     checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
