@@ -12,8 +12,8 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, nn, planner, plugins, precision, profilers,
-                    strategies, tuner)
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, planner, plugins, precision,
+                    profilers, strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -22,6 +22,7 @@ from fitjax.callbacks import (
     Callback,
     DeviceStatsMonitor,
     EarlyStopping,
+    GenerationMonitor,
     GradientAccumulationScheduler,
     LambdaCallback,
     LearningRateMonitor,
@@ -59,6 +60,7 @@ __all__ = [
     "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "GenerationMonitor",
     "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateMonitor",
@@ -86,6 +88,7 @@ __all__ = [
     "data",
     "loggers",
     "metrics",
+    "models",
     "nn",
     "param_groups",
     "plan",
