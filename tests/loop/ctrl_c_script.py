@@ -1,5 +1,5 @@
 """A user's script for `test_ctrl_c.py`'s Ctrl-C before `fit`: `python ctrl_c_script.py`. It
-imports fitjax (and with it JAX), sets up for a few seconds (arrays on the device and garbage
+imports fitjax (and with it JAX), sets up for two seconds (arrays on the device and garbage
 collections: JAX runs a callback at each), then fits; it prints each phase it reaches."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ print("imported", flush=True)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import Regressor, regression_data  # noqa: E402
 
-ready = time.monotonic() + 5
+ready = time.monotonic() + 2
 while time.monotonic() < ready:  # the set-up: device arrays, collections
     jnp.ones(8).block_until_ready()
     gc.collect()
