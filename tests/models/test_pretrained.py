@@ -83,3 +83,25 @@ def test_a_transformers_model_imports_with_equal_logits_and_exports_back(family,
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert type(back).__name__ == json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"][0]
     np.testing.assert_allclose(hf_logits(back.eval()), changed, atol=1e-4, rtol=0)
+
+
+def test_greedy_generation_of_an_imported_gemma2_equals_transformers(tmp_path):
+    """Sliding windows shorter than the text, soft-capping and left-padded prompts of different
+    lengths through the KV cache: `Trainer.generate` picks transformers' tokens. (GPT-2 and
+    Llama: tests/loop/test_generation.py.)"""
+    config = CONFIGS["gemma2"]()
+    config.eos_token_id = config.bos_token_id = None  # random weights: run all 12 tokens
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    padded = torch.tensor([prompts[0], [0, 0, *prompts[1]]])
+    theirs = model.generate(padded, attention_mask=(padded > 0).long(), do_sample=False, max_new_tokens=12,
+                            pad_token_id=0)[:, 5:].tolist()
+
+    module = models.from_pretrained(tmp_path / "hf")
+    ours = quiet_trainer(strategy="single").generate(module, prompts, max_new_tokens=12, temperature=0)
+    assert [list(map(int, row)) for row in ours] == theirs
