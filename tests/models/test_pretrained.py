@@ -105,3 +105,14 @@ def test_greedy_generation_of_an_imported_gemma2_equals_transformers(tmp_path):
     module = models.from_pretrained(tmp_path / "hf")
     ours = quiet_trainer(strategy="single").generate(module, prompts, max_new_tokens=12, temperature=0)
     assert [list(map(int, row)) for row in ours] == theirs
+
+
+def test_a_base_model_file_without_the_causal_lm_prefix_imports(tmp_path):
+    """The Hub's own GPT-2 weights are a `GPT2Model`'s (`h.0.attn.c_attn.weight`, no
+    `transformer.`): they import, the tied head being the token table."""
+    torch.manual_seed(0)
+    transformers.GPT2Model(CONFIGS["gpt2"]()).save_pretrained(tmp_path / "base")
+    expected = hf_logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval())
+    module = models.from_pretrained(tmp_path / "base")
+    quiet_trainer(strategy="single").validate(module, fj.DataLoader({"tokens": TOKENS}, batch_size=8), verbose=False)
+    np.testing.assert_allclose(logits(module), expected, atol=1e-4, rtol=0)
