@@ -132,7 +132,6 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
     module = CausalLMModule(read_config(folder), **kwargs)
     config = module.model.config
     from_hf = {hf_name(config, name): name for name in _param_names(module.model)}
-
     base = "transformer." if config.gpt2_layout else "model."
 
     def rename(name: str) -> str | None:
