@@ -112,9 +112,9 @@ def _killed_during_upload(proxy, url: str, tmp: Path, step: int, nth) -> tuple[s
 
 
 def _lease_of(pid: int) -> str:
-    import socket
+    from fitjax.checkpoint import _lease
 
-    return f".fitjax-lease-{socket.gethostname()}-{pid}"
+    return f"{_lease.PREFIX}{_lease._host()}-{pid}"
 
 
 def test_kill_9_at_any_object_of_an_upload_leaves_only_loadable_names_and_last_resumes(proxy, bucket, tmp_path):
