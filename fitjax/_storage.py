@@ -14,7 +14,8 @@ checkpoint on a store complete only once `.fitjax-complete` is there (Orbax's ow
 removes `.fitjax-complete` first and `.fitjax-checkpoint` last: a kill at any object leaves either
 a complete checkpoint or a prefix the next writer recognises as its own and removes. Reading one
 downloads the listed files once into a per-process cache, sizes checked, its own copy of the
-marker written last: an interrupted download is never trusted.
+marker written last: an interrupted download is never trusted. The record itself is checked
+whole first (`_safe_names.check_record`): no name it holds can land outside the cache.
 
 Waits on a store are bounded: every request has `store_timeout()` seconds to answer (connect and
 read), one attempt each (s3fs/botocore's and gcsfs's own retry loops, which would multiply the
@@ -295,18 +296,16 @@ def is_partial(target: AnyPath) -> bool:
     finish: `CLAIM` there, `COMPLETE` not."""
     fs, root = _fs(target)
     return retried("listing", os.fspath(target),
-                 lambda: fs.exists(f"{root}/{CLAIM}") and not fs.exists(f"{root}/{COMPLETE}"))
+                   lambda: fs.exists(f"{root}/{CLAIM}") and not fs.exists(f"{root}/{COMPLETE}"))
 
 
 def put_folder(local: Path, target: AnyPath) -> dict[str, int]:
     """Copies every file under the local folder `local` to the same place under `target`;
     returns what it copied (name under `target` -> size), as `commit` lists it.
 
-    Then checks, in one listing, that the store holds each file at its size: a file it holds at
-    another size is uploaded again, once, and if it is still not whole an `OSError` names it, so
-    nothing is marked complete (`commit`) over a damaged copy. (A multipart upload's framing can
-    cost a file its last byte on a parser that takes a trailing CR for a line break: the GCS
-    emulator's does, for one file in 256.)"""
+    Then checks, in one listing, that the store holds each file at its size: one held at another
+    size is uploaded again, once, then an `OSError` names it, so nothing is marked complete over a
+    damaged copy (the GCS emulator's multipart parser took a last CR for a line break)."""
     fs, root = _fs(target)
     url = os.fspath(target)
     files = {file.relative_to(local).as_posix(): file for file in _files(local)}
@@ -370,7 +369,7 @@ def get_file(target: AnyPath, local: Path) -> bool:
 
 
 def put_bytes(target: AnyPath, data: bytes) -> None:
-    """Writes the store object `target` (retried as every store request: `retried`)."""
+    """Writes the store object `target` (retried, as every request here: `retried`)."""
     fs, root = _fs(target)
     retried("writing", os.fspath(target), lambda: fs.pipe_file(root, data))
 
