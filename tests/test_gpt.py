@@ -190,7 +190,7 @@ def test_scanned_blocks_compute_the_unrolled_models_loss_and_gradients(remat):
         want, want_grads = jax.jit(jax.value_and_grad(lambda p: loss(unrolled, p)))(params)
         got, got_grads = jax.jit(jax.value_and_grad(lambda p: loss(scanned, p)))(stacked)
         jaxpr = jax.make_jaxpr(lambda p: loss(scanned, p))(stacked).jaxpr
-    assert got == pytest.approx(want, rel=1e-6)
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
     assert_trees_close(got_grads, _stacked(want_grads, 3), rtol=1e-5, atol=1e-7)
     # remat composes with the scan: each iteration's block is rematerialized inside the loop's body
     # (a checkpoint around the whole scan would keep every layer's activations for the backward pass)
