@@ -4,9 +4,10 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax.step import xla_cpu as _xla_cpu
+from fitjax.step import xla_cpu as _xla_cpu, xla_tpu as _xla_tpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
+_xla_tpu.skip_absent_tpu()  # no TPU here: libtpu is not loaded (no probe lines, a working profiler)
 
 from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, nn, planner, plugins, precision, profilers,
                     strategies, tuner)

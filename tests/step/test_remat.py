@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import LossHistory, assert_trees_close, in_own_process, quiet_trainer
+from helpers import LossHistory, assert_trees_close, quiet_trainer
 
 import fitjax as fj
 from fitjax.strategies import FSDP
@@ -62,7 +62,6 @@ def test_remat_gives_the_same_numbers(strategy):
         assert losses == plain_losses
 
 
-@in_own_process  # libtpu stays out of the suite's process
 def test_remat_lowers_temporaries_for_more_flops_on_a_tpu_chip():
     module = Tower(layers=8, width=2048)
     batch = [{"x": np.zeros((1024, 512), np.float32), "y": np.zeros((1024, 512), np.float32)}]
