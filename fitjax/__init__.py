@@ -9,8 +9,8 @@ from fitjax.step import xla_cpu as _xla_cpu, xla_tpu as _xla_tpu
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 _xla_tpu.skip_absent_tpu()  # no TPU here: libtpu is not loaded (no probe lines, a working profiler)
 
-from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, nn, planner, plugins, precision, profilers,
-                    strategies, tuner)
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, planner, plugins, precision,
+                    profilers, strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -19,6 +19,7 @@ from fitjax.callbacks import (
     Callback,
     DeviceStatsMonitor,
     EarlyStopping,
+    GenerationMonitor,
     GradientAccumulationScheduler,
     LambdaCallback,
     LearningRateMonitor,
@@ -56,6 +57,7 @@ __all__ = [
     "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "GenerationMonitor",
     "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateMonitor",
@@ -83,6 +85,7 @@ __all__ = [
     "data",
     "loggers",
     "metrics",
+    "models",
     "nn",
     "param_groups",
     "plan",
