@@ -5,7 +5,8 @@ The Trainer has no base classes: its parts, beside it in `fitjax.loop`, are buil
 they need and return values; the loop (this file) is the only writer of what lives for a fit.
 
     config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
-                          through the Lightning-named properties (`_checks`, `_arguments`)
+                          through the Lightning-named attributes (`_checks`, `_arguments`)
+    _reads                `config_value()`, `reads(path)`: the attributes that only read a part
     progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
     _schedule             functions of (configuration, progress): when training ends, a stop is
                           obeyed, validation is due
@@ -34,7 +35,6 @@ import dataclasses
 import datetime
 import itertools
 import logging
-import operator
 import os
 import time
 from typing import Any, Iterable, Mapping, Sequence
@@ -463,13 +463,17 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             return self._run.state
         return self._built.state if self._built is not None else None
 
-    def _request_stop(self, value: bool) -> None:
-        self._stop_request.requested = value
-
-    should_stop = property(operator.attrgetter("_stop_request.requested"), _request_stop, doc=(
+    @property
+    def should_stop(self) -> bool:
         """Set True to stop the fit (Lightning's `trainer.should_stop`): after this step, or with
         several processes at the next sync point (log step, validation, epoch end), once
-        `min_epochs`/`min_steps` are met; fit clears it when it starts."""))
+        `min_epochs`/`min_steps` are met; fit clears it when it starts. (The batch loop reads
+        the request itself, `_stop.StopRequest`: no call per step.)"""
+        return self._stop_request.requested
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self._stop_request.requested = value
 
     interrupted: bool = reads("_interrupted")
     """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
