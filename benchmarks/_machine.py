@@ -8,7 +8,6 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
 import _results  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__)

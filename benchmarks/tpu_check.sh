@@ -84,10 +84,16 @@ step() {  # step SECONDS NAME COMMAND...: one part under its limit; a failure is
 
 echo "== machine"
 "$python" "$here/_machine.py" --json "$FITJAX_RESULTS/machine.json"
+# fitjax must find the same devices JAX finds alone (it keeps libtpu out only where no TPU is);
+# one process at a time may hold a TPU chip, so each look is a process of its own
+alone=$("$python" -c "import jax; print(jax.devices()[0].platform)" 2>/dev/null)
+found=$("$python" -c "import fitjax, jax; print(jax.devices()[0].platform)" 2>/dev/null)
+echo "JAX alone finds ${alone:-nothing}; after importing fitjax: ${found:-nothing}"
+if [ "$alone" != "$found" ]; then echo "== fitjax hides this machine's devices: stopping"; exit 1; fi
 
 out="$FITJAX_RESULTS"
 if [ "$smoke" -eq 1 ]; then
-  step 120 gpt "$python" "$here/gpt.py" --smoke --json "$out/gpt.json"
+  step 120 gpt "$python" "$here/gpt.py" --smoke --device --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   step 120 tpu_sweep "$python" "$here/tpu_sweep.py" --smoke --out "$out/sweep.json"
   step 120 overhead "$python" "$here/overhead.py" --smoke --only defaults --json "$out/overhead.json"
   step 150 plan_device "$python" "$here/plan_device.py" --smoke --json "$out/plan.json"
@@ -100,7 +106,7 @@ else
       --config small:attn=xla,batch=8 --config small:attn=splash,batch=8 --config small:attn=fj,batch=8
   fi
   if [ "$part" = 2 ] || [ "$part" = all ]; then
-    step 150 overhead "$python" "$here/overhead.py" --only defaults --only spe --repeats 2 --json "$out/overhead.json"
+    step 150 overhead "$python" "$here/overhead.py" --device --only defaults --only spe --repeats 2 --json "$out/overhead.json"
     step 200 plan_device "$python" "$here/plan_device.py" --steps 10 --json "$out/plan.json"
     step 150 accelerator "$python" -m pytest -q "$root/tests/accelerator" --junit-xml "$out/accelerator.xml"
     step 90 generation "$python" "$here/generation.py" --device --json "$out/generation.json"

@@ -56,7 +56,7 @@ from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import evaluation
+from fitjax.loop import evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun, step_flops
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -314,7 +314,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         # with runs, the loggers that can write a folder per run do, and the results see every row
         self._run_results = None if self._runs is None else RunResults(self._runs.names)
         self._log_to = self.loggers if self._runs is None else [
-            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
+            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams, stops=self._run_results.stops),
+            self._run_results]
         self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
                                      on_timed=self._progress.timed,
@@ -369,7 +370,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     runs: Runs | None = reads("_runs")
     """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
     and name; None for one run."""
-
     run_results: RunResults | None = reads("_run_results")
     """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
     its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
@@ -384,6 +384,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         if isinstance(run, bool) or not isinstance(run, int) or not 0 <= run < self._runs.size:
             raise ValueError(f"Trainer.stop_run(run=...) takes a run index from 0 to {self._runs.size - 1}, got {run!r}.")
         self._run.state = runs_lib.stop_run(self._run.state, run)
+        # its logs end here: the row of the step just run is its last (the loggers' run folders, the table)
+        self._run_results.stops.stop(run, last_row=self.global_step - 1, epoch=self.current_epoch)
         if not any(runs_lib.active_runs(self._run.state)):  # sync point: only when a run stops
             self.should_stop = True
 
@@ -432,11 +434,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     """The loop's position, read-only: epoch, global step, batches done, what was last
     logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
     `fitjax.loop.progress`)."""
-
     stage: Stage = reads("_stage")
     """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
     whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
-
     sanity_checking: bool = reads("_stage.sanity_checking")
     """True while fit's sanity check runs its validation batches (Lightning's flag)."""
 
@@ -495,13 +495,10 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     global_step: int = reads("_progress.global_step")
     """Optimizer steps taken (Lightning's `trainer.global_step`)."""
-
     current_epoch: int = reads("_progress.epoch")
     """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
-
     num_training_batches: int | None = reads("_progress.batches_in_epoch")
     """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
-
     callback_metrics: HostMetrics = reads("_metric_log.callback_metrics")
     """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
     `ModelCheckpoint` read them.
@@ -513,10 +510,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
     the window at its next step). The loop itself and the progress bar never read it per step.
     """
-
     logged_metrics: HostMetrics = reads("_metric_log.logged_metrics")
     """The latest value of every key written to the loggers (Lightning's)."""
-
     progress_bar_metrics: HostMetrics = reads("_metric_log.progress_bar_metrics")
     """The values the progress bar shows: the train window's last means and what was
     logged with `prog_bar=True` (Lightning's)."""
@@ -664,7 +659,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         Reports per candidate, per device: memory (parameters, optimizer state, other state,
         the batch, temporaries: gradients and activations; the peak, from XLA's memory analysis)
         and whether it fits the device's memory with `headroom` of it kept free; model FLOPs
-        (6N + attention for a module declaring `transformer_shape`, else its `flops_per_batch`,
+        (its `flops_per_batch`, else 6N + attention for a module declaring `transformer_shape`,
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
@@ -735,6 +730,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = self._resume_fit(run, ckpt_path)
+        if self._runs is not None:  # which runs train (a resumed state keeps its stopped runs stopped)
+            self._run_results.stops.begin_fit(runs_lib.active_runs(run.state), last_row=self.global_step - 1)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
         kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
         for logger in self._log_to if not kept else ():
@@ -946,6 +943,60 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         if not host or return_predictions is False:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    @in_precision
+    def generate(self, module: LitModule, prompts: Any, *, max_new_tokens: int = 64, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                 use_cache: bool | None = None) -> Any:
+        """Continues each prompt by up to `max_new_tokens` tokens sampled from `module`'s model.
+
+        Prompts are token ids (a list or 1-D array, a list of them, a 2-D array) or, when the
+        module has a `tokenizer` (a Hugging Face tokenizer set in `__init__`:
+        `self.tokenizer = AutoTokenizer.from_pretrained(folder)`), text. Returns each prompt's
+        new tokens (a list of ids; text for text prompts, decoded without special tokens), up to
+        and including its end-of-sequence token; one result for one prompt. The weights are the
+        last fit's (its evaluation copy: `EMA(use_for_eval=True)`'s), else the module's own,
+        else those `load_weights` names, placed as this trainer's strategy shards the model.
+
+        One compiled program per prompt-length bucket (16, 24, 32, 48, 64, ... tokens) runs the
+        whole generation with the model's KV cache (`fitjax.loop.generation`), batched, each row
+        stopping at its end-of-sequence token. `module.generate_step` is the traced forward pass.
+
+        Args:
+            module: the `LitModule` whose model generates.
+            prompts: see above; prompts of different lengths are left-padded together.
+            max_new_tokens: tokens generated per prompt at most.
+            temperature: 0 picks the most likely token (greedy); otherwise the logits are
+                divided by it and a token drawn.
+            top_k: draw among the k most likely tokens only (None: all).
+            top_p: draw among the most likely tokens holding this probability mass (None: all).
+            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
+            eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
+                model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
+            pad_token_id: what pads prompts (default the tokenizer's or config's, else the EOS).
+            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
+                sequence for each token (slower, the same tokens).
+
+        Example:
+            >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
+            >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
+        """
+        checks.check_module(module, "generate")
+        model = module_lib.unwrap_host_model(getattr(module, "model", None))
+        defaults = generation.token_defaults(getattr(module, "tokenizer", None), getattr(model, "config", None))
+        options = generation.GenerateOptions.make(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            eos_token_id=defaults["eos"] if eos_token_id is None else eos_token_id,
+            pad_token_id=defaults["pad"] if pad_token_id is None else pad_token_id, use_cache=use_cache)
+        with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
+            state = self.state
+            held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \
+                else None
+            variables = generation.variables_for(module, held, strategy=self.strategy, seed=self.seed,
+                                                 options=self.step_options)
+            return generation.generate(module, prompts, options, variables=variables, strategy=self.strategy,
+                                       policy=self.step_options.precision)
 
     def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
         loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
