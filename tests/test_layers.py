@@ -341,6 +341,28 @@ def test_the_trainer_read_check_catches_one():
     assert _trainer_reads("def end(trainer):\n    n = trainer.global_step\n") == ["2: trainer.global_step"]
 
 
+# The loop reads as one page: `Trainer._train_epoch` is the epoch's outline (its batches, end and
+# stop handling are `fitjax.loop._epoch` and `_stop`), and trainer.py holds the public surface and
+# the outline only. 1,140 lines at this guard's writing, 386 of them docstrings: the reference of
+# the Lightning-named arguments, attributes and methods (`generate` included).
+TRAINER_MAX_LINES = 1_150
+TRAIN_EPOCH_MAX_LINES = 50
+
+
+def _function_lines(source: str, name: str) -> int:
+    (node,) = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == name]
+    return node.end_lineno - node.lineno + 1
+
+
+def test_the_trainer_and_its_epoch_outline_stay_short():
+    source = (PACKAGE / "loop" / "trainer.py").read_text()
+    lines = len(source.splitlines())
+    assert lines <= TRAINER_MAX_LINES, (f"fitjax/loop/trainer.py has {lines} lines, over {TRAINER_MAX_LINES}: move "
+                                        "the work into a named part of fitjax/loop/ (as _epoch, _stop, evaluation)")
+    epoch = _function_lines(source, "_train_epoch")
+    assert epoch <= TRAIN_EPOCH_MAX_LINES, f"Trainer._train_epoch has {epoch} lines, over {TRAIN_EPOCH_MAX_LINES}"
+
+
 def _module_privates(source: str) -> set[str]:
     """The private names a `LitModule` has: its `_methods` and the `self._attributes` it sets."""
     names = set()

@@ -20,6 +20,7 @@ import numpy as np
 from fitjax.strategies import accelerator_devices, check_devices_match
 from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
 from fitjax.callbacks.timer import parse_duration
+from fitjax import checkpoint
 from fitjax import module as module_lib
 from fitjax.module import LitModule
 
@@ -165,6 +166,23 @@ def checkpoint_path(method: str, value: Any) -> str:
         raise TypeError(f"Trainer.{method}(filepath=...) takes a checkpoint folder path (a str or os.PathLike; "
                         f"a gs:// or s3:// URL works too), got {type(value).__name__}: {value!r}")
     return os.fspath(value)
+
+
+def save_target(filepath: Any, weights_only: bool, *, has_state: bool) -> Any:
+    """Where `Trainer.save_checkpoint(filepath, weights_only)` saves (a local folder or a store
+    URL's path): a new folder, with a train state to save, and the whole of it."""
+    filepath = checkpoint_path("save_checkpoint", filepath)
+    if weights_only:
+        raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
+                         "checkpoint holds the whole train state; load weights only with "
+                         "`LitModule.load_from_checkpoint(path)`.")
+    if not has_state:
+        raise RuntimeError(f"Trainer.save_checkpoint({filepath!r}) needs a train state: "
+                           "call it during or after Trainer.fit.")
+    path = checkpoint.local_path(filepath)
+    if path.exists():
+        raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+    return path
 
 
 def limit_or_unlimited(name: str, value: Any, *, unlimited: bool = True) -> int | None:

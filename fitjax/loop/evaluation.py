@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import jax
 import numpy as np
@@ -30,7 +30,7 @@ from fitjax.loop._host_hooks import with_transfer_hooks
 from fitjax.loop.fit_run import Built
 from fitjax.strategies import gather_rows
 
-__all__ = ["Evaluated", "build_for", "eval_batches", "evaluate", "load_weights", "predict_batches",
+__all__ = ["Evaluated", "build_for", "eval_batches", "evaluate", "hooked", "load_weights", "predict_batches",
            "stage_loaders", "val_batch_counts", "warn_unfitted"]
 
 log = logging.getLogger("fitjax")
@@ -38,6 +38,22 @@ log = logging.getLogger("fitjax")
 _FITJAX = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package folder
 _DATA = {"val": "validation", "test": "test", "predict": "predict"}  # the stage's data, in messages
 _METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Trainer method of each stage
+
+
+T = TypeVar("T")
+
+
+def hooked(hooks, trainer, module, hook: str, run: Callable[[], T], *, zero_grad: bool = False) -> T:
+    """`run()` between Lightning's hooks of an evaluation (`hook`: "validation", "test" or
+    "predict"): `on_<hook>_model_zero_grad` (fit's validations only), `on_<hook>_model_eval`,
+    `on_<hook>_start` and `on_<hook>_epoch_start` before it; `on_<hook>_epoch_end`,
+    `on_<hook>_end` and `on_<hook>_model_train` (not predict's: Lightning has none) after it."""
+    for name in ("model_zero_grad",) * zero_grad + ("model_eval", "start", "epoch_start"):
+        hooks.call(f"on_{hook}_{name}", trainer, module)
+    result = run()
+    for name in ("epoch_end", "end") + ("model_train",) * (hook != "predict"):
+        hooks.call(f"on_{hook}_{name}", trainer, module)
+    return result
 
 
 def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, model_state, rng, *, stage: str,

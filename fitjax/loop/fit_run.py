@@ -18,7 +18,7 @@ from fitjax.module import LitModule
 from fitjax.state import TrainState
 from fitjax.strategies import StopAgreement
 
-__all__ = ["Built", "FitRun"]
+__all__ = ["Built", "FitRun", "step_flops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,3 +74,13 @@ class FitRun:
         if self.compiled is None:
             return None
         return Built(self.module, self.compiled, self.built_from, self.state, self.feed.positions)
+
+
+def step_flops(compiled: step_lib.Compiled, remat: str) -> float | None:
+    """XLA's FLOPs of one optimizer step of `compiled`'s train step on each device, compiled with
+    `remat` (one more compilation when it is not the step's own); None when none are reported."""
+    options = compiled.options
+    cost = compiled.train_step_cost if remat == options.remat else compiled.train_programs_for(
+        dataclasses.replace(options, remat=remat))["train_step_cost"]
+    flops = cost().get("flops")
+    return None if flops is None or flops <= 0 else flops / options.steps_per_execution

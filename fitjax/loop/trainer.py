@@ -5,7 +5,8 @@ The Trainer has no base classes: its parts, beside it in `fitjax.loop`, are buil
 they need and return values; the loop (this file) is the only writer of what lives for a fit.
 
     config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
-                          through the Lightning-named properties (`_checks`, `_arguments`)
+                          through the Lightning-named attributes (`_checks`, `_arguments`)
+    _reads                `config_value()`, `reads(path)`: the attributes that only read a part
     progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
     _schedule             functions of (configuration, progress): when training ends, a stop is
                           obeyed, validation is due
@@ -34,7 +35,6 @@ import dataclasses
 import datetime
 import itertools
 import logging
-import operator
 import os
 import time
 from typing import Any, Iterable, Mapping, Sequence
@@ -53,10 +53,11 @@ from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
 from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
-from fitjax.loop.config import LoopConfig, config_value
+from fitjax.loop.config import LoopConfig
+from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation, generation
-from fitjax.loop.fit_run import Built, FitRun
+from fitjax.loop.fit_run import Built, FitRun, step_flops
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage, in_precision
@@ -366,18 +367,13 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     seed: int = config_value()
     """The run's base random key (parameter init and every rng stream)."""
 
-    @property
-    def runs(self) -> Runs | None:
-        """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
-        and name; None for one run."""
-        return self._runs
-
-    @property
-    def run_results(self) -> RunResults | None:
-        """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
-        its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
-        at its end (`.table()`); None for one run."""
-        return self._run_results
+    runs: Runs | None = reads("_runs")
+    """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
+    and name; None for one run."""
+    run_results: RunResults | None = reads("_run_results")
+    """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
+    its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
+    at its end (`.table()`); None for one run."""
 
     def stop_run(self, run: int) -> None:
         """With `Trainer(runs=...)`, during fit: stops run `run` (an early stop of one run, as
@@ -406,11 +402,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """The first logger (Lightning's `trainer.logger`)."""
         return self.loggers[0] if self.loggers else None
 
-    @property
-    def lightning_module(self) -> LitModule | None:
-        """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
-        `trainer.lightning_module`); None before any."""
-        return self._lightning_module
+    lightning_module: LitModule | None = reads("_lightning_module")
+    """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
+    `trainer.lightning_module`); None before any."""
 
     @property
     def log_dir(self) -> str:
@@ -419,10 +413,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         log_dir = self.logger.log_dir if self.logger is not None else None
         return str(log_dir if log_dir is not None else self.default_root_dir)
 
-    @property
-    def precision(self) -> str:
-        """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
-        return self.step_options.precision.name
+    precision: str = reads("step_options.precision.name")
+    """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -438,23 +430,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """True on process 0 (the one that logs and draws progress)."""
         return jax.process_index() == 0
 
-    @property
-    def progress(self) -> ProgressView:
-        """The loop's position, read-only: epoch, global step, batches done, what was last
-        logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
-        `fitjax.loop.progress`)."""
-        return self._progress_view
-
-    @property
-    def stage(self) -> Stage:
-        """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
-        whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
-        return self._stage
-
-    @property
-    def sanity_checking(self) -> bool:
-        """True while fit's sanity check runs its validation batches (Lightning's flag)."""
-        return self._stage.sanity_checking
+    progress: ProgressView = reads("_progress_view")
+    """The loop's position, read-only: epoch, global step, batches done, what was last
+    logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
+    `fitjax.loop.progress`)."""
+    stage: Stage = reads("_stage")
+    """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
+    whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
+    sanity_checking: bool = reads("_stage.sanity_checking")
+    """True while fit's sanity check runs its validation batches (Lightning's flag)."""
 
     @property
     def accumulate_grad_batches(self) -> int:
@@ -479,19 +463,21 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             return self._run.state
         return self._built.state if self._built is not None else None
 
-    def _request_stop(self, value: bool) -> None:
-        self._stop_request.requested = value
-
-    should_stop = property(operator.attrgetter("_stop_request.requested"), _request_stop, doc=(
+    @property
+    def should_stop(self) -> bool:
         """Set True to stop the fit (Lightning's `trainer.should_stop`): after this step, or with
         several processes at the next sync point (log step, validation, epoch end), once
-        `min_epochs`/`min_steps` are met; fit clears it when it starts."""))
+        `min_epochs`/`min_steps` are met; fit clears it when it starts. (The batch loop reads
+        the request itself, `_stop.StopRequest`: no call per step.)"""
+        return self._stop_request.requested
 
-    @property
-    def interrupted(self) -> bool:
-        """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
-        status `INTERRUPTED`); False while a fit runs and after one that finished."""
-        return self._interrupted
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self._stop_request.requested = value
+
+    interrupted: bool = reads("_interrupted")
+    """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
+    status `INTERRUPTED`); False while a fit runs and after one that finished."""
 
     @property
     def received_sigterm(self) -> bool:
@@ -507,45 +493,28 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         fit's once it has built them, else the last fit's or evaluation's."""
         return (self._run.built() if self._run is not None else None) or self._built
 
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken (Lightning's `trainer.global_step`)."""
-        return self._progress.global_step
+    global_step: int = reads("_progress.global_step")
+    """Optimizer steps taken (Lightning's `trainer.global_step`)."""
+    current_epoch: int = reads("_progress.epoch")
+    """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
+    num_training_batches: int | None = reads("_progress.batches_in_epoch")
+    """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
+    callback_metrics: HostMetrics = reads("_metric_log.callback_metrics")
+    """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
+    `ModelCheckpoint` read them.
 
-    @property
-    def current_epoch(self) -> int:
-        """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
-        return self._progress.epoch
-
-    @property
-    def num_training_batches(self) -> int | None:
-        """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
-        return self._progress.batches_in_epoch
-
-    @property
-    def callback_metrics(self) -> HostMetrics:
-        """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
-        `ModelCheckpoint` read them.
-
-        As in Lightning, the values logged on step are the last train step's after every step
-        (kept on the device by the loop and read here, once per step, when someone reads them).
-        They include the train log window on its way to the host, if any: the values are those
-        of every log step so far. Reading waits for the device only on the first read after a
-        log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
-        the window at its next step). The loop itself and the progress bar never read it per step.
-        """
-        return self._metric_log.callback_metrics
-
-    @property
-    def logged_metrics(self) -> HostMetrics:
-        """The latest value of every key written to the loggers (Lightning's)."""
-        return self._metric_log.logged_metrics
-
-    @property
-    def progress_bar_metrics(self) -> HostMetrics:
-        """The values the progress bar shows: the train window's last means and what was
-        logged with `prog_bar=True` (Lightning's)."""
-        return self._metric_log.progress_bar_metrics
+    As in Lightning, the values logged on step are the last train step's after every step
+    (kept on the device by the loop and read here, once per step, when someone reads them).
+    They include the train log window on its way to the host, if any: the values are those
+    of every log step so far. Reading waits for the device only on the first read after a
+    log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
+    the window at its next step). The loop itself and the progress bar never read it per step.
+    """
+    logged_metrics: HostMetrics = reads("_metric_log.logged_metrics")
+    """The latest value of every key written to the loggers (Lightning's)."""
+    progress_bar_metrics: HostMetrics = reads("_metric_log.progress_bar_metrics")
+    """The values the progress bar shows: the train window's last means and what was
+    logged with `prog_bar=True` (Lightning's)."""
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -589,13 +558,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         if compiled is None or compiled.train_step_cost is None:
             raise RuntimeError("trainer.train_step_flops() is known once Trainer.fit has built its train "
                                "step: read it from on_fit_start or later.")
-        options = compiled.options
-        remat = options.remat if remat is None else step_lib.remat.check_remat(remat)
-        if remat not in self._step_flops:
-            cost = compiled.train_step_cost if remat == options.remat else compiled.train_programs_for(
-                dataclasses.replace(options, remat=remat))["train_step_cost"]
-            flops = cost().get("flops")
-            self._step_flops[remat] = None if flops is None or flops <= 0 else flops / options.steps_per_execution
+        remat = compiled.options.remat if remat is None else step_lib.remat.check_remat(remat)
+        if remat not in self._step_flops:  # compiled once a fit
+            self._step_flops[remat] = step_flops(compiled, remat)
         return self._step_flops[remat]
 
     def agree(self, flag: bool) -> bool:
@@ -642,24 +607,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             checks.check_module(module)
             self._lightning_module = module
             module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
-            if self._planned is not None:  # strategy="plan": the fastest planned strategy that fits, said why
-                choice = choose_for_fit(self._planned, module, train_data, datamodule, self.devices,
-                                        dataclasses.replace(self.step_options, remat=self._planned_remat))
-                self.strategy, self.step_options = choice.strategy, choice.options
-                if jax.process_index() == 0:
-                    log.info(f"fitjax: {choice.line}")
-            if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
-                log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
-                                            self.cluster_environment))
-            loaders = self._run_loaders(fit_loaders(module, train_data, val_data, datamodule,
-                                                    overfit=bool(self.overfit_batches)))
-            check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
-                           processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                           accumulate=self.step_options.accumulate_grad_batches, resuming=ckpt_path is not None)
-            if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
-                for loader in loaders.val:
-                    checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-                check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+            loaders = self._fit_loaders(module, train_data, val_data, datamodule, resuming=ckpt_path is not None)
             ckpt_path = _preemption.auto_resume_path(self, ckpt_path)  # "hpc", a requeued job, a launch restart
             ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.fit(ckpt_path=...)")
             for logger in self.loggers:  # before anything (config, profiler, checkpoints) uses log_dir
@@ -736,6 +684,29 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """
         return plan_trainer(self, module, train_data, datamodule, target=target, sweep=sweep,
                             memory_bytes=memory_bytes, headroom=headroom)
+
+    def _fit_loaders(self, module: LitModule, train_data, val_data, datamodule, *, resuming: bool) -> FitLoaders:
+        """Fit's loaders, checked against the strategy's devices, once the strategy is chosen
+        (`strategy="plan"`: the fastest planned one that fits, said why) and said in one line."""
+        if self._planned is not None:
+            choice = choose_for_fit(self._planned, module, train_data, datamodule, self.devices,
+                                    dataclasses.replace(self.step_options, remat=self._planned_remat))
+            self.strategy, self.step_options = choice.strategy, choice.options
+            if jax.process_index() == 0:
+                log.info(f"fitjax: {choice.line}")
+        if jax.process_index() == 0:  # said before the first batch and the compilation: the slow parts
+            log.info(accelerator_banner(self.devices, self.strategy, self.step_options.precision,
+                                        self.cluster_environment))
+        loaders = self._run_loaders(fit_loaders(module, train_data, val_data, datamodule,
+                                                overfit=bool(self.overfit_batches)))
+        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
+                       processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
+                       accumulate=self.step_options.accumulate_grad_batches, resuming=resuming)
+        if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
+            for loader in loaders.val:
+                checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
+            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+        return loaders
 
     def _fit(self, run: FitRun, ckpt_path=None) -> None:
         module, feed = run.module, run.feed
@@ -936,17 +907,14 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
             if stage == "val":
                 self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
-            earlier = dict(self._metric_log.callback_metrics)
-            self._hooks.call(f"on_{hook}_model_eval", self, module)
-            self._hooks.call(f"on_{hook}_start", self, module)
-            self._hooks.call(f"on_{hook}_epoch_start", self, module)
-            built = self._in_use
-            evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
-                                            *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
-            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
-            self._hooks.call(f"on_{hook}_epoch_end", self, module)
-            self._hooks.call(f"on_{hook}_end", self, module)
-            self._hooks.call(f"on_{hook}_model_train", self, module)
+            earlier, built = dict(self._metric_log.callback_metrics), self._in_use
+
+            def run() -> None:
+                evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
+                                                *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
+                self._metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
+
+            evaluation.hooked(self._hooks, self, module, hook, run)
             logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
         finally:
             self._hooks.call("teardown", self, module, name)
@@ -1038,15 +1006,10 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._hooks.call("setup", self, module, "predict")
         try:
             variables = self._eval_variables(module, loader, "predict", ckpt_path)
-            self._hooks.call("on_predict_model_eval", self, module)
-            self._hooks.call("on_predict_start", self, module)
-            self._hooks.call("on_predict_epoch_start", self, module)
             built = self._in_use
-            host = evaluation.predict_batches(self, module, built.compiled, built.built_from, self._hooks, loader,
-                                              variables, limit=self.limits["predict"], strategy=self.strategy,
-                                              keep=keep)
-            self._hooks.call("on_predict_epoch_end", self, module)
-            self._hooks.call("on_predict_end", self, module)
+            host = evaluation.hooked(self._hooks, self, module, "predict", lambda: evaluation.predict_batches(
+                self, module, built.compiled, built.built_from, self._hooks, loader, variables,
+                limit=self.limits["predict"], strategy=self.strategy, keep=keep))
         finally:
             self._hooks.call("teardown", self, module, "predict")
             self._stage = before
@@ -1095,15 +1058,10 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             with module_lib.hook_mode(module, False):  # Lightning's eval mode
                 self._hooks.call("on_sanity_check_start", self, module)
                 self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
-                self._hooks.call("on_validation_model_eval", self, module)
-                self._hooks.call("on_validation_start", self, module)
-                self._hooks.call("on_validation_epoch_start", self, module)
-                evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks, val_loaders,
-                                    self._eval_params(), run.state.model_state, run.state.rng, stage="val",
-                                    limit=limit or self.limits["val"], strategy=self.strategy)
-                self._hooks.call("on_validation_epoch_end", self, module)
-                self._hooks.call("on_validation_end", self, module)
-                self._hooks.call("on_validation_model_train", self, module)
+                evaluation.hooked(self._hooks, self, module, "validation", lambda: evaluation.evaluate(
+                    self, module, run.compiled, run.built_from, self._hooks, val_loaders, self._eval_params(),
+                    run.state.model_state, run.state.rng, stage="val", limit=limit or self.limits["val"],
+                    strategy=self.strategy))
         finally:
             self._stage = before
         self._hooks.call("on_sanity_check_end", self, module)
@@ -1115,20 +1073,17 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._metric_log.time_finished(run.state.step)  # it/s: the steps before it (it waits for them)
         with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
-            self._hooks.call("on_validation_model_zero_grad", self, module)
-            self._hooks.call("on_validation_model_eval", self, module)
-            self._hooks.call("on_validation_start", self, module)
-            self._hooks.call("on_validation_epoch_start", self, module)
-            evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
-                                            run.loaders.val, self._eval_params(), run.state.model_state,
-                                            run.state.rng, stage="val", limit=self.limits["val"],
-                                            strategy=self.strategy)
-            self._metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar,
-                                 pictures=evaluated.pictures)
-            self._progress.last_validated = self._progress.position
-            self._hooks.call("on_validation_epoch_end", self, module)
-            self._hooks.call("on_validation_end", self, module)
-            self._hooks.call("on_validation_model_train", self, module)
+
+            def run_validation() -> None:
+                evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
+                                                run.loaders.val, self._eval_params(), run.state.model_state,
+                                                run.state.rng, stage="val", limit=self.limits["val"],
+                                                strategy=self.strategy)
+                self._metric_log.log(evaluated.values, aliases=evaluated.aliases,
+                                     progress_bar=evaluated.progress_bar, pictures=evaluated.pictures)
+                self._progress.last_validated = self._progress.position
+
+            evaluation.hooked(self._hooks, self, module, "validation", run_validation, zero_grad=True)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
         self._metric_log.restart_speed()  # it/s leaves the validation out
 
@@ -1142,18 +1097,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         reads its weights. `weights_only=True` is refused: a fitjax checkpoint is the whole
         `TrainState`, and reading the weights alone is what `load_from_checkpoint` does.
         """
-        filepath = checks.checkpoint_path("save_checkpoint", filepath)
-        if weights_only:
-            raise ValueError("Trainer.save_checkpoint(weights_only=True) is not supported: a fitjax "
-                             "checkpoint holds the whole train state; load weights only with "
-                             "`LitModule.load_from_checkpoint(path)`.")
         built = self._in_use
-        if self.state is None or built is None:
-            raise RuntimeError(f"Trainer.save_checkpoint({os.fspath(filepath)!r}) needs a train state: "
-                               "call it during or after Trainer.fit.")
-        path = checkpoint.local_path(filepath)  # a local folder or a store URL
-        if path.exists():
-            raise FileExistsError(f"Trainer.save_checkpoint: {str(path)!r} exists; pass a new folder name.")
+        path = checks.save_target(filepath, weights_only, has_state=self.state is not None and built is not None)
         checkpoint.prepare(path.parent)
         writer = checkpoint.writer()  # the process's one writer, after the saves queued before
         self.record_save()

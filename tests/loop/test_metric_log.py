@@ -59,7 +59,7 @@ def _module_reentries(frames):
     return len(runs) - len(set(runs))
 
 
-_LOOP_FRAMES = ("train_batches", "end_epoch", "_validate_during_fit")  # the batch loop, the epoch's end, validation
+_LOOP_FRAMES = ("train_batches", "end_epoch", "run_validation")  # the batch loop, the epoch's end, validation
 
 
 @pytest.mark.parametrize("tag", ["train/mae", "val/loss", "lr"])
