@@ -258,3 +258,25 @@ def in_own_process(test):
         assert result.returncode == 0, f"{node} failed in its own process:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
 
     return run
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+def word_tokenizer(folder, words):
+    """A Hugging Face tokenizer made here, nothing downloaded: one id per word of `words` (and
+    punctuation), BOS/EOS/pad and a chat template whose turns are `<|role|> content <|end|>`;
+    saved with `save_pretrained` into `folder`, which is returned."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    vocab = {word: i for i, word in enumerate(dict.fromkeys(specials + sorted(set(words))))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="<unk>", additional_special_tokens=specials[4:])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
