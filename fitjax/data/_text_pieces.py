@@ -89,14 +89,15 @@ class _WindowShuffledIterator(grain.DatasetIterator):
         self._elements: list | None = None
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self._elements is not None and self._place >= len(self._elements):
+        while True:
+            if self._elements is None:
+                self._fill()
+                if not self._elements:
+                    raise StopIteration
+            if self._place < len(self._elements):
+                self._place += 1
+                return self._elements[self._place - 1]
             self._start, self._index, self._place, self._elements = self._parent.get_state(), self._index + 1, 0, None
-        if self._elements is None:
-            self._fill()
-        if self._place >= len(self._elements):
-            raise StopIteration
-        self._place += 1
-        return self._elements[self._place - 1]
 
     def _fill(self) -> None:
         elements = []
