@@ -24,15 +24,17 @@ Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the va
 `train/device/mfu` on a chip with a known peak (H100, H200, A100, L4, TPU v4-v6e) or with
 `--peak-tflops` (a CPU has no standard peak, so on a CPU only the achieved FLOP/s is reported).
 Every `--sample-every` steps a few generated lines are
-printed: temperature sampling by plain re-runs of the model over the last `context` tokens (one
-forward pass per new byte, no KV cache: simple, and cheap next to training at these sizes).
+printed and written to TensorBoard's Text tab (`Samples`, a `fj.GenerationMonitor`): temperature
+sampling through `Trainer.generate`, which keeps the keys and values of every layer in a KV cache
+(`GPT.init_cache`), so each new byte is one forward pass over one token. After training:
+
+    trainer.generate(module, ["def main("], max_new_tokens=60, temperature=0.8, top_p=0.95)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -81,14 +83,21 @@ def _place(x, *names):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
+
+    With `cache` (this layer's `{"key", "value"}`, [batch, max_length, heads, head_dim]) the new
+    keys and values are written at `positions` and the queries attend over the whole cache: a
+    slot is seen when its position is at or before the query's and its segment id (`kv_segment_ids`,
+    0: never written) is the query's. Returns `(x, new_cache)`.
+    """
 
     heads: int
     mlp_ratio: int = 4
     residual_std: float = 0.02
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 cache: dict | None = None, kv_segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict | None]:
         width = x.shape[-1]
         head_dim = width // self.heads
         init = nn.initializers.normal(0.02)
@@ -98,11 +107,19 @@ class Block(nn.Module):
         batch, length = x.shape[:2]
         # kernels [width, width] whose output columns are `heads` groups of `head_dim`: 2-D kernels
         # (not DenseGeneral's 3-D ones, whose shape check trips over logical annotations under a mesh)
-        qkv = [_place(nn.Dense(width, use_bias=False, name=name, kernel_init=_param(init, "embed", "heads"))(h)
-                      .reshape(batch, length, self.heads, head_dim), "batch", None, "heads", None)
-               for name in "qkv"]
-        # [batch, length, heads, head_dim]; softmax in float32 even when the inputs are bfloat16
-        attn = jax.nn.dot_product_attention(*qkv, is_causal=True).reshape(batch, length, width)
+        q, k, v = [_place(nn.Dense(width, use_bias=False, name=name, kernel_init=_param(init, "embed", "heads"))(h)
+                          .reshape(batch, length, self.heads, head_dim), "batch", None, "heads", None)
+                   for name in "qkv"]
+        if cache is None:  # [batch, length, heads, head_dim]; softmax in float32 even for bfloat16 inputs
+            pairs = None if positions is None else (positions, positions)
+            attn = fj.nn.attention(q, k, v, positions=pairs, segment_ids=segment_ids)
+        else:
+            rows = jnp.arange(batch)[:, None]
+            k, v = (cache[n].at[rows, positions].set(t.astype(cache[n].dtype)) for n, t in (("key", k), ("value", v)))
+            cache = {"key": k, "value": v}
+            slots = jnp.broadcast_to(jnp.arange(k.shape[1]), kv_segment_ids.shape)
+            attn = fj.nn.attention(q, k, v, positions=(positions, slots), segment_ids=(segment_ids, kv_segment_ids))
+        attn = attn.reshape(batch, length, width)
         x = x + nn.Dense(width, use_bias=False, name="proj", kernel_init=_param(out_init, "heads", "embed"))(attn)
         x = _place(x, "batch", None, None)
 
@@ -110,14 +127,7 @@ class Block(nn.Module):
         h = nn.Dense(self.mlp_ratio * width, use_bias=False, name="up", kernel_init=_param(init, "embed", "mlp"))(h)
         h = _place(h, "batch", None, "mlp")
         h = nn.Dense(width, use_bias=False, name="down", kernel_init=_param(out_init, "mlp", "embed"))(nn.gelu(h))
-        return _place(x + h, "batch", None, None)
-
-
-class ScannedBlock(Block):
-    """A block as `nn.scan`'s body: (x, nothing) -> (x, nothing)."""
-
-    def __call__(self, x: jax.Array, _: None) -> tuple[jax.Array, None]:
-        return super().__call__(x), None
+        return _place(x + h, "batch", None, None), cache
 
 
 class GPT(nn.Module):
@@ -127,6 +137,10 @@ class GPT(nn.Module):
     "layers" axis (`params["blocks"]`, each array `[layers, ...]`) instead of `block_0` ...
     `block_{layers-1}`: XLA then compiles one block, not `layers` copies of it (MaxText's
     `scan_layers`). The same numbers from the same (stacked) parameters.
+
+    Generation (`Trainer.generate`): `positions` and `segment_ids` [batch, length] place each
+    token (packed or padded rows); with a `cache` from `init_cache` the call returns
+    `(logits, new_cache)`, the new keys and values written at `positions` (< `context`).
     """
 
     layers: int
@@ -135,23 +149,47 @@ class GPT(nn.Module):
     context: int
     scan_layers: bool = False
 
+    def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> dict:
+        """An empty KV cache: every layer's keys and values [batch, max_length, heads, head_dim]
+        (stacked on a leading layer axis with `scan_layers`), and the slots' segment ids (0: empty)."""
+        shape = (batch, max_length, self.heads, self.width // self.heads)
+        layer = lambda: {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}  # noqa: E731
+        layers = (jax.tree.map(lambda x: jnp.zeros((self.layers, *x.shape), x.dtype), layer()) if self.scan_layers
+                  else [layer() for _ in range(self.layers)])
+        return {"segment_ids": jnp.zeros((batch, max_length), jnp.int32), "layers": layers}
+
     @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 cache: dict | None = None) -> jax.Array | tuple[jax.Array, dict]:
         embed = nn.Embed(VOCAB, self.width, name="embed",
                          embedding_init=_param(nn.initializers.normal(0.02), "vocab", "embed"))
-        positions = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
-                               (self.context, self.width))
-        x = _place(embed(tokens) + positions[: tokens.shape[1]].astype(embed.embedding.dtype), "batch", None, None)
+        table = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
+                           (self.context, self.width))
+        if cache is not None and positions is None:
+            raise ValueError("GPT(tokens, cache=...) needs `positions`: where the tokens' keys and values go")
+        where = table[: tokens.shape[1]] if positions is None else jnp.take(table, positions, axis=0)
+        x = _place(embed(tokens) + where.astype(embed.embedding.dtype), "batch", None, None)
+        if segment_ids is None and cache is not None:
+            segment_ids = jnp.ones_like(tokens)
+        kv_segments = None if cache is None else cache["segment_ids"].at[jnp.arange(tokens.shape[0])[:, None],
+                                                                         positions].set(segment_ids)
+        layer_caches = None if cache is None else cache["layers"]
         residual_std = 0.02 / (2 * self.layers) ** 0.5
         if self.scan_layers:
-            blocks = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
-                             length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = blocks(self.heads, residual_std=residual_std, name="blocks")(x, None)
+            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=self.layers,
+                             metadata_params={nn.PARTITION_NAME: "layers"})
+            x, layer_caches = blocks(self.heads, residual_std=residual_std, name="blocks")(
+                x, positions, segment_ids, layer_caches, kv_segments)
         else:
+            new = []
             for i in range(self.layers):
-                x = Block(self.heads, residual_std=residual_std, name=f"block_{i}")(x)
-        logits = embed.attend(nn.LayerNorm(use_bias=False)(x))  # tied: the output head is embed's table
-        return _place(logits, "batch", None, None)
+                x, layer = Block(self.heads, residual_std=residual_std, name=f"block_{i}")(
+                    x, positions, segment_ids, None if cache is None else layer_caches[i], kv_segments)
+                new.append(layer)
+            layer_caches = new
+        logits = _place(embed.attend(nn.LayerNorm(use_bias=False)(x)), "batch", None, None)  # tied head
+        return logits if cache is None else (logits, {"segment_ids": kv_segments, "layers": layer_caches})
 
 
 def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, **_: Any) -> int:
@@ -181,6 +219,7 @@ class GPTModule(fj.LitModule):
         # `block_i` names are what checkpoints, LoRA targets and weight mappings use; deep models gain
         # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
         self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers)
+        self.tokenizer = ByteTokenizer()  # text prompts for Trainer.generate
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
         # read by fj.LearningRateMonitor (optax keeps the schedule inside the optimizer)
@@ -254,45 +293,15 @@ class GPTData(fj.DataModule):
 
 # ------------------------------------------------------------------------------------ generation
 
-@functools.partial(jax.jit, static_argnames=("model", "steps"))
-def _generate(model: GPT, params, prompt: jax.Array, rng: jax.Array, temperature: jax.Array, *, steps: int):
-    batch, start = prompt.shape
-    size = max(model.context, start + steps)
-    buffer = jnp.zeros((batch, size), jnp.int32).at[:, :start].set(prompt)
+class ByteTokenizer:
+    """Text <-> bytes, as `module.tokenizer` (what `Trainer.generate` encodes text prompts with and
+    decodes continuations with; invalid UTF-8 is replaced)."""
 
-    def fill(t, state):  # writes position t from the (at most) `context` bytes before it
-        buffer, rng = state
-        first = jnp.clip(t - model.context, 0, size - model.context)
-        window = jax.lax.dynamic_slice_in_dim(buffer, first, model.context, axis=1)
-        logits = model.apply({"params": params}, window)[:, t - 1 - first].astype(jnp.float32)
-        rng, key = jax.random.split(rng)
-        sampled = jax.random.categorical(key, logits / jnp.maximum(temperature, 1e-6))
-        token = jnp.where(temperature > 0, sampled, logits.argmax(-1))  # one compilation for both
-        return jax.lax.dynamic_update_slice_in_dim(buffer, token[:, None].astype(jnp.int32), t, axis=1), rng
+    def encode(self, text: str) -> list[int]:
+        return encode(text).tolist()
 
-    buffer, _ = jax.lax.fori_loop(start, start + steps, fill, (buffer, rng))
-    return buffer[:, : start + steps]
-
-
-def generate_tokens(model: GPT, params, prompts: Sequence[str], length: int, *, temperature: float = 0.8,
-                    seed: int = 0) -> jax.Array:
-    """The prompts' bytes followed by `length` generated ones: int32 [len(prompts), prompt + length].
-
-    Prompts must have one byte length; `temperature=0` is greedy. Each new byte is one forward
-    pass over the `context` bytes before it (a plain re-run, no KV cache).
-    """
-    encoded = [encode(p) for p in prompts]
-    if len({len(e) for e in encoded}) != 1 or not len(encoded[0]):
-        raise ValueError(f"generate(prompts=...) needs non-empty prompts of one byte length, got {list(prompts)!r}")
-    return _generate(model, params, jnp.asarray(np.stack(encoded)), jax.random.key(seed),
-                     jnp.float32(temperature), steps=length)
-
-
-def generate(model: GPT, params, prompts: Sequence[str], length: int, *, temperature: float = 0.8,
-             seed: int = 0) -> list[str]:
-    """`length` generated bytes after each prompt, decoded as UTF-8 (invalid bytes replaced)."""
-    tokens = np.asarray(generate_tokens(model, params, prompts, length, temperature=temperature, seed=seed))
-    return [decode(row[-length:]) for row in tokens]
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return decode(ids)
 
 
 # ------------------------------------------------------------------------------------- callbacks
@@ -307,36 +316,38 @@ class Perplexity(fj.Callback):
                 logger.log_metrics({"val/ppl": ppl}, step=trainer.global_step)
 
 
-class Samples(fj.Callback):
-    """Prints generated continuations of a few prompts every `every` steps and at the end.
+class Samples(fj.GenerationMonitor):
+    """Prints generated continuations of a few prompts every `every` steps and at the end, and
+    writes them to TensorBoard's Text tab (`fj.GenerationMonitor`: `Trainer.generate` with the
+    model's KV cache, one compiled program for every call).
 
-    `every=0`: only at the end; `length=0`: never.
+    `every=0`: only at the end; `length=0`: never. A continuation stops at the model's context.
     """
 
     PROMPTS = ("The ", "def ", "If the ")
 
     def __init__(self, *, every: int, length: int = 120, temperature: float = 0.8):
-        self.every, self.length, self.temperature = every, length, temperature
-        self.history: list[tuple[int, list[str]]] = []
+        super().__init__(list(self.PROMPTS), every_n_train_steps=every, max_new_tokens=max(length, 1),
+                         temperature=temperature)
+        self.length, self.temperature = length, temperature
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if self.length and trainer.progress.crossed(self.every):
-            self._sample(trainer, module)
+        if self.length:
+            super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
 
     def on_train_end(self, trainer, module) -> None:
-        if self.length and (not self.history or self.history[-1][0] != trainer.global_step):
-            self._sample(trainer, module)
+        if self.length:
+            super().on_train_end(trainer, module)
 
-    def _sample(self, trainer, module) -> None:
-        # prompts padded to one length with leading spaces: the batch generates in one call
-        width = max(map(len, self.PROMPTS))
-        prompts = [p.rjust(width) for p in self.PROMPTS]
-        texts = generate(module.model, trainer.state.params, prompts, self.length,
-                         temperature=self.temperature, seed=trainer.global_step)
-        self.history.append((trainer.global_step, [p.strip() + t for p, t in zip(prompts, texts)]))
+    def sample(self, trainer, module) -> list[str]:
+        room = module.model.context - max(map(len, self.PROMPTS))  # learned positions end at the context
+        self.options["max_new_tokens"] = min(self.length, room)
+        texts = super().sample(trainer, module)
+        self.history[-1] = (trainer.global_step, [p + t for p, t in zip(self.PROMPTS, texts)])
         print(f"\n--- samples at step {trainer.global_step} (temperature {self.temperature}) ---")
         for line in self.history[-1][1]:
             print(repr(line)[1:-1][:160])
+        return texts
 
 
 # ------------------------------------------------------------------------------------------ main

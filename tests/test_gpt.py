@@ -1,6 +1,6 @@
 """examples/gpt.py end to end: it learns, fsdp and fsdp × tensor give one device's numbers, a resumed
-run is bitwise the uninterrupted one, generation writes what was asked, and `scan_layers` computes
-the unrolled model's numbers.
+run is bitwise the uninterrupted one, generation through the KV cache follows the model's logits,
+and `scan_layers` computes the unrolled model's numbers.
 
 Every run combines the options at once: AdamW with warmup-cosine, clipping at 1.0, gradient
 accumulation over 2 micro-batches, periodic checkpoints with validation, bf16 for the learning run.
@@ -128,23 +128,39 @@ def test_the_monitors_flops_agree_with_palms_6n_plus_attention_count(single):
         _flops_per_token(run, "hardware_flops_per_sec"), rel=1e-6)
 
 
-def test_generation_writes_the_asked_length_from_a_sliding_context(single):
+def test_generation_follows_the_models_argmax_with_and_without_the_cache(single):
     run, _ = single
-    model, params = run.module.model, run.trainer.state.params
-    context = model.context  # 32: generating 80 bytes after 5 slides the window
-    prompts = ["The a", "def f"]
-    tokens = np.asarray(gpt.generate_tokens(model, params, prompts, 80, temperature=0.0))
-    assert tokens.shape == (2, 5 + 80)
-    np.testing.assert_array_equal(tokens[:, :5], np.stack([gpt.encode(p) for p in prompts]))
-    # greedy: each byte is the model's argmax given (at most) the `context` bytes before it
-    for t in (20, 5 + 79):  # before and after the window slides
-        window = tokens[:, max(0, t - context): t]
-        logits = model.apply({"params": params}, window)
-        np.testing.assert_array_equal(tokens[:, t], np.asarray(logits[:, -1].argmax(-1)))
-    texts = gpt.generate(model, params, prompts, 30, temperature=0.8, seed=1)
-    assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)
-    with pytest.raises(ValueError, match=r"prompts of one byte length"):
-        gpt.generate(model, params, ["a", "bc"], 5)
+    trainer, module = run.trainer, run.module
+    params = trainer.state.params
+    prompts = [gpt.encode(p).tolist() for p in ("The a", "def f(x):")]  # token ids in, token ids out
+    new = trainer.generate(module, prompts, max_new_tokens=20, temperature=0)
+    assert new == trainer.generate(module, prompts, max_new_tokens=20, temperature=0, use_cache=False)
+    for prompt, tokens in zip(prompts, new):  # greedy: each byte is the argmax given the bytes before it
+        logits = module.model.apply({"params": params}, jnp.asarray([prompt + tokens]))[0]
+        np.testing.assert_array_equal(logits[len(prompt) - 1:-1].argmax(-1), tokens)
+    texts = trainer.generate(module, ["The a", "def f(x):"], max_new_tokens=20, temperature=0.8, seed=1)
+    assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)  # module.tokenizer: bytes
+
+
+def test_the_scanned_models_cache_gives_the_logits_of_the_whole_sequence():
+    """A prefill of 5 tokens, then 3 one-token steps through the cache stacked on a layer axis:
+    the logits the model computes over all 8 at once (the unrolled model's cache: the generation
+    test above)."""
+    model = gpt.GPT(layers=2, width=32, heads=2, context=16, scan_layers=True)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 8)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
+
+    def both(variables):
+        cache = model.init_cache(2, 16, jnp.float32)
+        steps = []
+        for start, end in ((0, 5), (5, 6), (6, 7), (7, 8)):
+            logits, cache = model.apply(variables, tokens[:, start:end], positions=positions[:, start:end], cache=cache)
+            steps.append(logits)
+        return model.apply(variables, tokens), jnp.concatenate(steps, axis=1), cache
+
+    want, got, cache = jax.jit(both)(jax.jit(model.init)(jax.random.key(0), tokens))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert cache["layers"]["key"].shape == (2, 2, 16, 2, 16)  # [layers, batch, length, heads, head_dim]
 
 
 def test_resuming_a_finished_run_says_there_is_nothing_left_to_train(single, tmp_path, capsys):
@@ -190,7 +206,7 @@ def test_scanned_blocks_compute_the_unrolled_models_loss_and_gradients(remat):
         want, want_grads = jax.jit(jax.value_and_grad(lambda p: loss(unrolled, p)))(params)
         got, got_grads = jax.jit(jax.value_and_grad(lambda p: loss(scanned, p)))(stacked)
         jaxpr = jax.make_jaxpr(lambda p: loss(scanned, p))(stacked).jaxpr
-    assert got == pytest.approx(want, rel=1e-6)
+    assert float(got) == pytest.approx(float(want), rel=1e-6)
     assert_trees_close(got_grads, _stacked(want_grads, 3), rtol=1e-5, atol=1e-7)
     # remat composes with the scan: each iteration's block is rematerialized inside the loop's body
     # (a checkpoint around the whole scan would keep every layer's activations for the backward pass)

@@ -33,6 +33,9 @@ LAYERS = [
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module"]),
+    # the models users import from Hugging Face folders: built on `fitjax.nn`, trained as a
+    # `LitModule` (so above "module"); the planner and the loop may use them
+    ("models", ["fitjax.models"]),
     # will it fit, and how fast: the train step compiled for a target (`Trainer.plan`, and
     # `strategy="plan"` in the loop, so below it)
     ("plan", ["fitjax.planner"]),

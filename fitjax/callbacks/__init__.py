@@ -8,6 +8,7 @@ from fitjax.callbacks.early_stopping import EarlyStopping
 from fitjax.callbacks.lambda_callback import LambdaCallback
 from fitjax.callbacks.ema import EMA
 from fitjax.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from fitjax.callbacks.generation_monitor import GenerationMonitor
 from fitjax.callbacks.lr_monitor import LearningRateMonitor
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.prediction_writer import BasePredictionWriter
@@ -30,6 +31,7 @@ __all__ = [
     "DeviceStatsMonitor",
     "EMA",
     "EarlyStopping",
+    "GenerationMonitor",
     "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateMonitor",

@@ -51,7 +51,7 @@ from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import evaluation
+from fitjax.loop import evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -1146,6 +1146,60 @@ class Trainer(metaclass=_CheckedArguments):
         if not host or return_predictions is False:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
+
+    @in_precision
+    def generate(self, module: LitModule, prompts: Any, *, max_new_tokens: int = 64, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                 use_cache: bool | None = None) -> Any:
+        """Continues each prompt by up to `max_new_tokens` tokens sampled from `module`'s model.
+
+        Prompts are token ids (a list or 1-D array, a list of them, a 2-D array) or, when the
+        module has a `tokenizer` (a Hugging Face tokenizer set in `__init__`:
+        `self.tokenizer = AutoTokenizer.from_pretrained(folder)`), text. Returns each prompt's
+        new tokens (a list of ids; text for text prompts, decoded without special tokens), up to
+        and including its end-of-sequence token; one result for one prompt. The weights are the
+        last fit's (its evaluation copy: `EMA(use_for_eval=True)`'s), else the module's own,
+        else those `load_weights` names, placed as this trainer's strategy shards the model.
+
+        One compiled program per prompt-length bucket (16, 24, 32, 48, 64, ... tokens) runs the
+        whole generation with the model's KV cache (`fitjax.loop.generation`), batched, each row
+        stopping at its end-of-sequence token. `module.generate_step` is the traced forward pass.
+
+        Args:
+            module: the `LitModule` whose model generates.
+            prompts: see above; prompts of different lengths are left-padded together.
+            max_new_tokens: tokens generated per prompt at most.
+            temperature: 0 picks the most likely token (greedy); otherwise the logits are
+                divided by it and a token drawn.
+            top_k: draw among the k most likely tokens only (None: all).
+            top_p: draw among the most likely tokens holding this probability mass (None: all).
+            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
+            eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
+                model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
+            pad_token_id: what pads prompts (default the tokenizer's or config's, else the EOS).
+            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
+                sequence for each token (slower, the same tokens).
+
+        Example:
+            >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
+            >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
+        """
+        checks.check_module(module, "generate")
+        model = module_lib.unwrap_host_model(getattr(module, "model", None))
+        defaults = generation.token_defaults(getattr(module, "tokenizer", None), getattr(model, "config", None))
+        options = generation.GenerateOptions.make(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            eos_token_id=defaults["eos"] if eos_token_id is None else eos_token_id,
+            pad_token_id=defaults["pad"] if pad_token_id is None else pad_token_id, use_cache=use_cache)
+        with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
+            state = self.state
+            held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \
+                else None
+            variables = generation.variables_for(module, held, strategy=self.strategy, seed=self.seed,
+                                                 options=self.step_options)
+            return generation.generate(module, prompts, options, variables=variables, strategy=self.strategy,
+                                       policy=self.step_options.precision)
 
     def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
         loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",

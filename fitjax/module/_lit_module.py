@@ -190,6 +190,30 @@ class LitModule:
             )
         return model(batch)
 
+    def generate_step(self, model: Any, tokens: Any, *, positions: Any, segment_ids: Any, cache: Any) -> Any:
+        """One forward pass of `Trainer.generate`, traced: `(logits, new_cache)`.
+
+        `tokens`, `positions` and `segment_ids` are int32 [batch, length]: the left-padded
+        prompts (padding has segment id 0), then one new token per row at a time. By default
+        `model(tokens, positions=..., segment_ids=..., cache=cache)`, the contract of the models
+        in `fitjax.models` and the GPT example: logits [batch, length, vocab] and, with a cache
+        (made by the model's `init_cache(batch, max_length, dtype)`), the cache with the new keys
+        and values written at `positions`. `cache` is None when the model has no `init_cache`
+        (or `generate(use_cache=False)`): return `(logits, None)`. Override it when the model
+        takes its inputs otherwise (more arguments, another method).
+
+        Example:
+            >>> import fitjax as fj
+            >>> class LM(fj.LitModule):
+            ...     def generate_step(self, model, tokens, *, positions, segment_ids, cache):
+            ...         if cache is None:
+            ...             return model.decode(tokens, positions=positions), None
+            ...         return model.decode(tokens, positions=positions, cache=cache)
+        """
+        if cache is None:
+            return model(tokens, positions=positions, segment_ids=segment_ids), None
+        return model(tokens, positions=positions, segment_ids=segment_ids, cache=cache)
+
     # ------------------------------------------------------------- extra values (inside loss/metrics)
 
     def log(self, name: str, value: Any, prog_bar: bool = False, *, on_step: bool | None = None,

@@ -1,0 +1,201 @@
+"""`Trainer.generate`: batched prompts of different lengths, the KV cache against the plain re-run,
+sampling options and seeds, end-of-sequence stops, one compilation per prompt bucket, text
+through a tokenizer, and dp/fsdp against one device (8 virtual CPU devices, conftest.py)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from helpers import count_compiles, quiet_trainer
+
+import fitjax as fj
+from fitjax.loop import generation
+
+VOCAB = 40
+
+
+class TinyLM(nn.Module):
+    """A two-layer causal LM with the generation contract: `init_cache`, and a call that writes
+    keys and values at `positions` and masks by positions and segment ids."""
+
+    width: int = 32
+    heads: int = 4
+    layers: int = 2
+    context: int = 128
+
+    def init_cache(self, batch, max_length, dtype):
+        shape = (batch, max_length, self.heads, self.width // self.heads)
+        return {"segment_ids": jnp.zeros((batch, max_length), jnp.int32),
+                "layers": [{"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+                           for _ in range(self.layers)]}
+
+    @nn.compact
+    def __call__(self, tokens, *, positions=None, segment_ids=None, cache=None):
+        batch, length = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
+        if segment_ids is None:
+            segment_ids = jnp.ones_like(tokens)
+        x = nn.Embed(VOCAB, self.width)(tokens) + nn.Embed(self.context, self.width)(positions)
+        rows = jnp.arange(batch)[:, None]
+        if cache is not None:
+            kv_segments = cache["segment_ids"].at[rows, positions].set(segment_ids)
+            kv_positions = jnp.broadcast_to(jnp.arange(kv_segments.shape[1]), kv_segments.shape)
+            new_cache = {"segment_ids": kv_segments, "layers": []}
+        for i in range(self.layers):
+            h = nn.LayerNorm()(x)
+            q, k, v = (nn.Dense(self.width, name=f"{n}_{i}")(h).reshape(batch, length, self.heads, -1) for n in "qkv")
+            if cache is None:
+                out = fj.nn.attention(q, k, v, positions=(positions, positions), segment_ids=segment_ids)
+            else:
+                layer = cache["layers"][i]
+                k = layer["key"].at[rows, positions].set(k.astype(layer["key"].dtype))
+                v = layer["value"].at[rows, positions].set(v.astype(layer["value"].dtype))
+                new_cache["layers"].append({"key": k, "value": v})
+                out = fj.nn.attention(q, k, v, positions=(positions, kv_positions),
+                                      segment_ids=(segment_ids, kv_segments))
+            x = x + nn.Dense(self.width)(out.reshape(batch, length, -1))
+            x = x + nn.Dense(self.width)(nn.gelu(nn.Dense(2 * self.width)(nn.LayerNorm()(x))))
+        logits = nn.Dense(VOCAB)(nn.LayerNorm()(x))
+        return logits if cache is None else (logits, new_cache)
+
+
+class TinyModule(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = TinyLM()
+
+    def loss(self, model, batch):
+        logits = model(batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    def configure_optimizer(self):
+        return optax.adam(1e-2)
+
+
+PROMPTS = [[3, 7, 1, 9, 4], [5, 2], [8, 8, 6, 1, 2, 3, 4, 5, 6, 7, 1, 2, 30], [11]]
+NEW = 8  # every test generates this many tokens: they share the compiled programs of one module
+
+
+@pytest.fixture(scope="module")
+def built():
+    """A module whose weights generation built (a Linen model initialised from its seed: random
+    weights, logits far from uniform), shared by the tests so they share compilations."""
+    module = TinyModule()
+    with pytest.warns(UserWarning, match="never fitted nor loaded"):
+        out = quiet_trainer(strategy="single").generate(module, [[1, 2]], max_new_tokens=NEW, temperature=0)
+    assert len(out[0]) == NEW and module.variables is not None
+    return module
+
+
+@pytest.fixture(scope="module")
+def single():
+    return quiet_trainer(strategy="single")
+
+
+def test_bucket_is_a_power_of_two_or_one_and_a_half_times_one():
+    assert [generation.bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129)] == \
+        [16, 16, 24, 24, 32, 48, 64, 96, 128, 192]
+
+
+def test_layout_left_pads_and_puts_padding_after_each_prompt():
+    batch = generation.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4, pad=0)
+    np.testing.assert_array_equal(batch["tokens"][:2], [[0, 7, 8, 9], [0, 0, 0, 5]])
+    np.testing.assert_array_equal(batch["positions"][:2], [[3, 0, 1, 2], [1, 2, 3, 0]])
+    np.testing.assert_array_equal(batch["segment_ids"], [[0, 1, 1, 1], [0, 0, 0, 1], [0] * 4, [0] * 4])
+    np.testing.assert_array_equal(batch["lengths"], [3, 1, 0, 0])
+
+
+def test_cache_equals_the_plain_rerun_and_each_row_its_own_generation(built, single):
+    cached = single.generate(built, PROMPTS, max_new_tokens=NEW, temperature=0)
+    assert cached == single.generate(built, PROMPTS, max_new_tokens=NEW, temperature=0, use_cache=False)
+    assert [len(row) for row in cached] == [NEW] * 4
+    assert [single.generate(built, prompt, max_new_tokens=NEW, temperature=0) for prompt in PROMPTS] == cached
+    # sampled: the same draws whichever path computes the logits
+    options = dict(max_new_tokens=NEW, temperature=1.0, top_k=10, top_p=0.9, seed=3)
+    assert single.generate(built, PROMPTS, **options) == single.generate(built, PROMPTS, use_cache=False, **options)
+
+
+def test_greedy_follows_the_argmax_of_the_models_own_logits(built, single):
+    """Each greedy token is the argmax of the model's logits over the prompt and the tokens so far."""
+    prompt = PROMPTS[0]
+    new = single.generate(built, prompt, max_new_tokens=NEW, temperature=0)
+    logits = jax.jit(TinyLM().apply)({"params": built.variables[0]}, jnp.asarray([prompt + new]))[0]
+    np.testing.assert_array_equal(logits[len(prompt) - 1:-1].argmax(-1), new)
+
+
+def test_seeded_sampling_repeats_and_options_shape_the_draws(built, single):
+    sample = lambda **kw: single.generate(built, PROMPTS, max_new_tokens=NEW, **kw)  # noqa: E731
+    assert sample(temperature=1.0, seed=1) == sample(temperature=1.0, seed=1)
+    assert sample(temperature=1.0, seed=1) != sample(temperature=1.0, seed=2)
+    greedy = sample(temperature=0)
+    assert sample(temperature=1.0, top_k=1, seed=5) == greedy  # one token left: the argmax
+    assert sample(temperature=0.7, top_p=1e-6, seed=5) == greedy  # the smallest set: the top token
+    assert sample(temperature=1.0, top_k=2, seed=1) != sample(temperature=1.0, top_k=2, seed=2)
+
+
+def test_rows_stop_at_their_end_of_sequence_token(built, single):
+    free = single.generate(built, PROMPTS, max_new_tokens=NEW, temperature=0)
+    eos = free[0][3]
+    stopped = single.generate(built, PROMPTS, max_new_tokens=NEW, temperature=0, eos_token_id=[eos, 39])
+    for row, full in zip(stopped, free):
+        cut = full.index(eos) + 1 if eos in full else len(full)
+        assert row == full[:cut]  # up to and including the first end-of-sequence token
+    assert len(stopped[0]) == free[0].index(eos) + 1 < NEW
+
+
+def test_one_compilation_per_prompt_bucket(built, single):
+    single.generate(built, [[1, 2, 3]], max_new_tokens=NEW, temperature=0)
+    with count_compiles() as compiles:
+        single.generate(built, [[4, 5, 6, 7, 8, 9, 10]], max_new_tokens=NEW, temperature=0)  # the same bucket
+        single.generate(built, [[4, 5]], max_new_tokens=NEW, temperature=0.5, top_k=3, seed=9, eos_token_id=2)
+    assert compiles["run"] == 0, compiles
+    with count_compiles() as compiles:
+        single.generate(built, [list(range(1, 20))], max_new_tokens=NEW, temperature=0)  # the next bucket
+    assert compiles["run"] == 1, compiles
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_dp_and_fsdp_generate_what_one_device_does(built, single, strategy):
+    sharded = quiet_trainer(strategy=fj.strategies.FSDP(min_size_to_shard=1) if strategy == "fsdp" else strategy)
+    for options in (dict(temperature=0), dict(temperature=1.0, top_p=0.9, seed=4)):
+        expected = single.generate(built, PROMPTS, max_new_tokens=NEW, **options)
+        assert sharded.generate(built, PROMPTS, max_new_tokens=NEW, **options) == expected
+
+
+def test_text_prompts_go_through_the_modules_tokenizer(built, single):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {ch: i for i, ch in enumerate("abcdefghijklmnopqrstuvwxyz .")}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="."))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    tokenizer.decoder = tokenizers.decoders.Fuse()
+    built.tokenizer = tokenizer
+    try:
+        texts = single.generate(built, ["the cat sat", "a dog", "on", "the mat"], max_new_tokens=NEW, temperature=0)
+        ids = single.generate(built, [tokenizer.encode(t).ids for t in ("the cat sat", "a dog", "on", "the mat")],
+                              max_new_tokens=NEW, temperature=0)
+        one = single.generate(built, "a dog", max_new_tokens=NEW, temperature=0)
+    finally:
+        del built.tokenizer
+    assert texts == [tokenizer.decode(row) for row in ids] and one == texts[1]
+    assert all(isinstance(t, str) and t for t in texts)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_new_tokens=0), r"max_new_tokens=\.\.\.\) must be a positive int"),
+    (dict(temperature=-1), r"temperature=\.\.\.\) must be a number >= 0"),
+    (dict(top_k=0), r"top_k=\.\.\.\) must be None .* got 0"),
+    (dict(top_p=1.5), r"top_p=\.\.\.\) must be None or a number in \(0, 1\]"),
+    (dict(eos_token_id="x"), r"eos_token_id=\.\.\.\) must be None, a token id or a list of them; got 'x'"),
+    (dict(prompts=["text"]), r"text needs a tokenizer; set `module.tokenizer`"),
+    (dict(prompts=[[1, 2], []]), r"prompt 1 has no tokens"),
+    (dict(prompts=[[1.5, 2]]), r"prompt 0 is \[1.5, 2\]"),
+])
+def test_arguments_are_checked_at_the_call(built, single, kwargs, match):
+    prompts = kwargs.pop("prompts", [[1, 2]])
+    with pytest.raises(ValueError, match=match):
+        single.generate(built, prompts, **kwargs)
