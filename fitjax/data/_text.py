@@ -80,7 +80,8 @@ class TextLoader:
       seed: the seed of the shuffles; the epoch is mixed in.
       buffer_size: pieces in the shuffle window (memory held: about `buffer_size * seq_len`
         tokens).
-      process_index, process_count: this process and how many (None: asked from jax).
+      process_index: this process's index (None: `jax.process_index()` at the first iteration).
+      process_count: the number of processes (None: `jax.process_count()` likewise).
 
     Example:
       >>> import json, pathlib, tempfile
