@@ -166,7 +166,7 @@ class TinyLM(nn.Module):
     heads: int = 2
 
     @nn.compact
-    def __call__(self, tokens, positions=None, segment_ids=None):
+    def __call__(self, tokens, *, positions=None, segment_ids=None):
         batch, length = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(length), tokens.shape) if positions is None else positions
         x = nn.Embed(self.vocab, self.width)(tokens) + nn.Embed(64, self.width)(positions)
@@ -178,8 +178,8 @@ class TinyLM(nn.Module):
 
 
 def _token_loss(model, params, batch, packed=True):
-    logits = model.apply(params, batch["tokens"], batch["positions"] if packed else None,
-                         batch["segment_ids"] if packed else None)
+    logits = model.apply(params, batch["tokens"], positions=batch["positions"] if packed else None,
+                         segment_ids=batch["segment_ids"] if packed else None)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
     return fj.TokenLoss(sum=(ce * batch["loss_mask"]).sum(), count=batch["loss_mask"].sum())
 
@@ -194,18 +194,29 @@ def _one_by_one(loader_args, model, params):
     return total, rows["loss_mask"].sum(), grads
 
 
-def test_a_packed_batch_has_the_loss_and_gradients_of_its_examples_one_by_one(tmp_path, tokenizer):
+def _models(vocab):
+    """A model of one's own over fj.nn.attention, the GPT example's, and a Llama of fitjax.models."""
+    import gpt
+
+    from fitjax import models
+
+    llama = {"model_type": "llama", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
+    return {"own": TinyLM(vocab=vocab), "gpt example": gpt.GPT(layers=1, width=32, heads=2, context=32),
+            "llama": models.from_config(llama)}
+
+
+@pytest.mark.parametrize("which", ["own", "gpt example", "llama"])
+def test_a_packed_batch_has_the_loss_and_gradients_of_its_examples_one_by_one(tmp_path, tokenizer, which):
     data = _write_jsonl(tmp_path / "a.jsonl", _records(12, seed=3, high=12))
     args = dict(files=data, tokenizer=tokenizer, seq_len=32)
     packed = _all(fj.data.TextLoader(**args, batch_size=4))
-    model = TinyLM(vocab=len(fj.data.TextLoader(**args, batch_size=1).tokenizer))
+    model = _models(len(fj.data.TextLoader(**args, batch_size=1).tokenizer))[which]
     params = model.init(jax.random.key(0), packed[0]["tokens"])
     assert sum(int(b["segment_ids"].max(initial=0)) for b in packed) > len(packed) * 2  # several per row
 
-    def packed_sum(p):
-        return sum(_token_loss(model, p, b).sum for b in packed)
-
-    total, grads = jax.jit(jax.value_and_grad(packed_sum))(params)
+    rows = {key: np.concatenate([b[key] for b in packed]) for key in packed[0]}  # every packed row at once
+    total, grads = jax.jit(jax.value_and_grad(lambda p: _token_loss(model, p, rows).sum))(params)
     count = sum(b["loss_mask"].sum() for b in packed)
     alone_total, alone_count, alone_grads = _one_by_one(args, model, params)
     assert count == alone_count
@@ -259,7 +270,7 @@ class LM(fj.LitModule):
         self.model = TinyLM(vocab=vocab)
 
     def loss(self, model, batch):
-        logits = model(batch["tokens"], batch["positions"], batch["segment_ids"])
+        logits = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
         return fj.TokenLoss(sum=(ce * batch["loss_mask"]).sum(), count=batch["loss_mask"].sum())
 
