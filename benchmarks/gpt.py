@@ -2,7 +2,8 @@
 
     python benchmarks/gpt.py                       # CPU: 8 virtual devices, a model sized for 2 cores
     python benchmarks/gpt.py --only fsdp --repeats 3
-    python benchmarks/gpt.py --gpu                 # one large GPU: GPT-2 small's shape (single only)
+    python benchmarks/gpt.py --device              # one TPU chip or GPU: GPT-2 small's and medium's shapes
+    python benchmarks/gpt.py --device --json gpt.json --trace trace.json   # figures and idle time as JSON
     python benchmarks/gpt.py --smoke               # seconds: checks it runs (numbers mean nothing)
 
 Both sides train the same model (examples/gpt.py's `GPT`) on the same byte data with the same
@@ -14,6 +15,15 @@ annotations through `nn.logical_to_mesh_sharding` and the same rules, traced und
 `jax.set_mesh` and `nn.logical_axis_rules` so the model's activation constraints apply), numpy micro-batches
 sliced from a shuffled array. fitjax runs `Trainer.fit` with its defaults except the progress bar,
 the model summary and checkpoints (the hand-written loop prints and saves nothing).
+
+On a device (`--device`; `--gpu` is the same) one chip runs GPT-2 small's shape (124 M parameters:
+12 blocks of width 768, context 1024, GPT-2's vocabulary padded to 50304) and GPT-2 medium's (355 M:
+24 blocks of width 1024), the single mesh, and a third run per shape: fitjax with its defaults on
+(the progress bar drawn into a discarded stream, the TensorBoard logger, the default checkpoint at
+each epoch's end, with `--ckpt-every` steps more), against the same hand-written loop. MFU is model
+FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles
+5 steady steps of the defaults-on fit of the first shape and reports the share of that window the
+device sat idle (no program running): what the host loop costs a fast device.
 
 Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
 `fsdp_tensor` (fsdp 4 × tensor 2: heads and MLP units split over `tensor`). Each is timed after a
@@ -28,13 +38,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import io
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-if "--gpu" not in sys.argv:  # 8 virtual CPU devices, before JAX is imported
+if "--gpu" not in sys.argv and "--device" not in sys.argv:  # 8 virtual CPU devices, before JAX is imported
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -52,10 +64,14 @@ import gpt  # noqa: E402
 import fitjax as fj  # noqa: E402
 from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never reads the batch)
 
+import _results  # noqa: E402
+from _trace import idle_share  # noqa: E402
+
 ACCUMULATE, CLIP = 2, 1.0
 SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens per optimizer step
     "cpu": dict(layers=2, width=128, heads=4, context=128, batch_size=16),
-    "gpu": dict(layers=12, width=768, heads=12, context=1024, batch_size=16),
+    "gpt2-small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304, batch_size=16),
+    "gpt2-medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304, batch_size=8),
 }
 MESHES = {  # name: (devices, data, fsdp, tensor); None: a plain data-parallel mesh
     "single": (1, None, None, None),
@@ -102,7 +118,7 @@ def hand_written(mesh_name: str, shape: dict, data: np.ndarray, *, warmup: int, 
     else:
         mesh = Mesh(devices.reshape(data_axis, fsdp, tensor), ("data", "fsdp", "tensor"))
         batch_axes, rules = ("data", "fsdp"), list(gpt.GPT_RULES.items())
-    model = gpt.GPT(layers=shape["layers"], width=shape["width"], heads=shape["heads"], context=shape["context"])
+    model = gpt.GPT(**_model_shape(shape))
     tx = optax.chain(optax.clip_by_global_norm(CLIP), optimizer(1e-3, warmup + steps))
     batch = shape["batch_size"]
     example = jnp.zeros((batch, shape["context"]), jnp.int32)
@@ -172,22 +188,53 @@ class Timer(fj.Callback):
         self.steps = trainer.global_step - self.warmup
 
 
-def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, warmup: int, steps: int):
-    """Returns (tokens/s, params + optimizer state bytes per device) of `Trainer.fit`."""
+def _model_shape(shape: dict) -> dict:
+    return {key: value for key, value in shape.items() if key != "batch_size"}
+
+
+class Profile(fj.Callback):
+    """A profiler trace of optimizer steps `warmup`..`warmup + steps` into `folder`."""
+
+    def __init__(self, folder: str, warmup: int, steps: int = 5):
+        self.folder, self.first, self.last, self.on = folder, warmup, warmup + steps, False
+
+    @ignores_batch
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.first and not self.on:
+            jax.block_until_ready(trainer.state)
+            jax.profiler.start_trace(self.folder)
+            self.on = True
+        elif trainer.global_step == self.last and self.on:
+            jax.block_until_ready(trainer.state)
+            jax.profiler.stop_trace()
+            self.on = False
+
+
+def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, warmup: int, steps: int,
+                defaults: bool = False, trace: str | None = None, ckpt_every: int | None = None):
+    """Returns (tokens/s, params + optimizer state bytes per device) of `Trainer.fit`; `defaults`:
+    the progress bar (drawn into a discarded stream), the logger and the default checkpoint on."""
     count, data_axis, fsdp, tensor = MESHES[mesh_name]
     if fsdp is None:
         strategy = "single" if count == 1 else "dp"
     else:
         strategy = fj.strategies.FSDP(data=data_axis, fsdp=fsdp, tensor=tensor, rules=gpt.GPT_RULES)
-    module = gpt.GPTModule(layers=shape["layers"], width=shape["width"], heads=shape["heads"],
-                           context=shape["context"], lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
+    module = gpt.GPTModule(**_model_shape(shape), lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
     timer = Timer(warmup)
+    callbacks = [timer] + ([Profile(trace, warmup + 2)] if trace else [])
+    sink = io.StringIO()
+    if defaults:
+        callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
+        if ckpt_every:
+            callbacks.append(fj.ModelCheckpoint(every_n_train_steps=ckpt_every))
+    off = {} if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                                   logger=False)
     trainer = fj.Trainer(max_steps=warmup + steps, strategy=strategy, devices=count, precision="bf16-mixed",
-                         accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=[timer],
-                         default_root_dir=root, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False)
+                         accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=callbacks,
+                         default_root_dir=root, **off)
     loader = fj.DataLoader({"tokens": data}, batch_size=shape["batch_size"], shuffle=True, drop_last=True)
-    trainer.fit(module, loader)
+    with contextlib.redirect_stdout(sink):
+        trainer.fit(module, loader)
     held = fj.strategies.bytes_per_device((trainer.state.params, trainer.state.opt_state))
     return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held
 
@@ -198,42 +245,83 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--gpu", action="store_true", help="GPT-2 small's shape on one GPU (single mesh)")
+    parser.add_argument("--device", "--gpu", dest="device", action="store_true",
+                        help="one accelerator (TPU chip, GPU): GPT-2 small's and medium's shapes, single mesh, "
+                             "and fitjax with its defaults on")
+    parser.add_argument("--shape", choices=[name for name in SHAPES if name != "cpu"], action="append",
+                        help="with --device: only these shapes")
+    parser.add_argument("--ckpt-every", type=int, default=None,
+                        help="with --device: the defaults-on fit also saves every N steps")
     parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="the device's peak bf16 TFLOP/s, for the MFU columns (default with --gpu: 989, "
-                             "H100/H200 SXM dense bf16 by the datasheet; none on CPU, which has no standard one)")
+                        help="the device's peak bf16 TFLOP/s, for the MFU columns (default: the device kind's "
+                             "peak in fitjax's table; none on CPU, which has no standard one)")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    parser.add_argument("--trace", default=None, help="with --device: profile 5 steps of the first shape's "
+                                                      "defaults-on fit; the idle share as JSON here")
     parser.add_argument("--smoke", action="store_true",
                         help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
     args = parser.parse_args(argv)
-    peak = args.peak_tflops if args.peak_tflops is not None else (989.0 if args.gpu else None)
+    spec = fj.planner.spec_for(jax.devices()[0].device_kind)
+    peak = args.peak_tflops or (spec.peak_flops / 1e12 if spec is not None else None)
     if args.smoke:
         args.only, args.warmup, args.steps, args.repeats = ["single"], 1, 1, 1
-    shape = SHAPES["gpu" if args.gpu else "cpu"]
-    names = args.only or (["single"] if args.gpu else list(MESHES))
-    train, _ = gpt.splits(shape["context"])
-    data = train["tokens"]
-
-    flops = gpt.flops_per_token(**shape)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} devices); model "
-          f"{shape}; {ACCUMULATE * shape['batch_size'] * shape['context']} tokens per optimizer step, "
-          f"{flops / 1e6:.1f} MFLOP per token; bf16-mixed, accumulate {ACCUMULATE}, clip {CLIP}")
-    print(f"{'mesh':<12} {'hand tok/s':>11} {'fitjax tok/s':>13} {'ratio':>6} {'fitjax GFLOP/s':>15} "
-          f"{'step args MiB':>14} {'step temp MiB':>14} {'fitjax state MiB':>17}"
-          + (f" {'hand MFU':>8} {'fitjax MFU':>10}" if peak else ""))
+    if args.device:  # with --smoke: the device runs' code paths on the CPU-sized model
+        shapes = ["cpu"] if args.smoke else args.shape or ["gpt2-small", "gpt2-medium"]
+        names = ["single"]
+    else:
+        shapes, names = ["cpu"], args.only or list(MESHES)
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.device_count()} devices); bf16-mixed, "
+          f"accumulate {ACCUMULATE}, clip {CLIP}; {args.steps} timed steps after {args.warmup}")
+    header = (f"{'shape':<12} {'mesh':<12} {'hand tok/s':>11} {'fitjax tok/s':>13} {'ratio':>6} {'fitjax GFLOP/s':>15} "
+              f"{'step args MiB':>14} {'step temp MiB':>14} {'fitjax state MiB':>17}"
+              + (f" {'hand MFU':>8} {'fitjax MFU':>10}" if peak else ""))
+    print(header)
     mib = 2**20
+    rows = []
     with tempfile.TemporaryDirectory() as root:
-        for name in names:
-            hand, fit = [], []
-            for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
-                speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps)
-                hand.append(speed)
-                speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
-                fit.append(speed)
-            ratio = statistics.median(f / h for f, h in zip(fit, hand))
-            print(f"{name:<12} {max(hand):>11.0f} {max(fit):>13.0f} {ratio:>5.2f}x {max(fit) * flops / 1e9:>15.2f} "
-                  f"{memory.argument_size_in_bytes / mib:>14.2f} {memory.temp_size_in_bytes / mib:>14.2f} "
-                  f"{held / mib:>17.2f}" + (_mfu(max(hand), max(fit), flops, peak, MESHES[name][0]) if peak else ""),
-                  flush=True)
+        for shape_name in shapes:
+            shape = SHAPES[shape_name]
+            train, _ = gpt.splits(shape["context"])
+            data = train["tokens"]
+            flops = gpt.flops_per_token(**shape)
+            for name in names:
+                hand, fit, full = [], [], []
+                for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
+                    speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps)
+                    hand.append(speed)
+                    speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
+                    fit.append(speed)
+                    if args.device:
+                        trace = os.path.join(root, "trace") if args.trace and not rows else None
+                        full.append(with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
+                                                defaults=True, trace=trace, ckpt_every=args.ckpt_every)[0])
+                row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
+                       "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit,
+                       "ratio": statistics.median(f / h for f, h in zip(fit, hand)),
+                       "step_argument_bytes": memory.argument_size_in_bytes, "step_temp_bytes": memory.temp_size_in_bytes,
+                       "fitjax_state_bytes": held}
+                if full:
+                    row.update(fitjax_defaults_tokens_per_s=full,
+                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)))
+                if peak:
+                    row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
+                               fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
+                rows.append(row)
+                print(f"{shape_name:<12} {name:<12} {max(hand):>11.0f} {max(fit):>13.0f} {row['ratio']:>5.2f}x "
+                      f"{max(fit) * flops / 1e9:>15.2f} {memory.argument_size_in_bytes / mib:>14.2f} "
+                      f"{memory.temp_size_in_bytes / mib:>14.2f} {held / mib:>17.2f}"
+                      + (_mfu(max(hand), max(fit), flops, peak, MESHES[name][0]) if peak else ""), flush=True)
+                if full:
+                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x",
+                          flush=True)
+        idle = idle_share(os.path.join(root, "trace")) if args.device and args.trace else None
+    if idle is not None:
+        print(f"device idle in {idle['window_s'] * 1e3:.1f} ms of steady fitjax steps (defaults on): "
+              f"{idle['idle_share']:.2%} ({idle['programs']} programs ran)", flush=True)
+        with open(args.trace, "w") as file:
+            json.dump(idle, file, indent=1)
+    _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps, "warmup": args.warmup,
+                                "rows": rows, "idle": idle})
 
 
 def _mfu(hand: float, fit: float, flops: int, peak_tflops: float, devices: int) -> str:

@@ -6,7 +6,7 @@
 #
 # It runs, each under its own time limit so that the whole stays under 10 minutes:
 #   1. benchmarks/many_runs.py      8 runs of the digits MLP and CNN in one program against 8 fits
-#   2. benchmarks/plan_gpu.py       the planner's memory and step-time estimates for GPT-2 small's
+#   2. benchmarks/plan_device.py       the planner's memory and step-time estimates for GPT-2 small's
 #                                   shape against fits of the same configurations on the GPU
 #   3. benchmarks/gpt.py --gpu      GPT-2 small's shape: tokens/s and MFU of fitjax against the
 #                                   hand-written loop (bf16-mixed, accumulation 2, clip 1.0)
@@ -73,18 +73,18 @@ EOF
 
 if [ "$smoke" -eq 1 ]; then
   step 120 many_runs "$python" "$here/many_runs.py" --smoke
-  step 150 plan_gpu "$python" "$here/plan_gpu.py" --smoke
+  step 150 plan_device "$python" "$here/plan_device.py" --smoke
   step 120 gpt "$python" "$here/gpt.py" --smoke
   step 60 init_compile "$python" "$here/init_compile.py" --smoke
   step 120 peers "$python" "$here/peers.py" --smoke
   step 150 overhead "$python" "$here/overhead.py" --smoke
 else
-  # limits from its first run on an H200 (many_runs 80 s, plan_gpu 181 s with --steps 20 where
+  # limits from its first run on an H200 (many_runs 80 s, plan_device 181 s with --steps 20 where
   # each fit's start took ~60 s, gpt 149 s, peers 58 s, overhead 86 s), less the ~40 s a GPT
   # state's init took to compile before it lowered threefry to the GPU kernel (init_compile
   # measures both: 55 s): 590 s in all
   step 90 many_runs "$python" "$here/many_runs.py"
-  step 150 plan_gpu "$python" "$here/plan_gpu.py" --steps 10
+  step 150 plan_device "$python" "$here/plan_device.py" --steps 10
   step 120 gpt "$python" "$here/gpt.py" --gpu --repeats 1 --steps 20
   step 70 init_compile "$python" "$here/init_compile.py"
   step 70 peers "$python" "$here/peers.py" --gpu --only lightning --repeats 1

@@ -48,7 +48,8 @@ draws as on a terminal into a discarded stream, and its other output is discarde
 table below stays readable; the numbers include the cost of drawing. The load average is printed
 at the start and the end: on a loaded machine compare the ratios, never the steps/s of two runs.
 Without a GPU plugin installed JAX runs on the CPU here (`JAX_PLATFORMS=cpu` unless set): libtpu,
-when installed, would otherwise probe for a TPU at start-up.
+when installed, would otherwise probe for a TPU at start-up. `--device` leaves the platform to JAX
+(on a TPU machine: the chip), and `--json PATH` writes every row's figures.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ import sys
 import tempfile
 import time
 
-if "JAX_PLATFORMS" not in os.environ and not any(
+if "JAX_PLATFORMS" not in os.environ and "--device" not in sys.argv and not any(
         importlib.util.find_spec(plugin) for plugin in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
     os.environ["JAX_PLATFORMS"] = "cpu"  # no TPU probe at start-up (libtpu is in the dev extra)
 
@@ -74,6 +75,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training import train_state
+
+import _results  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fitjax as fj  # noqa: E402
@@ -323,10 +326,14 @@ def _row(name: str, workload: str, runs: list[float], base: list[float], base_na
     ratios = [r / b for r, b in zip(runs, base)]
     ratio = statistics.median(ratios)
     verdict = "ok" if ratio >= target else "BELOW"
+    ROWS.append({"row": name, "workload": workload, "against": base_name, "steps_per_s": runs, "base_steps_per_s": base,
+                 "ratio": ratio, "ratios": ratios, "target": target, "verdict": verdict})
     return (f"{name:<10} {workload:<10} {statistics.median(runs):>9.0f} {statistics.median(base):>9.0f}  "
             f"{base_name:<22} {ratio:>5.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] "
             f"{'>= ' + format(target, '.2f'):>8}  {verdict:<5}  {_cpu(runs):>5}/{_cpu(base):<5}")
 
+
+ROWS: list[dict] = []  # every printed row's figures, for --json
 
 HEADER = (f"{'row':<10} {'workload':<10} {'fitjax/s':>9} {'base/s':>9}  {'against':<22} {'ratio [range]':<19}"
           f"{'target':>8}         cpu µs/step")
@@ -395,6 +402,8 @@ def main(argv=None):
                         help="including one warm-up epoch (the clip and spe rows run at least 6: their "
                              "tiny-MLP epochs last ~0.1 s)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", action="store_true", help="run where JAX finds a device (a TPU, a GPU)")
+    parser.add_argument("--json", default=None, help="write every row's figures here as JSON")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny MLP only, 64-step epochs, 1 repeat: checks the script runs in seconds "
                              "(its numbers mean nothing)")
@@ -484,6 +493,7 @@ def main(argv=None):
                 for part, label in zip(DEFAULT_PARTS, ("+bar", "+summary", "+tb", "+ckpt")):
                     print(_row(label, name, runs[part], runs["none"], "fitjax, no defaults", 0.95), flush=True)
     print(f"load average at the end {_load()}", flush=True)
+    _results.record(args.json, {"repeats": args.repeats, "epochs": args.epochs, "rows": ROWS})
 
 
 if __name__ == "__main__":

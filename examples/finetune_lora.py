@@ -3,7 +3,7 @@ keep them (a small file) and export the merged model.
 
     python examples/gpt.py --preset tiny                              # a base: runs/gpt/.../checkpoints
     python examples/finetune_lora.py --base runs/gpt/fitjax_logs/version_0/checkpoints/last
-    python examples/finetune_lora.py --base path/to/hf_gpt2_folder    # a Hugging Face GPT-2 / Llama
+    python examples/finetune_lora.py --base path/to/hf_folder         # a Hugging Face model (fitjax.models)
     python examples/finetune_lora.py                                  # no base: trains one first (tiny)
 
 The base model learned English prose (the Python documentation topics, examples/gpt.py); the new
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 import fitjax as fj
+from fitjax import models
 import gpt  # examples/gpt.py
-import hf_models  # examples/hf_models.py
 
 
 def new_text() -> np.ndarray:
@@ -47,7 +47,7 @@ def base_module(base: str | None, args: argparse.Namespace) -> fj.LitModule:
         return run.module
     path = Path(base)
     if (path / "config.json").is_file():
-        return hf_models.from_pretrained(path, lr=args.lr)
+        return models.from_pretrained(path, lr=args.lr)
     return gpt.GPTModule.load_from_checkpoint(path, lr=args.lr, warmup=1, total_steps=args.steps)
 
 
@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> Result:
     args = parser.parse_args(argv)
 
     module = base_module(args.base, args)
-    context = getattr(module.hparams, "context", None) or hf_models.LMConfig.from_hf(module.hparams.config).context
+    # a Hugging Face model's longest context can be 128k tokens: windows of at most 256
+    context = getattr(module.hparams, "context", None) or min(256, module.model.config.max_position_embeddings - 1)
     data = new_text()
     cut = int(len(data) * 0.9)
     train = {"tokens": gpt.windows(data[:cut], context + 1, max(1, context // 2))}

@@ -148,6 +148,7 @@ class GPT(nn.Module):
     heads: int
     context: int
     scan_layers: bool = False
+    vocab: int = VOCAB  # bytes; larger pads the table (GPT-2's 50257 tokens are padded to 50304)
 
     def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> dict:
         """An empty KV cache: every layer's keys and values [batch, max_length, heads, head_dim]
@@ -161,7 +162,7 @@ class GPT(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
                  cache: dict | None = None) -> jax.Array | tuple[jax.Array, dict]:
-        embed = nn.Embed(VOCAB, self.width, name="embed",
+        embed = nn.Embed(self.vocab, self.width, name="embed",
                          embedding_init=_param(nn.initializers.normal(0.02), "vocab", "embed"))
         table = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
                            (self.context, self.width))
@@ -192,14 +193,14 @@ class GPT(nn.Module):
         return logits if cache is None else (logits, {"segment_ids": kv_segments, "layers": layer_caches})
 
 
-def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, **_: Any) -> int:
+def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, vocab: int = VOCAB, **_: Any) -> int:
     """Training FLOPs per token (forward + backward = 3 × forward; PaLM's appendix B count).
 
     6 × the parameters used in matmuls (attention q, k, v, out; the MLP; the tied output head) plus
     12 × layers × context × width for the attention scores and their weighted sum (the causal
     mask's skipped half counted, as PaLM does).
     """
-    matmul_params = layers * (4 * width * width + 2 * mlp_ratio * width * width) + VOCAB * width
+    matmul_params = layers * (4 * width * width + 2 * mlp_ratio * width * width) + vocab * width
     return 6 * matmul_params + 12 * layers * context * width
 
 
@@ -210,7 +211,7 @@ class GPTModule(fj.LitModule):
 
     def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, context: int = 64,
                  lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1,
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, vocab: int = VOCAB):
         super().__init__()
         self.save_hyperparameters()
         if width % heads:
@@ -218,7 +219,8 @@ class GPTModule(fj.LitModule):
         # scan_layers off by default: the presets' 2-6 blocks compile in seconds either way, and
         # `block_i` names are what checkpoints, LoRA targets and weight mappings use; deep models gain
         # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
-        self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers)
+        self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers,
+                         vocab=vocab)
         self.tokenizer = ByteTokenizer()  # text prompts for Trainer.generate
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)

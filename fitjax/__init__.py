@@ -8,8 +8,8 @@ from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 
-from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, nn, planner, plugins, precision, profilers,
-                    strategies, tuner)
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, planner, plugins, precision,
+                    profilers, strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -84,6 +84,7 @@ __all__ = [
     "data",
     "loggers",
     "metrics",
+    "models",
     "nn",
     "param_groups",
     "plan",

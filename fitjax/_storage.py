@@ -42,6 +42,8 @@ from typing import Any, Callable, TypeVar, Union
 
 from etils import epath
 
+from fitjax import _safe_names
+
 __all__ = ["AnyPath", "CLAIM", "COMPLETE", "StoreTimeout", "as_path", "begin", "commit", "create_new",
            "download", "folder", "in_flight", "is_partial", "is_url", "put_file", "put_folder", "remove",
            "store_error", "store_timeout", "temp_folder", "upload"]
@@ -433,21 +435,57 @@ def download(target: AnyPath) -> Path:
     """A local copy of the complete store checkpoint `target` (downloaded once per upload): the
     files its `COMPLETE` lists, each checked for its size, then the copy's own `COMPLETE`.
 
+    The record is checked whole before anything is written (`_checked_record`): a name that is
+    not a relative, normalised path inside the checkpoint, or an `id` not of the form `commit`
+    writes, is an `UnsafeName` naming the entry, and nothing is downloaded.
+
     Raises `FileNotFoundError` naming the file when one is missing or of another size."""
     fs, root = _fs(target)
     url = os.fspath(target)
-    listing = json.loads(_call(f"reading {COMPLETE}", url, lambda: fs.cat_file(f"{root}/{COMPLETE}")))
-    local = _cache() / listing["id"] / target.name
+    raw = _call(f"reading {COMPLETE}", url, lambda: fs.cat_file(f"{root}/{COMPLETE}"))
+    upload_id, files = _checked_record(raw, url, target.name)
+    local = _cache() / upload_id / target.name
+    for name in files:  # links in the cache (none fitjax makes) would lead elsewhere: checked too
+        _safe_names.check_inside(local / name, _cache(), entry=f"{COMPLETE}'s file {name!r}")
     if (local / COMPLETE).is_file():
         return local
-    for name, size in sorted(listing["files"].items()):
+    for name, size in sorted(files.items()):
         file = local / name
         file.parent.mkdir(parents=True, exist_ok=True)
         _call(f"downloading {name}", url, lambda: fs.get_file(f"{root}/{name}", str(file)))
         if file.stat().st_size != size:
             raise FileNotFoundError(f"{url}/{name} holds {file.stat().st_size} bytes, and {COMPLETE} lists {size}")
-    (local / COMPLETE).write_text(json.dumps(listing))  # last: this copy is complete
+    (local / COMPLETE).write_text(json.dumps({"id": upload_id, "files": files}))  # last: this copy is complete
     return local
+
+
+def _checked_record(raw: bytes, url: str, name: str) -> tuple[str, dict[str, int]]:
+    """`(id, files)` of the `COMPLETE` record `raw` of the store checkpoint `url` (folder
+    `name`), every entry checked to name a place inside the checkpoint; else `UnsafeName`."""
+    entry = COMPLETE
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        raise _safe_names.UnsafeName(f"{entry} is not a file list (JSON with 'id' and 'files'); refused, "
+                                     "nothing written")
+    _safe_names.check_name(name, entry="the checkpoint's folder")
+    upload_id = _safe_names.check_id(record.get("id"), entry=entry)
+    files = record["files"]
+    for file, size in files.items():
+        _safe_names.check_relative(file, entry=f"{entry}'s file list")
+        if file in (CLAIM, COMPLETE):
+            raise _safe_names.UnsafeName(f"{entry}'s file list names {file!r}, fitjax's own marker; refused, "
+                                         "nothing written")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _safe_names.UnsafeName(f"{entry}'s file list gives {file!r} the size {size!r}, not a "
+                                         "number of bytes; refused, nothing written")
+        for parent in Path(file).parents:
+            if str(parent) in files:  # a file and a folder of one name: one would replace the other
+                raise _safe_names.UnsafeName(f"{entry}'s file list names {str(parent)!r} both as a file and "
+                                             f"as the folder of {file!r}; refused, nothing written")
+    return upload_id, files
 
 
 def store_error(url: str, error: BaseException) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 
 def _run(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -24,7 +24,7 @@ def test_there_are_benchmarks():
 
 
 # their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
-IN_GPU_CHECK = {"gpt.py", "init_compile.py", "many_runs.py", "overhead.py", "peers.py", "plan_gpu.py"}
+IN_GPU_CHECK = {"gpt.py", "init_compile.py", "many_runs.py", "overhead.py", "peers.py", "plan_device.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -48,7 +48,7 @@ def test_gpu_check_smoke():
                           timeout=600, cwd=BENCHMARKS.parent, env={**env, "PYTHON": sys.executable})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     out = done.stdout
-    for part in ("== many_runs:", "== plan_gpu:", "== gpt:", "== overhead:", "== peers:"):
+    for part in ("== many_runs:", "== plan_device:", "== gpt:", "== overhead:", "== peers:"):
         assert part in out, out[-3000:]
     assert "FAILED" not in out
     assert any(line.startswith("single ") for line in out.splitlines())  # gpt.py's table row

@@ -20,12 +20,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # Lowest first. A module is placed by its longest matching prefix; modules matching none are
 # placed on top (they may import anything, and nothing placed below may import them). The private
 # modules left at the top level are the utilities several packages share: `_typing` (every layer),
-# `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_lazy` (checkpoint, loggers),
+# `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_safe_names` (names read from a
+# checkpoint that become paths: `_storage`, checkpoint, callbacks), `_lazy` (checkpoint, loggers),
 # `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers), `_seed` (loop,
 # cli, `fj.seed_everything`) and `_status` (the set-up's status lines: loop, profilers, callbacks).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
-                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._seed",
+                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names", "fitjax._seed",
                 "fitjax._status"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
@@ -33,6 +34,9 @@ LAYERS = [
     # what the user writes a module against: `LitModule`, the Lightning-style adapter, hparams and
     # what `configure_optimizers` may return (imported by the loop, so below it)
     ("module", ["fitjax.module"]),
+    # the models users import from Hugging Face folders: built on `fitjax.nn`, trained as a
+    # `LitModule` (so above "module"); the planner and the loop may use them
+    ("models", ["fitjax.models"]),
     # will it fit, and how fast: the train step compiled for a target (`Trainer.plan`, and
     # `strategy="plan"` in the loop, so below it)
     ("plan", ["fitjax.planner"]),
@@ -311,6 +315,28 @@ def test_the_shared_write_check_catches_a_base_class_and_a_part_writing_the_trai
              "feed.py": "class Feed:\n    def __init__(self):\n        self.state = 0\n"}
     shared = {attr: names for attr, names in _trainer_writes(files).items() if len(names) > 1}
     assert shared == {"state": {"trainer.py", "logs.py"}, "_epoch_acc": {"logs.py", "resume.py"}}
+
+
+_EPOCH_PARTS = ("_epoch.py", "_stop.py")  # the loop's named parts beside `Trainer._train_epoch`
+
+
+def _trainer_reads(source: str) -> list[str]:
+    """`line: trainer.X` for each attribute of the name `trainer` that `source` reads or writes
+    (handing `trainer` on, to a hook, is not reading it)."""
+    return [f"{node.lineno}: trainer.{node.attr}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "trainer"]
+
+
+def test_the_epoch_parts_never_reach_back_into_the_trainer():
+    """The per-batch work, the epoch's end and the stop handling receive values and the run
+    object; the Trainer is only handed on to the hooks, never read or written there."""
+    found = {name: _trainer_reads((PACKAGE / "loop" / name).read_text()) for name in _EPOCH_PARTS}
+    assert not any(found.values()), f"the epoch parts read the Trainer: {found}"
+
+
+def test_the_trainer_read_check_catches_one():
+    assert _trainer_reads("def end(trainer, hooks):\n    hooks.call('x', trainer)\n") == []
+    assert _trainer_reads("def end(trainer):\n    n = trainer.global_step\n") == ["2: trainer.global_step"]
 
 
 def _module_privates(source: str) -> set[str]:

@@ -6,7 +6,7 @@ import pytest
 
 
 PACKAGES = ["fitjax", "fitjax.callbacks", "fitjax.cli", "fitjax.data", "fitjax.loggers", "fitjax.metrics",
-            "fitjax.nn",
+            "fitjax.models", "fitjax.nn",
             "fitjax.integrations.ray", "fitjax.plugins", "fitjax.plugins.environments", "fitjax.planner",
             "fitjax.profilers", "fitjax.runs", "fitjax.strategies", "fitjax.tuner"]
 
@@ -31,6 +31,7 @@ def test_docstring_examples_run():
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
                  "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.planner._choose", "fitjax.loop.plan",
-                 "fitjax.nn._attention"]:
+                 "fitjax.nn._attention", "fitjax.models._config", "fitjax.models._causal_lm",
+                 "fitjax.models._pretrained"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

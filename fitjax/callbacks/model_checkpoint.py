@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fitjax import _storage, checkpoint
+from fitjax import _safe_names, _storage, checkpoint
 from fitjax.runs import run_suffix
 from fitjax.strategies import broadcast_str
 from fitjax.callbacks import _ranking
@@ -145,6 +145,7 @@ class ModelCheckpoint(Callback):
         self._saved_steps: set[int] = set()  # global steps saved during this fit
         self._validated_at: int | None = None  # global step of this fit's last validation
         self._resumed = False
+        self._restoring: dict[str, Any] | None = None  # a loaded state whose dirpath is checked at fit start
         self._failing = False
         self._warned_missing = False
         self._last_time = time.monotonic()
@@ -191,6 +192,8 @@ class ModelCheckpoint(Callback):
             log_dir = trainer.log_dir
             local = checkpoint.local_path(log_dir if log_dir is not None else trainer.default_root_dir) / "checkpoints"
             self.dirpath = _storage.as_path(broadcast_str(str(local)))
+        if self._restoring is not None:
+            self._restore_kept()
         return self.dirpath
 
     def search_dirs(self, trainer) -> list[Path]:
@@ -554,15 +557,46 @@ class ModelCheckpoint(Callback):
                 "kept": [[path, score] for path, score in self._kept.items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.dirpath is None and state.get("dirpath"):
-            self.dirpath = _storage.as_path(state["dirpath"])
+        """Restores what a checkpoint saved (Lightning's rule): `best_model_path` always; the
+        kept checkpoints, the best score and `last_model_path` only when the checkpoint was saved
+        into this callback's `dirpath` (checked once it is resolved, at fit start), so a resumed
+        run ranks and deletes its own saves, never another run's. Every saved path must lie
+        directly in the saved `dirpath` (a checkpoint from someone else's folder cannot make top-k
+        delete, or "best" read, anything elsewhere): else `CheckpointDamaged` naming the entry."""
+        folder = state.get("dirpath")
+        try:
+            if folder is not None:
+                _safe_names.check_folder(folder, entry="ModelCheckpoint's saved 'dirpath'")
+            for key in ("best_model_path", "last_model_path"):
+                if state.get(key):
+                    _check_in(state[key], folder, entry=f"ModelCheckpoint's saved {key!r}")
+            for path, _ in state.get("kept", []):
+                _check_in(path, folder, entry="ModelCheckpoint's saved 'kept'")
+        except _safe_names.UnsafeName as error:
+            raise checkpoint.CheckpointDamaged(f"the checkpoint being resumed is damaged: {error}.") from None
         self.best_model_path = state.get("best_model_path", "")
-        if self.dirpath is not None and str(self.dirpath) == state.get("dirpath"):
-            self._resumed = True
-            self.best_model_score = state.get("best_model_score")
-            self.last_model_path = state.get("last_model_path", "")
-            self._kept = {path: tuple(score) if isinstance(score, list) else score  # per run: JSON's lists
-                          for path, score in state.get("kept", []) if checkpoint.is_checkpoint(path)}
+        self._restoring = state
+        if self.dirpath is not None:
+            self._restore_kept()
+
+    def _restore_kept(self) -> None:
+        """The saved ranking, if the checkpoint was saved into this callback's `dirpath` (now known)."""
+        state, self._restoring = self._restoring, None
+        if state is None or str(self.dirpath) != state.get("dirpath"):
+            return
+        self._resumed = True
+        self.best_model_score = state.get("best_model_score")
+        self.last_model_path = state.get("last_model_path", "")
+        self._kept = {path: tuple(score) if isinstance(score, list) else score  # per run: JSON's lists
+                      for path, score in state.get("kept", []) if checkpoint.is_checkpoint(path)}
+
+
+def _check_in(path: Any, folder: Any, *, entry: str) -> None:
+    """Raises `UnsafeName` unless `path` is `<folder>/<one plain name>`."""
+    if not isinstance(path, str) or not isinstance(folder, str) or not path.startswith(folder + "/"):
+        raise _safe_names.UnsafeName(f"{entry} names {path!r}, which is not in the saved dirpath {folder!r}; "
+                                     "refused, nothing written")
+    _safe_names.check_name(path[len(folder) + 1:], entry=entry)
 
 
 def _same_class(saved_by: str, module) -> bool:

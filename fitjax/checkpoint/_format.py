@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from fitjax import _storage
+from fitjax import _safe_names, _storage
 from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
 from fitjax.checkpoint import _trainable
@@ -133,7 +133,9 @@ def checkpoints_newest_first(directories: list[str | os.PathLike]) -> list[Path]
 
 def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[Path, str, float]]:
     """The folders in `directories` that hold part of a checkpoint (`state/` or `meta/`) but are
-    not complete, and not an interrupted save's leftover: `(path, damage, modified time)`."""
+    not complete, and not an interrupted save's leftover (on disk Orbax's temporary folder, on a
+    store a prefix whose upload fitjax began and never finished, `_storage.is_partial`: neither
+    is ever chosen, and the next start removes it): `(path, damage, modified time)`."""
     found = []
     for directory in directories:
         directory = local_path(directory)
@@ -141,7 +143,8 @@ def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[P
             for path in directory.iterdir():
                 try:
                     if (TMP_MARK not in path.name and path.is_dir() and (problem := damage(path))
-                            and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())):
+                            and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())
+                            and not (_storage.is_url(path) and _storage.is_partial(path))):
                         files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
                                  if f.is_file()]  # written by the save: when it ran
                         found.append((path, problem, max(_mtime(f) for f in files or [path])))
@@ -355,6 +358,8 @@ def _readable(path: str | os.PathLike) -> Path:
         return _storage.download(path)
     except FileNotFoundError as error:  # a file its list names is gone, or of another size
         raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {_first_line(error)}.") from None
+    except _safe_names.UnsafeName as error:  # its record names a place outside it: nothing written
+        raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {error}.") from None
 
 
 def _restore(path: Path, target: PyTree) -> PyTree:

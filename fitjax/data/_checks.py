@@ -52,7 +52,7 @@ def _length(loader: Any) -> int | None:
 
 def check_fit_data(train: Any, val: Sequence[Any] = (), *, shards: int, processes: int = 1,
                    limit: int | float | None = None, max_steps: int | None = None,
-                   accumulate: int = 1) -> None:
+                   accumulate: int = 1, resuming: bool = False) -> None:
     """What the loaders' sizes tell before the first step: raises or warns naming the numbers.
 
     Raises when the batch size, or the size of a last partial batch that training will reach,
@@ -69,6 +69,7 @@ def check_fit_data(train: Any, val: Sequence[Any] = (), *, shards: int, processe
       max_steps: `Trainer(max_steps=...)`; with `accumulate` it tells whether the last batch of
         an epoch is ever reached.
       accumulate: batches per optimizer step.
+      resuming: the fit resumes a checkpoint (the batch size error says it must stay as saved).
     """
     length = _length(train)
     if length is None:
@@ -82,7 +83,7 @@ def check_fit_data(train: Any, val: Sequence[Any] = (), *, shards: int, processe
                 UserWarning, stacklevel=3)
     else:
         _check_sizes(train, length, shards=shards, processes=processes, limit=limit,
-                     max_batches=None if max_steps is None else max_steps * accumulate)
+                     max_batches=None if max_steps is None else max_steps * accumulate, resuming=resuming)
     for loader in val:
         if _length(loader) == 0:
             warnings.warn(
@@ -111,7 +112,7 @@ def _batch_sizes(loader: Any) -> tuple[int, int, bool, bool] | None:
 
 
 def _check_sizes(loader: Any, length: int, *, shards: int, processes: int,
-                 limit: int | float | None, max_batches: int | None) -> None:
+                 limit: int | float | None, max_batches: int | None, resuming: bool = False) -> None:
     sizes = _batch_sizes(loader)
     if sizes is None:
         return
@@ -121,11 +122,14 @@ def _check_sizes(loader: Any, length: int, *, shards: int, processes: int,
     local_shards = max(shards // processes, 1)
     where = _devices(shards, processes)
     if per_process % local_shards:
+        multiple = local_shards * (processes if is_global else 1)
+        fix = (f"A resumed run keeps the global batch size it was saved with (its data position counts those "
+               f"batches, so it sees the same examples in the same order): resume on a device count that "
+               f"divides {batch_size} (`Trainer(devices=...)`)." if resuming else
+               f"Use a batch size that is a multiple of {multiple}, or fewer devices (`Trainer(devices=...)`).")
         raise ValueError(
             f"`{name}` has a batch size of {batch_size}{_per(per_process, processes, is_global)}, "
-            f"which does not divide over {where}. Use a batch size that is a multiple of "
-            f"{local_shards * (processes if is_global else 1)}, or fewer devices "
-            "(`Trainer(devices=...)`)."
+            f"which does not divide over {where}. {fix}"
         )
     last = 0 if drop_last else examples % batch_size
     if not last:

@@ -6,7 +6,8 @@ a sub-folder per run, named by what differs (`seed=3`, `lr=0.003`), where run i'
 logged under their plain keys (`train/loss`): TensorBoard overlays the runs' curves in one
 chart, and its HPARAMS tab compares them (each sub-folder's session holds its run's
 hyperparameters). The values that belong to no run (`epoch`, compile times) stay in the
-logger's own folder. Any other logger gets the rows as they are.
+logger's own folder. A run stopped early (`EarlyStopping`) gets no row after its stop. Any other
+logger gets the rows as they are.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ from typing import Any, Mapping, Sequence
 from fitjax.loggers._base import Logger
 from fitjax.loggers._csv import CSVLogger
 from fitjax.loggers._tensorboard import TensorBoardLogger
+from fitjax.runs import RunStops
 
 __all__ = ["RunsLogger", "split_by_run"]
 
 _MARK = "/run_"
 
 
-def split_by_run(loggers: Sequence[Logger], names: Sequence[str], hparams: Sequence[Mapping[str, Any]]) -> list:
+def split_by_run(loggers: Sequence[Logger], names: Sequence[str], hparams: Sequence[Mapping[str, Any]], *,
+                 stops: RunStops | None = None) -> list:
     """`loggers`, those that can write a run per folder wrapped in a `RunsLogger`."""
-    return [RunsLogger(logger, names, hparams) if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger
-            for logger in loggers]
+    return [RunsLogger(logger, names, hparams, stops=stops) if isinstance(logger, (TensorBoardLogger, CSVLogger))
+            else logger for logger in loggers]
 
 
 class RunsLogger:
@@ -35,12 +38,15 @@ class RunsLogger:
         logger: a `TensorBoardLogger` or `CSVLogger` (its own folder keeps the shared values).
         names: each run's folder name.
         hparams: what each run's HPARAMS session adds to the module's hyperparameters.
+        stops: where runs stopped early: a run's folder gets no row after its stop (None: none stop).
     """
 
-    def __init__(self, logger: Logger, names: Sequence[str], hparams: Sequence[Mapping[str, Any]]):
+    def __init__(self, logger: Logger, names: Sequence[str], hparams: Sequence[Mapping[str, Any]], *,
+                 stops: RunStops | None = None):
         self.logger = logger
         self.names = tuple(names)
         self.hparams = tuple(dict(h) for h in hparams)
+        self.stops = stops
         self._children: list[Logger] | None = None
 
     def children(self) -> list[Logger]:
@@ -65,8 +71,8 @@ class RunsLogger:
             else:
                 shared[key] = value
         self.logger.log_metrics(shared, step)
-        for child, values in zip(self.children(), per_run):
-            if values:
+        for i, (child, values) in enumerate(zip(self.children(), per_run)):
+            if values and (self.stops is None or self.stops.logs(i, step)):  # its curve ends at its stop
                 child.log_metrics({**values, **{k: v for k, v in shared.items() if k == "epoch"}}, step)
 
     def log_pictures(self, pictures: Mapping[str, Any], step: int) -> None:

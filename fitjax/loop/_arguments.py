@@ -19,7 +19,7 @@ from typing import Any
 from fitjax import module as module_lib
 from fitjax.data import DataModule
 
-__all__ = ["UnknownArgumentError", "check_names", "either", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
+__all__ = ["CheckedArguments", "UnknownArgumentError", "check_names", "either", "fit_arguments", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
 
 log = logging.getLogger("fitjax")
 
@@ -32,6 +32,21 @@ def either(method: str, name: str, value: Any, lightning_name: str, lightning_va
             f"same argument); pass one of them."
         )
     return value if value is not None else lightning_value
+
+
+def fit_arguments(module: Any, model: Any, train_data: Any, train_dataloaders: Any, val_data: Any,
+                  val_dataloaders: Any, datamodule: Any) -> tuple[Any, Any, Any, Any]:
+    """`Trainer.fit`'s `(module, train_data, val_data, datamodule)` from fitjax's or Lightning's
+    spellings (a datamodule passed as `train_data`: Lightning's `fit(model, dm)`)."""
+    module = either("fit", "module", module, "model", model)
+    train_data = either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
+    val_data = either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
+    if is_datamodule(train_data) and datamodule is None:
+        datamodule, train_data = train_data, None
+    if module is None:
+        raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
+                        "(Lightning's `model=` works too).")
+    return module, train_data, val_data, datamodule
 
 
 def is_datamodule(value: Any) -> bool:
@@ -141,3 +156,18 @@ def check_names(cls: type, given: dict[str, Any]) -> None:
         f"{cls.__name__}() got unknown argument{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; it "
         f"takes {', '.join(names)}."
     )
+
+
+class CheckedArguments(type):
+    """The Trainer's metaclass: an unknown argument name gets "did you mean" and the valid names (an
+    `UnknownArgumentError`, a TypeError) before `__init__` binds them; Python's own error names
+    neither. Tools reading the class's arguments (jsonargparse, `inspect`) still see `__init__`'s."""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        check_names(cls, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        signature = inspect.signature(cls.__init__)
+        return signature.replace(parameters=list(signature.parameters.values())[1:])

@@ -4,7 +4,7 @@ request is obeyed now, whether validation is due after a call of the train step.
 Plain functions of the loop's configuration (`LoopConfig`), its position (`trainer.progress`, a
 read-only view) and the few values of the running fit they need (the validation interval in
 batches, when the last validation ended, the stop request); each returns its answer and writes
-nothing: the loop (`trainer.py`) assigns what it decides (`should_stop`). The loop owns
+nothing: the loop assigns what it decides (`should_stop`, through `_stop`). The loop owns
 scheduling: these are asked by the loop only (callbacks ask `trainer.progress.crossed(n)`).
 Lightning's names for the same questions: `FitLoop.done`, `FitLoop.skip`,
 `_should_check_val_fx`, `FitLoop.setup_data`.
@@ -13,6 +13,7 @@ Lightning's names for the same questions: `FitLoop.done`, `FitLoop.skip`,
 from __future__ import annotations
 
 import datetime
+import math
 import time
 from typing import Sequence
 
@@ -22,8 +23,8 @@ from fitjax.loop.config import LoopConfig
 from fitjax.loop.progress import ProgressView
 from fitjax.strategies import agree
 
-__all__ = ["agreed_stop", "can_stop_early", "done_training", "epoch_exhausted", "max_steps_reached", "skip_training", "time_based",
-           "val_check_batches", "val_due", "val_epoch_due", "validation_enabled"]
+__all__ = ["agreed_stop", "can_stop_early", "done_training", "epoch_exhausted", "max_steps_reached", "skip_training",
+           "stepping_batches", "time_based", "val_check_batches", "val_due", "val_epoch_due", "validation_enabled"]
 
 
 def max_steps_reached(config: LoopConfig, progress: ProgressView) -> bool:
@@ -133,3 +134,20 @@ def val_check_batches(config: LoopConfig, num_batches: int | None, val_loaders: 
             )
         return None
     return max(1, int(num_batches * (1.0 if interval is None else interval)))
+
+
+def stepping_batches(config: LoopConfig, num_batches: int | None, accumulate: int, *, size_known: bool) -> int | float:
+    """Lightning's `estimated_stepping_batches`: the optimizer steps a fit takes at most, from the
+    train batches per epoch (`num_batches`: None when the data has no length, or, unless
+    `size_known`, when fit has not measured it yet: an error saying when it is known)."""
+    limited_steps = math.inf if config.max_steps is None else config.max_steps
+    if config.max_epochs is None:
+        return limited_steps
+    if num_batches is None:
+        if size_known:  # data without a length: only max_steps bounds an epoch
+            return limited_steps
+        raise RuntimeError(
+            "trainer.estimated_stepping_batches is known once Trainer.fit has its train data: "
+            "read it from on_fit_start, configure_optimizer or later."
+        )
+    return min(math.ceil(num_batches / accumulate) * config.max_epochs, limited_steps)

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from fitjax.loop import _checks as checks
 
-__all__ = ["LoopConfig"]
+__all__ = ["LoopConfig", "config_value"]
 
 _STAGES = ("train", "val", "test", "predict")
 
@@ -121,3 +121,25 @@ class LoopConfig:
             limits.update(train=overfit, val=overfit)
         values["seed"] = 0 if seed is None else checks.seed(seed)
         return cls(limits=types.MappingProxyType(limits), **values)
+
+
+class _ConfigValue:
+    """A read-only attribute of the Trainer that is its `LoopConfig` field of the same name
+    (`trainer.max_epochs` reads `trainer._config.max_epochs`): one line where it is declared,
+    one Python call per read, as a property."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        return self if trainer is None else getattr(trainer._config, self._name)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        raise AttributeError(f"Trainer.{self._name} is read-only: it is a `Trainer({self._name}=...)` argument, "
+                             "fixed when the Trainer is made; make another Trainer to change it.")
+
+
+def config_value() -> Any:
+    """Declares a Trainer attribute read from its configuration: `max_epochs: int | None =
+    config_value()` (typed as its annotation for type checkers)."""
+    return _ConfigValue()

@@ -1,8 +1,8 @@
 """What lives for one `Trainer.fit` and dies with it (`FitRun`), and what fit, validate, test
 or predict built for a module and leave behind for the next call (`Built`).
 
-The loop (`trainer.py`) is the only writer of both: the other parts of `fitjax.loop` take what
-they need as arguments and return values.
+The loop is the only writer of both: `trainer.py`, and `_epoch` for the train state it steps;
+the other parts of `fitjax.loop` take what they need as arguments and return values.
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ they need and return values; the loop (this file) is the only writer of what liv
                           through the Lightning-named properties (`_checks`, `_arguments`)
     progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
     _schedule             functions of (configuration, progress): when training ends, a stop is
-                          obeyed, validation is due; the loop assigns `should_stop`
+                          obeyed, validation is due
+    _epoch                an epoch's batches (each step with its hooks, logs, validations and
+                          stop checks) and its end work, on the `FitRun` and `EpochParts`
+    _stop.StopRequest     `should_stop` and the last signal stop; `_stop` agrees on a request
+                          and pauses an epoch a stop cut short
     fit_run.FitRun        what one fit holds (module, loaders, feed, train state, compiled
                           programs, validation counters, stop agreement); dies with the fit
     fit_run.Built         what fit/validate/test/predict built for a module, kept for the next call
@@ -28,10 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import inspect
 import itertools
 import logging
-import math
+import operator
 import os
 import time
 from typing import Any, Iterable, Mapping, Sequence
@@ -44,12 +47,13 @@ from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _interrupt, _pieces, _preemption, _resume, _step_outputs
+from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop
 from fitjax.loop._host_hooks import HostHooks, edited_params
 from fitjax.loop._pieces import PieceRunner
+from fitjax.loop._stop import StopRequest
 from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
-from fitjax.loop.config import LoopConfig
+from fitjax.loop.config import LoopConfig, config_value
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun
@@ -75,22 +79,7 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-class _CheckedArguments(type):
-    """Trainer's metaclass: an unknown argument name gets "did you mean" and the valid names (an
-    `UnknownArgumentError`, a TypeError) before `__init__` binds them; Python's own error names
-    neither. Tools reading the class's arguments (jsonargparse, `inspect`) still see `__init__`'s."""
-
-    def __call__(cls, *args: Any, **kwargs: Any):
-        _arguments.check_names(cls, kwargs)
-        return super().__call__(*args, **kwargs)
-
-    @property
-    def __signature__(cls) -> inspect.Signature:
-        signature = inspect.signature(cls.__init__)
-        return signature.replace(parameters=list(signature.parameters.values())[1:])
-
-
-class Trainer(metaclass=_CheckedArguments):
+class Trainer(metaclass=_arguments.CheckedArguments):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
@@ -319,12 +308,13 @@ class Trainer(metaclass=_CheckedArguments):
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
         self._progress_view = ProgressView(self._progress)  # one view: callbacks read it every step
-        self.should_stop = False
+        self._stop_request = StopRequest()  # `should_stop` and the last signal stop (`_stop`)
         # the logged values (`callback_metrics`, ...), the train log windows, the epoch's means
         # with runs, the loggers that can write a folder per run do, and the results see every row
         self._run_results = None if self._runs is None else RunResults(self._runs.names)
         self._log_to = self.loggers if self._runs is None else [
-            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams), self._run_results]
+            *split_by_run(self.loggers, self._runs.names, self._runs.run_hparams, stops=self._run_results.stops),
+            self._run_results]
         self._metric_log = MetricLog(self._log_to, profiler=self.profiler, compile_times=self._compile_times,
                                      progress=self._progress_view, on_window_logged=self._progress.logged,
                                      on_timed=self._progress.timed,
@@ -334,7 +324,6 @@ class Trainer(metaclass=_CheckedArguments):
                                 muted=lambda: self.sanity_checking)
         self.num_val_batches: list[int | None] = []
         self._step_flops: dict[str, float | None] = {}  # remat -> flops, once `train_step_flops` compiled them
-        self._sigterm: bool | None = None  # the last fit's agreed stop was SIGTERM's (None: no agreed stop)
         self._interrupted = False  # the last fit ended by an exception (Ctrl-C included)
         self._stage = Stage()  # what runs now, for the hooks (`trainer.stage`); replaced, never changed
         self._train_size_known = False  # fit has measured its train data (`estimated_stepping_batches`)
@@ -345,74 +334,37 @@ class Trainer(metaclass=_CheckedArguments):
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------ the configuration (read-only)
+    # each reads the `LoopConfig` field of its name (`config_value`); setting one is an error
 
-    @property
-    def max_epochs(self) -> int | None:
-        """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
-        return self._config.max_epochs
-
-    @property
-    def max_steps(self) -> int | None:
-        """Optimizer steps fit takes at most (None: no limit)."""
-        return self._config.max_steps
-
-    @property
-    def min_epochs(self) -> int | None:
-        """A stop request waits until this many epochs are done (None: no minimum)."""
-        return self._config.min_epochs
-
-    @property
-    def min_steps(self) -> int | None:
-        """A stop request waits until this many optimizer steps are done (None: no minimum)."""
-        return self._config.min_steps
-
-    @property
-    def num_sanity_val_steps(self) -> int:
-        """Validation batches fit runs before training (-1: all, 0: none)."""
-        return self._config.num_sanity_val_steps
-
-    @property
-    def log_every_n_steps(self) -> int | None:
-        """Train metrics are logged every this many optimizer steps."""
-        return self._config.log_every_n_steps
-
-    @property
-    def check_val_every_n_epoch(self) -> int | None:
-        """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches
-        over the whole run)."""
-        return self._config.check_val_every_n_epoch
-
-    @property
-    def val_check_interval(self) -> int | float | datetime.timedelta | None:
-        """Validate every this many train batches (int), fraction of an epoch (float) or
-        duration (`datetime.timedelta`); None: once an epoch."""
-        return self._config.val_check_interval
-
-    @property
-    def limits(self) -> Mapping[str, int | float | None]:
-        """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or
-        `fast_dev_run`'s, `overfit_batches`' count), likewise "val", "test", "predict"."""
-        return self._config.limits
-
-    @property
-    def fast_dev_run(self) -> int:
-        """Batches of every stage in a smoke test (0: off)."""
-        return self._config.fast_dev_run
-
-    @property
-    def overfit_batches(self) -> int | float:
-        """The same first train and validation batches every epoch (0: off)."""
-        return self._config.overfit_batches
-
-    @property
-    def reload_dataloaders_every_n_epochs(self) -> int | None:
-        """Fit asks the loader hooks again every n epochs (0: never)."""
-        return self._config.reload_dataloaders_every_n_epochs
-
-    @property
-    def seed(self) -> int:
-        """The run's base random key (parameter init and every rng stream)."""
-        return self._config.seed
+    max_epochs: int | None = config_value()
+    """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
+    max_steps: int | None = config_value()
+    """Optimizer steps fit takes at most (None: no limit)."""
+    min_epochs: int | None = config_value()
+    """A stop request waits until this many epochs are done (None: no minimum)."""
+    min_steps: int | None = config_value()
+    """A stop request waits until this many optimizer steps are done (None: no minimum)."""
+    num_sanity_val_steps: int = config_value()
+    """Validation batches fit runs before training (-1: all, 0: none)."""
+    log_every_n_steps: int | None = config_value()
+    """Train metrics are logged every this many optimizer steps."""
+    check_val_every_n_epoch: int | None = config_value()
+    """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches over the whole
+    run)."""
+    val_check_interval: int | float | datetime.timedelta | None = config_value()
+    """Validate every this many train batches (int), fraction of an epoch (float) or duration
+    (`datetime.timedelta`); None: once an epoch."""
+    limits: Mapping[str, int | float | None] = config_value()
+    """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or `fast_dev_run`'s,
+    `overfit_batches`' count), likewise "val", "test", "predict"."""
+    fast_dev_run: int = config_value()
+    """Batches of every stage in a smoke test (0: off)."""
+    overfit_batches: int | float = config_value()
+    """The same first train and validation batches every epoch (0: off)."""
+    reload_dataloaders_every_n_epochs: int | None = config_value()
+    """Fit asks the loader hooks again every n epochs (0: never)."""
+    seed: int = config_value()
+    """The run's base random key (parameter init and every rng stream)."""
 
     @property
     def runs(self) -> Runs | None:
@@ -436,6 +388,8 @@ class Trainer(metaclass=_CheckedArguments):
         if isinstance(run, bool) or not isinstance(run, int) or not 0 <= run < self._runs.size:
             raise ValueError(f"Trainer.stop_run(run=...) takes a run index from 0 to {self._runs.size - 1}, got {run!r}.")
         self._run.state = runs_lib.stop_run(self._run.state, run)
+        # its logs end here: the row of the step just run is its last (the loggers' run folders, the table)
+        self._run_results.stops.stop(run, last_row=self.global_step - 1, epoch=self.current_epoch)
         if not any(runs_lib.active_runs(self._run.state)):  # sync point: only when a run stops
             self.should_stop = True
 
@@ -525,6 +479,14 @@ class Trainer(metaclass=_CheckedArguments):
             return self._run.state
         return self._built.state if self._built is not None else None
 
+    def _request_stop(self, value: bool) -> None:
+        self._stop_request.requested = value
+
+    should_stop = property(operator.attrgetter("_stop_request.requested"), _request_stop, doc=(
+        """Set True to stop the fit (Lightning's `trainer.should_stop`): after this step, or with
+        several processes at the next sync point (log step, validation, epoch end), once
+        `min_epochs`/`min_steps` are met; fit clears it when it starts."""))
+
     @property
     def interrupted(self) -> bool:
         """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
@@ -535,8 +497,8 @@ class Trainer(metaclass=_CheckedArguments):
     def received_sigterm(self) -> bool:
         """True once SIGTERM asked this fit to stop (Lightning's flag); after the processes
         agreed on the stop, True on all of them when the agreed reason was SIGTERM."""
-        if self._sigterm is not None:
-            return self._sigterm
+        if self._stop_request.sigterm is not None:
+            return self._stop_request.sigterm
         return self._run is not None and self._run.stopping.requested == "SIGTERM"
 
     @property
@@ -593,19 +555,8 @@ class Trainer(metaclass=_CheckedArguments):
         has its train data: from `on_fit_start` on (and in `configure_optimizer`, which fit
         calls after that), and after fit.
         """
-        limited_steps = math.inf if self.max_steps is None else self.max_steps
-        if self.max_epochs is None:
-            return limited_steps
-        batches = self.num_training_batches
-        if batches is None:
-            if self._train_size_known:  # data without a length: only max_steps bounds an epoch
-                return limited_steps
-            raise RuntimeError(
-                "trainer.estimated_stepping_batches is known once Trainer.fit has its train data: "
-                "read it from on_fit_start, configure_optimizer or later."
-            )
-        per_epoch = math.ceil(batches / self.accumulate_grad_batches)
-        return min(per_epoch * self.max_epochs, limited_steps)
+        return schedule.stepping_batches(self._config, self.num_training_batches, self.accumulate_grad_batches,
+                                         size_known=self._train_size_known)
 
     def _host_variables(self, module: LitModule) -> tuple | None:
         """`(params, model_state, rng)` host calls of the model use now: the train state's (its
@@ -647,12 +598,6 @@ class Trainer(metaclass=_CheckedArguments):
             self._step_flops[remat] = None if flops is None or flops <= 0 else flops / options.steps_per_execution
         return self._step_flops[remat]
 
-    def _write_params(self, module: LitModule) -> None:
-        """The weights the module's hooks wrote with `update_params`, into the fit's state."""
-        if self._run is not None and (edits := module_lib.take_params_edits(module)):
-            self._run.state = self._run.state.replace(
-                params=edited_params(self._run.state.params, edits, type(module).__name__))
-
     def agree(self, flag: bool) -> bool:
         """True on every process when `flag` is True on any (free with one process).
 
@@ -692,14 +637,8 @@ class Trainer(metaclass=_CheckedArguments):
         defines `train_dataloader()` (and `val_dataloader()`).
         """
         with _interrupt.graceful():  # Ctrl-C: Lightning's line, the exception hooks and their save, exit 130
-            module = _arguments.either("fit", "module", module, "model", model)
-            train_data = _arguments.either("fit", "train_data", train_data, "train_dataloaders", train_dataloaders)
-            val_data = _arguments.either("fit", "val_data", val_data, "val_dataloaders", val_dataloaders)
-            if _arguments.is_datamodule(train_data) and datamodule is None:
-                datamodule, train_data = train_data, None
-            if module is None:
-                raise TypeError("Trainer.fit needs the module to train: `trainer.fit(module, train_data)` "
-                                "(Lightning's `model=` works too).")
+            module, train_data, val_data, datamodule = _arguments.fit_arguments(
+                module, model, train_data, train_dataloaders, val_data, val_dataloaders, datamodule)
             checks.check_module(module)
             self._lightning_module = module
             module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
@@ -716,7 +655,7 @@ class Trainer(metaclass=_CheckedArguments):
                                                     overfit=bool(self.overfit_batches)))
             check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
                            processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                           accumulate=self.step_options.accumulate_grad_batches)
+                           accumulate=self.step_options.accumulate_grad_batches, resuming=ckpt_path is not None)
             if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
                 for loader in loaders.val:
                     checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
@@ -729,7 +668,8 @@ class Trainer(metaclass=_CheckedArguments):
             self._hooks.call("setup", self, module, "fit")
             self.profiler.setup("fit", log_dir=self.log_dir or self.default_root_dir)
             hooks, self._hooks = self._hooks, self._hooks.wrapped(self.profiler.wrap_hooks)  # unchanged when off
-            self._sigterm, self._interrupted, self._cut_point = None, False, None
+            self._stop_request.start_fit()
+            self._interrupted, self._cut_point = False, None
             feed = TrainFeed(loaders.train, limit=self.limits["train"], strategy=self.strategy,
                              options=self._epoch_options(self.current_epoch, module))
             run = None
@@ -771,7 +711,7 @@ class Trainer(metaclass=_CheckedArguments):
         Reports per candidate, per device: memory (parameters, optimizer state, other state,
         the batch, temporaries: gradients and activations; the peak, from XLA's memory analysis)
         and whether it fits the device's memory with `headroom` of it kept free; model FLOPs
-        (6N + attention for a module declaring `transformer_shape`, else its `flops_per_batch`,
+        (its `flops_per_batch`, else 6N + attention for a module declaring `transformer_shape`,
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
@@ -819,6 +759,8 @@ class Trainer(metaclass=_CheckedArguments):
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
             epoch_iter = self._resume_fit(run, ckpt_path)
+        if self._runs is not None:  # which runs train (a resumed state keeps its stopped runs stopped)
+            self._run_results.stops.begin_fit(runs_lib.active_runs(run.state), last_row=self.global_step - 1)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
         kept = ckpt_path is not None and _resume.warn_changed_hparams(ckpt_path, module)
         for logger in self._log_to if not kept else ():
@@ -891,8 +833,9 @@ class Trainer(metaclass=_CheckedArguments):
         run.val_every = schedule.val_check_batches(self._config, self.num_training_batches, run.loaders.val)
 
     def _train_epoch(self, run: FitRun, epoch_iter) -> None:
-        """One epoch: steps with their hooks, logs and validations, then the epoch's end work."""
-        module, feed, val_loaders = run.module, run.feed, run.loaders.val
+        """One epoch: its start, its batches (`_epoch.train_batches`: the steps with their hooks,
+        logs, validations and stop checks), then its end work, unless a stop ended it early."""
+        module, feed = run.module, run.feed
         offset, run.resume_at = run.resume_at, 0  # > 0 for an epoch resumed mid-way
         if not offset:  # a resumed epoch's means start from the checkpoint's accumulators
             self._metric_log.start_epoch()
@@ -903,139 +846,25 @@ class Trainer(metaclass=_CheckedArguments):
         if not offset:  # a resumed epoch had its start (SWA's averaging) before the save
             run.state = run.pieces.epoch_start(run.state, self.current_epoch)
         self._hooks.call("on_train_epoch_start", self, module)
-        self._write_params(module)
-        wants_batch_start = self._hooks.wants("on_train_batch_start", module)  # the module's or a callback's
-        wants_batch_end = self._hooks.wants("on_train_batch_end", module)
-        module_batch_start = module_lib.overrides(module, "on_train_batch_start")
-        module_batch_end = module_lib.overrides(module, "on_train_batch_end")
-        batch_start = self._hooks.caller("on_train_batch_start", self, module)  # per step: the cheapest call
-        batch_end = self._hooks.caller("on_train_batch_end", self, module)
-        # the batch the hooks get: None when every hook that runs ignores it (fitjax's own)
-        gives_batch = (self._hooks.needs_batch("on_train_batch_start", module)
-                       or self._hooks.needs_batch("on_train_batch_end", module))
-        wrap = self.profiler.wrap_step  # the steps themselves when no profiler is on
-        compiled = run.compiled
-        block_step, train_step, tail_step = (wrap(compiled.block_step), wrap(compiled.train_step),
-                                             wrap(compiled.train_tail_step))
-        batch_idx = offset - 1
-        progress = self.progress  # a live, read-only view: what the schedule reads
+        _epoch.write_params(run)
+        parts = _epoch.EpochParts(self, self._hooks, self._progress, self.progress, self._metric_log, self._config,
+                                  self._stop_request, self.profiler.wrap_step, self.step_options.detect_anomaly,
+                                  self._validate_during_fit)
         steps_left = None if self.max_steps is None else self.max_steps - self.global_step
-        # What stays the same for the whole epoch is asked once here, not at every step (the tiny
-        # MLP's step is ~70 µs of CPU: each question per step was ~0.5 µs of it).
-        position, stopping, config = self._progress, run.stopping, self._config
-        log_every, detect_anomaly = self.log_every_n_steps, self.step_options.detect_anomaly
-        validates = schedule.val_epoch_due(config, progress, val_loaders)  # check_val_every_n_epoch
-        has_max_steps = config.max_steps is not None
-        ran_out = True
-        # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them
-        chunks = feed.chunks(self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
-                             current_step=lambda: run.state.step, shard_inputs=compiled.shard_inputs)
-        self._metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
-        for chunk in self.profiler.wrap_batches(chunks):
-            batch_idx += chunk.num_batches
-            batch = feed.hook_batch(chunk) if gives_batch else None
-            if wants_batch_start:
-                batch_start(batch, batch_idx)
-                self._write_params(module)
-                # Lightning's: the module's hook returned -1, the rest of the epoch is skipped
-                if module_batch_start and self._hooks.response == -1:
-                    break
-            if chunk.on_device:
-                step_fn = block_step
-            else:
-                step_fn = train_step if chunk.full else tail_step
-            try:
-                run.state, outputs = step_fn(run.state, chunk.inputs)  # async dispatch
-            except Exception as err:
-                self._explain_train_failure(run, err, chunk, batch_idx)
-                raise
-            returned = None  # what training_step returned, when a batch-end hook may read it
-            if feed.options.hook_outputs:
-                outputs, returned = _step_outputs.train_returned(outputs, chunk, feed.options.accumulate_grad_batches)
-            self._metric_log.step_done(outputs)  # a reference: read only if `callback_metrics` is
-            self._progress.advance(batches=chunk.num_batches, steps=chunk.num_steps)
-            self._metric_log.read_arrived()  # the log steps' values that have arrived
-            if detect_anomaly:  # sync point: every step, a debugging mode
-                outputs = step_lib.train.check_anomaly(outputs, global_step=self.global_step,
-                                                       epoch=self.current_epoch, num_steps=chunk.num_steps)
-            synced = progress.crossed(log_every)
-            if synced:
-                run.state = self._metric_log.start_window(run.state, run.compiled.reset_metrics)  # no wait
-            if wants_batch_end:
-                batch_end(outputs if returned is None else _step_outputs.merged(outputs, returned), batch, batch_idx)
-                if module_batch_end:  # the module's hook may have written weights
-                    self._write_params(module)
-            # a signal's stop: every process after the same step (`_preemption`)
-            if (reason := stopping.reached(position.global_step)) is not None:
-                self._sigterm = reason == "SIGTERM"  # the same on every process: a save is collective
-                stop, run.requeue_from = _preemption.stopped(self, reason)
-                raise stop
-            # compared at sync points, or asked on this process (no collective between them)
-            stop = self._agree_on_stop(synced=synced) if synced or self.should_stop else False
-            # a stop between two batches validates nowhere: the epoch's validation is at its end
-            ends_epoch = stop and schedule.epoch_exhausted(progress)
-            if validates and schedule.val_due(config, progress, val_loaders, stop=ends_epoch, synced=synced,
-                                              val_every=run.val_every, last_val_time=run.last_val_time):
-                self._validate_during_fit(run)
-                stop = self._agree_on_stop(synced=True)
-            if has_max_steps and schedule.max_steps_reached(config, progress):
-                ran_out = False  # the run's configured end: its epoch ends here (Lightning)
-                break
-            if stop and schedule.can_stop_early(config, progress):
-                ran_out = False
-                if not schedule.epoch_exhausted(progress):
-                    self._pause_epoch(module)
-                    return
-                break
-        if (ran_out and run.val_every is None and schedule.val_epoch_due(self._config, progress, val_loaders)
-                and not schedule.time_based(self._config)):
-            self._validate_during_fit(run)  # data without a length: at its end
-        self._end_train_epoch(module)
-
-    def _pause_epoch(self, module: LitModule) -> None:
-        """A stop request obeyed between two batches (max_time, a callback's `should_stop`): the
-        epoch is not over, so its validation and end work (epoch means, `on_train_epoch_end`)
-        are left to the fit that resumes it and reaches its real end, as an uninterrupted run
-        does them once there (Lightning ends the epoch at the stop and its resume skips the
-        rest). The checkpoint callbacks save the point a resume continues from."""
-        progress = self._progress
-        if self.is_global_zero:
-            of = "" if progress.batches_in_epoch is None else f" of {progress.batches_in_epoch}"
-            log.info(f"Stopped after batch {progress.batches_done}{of} of epoch {progress.epoch} (global step "
-                     f"{progress.global_step}); a fit resumed from its checkpoint finishes that epoch.")
-        for callback in self.checkpoint_callbacks:
-            callback.save_at_stop(self, module)
-
-    def _explain_train_failure(self, run: FitRun, err: Exception, chunk: step_lib.StepInputs, last: int) -> None:
-        """Raises naming the train batch when it is shaped unlike the one the model was built from."""
-        if chunk.on_device:  # batches of one block: shaped alike
+        # a chunk is one batch unless accumulate_grad_batches or steps_per_execution group them;
+        # held here until the epoch's work is done (a stop saves while they are paused)
+        chunks = iter(self.profiler.wrap_batches(feed.chunks(
+            self.current_epoch, epoch_iter, start=offset, steps_left=steps_left,
+            current_step=lambda: run.state.step, shard_inputs=run.compiled.shard_inputs)))
+        ended = _epoch.train_batches(parts, run, chunks, offset=offset)
+        if ended == "signal":  # every process stops after the same step, saves there (`_preemption`)
+            stop, run.requeue_from = _preemption.stopped(self, self._stop_request.signal)
+            raise stop
+        if ended == "pause":  # the epoch's end work is left to the fit that resumes it
+            _stop.pause_epoch(self._progress, self.checkpoint_callbacks, self, module,
+                              is_global_zero=self.is_global_zero)
             return
-        inputs = chunk.inputs[0] if run.feed.options.accumulate_grad_batches > 1 else chunk.inputs  # not the mask
-        first = last - chunk.num_batches + 1
-        which = f"batch {last}" if first == last else f"batches {first}-{last}"
-        run.built_from.explain(err, inputs, f"the train data's {which} (epoch {self.current_epoch})")
-
-    def _agree_on_stop(self, *, synced: bool) -> bool:
-        """`should_stop` as every process sees it (`schedule.agreed_stop`): compared at sync points
-        only with several processes, so False between them (the request waits for the next)."""
-        agreed = schedule.agreed_stop(self.should_stop, synced=synced)
-        if agreed is None:
-            return False
-        self.should_stop = agreed
-        return agreed
-
-    def _end_train_epoch(self, module: LitModule) -> None:
-        """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`."""
-        run = self._run
-        run.state = self._metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
-        self._progress.epoch_end_done = True
-        self._hooks.call("on_train_epoch_end", self, module)
-        self._write_params(module)
-        self.should_stop = schedule.agreed_stop(self.should_stop, synced=True)
-        if self.should_stop and not schedule.can_stop_early(self._config, self.progress):
-            log.info(
-                "Trainer was signaled to stop but the required min_epochs=%r or min_steps=%r has not "
-                "been met. Training will continue...", self.min_epochs, self.min_steps)
+        _epoch.end_epoch(parts, run)
         if schedule.max_steps_reached(self._config, self._progress) and not schedule.epoch_exhausted(self._progress):
             # the run's end inside an epoch: a save after it (the default checkpoint's at the end
             # of training) resumes at the next batch of this epoch, as one made before its end

@@ -4,5 +4,6 @@ platform's faster kernel reaches all of them.
 """
 
 from fitjax.nn._attention import attention, attention_mask
+from fitjax.nn._cross_entropy import chunked_cross_entropy
 
-__all__ = ["attention", "attention_mask"]
+__all__ = ["attention", "attention_mask", "chunked_cross_entropy"]

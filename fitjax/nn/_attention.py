@@ -7,6 +7,17 @@ them at once. `implementation="auto"` picks per platform (the choice lives in
 `fitjax.step.xla_<platform>`); `"xla"` is the plain path: scores in float32, materialised as
 [batch, heads, query length, key length], which every platform runs and every kernel is tested
 against.
+
+What "auto" runs, by `jax.default_backend()` when the call is traced:
+- TPU: JAX's Pallas splash attention kernel (`fitjax.nn._splash`) where its constraints hold
+  (`xla_tpu.splash_blocks`: lengths multiples of 128, head_dim a multiple of 64, one segment-id
+  array, no `positions`); `FITJAX_TPU_ATTENTION=xla` turns it off. The kernel keeps no
+  [q_length, kv_length] scores in HBM, and skips the blocks its mask hides (half of a causal
+  square).
+- GPU (CUDA): cuDNN's fused attention where it takes the arguments (`xla_gpu.cudnn_attention`).
+- Anything else, or outside those constraints: the plain path.
+A program traced on a TPU host for its CPU devices should pass `implementation="xla"`: the
+platform is the process's default one, not the program's.
 """
 
 from __future__ import annotations
@@ -15,6 +26,9 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+
+from fitjax.nn._splash import splash_attention
+from fitjax.step import xla_gpu, xla_tpu
 
 __all__ = ["attention", "attention_mask"]
 
@@ -79,8 +93,10 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
             (Mistral's and Gemma's local layers).
         logit_softcap: scores become `cap * tanh(scores / cap)` before the mask (Gemma 2).
         scale: multiplies the scores; 1 / sqrt(head_dim) when None.
-        implementation: "auto" (the platform's fastest for these arguments), "xla" (plain,
-            every platform), "pallas" (the TPU kernel) or "cudnn" (the GPU kernel).
+        implementation: "auto" (the platform's fastest for these arguments: module docstring),
+            "xla" (plain, every platform), "pallas" (the TPU splash kernel; interpreted, slowly,
+            off TPU) or "cudnn" (the GPU kernel). "pallas" and "cudnn" raise where their kernel
+            cannot compute these arguments.
 
     Example:
         >>> import jax.numpy as jnp, fitjax as fj
@@ -90,8 +106,63 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
         (2, 8, 4, 16)
     """
     _check(query, key, value, implementation)
+    chosen = _choose(implementation, query, key, causal=causal, segment_ids=segment_ids, positions=positions,
+                     sliding_window=sliding_window, logit_softcap=logit_softcap)
+    if isinstance(chosen, xla_tpu.SplashBlocks):
+        ids = segment_ids[0] if isinstance(segment_ids, tuple) else segment_ids
+        return splash_attention(query, key, value, causal=causal, segment_ids=ids, sliding_window=sliding_window,
+                                logit_softcap=logit_softcap, scale=scale, blocks=chosen,
+                                interpret=jax.default_backend() != "tpu")
+    if chosen == "cudnn":
+        window = None if sliding_window is None else (sliding_window - 1, 0)  # causal only (`xla_gpu`)
+        return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal,
+                                            local_window_size=window, implementation="cudnn")
     return _plain(query, key, value, causal=causal, segment_ids=segment_ids, positions=positions,
                   sliding_window=sliding_window, logit_softcap=logit_softcap, scale=scale)
+
+
+def _choose(implementation: str, query: jax.Array, key: jax.Array, *, causal, segment_ids, positions,
+            sliding_window, logit_softcap) -> xla_tpu.SplashBlocks | str:
+    """The splash kernel's blocks, "cudnn" or "xla": what computes this call."""
+    if implementation == "xla":
+        return "xla"
+    platform = jax.default_backend()
+    if implementation in ("auto", "pallas"):
+        kernel = xla_tpu.attention_kernel() if implementation == "auto" else "splash"
+        unsupported, blocks = _splash_unsupported(query, key, segment_ids, positions, kernel)
+        if implementation == "pallas" and unsupported:
+            raise ValueError(f"attention(implementation='pallas'): the TPU kernel does not take {unsupported}; "
+                             f"use implementation='auto' (the plain path where the kernel does not apply)")
+        if implementation == "pallas" or (platform == "tpu" and kernel != "xla" and blocks is not None):
+            return blocks
+    cudnn = platform == "gpu" and xla_gpu.cudnn_attention(
+        dtype=query.dtype, q_length=query.shape[1], kv_length=key.shape[1], head_dim=query.shape[-1],
+        causal=causal, sliding_window=sliding_window, segment_ids=segment_ids, positions=positions,
+        logit_softcap=logit_softcap)
+    if implementation == "cudnn" and not cudnn:
+        raise ValueError(f"attention(implementation='cudnn') runs on a CUDA GPU (this is {platform!r}) with "
+                         f"bfloat16/float16 inputs (got {query.dtype}), head_dim a multiple of 8 up to 128 (got "
+                         f"{query.shape[-1]}), no segment_ids, positions or logit_softcap, and equal lengths "
+                         f"under a mask; use implementation='auto'")
+    return "cudnn" if cudnn else "xla"
+
+
+def _splash_unsupported(query, key, segment_ids, positions, kernel: str) -> tuple[str, xla_tpu.SplashBlocks | None]:
+    """(what the splash kernel cannot take here, "" if nothing; its blocks where it can)."""
+    q_length, head_dim, kv_length = query.shape[1], query.shape[-1], key.shape[1]
+    blocks = xla_tpu.splash_blocks(q_length, kv_length, head_dim, fused_backward=kernel == "splash-fused")
+    if positions is not None:
+        reason = "positions (a query chunk in a cache buffer)"
+    elif isinstance(segment_ids, tuple) and segment_ids[0] is not segment_ids[1]:
+        reason = "a (query ids, key ids) pair of segment_ids (one array for both)"
+    elif kv_length < q_length:
+        reason = f"fewer keys ({kv_length}) than queries ({q_length})"
+    elif blocks is None:
+        reason = (f"lengths {q_length}, {kv_length} and head_dim {head_dim} (lengths must be multiples of 128, "
+                  f"head_dim a multiple of 64)")
+    else:
+        return "", blocks
+    return reason, None
 
 
 def _check(query: jax.Array, key: jax.Array, value: jax.Array, implementation: str) -> None:

@@ -4,6 +4,12 @@ One row per device kind, each figure from the vendor's own specification page (`
 interconnect figure is the chip's total inter-chip bandwidth as the vendor states it (TPU ICI
 over all its ports, NVLink over all its links): an upper bound on what one collective gets, so the
 communication time the planner estimates is a lower bound.
+
+`efficiency` is measured, not specified: the share of the peak a transformer train step reached on
+that kind (model FLOPs over step time, `efficiency_source` names the run). The planner divides its
+compute time by it, so a kind with a measurement gets an estimate of the step and one without
+gets the roofline's lower bound. `memory_bytes` is what JAX reports the device can allocate where
+that was read on the device (`memory_stats()["bytes_limit"]`), else the vendor's figure.
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ class DeviceSpec(NamedTuple):
     #: inter-chip bandwidth per device, bytes/s (ICI, NVLink)
     interconnect_bandwidth: float
     source: str
+    #: measured share of `peak_flops` a transformer step reaches (None: never measured)
+    efficiency: float | None = None
+    efficiency_source: str = ""
 
 
 KINDS: dict[str, DeviceSpec] = {spec.name: spec for spec in (
     DeviceSpec("tpu-v4", 275e12, 32 * _GIB, 1200e9, 2400e9 / 8, "https://cloud.google.com/tpu/docs/v4"),
-    DeviceSpec("tpu-v5e", 197e12, 16 * _GIB, 819e9, 1600e9 / 8, "https://cloud.google.com/tpu/docs/v5e"),
+    DeviceSpec("tpu-v5e", 197e12, 16909336064, 819e9, 1600e9 / 8,
+               "https://cloud.google.com/tpu/docs/v5e (memory: bytes_limit read on a v5e chip, JAX 0.10.2)",
+               0.55, "benchmarks/results/tpu-v5e/sweep-profile-first.json: GPT-2 small, splash attention, 55% MFU"),
     DeviceSpec("tpu-v5p", 459e12, 95 * _GIB, 2765e9, 4800e9 / 8, "https://cloud.google.com/tpu/docs/v5p"),
     DeviceSpec("tpu-v6e", 918e12, 32 * _GIB, 1640e9, 3584e9 / 8, "https://cloud.google.com/tpu/docs/v6e"),
     DeviceSpec("gpu-a100", 312e12, 80 * _GIB, 2039e9, 600e9,
@@ -41,7 +52,8 @@ KINDS: dict[str, DeviceSpec] = {spec.name: spec for spec in (
     DeviceSpec("gpu-h100", 989e12, 80 * _GIB, 3350e9, 900e9,
                "https://www.nvidia.com/en-us/data-center/h100/ (SXM, dense: half the sparse figure)"),
     DeviceSpec("gpu-h200", 989e12, 141 * 10**9, 4800e9, 900e9,
-               "https://www.nvidia.com/en-us/data-center/h200/ (SXM, dense: half the sparse figure)"),
+               "https://www.nvidia.com/en-us/data-center/h200/ (SXM, dense: half the sparse figure)",
+               0.44, "docs/guides/plan.md, the plan against fits on one H200: the fit 2.27x the roofline"),
     DeviceSpec("gpu-l4", 121e12, 24 * _GIB, 300e9, 64e9,
                "https://www.nvidia.com/en-us/data-center/l4/ (dense; PCIe Gen4 x16, no NVLink)"),
 )}

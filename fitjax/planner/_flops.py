@@ -1,10 +1,11 @@
 """Model FLOPs: the work a step must do, as opposed to what XLA's compiled program does.
 
 XLA's count includes what rematerialization recomputes, so an MFU from it reads high. The model
-count is the one MaxText and PaLM report: for a transformer that declares its shape, 6 FLOPs per
-parameter per token (forward and backward) plus the attention scores and their weighted sum
-(`12 × layers × context × width` per token, PaLM's appendix B, the causal mask's skipped half
-counted); for any module, Lightning's `flops_per_batch` attribute when it defines one.
+count is the one MaxText and PaLM report. A module's own `flops_per_batch` (Lightning's attribute)
+comes first: a count the user wrote overrides any estimate, as in Lightning. Else, for a transformer
+that declares its shape, 6 FLOPs per parameter per token (forward and backward) plus the attention
+scores and their weighted sum (`12 × layers × context × width` per token, PaLM's appendix B, the
+causal mask's skipped half counted).
 """
 
 from __future__ import annotations
@@ -58,17 +59,18 @@ class ModelFlops:
 def model_flops(module: Any, params: Any, *, rows_per_step: int, batches_per_step: int,
                 devices: int) -> ModelFlops | None:
     """The module's model FLOPs per optimizer step (all devices together), or None when it
-    declares neither a `transformer_shape` nor a `flops_per_batch`.
+    declares neither a `flops_per_batch` nor a `transformer_shape`. `flops_per_batch` wins when
+    both are declared (Lightning's override: the user's own count).
 
     `rows_per_step`: sequences in one optimizer step (all micro-batches); `batches_per_step`:
     micro-batches per step; `devices`: over which Lightning's per-device `flops_per_batch`
     counts."""
-    shape = getattr(module, "transformer_shape", None)
-    if isinstance(shape, TransformerShape):
-        n = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
-        return ModelFlops(float(shape.flops_per_token(n)) * rows_per_step * shape.context, "6N+attention")
     per_batch = getattr(module, "flops_per_batch", None)
     if isinstance(per_batch, (int, float)) and not isinstance(per_batch, bool) and per_batch > 0:
         # Lightning's meaning: one batch's FLOPs on one device
         return ModelFlops(float(per_batch) * batches_per_step * devices, "flops_per_batch")
+    shape = getattr(module, "transformer_shape", None)
+    if isinstance(shape, TransformerShape):
+        n = sum(math.prod(p.shape) for p in jax.tree.leaves(params))
+        return ModelFlops(float(shape.flops_per_token(n)) * rows_per_step * shape.context, "6N+attention")
     return None

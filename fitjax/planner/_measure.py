@@ -62,6 +62,8 @@ class Measured:
     xla_flops: float | None
     bytes_accessed: float | None
     collectives: dict[str, _hlo.Collective]
+    #: the estimated step: compute at the device kind's measured share of its peak (the roofline's
+    #: lower bound where the kind has no measurement), memory traffic, collectives
     step_time_s: float | None
     mfu: float | None
     compile_s: float
@@ -191,7 +193,9 @@ def _roofline(target: Target, flops: float | None, accessed: float | None, found
     spec = target.spec
     if spec is None or flops is None:
         return None, None
-    compute = flops / spec.peak_flops
+    # XLA counts no FLOPs inside custom calls (a Pallas attention kernel), and the model's count
+    # has no rematerialized work: the larger of the two is the work the device does
+    compute = max(flops, model or 0.0) / (spec.peak_flops * (spec.efficiency or 1.0))
     memory = (accessed or 0.0) / spec.memory_bandwidth
     comm = sum(c.wire_bytes for c in found.values()) / spec.interconnect_bandwidth
     step_s = max(compute, memory) + comm

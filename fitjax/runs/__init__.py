@@ -6,5 +6,6 @@ from fitjax.runs._axis import RunAxis, active_runs, member, run_suffix, stop_run
 from fitjax.runs._orders import RunOrders
 from fitjax.runs._results import RunResults
 from fitjax.runs._runs import Runs
+from fitjax.runs._stops import RunStops
 
-__all__ = ["RunAxis", "RunOrders", "RunResults", "Runs", "active_runs", "member", "run_suffix", "stop_run"]
+__all__ = ["RunAxis", "RunOrders", "RunResults", "RunStops", "Runs", "active_runs", "member", "run_suffix", "stop_run"]

@@ -19,6 +19,8 @@ while it is traced (`fitjax.step.context.run_hparams`): a traced array holding t
 from __future__ import annotations
 
 import dataclasses
+import os
+import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -39,9 +41,11 @@ _SUFFIX = "/run_"
 # batch from a block on the device by it.
 _STATE_AXES = TrainState(step=None, params=0, model_state=0, opt_state=0, rng=0, metrics=0, loss_scale=0, extras=0)
 _ACTIVE = "runs_active"  # `TrainState.extras[_ACTIVE]`: bool [runs], False once a run stopped early
-# what JAX raises when a traced value is used where a Python one is needed (a shape, an `if`)
+# what JAX raises when a traced value is used where a Python one is needed (an `if`, `int()`, a
+# NumPy conversion); a shape from one is a plain `TypeError` naming the tracer
 _TRACER_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
-                  jax.errors.TracerBoolConversionError, jax.errors.TracerArrayConversionError, TypeError)
+                  jax.errors.TracerBoolConversionError, jax.errors.TracerArrayConversionError)
+_FITJAX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # frames here are not the user's
 
 
 def stop_run(state: TrainState, i: int) -> TrainState:
@@ -102,9 +106,10 @@ class RunAxis:
     """
 
     def __init__(self, seeds: Sequence[int], hparams: Sequence[Mapping[str, Any]] | None, owner: str, *,
-                 vmap: Callable[..., Callable] = jax.vmap):
+                 vmap: Callable[..., Callable] = jax.vmap, module_type: type | None = None):
         self.size = len(seeds)
         self.owner = owner
+        self._module_type = module_type  # whose methods' lines an error about a hyperparameter names
         # the vmap of the platform (`xla_cpu.runs_vmap`: on CPU, convolutions computed per run)
         self._vmap = vmap
         # made here, outside any trace: run i's key is exactly `jax.random.key(seeds[i])`
@@ -173,25 +178,46 @@ class RunAxis:
         try:
             over_runs = (vmap or self._vmap)(self._member(fn, self.fixed), in_axes=(0, *in_axes), out_axes=out_axes)
             return over_runs(traced, *args)
-        except _TRACER_ERRORS as err:
-            if not self.differing or not _is_tracer_error(err):
+        except TypeError as err:  # JAX's tracer errors, and fitjax's help that re-raises them (`explain_jit_rules`)
+            jax_error = _tracer_error(err)
+            if not self.differing or jax_error is None:
                 raise
             culprits = [k for k in self.differing if self._fails_alone(k, fn, in_axes, args)] or list(self.differing)
-            raise ValueError(
-                f"Trainer(runs=[...]): {culprits!r} differs between runs, so {self.owner} reads it as a traced "
-                "array, but uses it where a Python value is needed: a shape (a layer's width), an `if`, "
-                "`int(...)`. Runs may differ only in values that keep every shape and branch (a learning "
-                "rate, a weight decay, a dropout rate used as a number); fit one module per value of "
-                f"{culprits[0]!r} instead. JAX said: {str(err).splitlines()[0]}") from err
+            raise ValueError(self._python_value_message(culprits, jax_error)) from err
 
     def _fails_alone(self, key: str, fn: Callable, in_axes: tuple, args: tuple) -> bool:
         """Whether tracing with only `key` traced (the others at run 0's values) fails as above."""
         fixed = {**self.fixed, **{k: v[0].item() for k, v in self._values.items() if k != key}}
         try:
             self._vmap(self._member(fn, fixed), in_axes=(0, *in_axes))({key: jnp.asarray(self._values[key])}, *args)
-        except _TRACER_ERRORS as err:
-            return _is_tracer_error(err)
+        except TypeError as err:
+            return _tracer_error(err) is not None
         return False
+
+    def _python_value_message(self, culprits: Sequence[str], jax_error: BaseException) -> str:
+        """Why a hyperparameter that differs between runs cannot be used where it was, and the fix."""
+        names = " and ".join(f"hparams.{k}" for k in culprits)
+        differs, is_ = ("differs", "is") if len(culprits) == 1 else ("differ", "are")
+        first = culprits[0]
+        return (
+            f"Trainer(runs=[...]): {names} {differs} between runs and {is_} used as a Python value in "
+            f"{self._used_at(jax_error)}: each run's {first!r} is a traced array there, and a Python `if`, "
+            "`int()`/`float()`, a NumPy conversion, a shape (a layer's width) or a flax layer's field "
+            "(`nn.Dropout(rate=...)` checks its rate in Python) needs one value for every run. Runs may "
+            "differ only in values used as numbers in array math (a learning rate, a weight decay, a loss "
+            f"weight, a dropout rate applied by hand: `x * jax.random.bernoulli(key, 1 - p, x.shape) / (1 - p)`); "
+            f"otherwise fit one module per value of {first!r}. JAX said: {type(jax_error).__name__}: "
+            f"{str(jax_error).splitlines()[0]}")
+
+    def _used_at(self, jax_error: BaseException) -> str:
+        """`"M.loss (line 17)"`: the module's method, and its line, that the error passed
+        through last (the user's own code, not fitjax's); the module's name when none did."""
+        found = self.owner
+        for frame, line in traceback.walk_tb(jax_error.__traceback__):  # outermost first
+            if (self._module_type is not None and isinstance(frame.f_locals.get("self"), self._module_type)
+                    and not os.path.abspath(frame.f_code.co_filename).startswith(_FITJAX + os.sep)):
+                found = f"{self.owner}.{frame.f_code.co_name} (line {line})"
+        return found
 
     def init(self, init_fn: Callable[..., TrainState]) -> Callable[..., TrainState]:
         """`init(rng, batch, given)` of every run: run i from its own seed's key (`rng` unused);
@@ -293,9 +319,20 @@ def rows_then_runs(tree: Any, stacked: int) -> Any:
     return jax.tree.map(lambda x: jnp.moveaxis(x, 0, min(stacked + 1, x.ndim - 1)), tree)
 
 
-def _is_tracer_error(err: Exception) -> bool:
-    """JAX's own errors (all `TypeError`s), or a plain `TypeError` a traced value caused."""
-    return isinstance(err, _TRACER_ERRORS[:-1]) or "Traced<" in str(err) or "concrete" in str(err)
+def _tracer_error(err: BaseException) -> BaseException | None:
+    """JAX's error of a traced value used where a Python value is needed (one of its tracer
+    errors, or a plain `TypeError` naming a tracer: a shape), found in `err` or in what it was
+    raised from (fitjax's help for the jit rules re-raises it as a `TypeError`); None for any
+    other error."""
+    chain = []
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__
+    typed = [e for e in chain if isinstance(e, _TRACER_ERRORS)]
+    # a shape from a tracer: "Shapes must be 1D sequences of concrete values ..., got (8, JitTracer(int32[]))"
+    named = [e for e in chain if isinstance(e, TypeError) and ("Traced<" in str(e) or "Tracer(" in str(e)
+                                                                or "concrete value" in str(e))]
+    return (typed or named or [None])[0]
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -13,6 +13,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from fitjax.runs._axis import run_suffix
+from fitjax.runs._stops import RunStops
 
 __all__ = ["RunResults"]
 
@@ -30,10 +31,14 @@ class RunResults:
         monitor: the key the best is judged by (without the run suffix), or None: the first of
             `val/loss`, `train/loss_epoch`, `train/loss` the fit logs.
         mode: "min" or "max" for `monitor`.
+        stops: where runs stopped early (a run's rows after its stop are not its own); its own
+            when None.
     """
 
-    def __init__(self, names: Sequence[str], *, monitor: str | None = None, mode: str = "min"):
+    def __init__(self, names: Sequence[str], *, monitor: str | None = None, mode: str = "min",
+                 stops: RunStops | None = None):
         self.names = tuple(names)
+        self.stops = RunStops(len(self.names)) if stops is None else stops
         self._monitors = (monitor,) if monitor else _DEFAULT_MONITORS
         self._mode = mode if monitor else "min"
         self._suffixes = {run_suffix(i): i for i in range(len(self.names))}
@@ -45,12 +50,12 @@ class RunResults:
     # ---------------------------------------------------------------------- what the loop calls
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Takes a logged row: each `<key>/run_<i>` value is run i's `<key>`."""
+        """Takes a logged row: each `<key>/run_<i>` value is run i's `<key>` (none after its stop)."""
         touched = set()
         for key, value in metrics.items():
             base, mark, index = key.rpartition("/run_")
             i = self._suffixes.get(mark + index) if mark else None
-            if i is not None:
+            if i is not None and self.stops.logs(i, step):
                 self.final[i][base] = float(value)
                 touched.add(i)
         for monitor, best in self._best.items():
@@ -97,18 +102,22 @@ class RunResults:
         return (min if self._mode == "min" else max)(scored)[1]
 
     def table(self) -> str:
-        """The runs, one line each: the monitored value at the end and at its best, then each
-        other validation (or train epoch) value at the end; the best run marked."""
+        """The runs, one line each: the monitored value at the end (a stopped run's: at its
+        stop) and at its best, then each other validation (or train epoch) value at the end; the
+        epoch each run stopped in when any stopped early; the best run marked."""
         monitor, best, best_run = self.monitor, self.best, self.best_run
         shown = [k for k in dict.fromkeys(k for row in self.final for k in row) if k != monitor]
         prefix = "val/" if any(k.startswith("val/") for k in shown) else "train/"
         shown = [k for k in shown if k.startswith(prefix) and (prefix == "val/" or k.endswith("_epoch"))]
-        header = ["run", "name", f"{monitor} (end)", f"{monitor} (best)", *(f"{k} (end)" for k in shown)]
+        stopped = self.stops.stopped
+        header = ["run", "name", f"{monitor} (end)", f"{monitor} (best)", *(f"{k} (end)" for k in shown),
+                  *(["stopped (epoch)"] if stopped else [])]
         rows = []
         for i, name in enumerate(self.names):
             values = [self.final[i].get(monitor), best[i].get(monitor), *(self.final[i].get(k) for k in shown)]
             mark = "*" if i == best_run else " "
-            rows.append([f"{i}{mark}", name, *(_number(v) for v in values)])
+            rows.append([f"{i}{mark}", name, *(_number(v) for v in values),
+                         *([_stop(self.stops, i)] if stopped else [])])
         widths = [max(len(str(r[c])) for r in [header, *rows]) for c in range(len(header))]
         lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
         title = f"Runs ({len(self.names)}), best by {monitor} ({self._mode}): run {best_run} ({self.names[best_run]})"
@@ -120,3 +129,10 @@ class RunResults:
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def _stop(stops: RunStops, run: int) -> str:
+    """The epoch run `run` stopped in, "-" while it trains ("yes": stopped before a resumed fit)."""
+    if stops.last_row[run] is None:
+        return "-"
+    return "yes" if stops.epoch[run] is None else str(stops.epoch[run])

@@ -136,7 +136,7 @@ class Runs:
                     "`self.save_hyperparameters()`, and read them through `self.hparams`.")
         vmap = jax.vmap if strategy is None else xla_cpu.runs_vmap(
             platform=strategy.platform, sharded=isinstance(strategy, RunsParallel))
-        return RunAxis(self.seeds, self.hparams, owner, vmap=vmap)
+        return RunAxis(self.seeds, self.hparams, owner, vmap=vmap, module_type=type(module))
 
     def train_loader(self, loader: Any) -> Any:
         """The train loader the runs read: `RunOrders` for a `DataLoader(shuffle="per_run")`

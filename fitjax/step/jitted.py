@@ -3,8 +3,9 @@
 Everything here returns values; nothing mutates the trainer. Every jitted train step variant
 (a full call, an epoch's leftover steps, a call picking its batches from a block on the device)
 goes through `_jit_train`, the one place where a train step's platform-specific compile choices
-are made: the state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans. The
-state's init and the evaluation and predict steps take `xla_cpu.compiler_options` in `build`.
+are made: the state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans. Every
+program (train steps, the state's init, the evaluation and predict steps) is compiled with its
+platform's options (`compiler_options`: `xla_cpu`'s on CPU, `xla_tpu`'s on TPU).
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu, xla_gpu
+from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu, xla_gpu, xla_tpu
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy
 
 __all__ = ["AbstractTrain", "Compiled", "EvalStep", "StepBuild", "abstract_train", "block_sharding", "build",
-           "check_optimizer", "cost_of", "step_inputs", "step_memory_bytes",
+           "check_optimizer", "compiler_options", "cost_of", "step_inputs", "step_memory_bytes",
            "train_step_cost"]
 
 
@@ -198,9 +199,9 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
                 return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
                     rng, sharded_batch)
         given = spec.weights((abstract_state.params, abstract_state.model_state), variable_shardings, initial)
-    cpu_options = xla_cpu.compiler_options(strategy.platform)  # CPU: LLVM's level 2 (None elsewhere)
+    platform_options = compiler_options(strategy.platform)  # CPU: LLVM's level 2; TPU: `xla_tpu`'s
     with xla_gpu.rng_kernels(strategy.platform):  # GPU: the init's draws compile in seconds, same bits
-        state = jax.jit(init_fn, out_shardings=shardings, compiler_options=cpu_options)(rng, sharded_batch, given)
+        state = jax.jit(init_fn, out_shardings=shardings, compiler_options=platform_options)(rng, sharded_batch, given)
 
     programs = {}
     if fit:
@@ -222,14 +223,14 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
                           batch_sharding, batch_sharding),
             out_shardings=replicated,
             donate_argnums=(3,),
-            compiler_options=cpu_options,
+            compiler_options=platform_options,
         )
 
     predict_step = strategy.jit(
         runs.predict_step(forward.make_predict_step(spec, options.precision)),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
-        compiler_options=cpu_options,
+        compiler_options=platform_options,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     def eval_step(stage: str, found: forward.StepNames, specs: dict, dataloader_idx: int = 0) -> EvalStep:
@@ -322,12 +323,17 @@ def _host_sharding(strategy: Strategy, options: StepOptions, leading: int):
     return stacked_sharding(strategy.batch_sharding, leading)
 
 
+def compiler_options(platform: str, options: dict | None = None) -> dict | None:
+    """`options` with the platform's own under them (`xla_cpu`'s on CPU, `xla_tpu`'s on TPU)."""
+    return xla_tpu.compiler_options(platform, xla_cpu.compiler_options(platform, options))
+
+
 def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, donate: bool = True,
-               compiler_options: dict | None = None) -> Callable:
+               options: dict | None = None) -> Callable:
     """`fn(state, inputs)` jitted with the state's shardings (donated unless `donate=False`)."""
     return strategy.jit(fn, in_shardings=(shardings, inputs_sharding), out_shardings=(shardings, strategy.replicated),
                         donate_argnums=(0,) if donate else (),
-                        compiler_options=xla_cpu.compiler_options(strategy.platform, compiler_options))
+                        compiler_options=compiler_options(strategy.platform, options))
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings,
@@ -346,7 +352,7 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
         """`fn(state, inputs)` jitted with the state donated; on CPU compiled as `xla_cpu` plans."""
         def jit(donate: bool = True, compiler_options: dict | None = None):
             return _jit_train(runs.step(fn, stacked=stacked(single)), strategy, shardings, inputs_sharding,
-                              donate=donate, compiler_options=compiler_options)
+                              donate=donate, options=compiler_options)
         return xla_cpu.step(jit, platform=strategy.platform)
 
     def make(single: bool, unrolled: bool = False) -> Callable:

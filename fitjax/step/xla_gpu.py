@@ -12,16 +12,24 @@ an init, which returns the values it draws, but it could be for a train step's d
 the state's initialisation lowers this way (`rng_kernels`); the user's global choice is left as
 it is, and other platforms are unchanged. `python benchmarks/init_compile.py` measures both
 lowerings and checks the bits are equal.
+
+**Attention (`cudnn_attention`).** On an NVIDIA GPU, `fj.nn.attention(implementation="auto")`
+runs cuDNN's fused flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`)
+where that kernel takes the arguments: bfloat16 or float16 inputs, a head_dim that is a multiple
+of 8 up to 128, no segment ids, no `positions` pair, no soft cap, a local window only with
+the causal mask, and equal query and key lengths when a causal or local mask applies (cuDNN aligns the mask at the top-left; fitjax's
+queries are the last positions of the keys'). Elsewhere the plain path runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
+import jax.numpy as jnp
 from jax._src import config as _jax_config  # the option's context manager is not exported
 
-__all__ = ["rng_kernels"]
+__all__ = ["cudnn_attention", "rng_kernels"]
 
 
 @contextlib.contextmanager
@@ -34,3 +42,18 @@ def rng_kernels(platform: str) -> Iterator[None]:
         return
     with option(True):
         yield
+
+
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+_CUDNN_HEAD_DIM = 128
+
+
+def cudnn_attention(*, dtype: Any, q_length: int, kv_length: int, head_dim: int, causal: bool,
+                    sliding_window: int | None, segment_ids: Any, positions: Any,
+                    logit_softcap: float | None) -> bool:
+    """Whether cuDNN's fused attention computes `fj.nn.attention` for these arguments (module
+    docstring)."""
+    masked = causal or sliding_window is not None
+    return (jnp.dtype(dtype) in _CUDNN_DTYPES and head_dim % 8 == 0 and head_dim <= _CUDNN_HEAD_DIM
+            and segment_ids is None and positions is None and logit_softcap is None
+            and (not masked or q_length == kv_length) and (sliding_window is None or causal))

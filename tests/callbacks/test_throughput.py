@@ -166,9 +166,17 @@ def test_remat_raises_the_hardware_flops_but_not_the_model_flops_or_mfu():
 def test_a_modules_flops_per_batch_is_the_model_count_as_in_lightning():
     module = Regressor(batchnorm=False)
     module.flops_per_batch = 100  # Lightning's attribute: one batch on one device
+    # a declared shape too: the user's own count overrides the estimate (Lightning's override)
+    module.transformer_shape = fj.TransformerShape(layers=1, width=3, context=1)
     trainer, _, rows = _fit(module=module, devices=2, strategy="dp")
     last = rows[-1][1]
     assert _per_batch(last, "flops_per_sec") == pytest.approx(100)
+    # the planner reads the same order
+    counted = fj.planner.model_flops(module, trainer.state.params, rows_per_step=8, batches_per_step=1, devices=2)
+    assert (counted.source, counted.per_step) == ("flops_per_batch", 200)
+    del module.flops_per_batch
+    assert fj.planner.model_flops(module, trainer.state.params, rows_per_step=8, batches_per_step=1,
+                                  devices=2).source == "6N+attention"
     assert last["train/flops_per_sec"] == pytest.approx(2 * last["train/device/flops_per_sec"])
     assert _per_batch(last, "hardware_flops_per_sec") == pytest.approx(trainer.train_step_flops())
 

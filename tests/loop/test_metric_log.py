@@ -59,6 +59,9 @@ def _module_reentries(frames):
     return len(runs) - len(set(runs))
 
 
+_LOOP_FRAMES = ("train_batches", "end_epoch", "_validate_during_fit")  # the batch loop, the epoch's end, validation
+
+
 @pytest.mark.parametrize("tag", ["train/mae", "val/loss", "lr"])
 def test_a_logged_value_reaches_the_tensorboard_file_in_few_frames_and_modules(tmp_path, monkeypatch, tag):
     """Issue 24's and 35's measure: from the loop frame (the train step's or the validation's) to
@@ -72,7 +75,7 @@ def test_a_logged_value_reaches_the_tensorboard_file_in_few_frames_and_modules(t
     def spy(self, summary, global_step=None, walltime=None):
         if any(value.tag == tag for value in summary.value):
             stack = traceback.extract_stack()[:-1]
-            loop = max(i for i, frame in enumerate(stack) if frame.name in ("_train_epoch", "_validate_during_fit"))
+            loop = max(i for i, frame in enumerate(stack) if frame.name in _LOOP_FRAMES)
             stacks.append(stack[loop:] + [traceback.FrameSummary(tensorboardX.writer.__file__, 0, "add_summary")])
         return add_summary(self, summary, global_step, walltime)
 

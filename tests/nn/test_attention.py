@@ -88,3 +88,51 @@ def test_bad_arguments_name_what_is_allowed(bad, match):
         q = jnp.ones(bad["shape"])
     with pytest.raises(ValueError, match=match):
         fj.nn.attention(q, k, v, **{key: value for key, value in bad.items() if key != "shape"})
+
+
+def test_auto_on_this_platform_is_the_plain_path_unless_a_kernel_applies():
+    q, k, v = _qkv()
+    segments = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 1, 1, 1, 2, 2, 2]])
+    auto = fj.nn.attention(q, k, v, segment_ids=segments)
+    plain = fj.nn.attention(q, k, v, segment_ids=segments, implementation="xla")
+    if jax.default_backend() == "cpu":  # no kernel here: the same program, the same bits
+        np.testing.assert_array_equal(auto, plain)
+    else:
+        np.testing.assert_allclose(auto, plain, atol=2e-2)
+
+
+@pytest.mark.parametrize("arguments, match", [
+    (dict(positions=(jnp.zeros((2, 128), int), jnp.zeros((2, 128), int))), "positions"),
+    (dict(segment_ids=(jnp.zeros((2, 128), int), jnp.ones((2, 128), int))), "pair of segment_ids"),
+    (dict(length=100), "multiples of 128"),
+])
+def test_the_tpu_kernel_says_which_argument_it_cannot_take(arguments, match):
+    q, k, v = _qkv(q_len=arguments.pop("length", 128), kv_len=128, dim=64)
+    with pytest.raises(ValueError, match=match):
+        fj.nn.attention(q, k, v, implementation="pallas", **arguments)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN may run on a GPU")
+def test_cudnn_off_a_cuda_gpu_says_what_it_needs():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="runs on a CUDA GPU"):
+        fj.nn.attention(q, k, v, implementation="cudnn")
+
+
+def test_the_tpu_kernel_lowers_for_a_tpu_at_gpt2s_shape():
+    """Exported for a TPU from any host: the kernel's Mosaic program for GPT-2 small's attention
+    (head_dim 64, 1024 tokens, packed segments), forward and backward."""
+    from fitjax.nn._splash import splash_attention
+    from fitjax.step.xla_tpu import splash_blocks
+
+    qkv = jax.ShapeDtypeStruct((2, 1024, 12, 64), jnp.bfloat16)
+    segments = jax.ShapeDtypeStruct((2, 1024), jnp.int32)
+
+    def loss(q, k, v, ids):
+        out = splash_attention(q, k, v, causal=True, segment_ids=ids, sliding_window=None, logit_softcap=None,
+                               scale=None, blocks=splash_blocks(1024, 1024, 64), interpret=False)
+        return out.astype(jnp.float32).sum()
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    text = jax.export.export(grads, platforms=["tpu"])(qkv, qkv, qkv, segments).mlir_module()
+    assert text.count("tpu_custom_call") == 3  # the forward, dq and dkv kernels; no plain scores

@@ -114,22 +114,67 @@ class WidthsFit(Widths):
         self.model = WidthsModel()
 
     def loss(self, model, batch):
-        return ((model(batch["x"], self.hparams.width) - batch["y"]) ** 2).mean()
+        return ((model(batch["x"], self.hparams.width) - batch["y"]) ** 2).mean()  # shape
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that holds `marker` (a comment), for errors that name a line."""
+    with open(__file__) as source:
+        return next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(f"# {marker}"))
 
 
 def test_a_shape_changing_hyperparameter_is_refused_by_name():
     runs = [{"lr": 0.1, "width": 4}, {"lr": 0.2, "width": 8}]
-    with pytest.raises(ValueError, match=r"\['width'\] differs between runs.*a shape"):
+    with pytest.raises(ValueError, match=r"hparams.width differs between runs and is used as a Python value in "
+                                         rf"WidthsFit.loss \(line {line_of('shape')}\).*a shape"):
         quiet_trainer(max_epochs=1, runs=runs).fit(WidthsFit(), loader())
 
 
 def test_a_hyperparameter_in_a_python_branch_is_refused_by_name():
     class Scheduled(Decayed):  # optax's schedule compares its peak value with 0 in Python: an `if`
         def configure_optimizer(self):
-            return optax.sgd(optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 2, 8))
+            return optax.sgd(optax.warmup_cosine_decay_schedule(0.0, self.hparams.lr, 2, 8))  # schedule
 
-    with pytest.raises(ValueError, match=r"\['lr'\] differs between runs.*an `if`"):
+    with pytest.raises(ValueError, match=r"hparams.lr differs between runs and is used as a Python value in "
+                                         rf"Scheduled.configure_optimizer \(line {line_of('schedule')}\)"):
         quiet_trainer(max_epochs=1, runs=[{"lr": 0.1}, {"lr": 0.2}]).fit(Scheduled(), loader())
+
+
+class PythonValue(Decayed):
+    """Uses `p` in `loss` as a Python value, as `use` says (the runs give each a traced array)."""
+
+    use = "if"
+
+    def __init__(self, lr: float = 0.05, wd: float = 0.0, p: float = 0.1):
+        super().__init__(lr, wd)
+        self.save_hyperparameters()
+
+    def loss(self, model, batch):
+        loss, outputs = super().loss(model, batch)
+        p = self.hparams.p
+        if self.use == "if":
+            loss = loss * 2 if p > 0.2 else loss  # if
+        elif self.use == "int":
+            loss = loss * int(p * 10)  # int
+        elif self.use == "numpy":
+            loss = loss * np.asarray(p)  # numpy
+        elif self.use == "nn.Dropout":  # a flax layer checks its rate in Python (`if rate == 0`)
+            drop = nn.Dropout(rate=p, deterministic=False)
+            dropped = drop.apply({}, outputs["pred"], rngs={"dropout": jax.random.key(0)})  # nn.Dropout
+            loss = loss + dropped.mean()
+        return loss, outputs
+
+
+@pytest.mark.parametrize("use", ["if", "int", "numpy", "nn.Dropout"])
+def test_a_hyperparameter_used_as_a_python_value_is_refused_by_name_and_line(use):
+    module = PythonValue()
+    module.use = use
+    with pytest.raises(ValueError, match=r"^Trainer\(runs=\[...\]\): hparams.p differs between runs and is used as a "
+                                         rf"Python value in PythonValue.loss \(line {line_of(use)}\):") as raised:
+        quiet_trainer(max_epochs=1, runs=[{"p": 0.1}, {"p": 0.3}]).fit(module, loader())
+    assert "fit one module per value of 'p'" in str(raised.value)
+    if use == "if":  # the same code with `p` the same in every run: a Python value, the state is built
+        quiet_trainer(max_steps=0, runs=[{"p": 0.3, "lr": 0.1}, {"p": 0.3, "lr": 0.2}]).fit(module, loader())
 
 
 def test_a_hyperparameter_never_read_is_refused():

@@ -16,6 +16,9 @@ fit's. Printed per candidate:
   bandwidth; no overlap modelled) against the measured step time (synced, steady state);
 - MFU: model FLOPs (6N + attention, the module's `transformer_shape`) over each time at the
   device kind's peak (`fitjax/planner/_devices.py`).
+
+Last, `--too-big` rows a step (default 4x `--rows`) with no remat: planned, and where the plan says
+it does not fit, fitted anyway in a child process to show the device refuses it too.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+import _results  # noqa: E402
+
 import fitjax as fj  # noqa: E402
 import gpt  # noqa: E402
 from fitjax.planner import human_bytes, spec_for  # noqa: E402
 
-GPT2_SMALL = dict(layers=12, width=768, heads=12, context=1024)
-TINY = dict(layers=2, width=64, heads=4, context=64)
+GPT2_SMALL = dict(layers=12, width=768, heads=12, context=1024, vocab=50304)
+TINY = dict(layers=2, width=64, heads=4, context=64, vocab=256)
 
 
 def _trainer(**kwargs) -> fj.Trainer:
@@ -78,11 +83,20 @@ def fit_one(shape: dict, rows: int, remat: str, warmup: int, steps: int) -> dict
             "device_kind": trainer.devices[0].device_kind}
 
 
+def _child(args, rows: int, remat: str, steps: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, __file__, "--fit", remat, "--warmup", str(args.warmup), "--steps",
+                           str(steps), "--rows", str(rows)] + (["--smoke"] if args.smoke else []),
+                          capture_output=True, text=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=16, help="rows (sequences) a step")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per fit")
+    parser.add_argument("--too-big", type=int, default=None, help="rows a step for the does-not-fit case "
+                                                                 "(default 4x --rows; 0: skip it)")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
     parser.add_argument("--smoke", action="store_true", help="a tiny GPT, 2 rows, 2 timed steps: checks it runs")
     parser.add_argument("--fit", metavar="REMAT", help=argparse.SUPPRESS)  # one fit, in a child process
     args = parser.parse_args(argv)
@@ -100,12 +114,12 @@ def main(argv=None) -> None:
     print(f"{'remat':<6}{'peak plan':>11}{'peak fit':>11}{'ratio':>7}{'step plan':>11}{'step fit':>11}"
           f"{'ratio':>7}{'MFU plan':>10}{'MFU fit':>9}", flush=True)
     tokens = rows * shape["context"]
+    rows_out = []
     for measured in plan.candidates:
-        child = subprocess.run([sys.executable, __file__, "--fit", measured.remat, "--warmup", str(args.warmup),
-                                "--steps", str(args.steps), "--rows", str(rows)] + (["--smoke"] if args.smoke else []),
-                               capture_output=True, text=True)
+        child = _child(args, rows, measured.remat, args.steps)
         if child.returncode != 0:
             print(f"{measured.remat:<6} the fit failed (exit {child.returncode}):\n{child.stderr[-2000:]}", flush=True)
+            rows_out.append({"plan": measured.as_dict(), "fit_error": child.stderr[-2000:]})
             continue
         fit = json.loads(child.stdout.strip().splitlines()[-1])
         planned_peak, fit_peak = measured.memory["peak"], fit["peak_bytes"]
@@ -115,6 +129,9 @@ def main(argv=None) -> None:
         spec = spec_for(fit["device_kind"])
         mfu_fit = (measured.model_flops / (fit["step_s"] * spec.peak_flops)
                    if spec is not None and measured.model_flops else None)
+        rows_out.append({"plan": measured.as_dict(), "fit": fit, "mfu_fit": mfu_fit,
+                         "peak_fit_over_plan": fit_peak / planned_peak if fit_peak and planned_peak else None,
+                         "step_fit_over_plan": fit["step_s"] / step_plan if step_plan else None})
         print(f"{measured.remat:<6}{human_bytes(planned_peak) if planned_peak else '-':>11}"
               f"{human_bytes(fit_peak) if fit_peak else '-':>11}{peak_ratio:>7}"
               f"{(f'{step_plan * 1e3:.1f} ms' if step_plan else '-'):>11}{fit['step_s'] * 1e3:>8.1f} ms"
@@ -122,6 +139,29 @@ def main(argv=None) -> None:
               f"{(f'{mfu_fit:.0%}' if mfu_fit else '-'):>9}", flush=True)
     print(f"model FLOPs a step (6N + attention): {plan.candidates[0].model_flops:.3g} "
           f"({tokens} tokens); recommended: {plan.recommended.name if plan.recommended else 'none'}", flush=True)
+    too_big = _too_big(args, shape, rows)
+    _results.record(args.json, {"shape": shape, "rows": rows, "candidates": rows_out, "too_big": too_big})
+
+
+def _too_big(args, shape: dict, rows: int) -> dict | None:
+    """Plans `--too-big` rows with no remat; where the plan says it does not fit, fits it anyway."""
+    big = args.too_big if args.too_big is not None else 4 * rows
+    if not big:
+        return None
+    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, big))
+    measured = plan.candidates[0]
+    out = {"rows": big, "plan": measured.as_dict(), "fits_planned": measured.fits}
+    if measured.fits is False:
+        child = _child(args, big, "none", 1)
+        refused = child.returncode != 0 and "RESOURCE_EXHAUSTED" in child.stderr
+        out.update(fit_returncode=child.returncode, device_refused=refused,
+                   fit_said=next((line for line in child.stderr.splitlines() if "RESOURCE_EXHAUSTED" in line), None))
+    said = {True: "fits", False: "does not fit", None: "has no memory limit to check"}[measured.fits]
+    peak = measured.memory["peak"]
+    print(f"{big} rows, no remat: planned peak {human_bytes(peak) if peak else '?'}, the plan says it {said}"
+          + (f"; the device {'refused it too' if out['device_refused'] else 'ran it (exit 0)'}"
+             if "device_refused" in out else ""), flush=True)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""The share of a profiled window the device sat idle: no program of ours running on it.
+
+`idle_share(folder)` reads the Chrome trace (`*.trace.json.gz`) that `jax.profiler` writes, takes
+the device's lane of program executions ("XLA Modules" of `/device:TPU:0` or `/device:GPU:0`),
+merges overlapping intervals, and returns the window (first program start to last program end),
+the busy time and the idle share. A CPU run has no device lane: None.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+from typing import Any
+
+
+def _lane(events: list[dict]) -> list[tuple[float, float]]:
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    device = next((pid for pid, name in sorted(processes.items())
+                   if name.startswith(("/device:TPU:0", "/device:GPU:0"))), None)
+    if device is None:
+        return []
+    modules = {key for key, name in threads.items() if key[0] == device and name == "XLA Modules"}
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                  if e.get("ph") == "X" and e.get("pid") == device and (not modules or (e["pid"], e["tid"]) in modules))
+
+
+def idle_share(folder: str) -> dict[str, Any] | None:
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+    if not files:
+        return None
+    with gzip.open(files[-1]) as file:
+        intervals = _lane(json.load(file)["traceEvents"])
+    if not intervals:
+        return None
+    busy, (start, end) = 0.0, intervals[0]
+    for begin, finish in intervals[1:]:
+        if begin > end:
+            busy += end - start
+            start, end = begin, finish
+        else:
+            end = max(end, finish)
+    busy += end - start
+    window = intervals[-1][1] - intervals[0][0]
+    return {"window_s": window / 1e6, "busy_s": busy / 1e6, "idle_share": 1 - busy / window if window else 0.0,
+            "programs": len(intervals)}

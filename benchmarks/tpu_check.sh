@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The TPU check: what the docs' TPU figures quote, measured on one TPU chip, in two parts that
+# each fit one 10-minute command.
+#
+#   bash benchmarks/tpu_check.sh --part 1     # GPT-2 small and medium: fitjax against the hand-written
+#                                             # loop, MFU, defaults on, the device's idle time in a trace
+#   bash benchmarks/tpu_check.sh --part 2     # the loop's small workloads, the planner against fits,
+#                                             # the accelerator tests, generation
+#   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
+#
+# Parts (each under its own time limit; a failure is reported and the rest still runs):
+#   1. benchmarks/gpt.py --device   GPT-2 small's shape (124 M, context 1024) and GPT-2 medium's (355 M):
+#                                   tokens/s and MFU (6N + attention over the chip's peak) of fitjax
+#                                   against the hand-written loop on the same model and step,
+#                                   fitjax with its defaults on (bar, logger, checkpoint), and the share
+#                                   of each step the device sat idle in a profiler trace of the fit
+#   2. benchmarks/tpu_sweep.py      the profile-first table: the same step by hand with XLA's
+#                                   attention and with the Pallas kernel (what each choice is worth)
+#   3. benchmarks/overhead.py       the tiny MLP, MNIST MLP and small CNN against their naive hand
+#                                   loops, with and without steps_per_execution
+#   4. benchmarks/plan_device.py    the planner's memory and step time against fits on the chip, and a
+#                                   configuration planned not to fit, run to show it does not
+#   5. tests/accelerator            the tests that run on whatever JAX finds, here on the chip
+#   6. benchmarks/generation.py     generation tokens/s with the KV cache against without
+# Each part writes JSON (the command, the commit, JAX and libtpu versions, the device kind, raw
+# timings, derived ratios) under $FITJAX_RESULTS (default benchmarks/results/tpu-v5e), which are
+# committed so every TPU figure in the docs names the run that produced it. The commit comes from
+# git, or from $FITJAX_COMMIT where the tree travels without its .git (the device machine).
+# What the machine lacks (flax, optax, orbax, rich, pyyaml from the machine's own package index;
+# tensorboardX from benchmarks/wheels/) is installed into a scratch folder, never into the system.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+python="${PYTHON:-python3}"
+part=all
+smoke=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) smoke=1 ;;
+    --part) part="${2:-}"; shift ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1, --part 2 or --smoke (--help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$part" in 1|2|all) ;; *) echo "tpu_check.sh: --part must be 1 or 2, got ${part@Q}" >&2; exit 2 ;; esac
+
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export FITJAX_COMMIT="${FITJAX_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+export FITJAX_RESULTS="${FITJAX_RESULTS:-$root/benchmarks/results/tpu-v5e}"
+if [ "$smoke" -eq 1 ]; then FITJAX_RESULTS="$(mktemp -d)"; fi
+mkdir -p "$FITJAX_RESULTS"
+# programs compiled once per machine: a second fit of the same step is a cache hit
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/fitjax-tpu-check-cache}"
+
+if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX" 2>/dev/null; then
+  site="${TMPDIR:-/tmp}/fitjax-tpu-check-site"
+  if [ -d /opt/pypi/simple ]; then
+    PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated -q --only-binary=:all: \
+      --index-url file:///opt/pypi/simple --target "$site" flax optax orbax-checkpoint rich pyyaml 2>&1 \
+      | grep -v -e WARNING -e notice
+  fi
+  "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$here"/wheels/*.whl || exit 1
+  export PYTHONPATH="$PYTHONPATH:$site"  # after the machine's own JAX: the index's copy never hides it
+fi
+
+status=0
+step() {  # step SECONDS NAME COMMAND...: one part under its limit; a failure is reported, the rest still runs
+  local limit="$1" name="$2"
+  shift 2
+  echo
+  echo "== $name (limit ${limit}s): $*"
+  local start=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "== $name FAILED (exit $rc$([ "$rc" -eq 124 ] && echo ', over its time limit'))"
+    status=1
+  fi
+  echo "== $name: $((SECONDS - start))s"
+}
+
+echo "== machine"
+"$python" "$here/_machine.py" --json "$FITJAX_RESULTS/machine.json"
+
+out="$FITJAX_RESULTS"
+if [ "$smoke" -eq 1 ]; then
+  step 120 gpt "$python" "$here/gpt.py" --smoke --device --json "$out/gpt.json" --trace "$out/gpt_trace.json"
+  step 120 tpu_sweep "$python" "$here/tpu_sweep.py" --smoke --out "$out/sweep.json"
+  step 120 overhead "$python" "$here/overhead.py" --smoke --only defaults --json "$out/overhead.json"
+  step 150 plan_device "$python" "$here/plan_device.py" --smoke --json "$out/plan.json"
+  step 150 accelerator "$python" -m pytest -q -x "$root/tests/accelerator" -k "not slow_on_cpu"
+  step 120 generation "$python" "$here/generation.py" --smoke
+else
+  if [ "$part" = 1 ] || [ "$part" = all ]; then
+    step 420 gpt "$python" "$here/gpt.py" --device --json "$out/gpt.json" --trace "$out/gpt_trace.json"
+    step 150 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
+      --config small:attn=xla,batch=8 --config small:attn=splash,batch=8 --config small:attn=fj,batch=8
+  fi
+  if [ "$part" = 2 ] || [ "$part" = all ]; then
+    step 150 overhead "$python" "$here/overhead.py" --device --only defaults --only spe --repeats 2 --json "$out/overhead.json"
+    step 200 plan_device "$python" "$here/plan_device.py" --steps 10 --json "$out/plan.json"
+    step 150 accelerator "$python" -m pytest -q "$root/tests/accelerator" --junit-xml "$out/accelerator.xml"
+    step 90 generation "$python" "$here/generation.py" --device --json "$out/generation.json"
+  fi
+fi
+echo
+echo "== tpu_check: $([ "$status" -eq 0 ] && echo ok || echo 'a step FAILED'), ${SECONDS}s in all (results: $out)"
+exit "$status"

@@ -1,0 +1,147 @@
+"""`CausalLM`: tokens in, next-token logits out, for every family `ModelConfig` reads; with a
+`KVCache`, one chunk at a time (a prompt, then a token per step) for generation.
+
+The cache holds, per layer, keys and values [batch, max_length, kv_heads, head_dim], and per slot
+its segment id (0: empty or padding) and position. A call writes its chunk at the cache's `index`
+(the same slots for every row: a batch of left-padded prompts stays aligned), advances `index`
+by the chunk's length, and attends over the whole cache through `fitjax.nn.attention` with the
+(query, key) positions and segment-id pairs: empty slots and padding (segment 0) are never seen,
+and causality and sliding windows compare positions, not slots. So a left-padded prompt may
+number its real tokens from 0 (as `transformers`' `generate` does), whatever its padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fitjax.models._config import ModelConfig
+from fitjax.models._layers import Block, norm
+
+__all__ = ["CausalLM", "KVCache", "init_cache"]
+
+
+class KVCache(NamedTuple):
+    """The keys and values a `CausalLM` has seen, in the model's own layout (a pytree: jit,
+    donate and shard it like any other; its leading axis is the batch, `index` a scalar).
+
+    Attributes:
+        keys, values: per layer, [batch, max_length, kv_heads, head_dim].
+        segment_ids: int32 [batch, max_length]: each slot's segment id; 0 for a slot not written
+            yet or holding padding.
+        positions: int32 [batch, max_length]: each slot's position (what causality, sliding
+            windows and rotary positions use).
+        index: int32 scalar: the slot the next chunk is written at.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    segment_ids: jax.Array
+    positions: jax.Array
+    index: jax.Array
+
+    @property
+    def max_length(self) -> int:
+        return self.segment_ids.shape[1]
+
+
+def init_cache(config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> KVCache:
+    """An empty cache for `batch` rows of up to `max_length` tokens (prompt and generated)."""
+    shape = (batch, max_length, config.num_kv_heads, config.head_dim)
+    buffers = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))  # noqa: E731
+    slots = (batch, max_length)
+    return KVCache(buffers(), buffers(), jnp.zeros(slots, jnp.int32), jnp.zeros(slots, jnp.int32),
+                   jnp.zeros((), jnp.int32))
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model of any family `ModelConfig` reads; its layers are named as
+    in the Hugging Face checkpoint (`layers_0.self_attn.q_proj`, GPT-2's `h_0.attn.c_attn`).
+
+    Attributes:
+        config: the architecture (`vocab_size`, `eos_token_id`, `max_position_embeddings`, ...).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from fitjax.models import from_config
+        >>> model = from_config({"model_type": "llama", "vocab_size": 128, "hidden_size": 32,
+        ...                      "intermediate_size": 64, "num_hidden_layers": 2,
+        ...                      "num_attention_heads": 4, "num_key_value_heads": 2})
+        >>> tokens = jnp.zeros((2, 8), jnp.int32)
+        >>> params = model.init(jax.random.key(0), tokens)
+        >>> model.apply(params, tokens).shape
+        (2, 8, 128)
+        >>> cache = model.init_cache(2, 16)                        # generation: prompt, then steps
+        >>> logits, cache = model.apply(params, tokens, cache=cache)
+        >>> logits, cache = model.apply(params, tokens[:, :1], cache=cache)
+        >>> int(cache.index)
+        9
+    """
+
+    config: ModelConfig
+
+    def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> KVCache:
+        """An empty `KVCache` (needs no parameters: callable on the unbound model)."""
+        return init_cache(self.config, batch, max_length, dtype)
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+                 segment_ids: jax.Array | None = None, cache: KVCache | None = None):
+        """Logits [batch, length, vocab] of `tokens` int [batch, length]; with `cache`,
+        `(logits, new_cache)`.
+
+        Args:
+            tokens: int [batch, length].
+            positions: int [batch, length], what rotary or learned positions and (with a cache)
+                causality use; default `arange(length)`, continuing from the cache's `index`.
+            segment_ids: int [batch, length]: packed documents never attend to each other, and
+                id 0 marks padding (never attended to from another segment).
+            cache: a `KVCache` (`init_cache`): this chunk is written at its `index` and the
+                queries attend over every filled slot of their segment.
+        """
+        c = self.config
+        batch, length = tokens.shape
+        start = jnp.zeros((), jnp.int32) if cache is None else cache.index
+        if positions is None:
+            positions = jnp.broadcast_to(start + jnp.arange(length, dtype=jnp.int32), (batch, length))
+        positions = positions.astype(jnp.int32)
+        if c.gpt2_layout:
+            embed = nn.Embed(c.vocab_size, c.hidden_size, name="wte")
+            # clipped: a padding token's position may be anything, and an index outside the table
+            # reads NaN, which would reach every query through the masked (zero-weight) values
+            table = nn.Embed(c.max_position_embeddings, c.hidden_size, name="wpe")
+            x = embed(tokens) + table(jnp.clip(positions, 0, c.max_position_embeddings - 1))
+        else:
+            embed = nn.Embed(c.vocab_size, c.hidden_size, name="embed_tokens")
+            x = embed(tokens)
+            if c.embed_scale is not None:
+                x = x * jnp.asarray(c.embed_scale, x.dtype)
+        if cache is None:
+            # column order is causal order: a fused kernel's fast path (no positions needed)
+            mask: dict[str, Any] = {"segment_ids": segment_ids}
+        else:
+            ids = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+            kv_ids = jax.lax.dynamic_update_slice(cache.segment_ids, ids, (0, start))
+            kv_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (0, start))
+            mask = {"segment_ids": (ids, kv_ids), "positions": (positions, kv_positions)}
+        keys, values = [], []
+        for i in range(c.num_layers):
+            layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
+            block = Block(c, i, name=f"h_{i}" if c.gpt2_layout else f"layers_{i}")
+            x, layer_cache = block(x, positions, mask, layer_cache, start)
+            if layer_cache is not None:
+                keys.append(layer_cache[0])
+                values.append(layer_cache[1])
+        x = norm(c, "ln_f" if c.gpt2_layout else "norm")(x)
+        if c.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = nn.Dense(c.vocab_size, use_bias=False, name="lm_head")(x)
+        if c.final_softcap is not None:
+            logits = c.final_softcap * jnp.tanh(logits / c.final_softcap)
+        if cache is None:
+            return logits
+        return logits, KVCache(tuple(keys), tuple(values), kv_ids, kv_positions, start + length)

@@ -1,0 +1,174 @@
+"""Hugging Face folders in and out: `from_config`, `from_pretrained`, `save_pretrained`, and the
+one name map between fitjax's arrays and a `transformers` checkpoint's.
+
+The map is a function from fitjax's name to Hugging Face's (`layers_0.self_attn.q_proj.kernel`
+-> `model.layers.0.self_attn.q_proj.weight`); import reads it backwards over the model's own
+arrays, so the two directions cannot disagree. Linear weights are `[out, in]` in torch and
+`[in, out]` in flax (transposed both ways); GPT-2's `Conv1D` weights are already `[in, out]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fitjax.models._causal_lm import CausalLM
+from fitjax.models._config import ModelConfig, read_config
+from fitjax.module import LitModule
+from fitjax.step import TokenLoss
+
+__all__ = ["CausalLMModule", "from_config", "from_pretrained", "hf_name", "save_pretrained"]
+
+_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
+# arrays some `transformers` files hold that are no weights: GPT-2's causal-mask buffers, older
+# Llama files' rotary frequencies
+_BUFFERS = re.compile(r".*\.attn\.(masked_)?bias|.*\.rotary_emb\.inv_freq")
+
+
+def from_config(config: Mapping[str, Any] | str | os.PathLike) -> CausalLM:
+    """The `CausalLM` a Hugging Face `config.json` describes (a dict, the file or its folder),
+    with no weights: `model.init` makes random ones, `from_pretrained` reads the folder's.
+
+    Raises:
+        ValueError: for an architecture fitjax does not read, naming what it lacks.
+
+    Example:
+        >>> from fitjax.models import from_config
+        >>> model = from_config({"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 2,
+        ...                      "n_head": 4, "n_positions": 64})
+        >>> model.config.vocab_size, model.config.max_position_embeddings
+        (100, 64)
+    """
+    return CausalLM(ModelConfig.from_hf(config))
+
+
+def hf_name(config: ModelConfig, name: str) -> str:
+    """The Hugging Face name of fitjax's array `name` (`h_0.attn.c_attn.kernel` ->
+    `transformer.h.0.attn.c_attn.weight`)."""
+    head, _, leaf = name.rpartition(".")
+    head = re.sub(r"^(h|layers)_(\d+)", r"\1.\2", head)
+    leaf = _LEAVES.get(leaf, leaf)
+    if head == "lm_head":
+        return f"lm_head.{leaf}"
+    return f"{'transformer' if config.gpt2_layout else 'model'}.{head}.{leaf}"
+
+
+def _transposed(config: ModelConfig) -> str:
+    """fitjax's arrays stored transposed in the file: torch `nn.Linear` weights."""
+    return r"lm_head\.kernel" if config.gpt2_layout else r".*_proj\.kernel|lm_head\.kernel"
+
+
+def _param_names(model: CausalLM) -> list[str]:
+    """fitjax's array names of `model` (from shapes alone: nothing is computed)."""
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    return [".".join(str(k.key) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
+
+
+class CausalLMModule(LitModule):
+    """Next-token prediction with a `CausalLM`: `batch["tokens"]` int [batch, length + 1]; with
+    `batch["segment_ids"]` (same shape; packed documents, 0 for padding) no token attends across
+    documents and only targets in their input's document count (a token-weighted loss), and
+    `batch["positions"]` gives each document's own positions.
+
+    Args:
+        config: the Hugging Face `config.json` (a dict, the file or its folder).
+        lr: AdamW's learning rate.
+
+    Example:
+        >>> from fitjax.models import CausalLMModule
+        >>> module = CausalLMModule({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+        ...                          "intermediate_size": 64, "num_hidden_layers": 1,
+        ...                          "num_attention_heads": 4}, lr=1e-3)
+        >>> module.model.config.num_kv_heads
+        4
+        >>> # fj.Trainer(max_steps=100).fit(module, fj.DataLoader({"tokens": tokens}, batch_size=8))
+    """
+
+    def __init__(self, config: Mapping[str, Any] | str | os.PathLike, lr: float = 1e-3):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = CausalLM(ModelConfig.from_hf(config))
+
+    def loss(self, model, batch):
+        tokens = batch["tokens"]
+        segments = batch.get("segment_ids")
+        inputs = {"segment_ids": None if segments is None else segments[:, :-1]}
+        if "positions" in batch:
+            inputs["positions"] = batch["positions"][:, :-1]
+        logits = model(tokens[:, :-1], **inputs).astype(jnp.float32)
+        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+        if segments is None:
+            return per_token.mean()
+        counted = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
+        return TokenLoss(sum=jnp.where(counted, per_token, 0.0).sum(), count=counted.sum())
+
+    def configure_optimizer(self):
+        return optax.adamw(self.hparams.lr)
+
+
+def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
+    """A `CausalLMModule` holding the weights of a folder `save_pretrained` wrote (`config.json`
+    and `model.safetensors`, or shards listed in `model.safetensors.index.json`), read when a
+    trainer builds the state, each array into the strategy's sharding.
+
+    Args:
+        folder: the Hugging Face model folder.
+        **kwargs: `CausalLMModule`'s other arguments (`lr`).
+
+    Example:
+        >>> # module = fitjax.models.from_pretrained("path/to/Llama-3.2-1B", lr=1e-4)
+        >>> # fj.Trainer(max_steps=100, strategy="fsdp").fit(module, data)
+    """
+    folder = Path(folder)
+    module = CausalLMModule(read_config(folder), **kwargs)
+    config = module.model.config
+    from_hf = {hf_name(config, name): name for name in _param_names(module.model)}
+
+    def rename(name: str) -> str | None:
+        if name in from_hf:
+            return from_hf[name]
+        if _BUFFERS.fullmatch(name) or (config.tie_word_embeddings and name == "lm_head.weight"):
+            return None  # a buffer, or a tied head: the token table itself
+        return name  # unexpected: named in the error
+
+    module.load_weights(folder, mapping=rename, transpose=_transposed(config))
+    return module
+
+
+def save_pretrained(module: CausalLMModule, folder: str | os.PathLike, *, dtype: Any = None) -> None:
+    """Writes `config.json` and `model.safetensors` that `transformers`'
+    `AutoModelForCausalLM.from_pretrained` loads: the trained weights (LoRA adapters merged in)
+    under Hugging Face's names and layouts.
+
+    Args:
+        module: a `CausalLMModule` after a fit (or a restore).
+        folder: created if needed; only process 0 writes.
+        dtype: floats written in this dtype (`jnp.bfloat16`); None keeps the weights' own.
+
+    Example:
+        >>> # fitjax.models.save_pretrained(module, "out/")
+        >>> # transformers.AutoModelForCausalLM.from_pretrained("out/")
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = module.model.config
+    module.save_weights(folder / "model.safetensors", mapping=lambda name: hf_name(config, name),
+                                  transpose=_transposed(config), dtype=dtype, metadata={"format": "pt"})
+    if jax.process_index() == 0:
+        out = config.to_hf()
+        floats = ({np.dtype(dtype).name} if dtype is not None else
+                  {np.dtype(leaf.dtype).name for leaf in jax.tree.leaves(module.variables[0])
+                   if jnp.issubdtype(leaf.dtype, jnp.floating)})
+        if len(floats) == 1:  # the dtype transformers loads the weights in
+            out["dtype"] = floats.pop()
+            out.pop("torch_dtype", None)
+        (folder / "config.json").write_text(json.dumps(out, indent=2))

@@ -1,0 +1,98 @@
+"""fitjax.models.CausalLM's calling contract: the KV-cache path equals the whole-sequence path
+(left-padded prompts of different lengths, a prompt chunk then one token per call), packed
+documents equal the same documents run alone, and a config fitjax cannot run is refused by name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fitjax import models
+
+SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+CONFIGS = {
+    "gpt2": {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    "llama": {"model_type": "llama", **SMALL},
+    # sliding and global layers, soft-capped attention and logits, (1 + w) norms, QK-norm
+    "gemma3": {"model_type": "gemma3_text", **SMALL, "head_dim": 16, "sliding_window": 3,
+               "layer_types": ["sliding_attention", "full_attention"], "final_logit_softcapping": 3.0},
+    "gemma2": {"model_type": "gemma2", **SMALL, "sliding_window": 3, "attn_logit_softcapping": 2.0},
+}
+
+
+def model_and_params(family):
+    model = models.from_config(CONFIGS[family])
+    params = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    # Gemma's norms start at zero and would hide a wrong (1 + w): random weights everywhere
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    return model, jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_the_cache_path_equals_the_whole_sequence_for_left_padded_prompts(family):
+    model, params = model_and_params(family)
+    rng = np.random.default_rng(0)
+    lengths, total, prompt = [5, 3], 9, 5  # real prompt tokens per row; tokens in all; prompt columns
+    tokens = rng.integers(1, 64, (2, total)).astype(np.int32)
+    pads = [prompt - n for n in lengths]
+    segment_ids = np.ones((2, total), np.int32)
+    positions = np.zeros((2, total), np.int32)
+    for row, pad in enumerate(pads):
+        segment_ids[row, :pad] = 0
+        positions[row, pad:] = np.arange(total - pad)  # real tokens numbered from 0, as transformers does
+    whole = model.apply(params, tokens, positions=positions, segment_ids=segment_ids)
+
+    cache = model.init_cache(2, 12)
+    step = jax.jit(lambda p, t, pos, seg, c: model.apply(p, t, positions=pos, segment_ids=seg, cache=c))
+    chunk, cache = step(params, tokens[:, :prompt], positions[:, :prompt], segment_ids[:, :prompt], cache)
+    pieces = [chunk]
+    for i in range(prompt, total):
+        chunk, cache = step(params, tokens[:, i:i + 1], positions[:, i:i + 1], segment_ids[:, i:i + 1], cache)
+        pieces.append(chunk)
+    assert int(cache.index) == total
+    incremental = np.concatenate(pieces, axis=1)
+    for row, pad in enumerate(pads):  # padding's logits mean nothing
+        np.testing.assert_allclose(incremental[row, pad:], whole[row, pad:], atol=1e-5, rtol=0)
+    # and a row without padding equals the same tokens run alone
+    alone = model.apply(params, tokens[:1, pads[0]:])
+    np.testing.assert_allclose(whole[0, pads[0]:], alone[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma3"])
+def test_packed_documents_equal_each_document_run_alone(family):
+    model, params = model_and_params(family)
+    rng = np.random.default_rng(1)
+    first, second = rng.integers(0, 64, (1, 5)), rng.integers(0, 64, (1, 4))
+    packed = np.concatenate([first, second, [[0, 0]]], axis=1).astype(np.int32)
+    segment_ids = np.array([[1] * 5 + [2] * 4 + [0] * 2], np.int32)
+    positions = np.array([[*range(5), *range(4), 0, 0]], np.int32)
+    out = model.apply(params, packed, positions=positions, segment_ids=segment_ids)
+    np.testing.assert_allclose(out[:, :5], model.apply(params, first), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out[:, 5:9], model.apply(params, second), atol=1e-5, rtol=0)
+
+
+def test_the_model_exposes_its_config_and_init_cache_needs_no_parameters():
+    model = models.from_config({**CONFIGS["llama"], "bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0})
+    c = model.config
+    assert (c.vocab_size, c.bos_token_id, c.eos_token_ids, c.pad_token_id, c.max_position_embeddings) == \
+        (64, 1, (2, 3), 0, 64)
+    cache = model.init_cache(3, 10, jnp.bfloat16)
+    assert len(cache.keys) == len(cache.values) == 2
+    assert cache.keys[0].shape == (3, 10, 2, 8) and cache.keys[0].dtype == jnp.bfloat16
+    assert cache.segment_ids.shape == cache.positions.shape == (3, 10) and int(cache.index) == 0
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"model_type": "bert"}, "model_type='bert'"),
+    ({**CONFIGS["llama"], "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+    ({**CONFIGS["gpt2"], "scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
+    ({"model_type": "gemma3", "text_config": {}}, "gemma3_text"),
+    ({"model_type": "llama", "vocab_size": 10}, "lacks 'num_attention_heads'"),
+])
+def test_an_architecture_fitjax_cannot_run_is_refused_naming_what_it_lacks(config, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace("[", r"\[")):
+        models.from_config(config)

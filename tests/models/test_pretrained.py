@@ -1,0 +1,85 @@
+"""fitjax.models: a tiny random model of each family, made and saved by `transformers` itself,
+imports with `transformers`' logits (1e-4, float32), and fitjax's export of other weights loads
+back into `transformers` with nothing missing or unexpected and fitjax's logits."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from helpers import quiet_trainer
+
+import fitjax as fj
+from fitjax import models
+
+SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4),
+    # Llama 3.x: rotary scaled by `rope_type="llama3"` (a short original context, so every band of
+    # frequencies is changed), attention and MLP biases, an untied head
+    "llama3": lambda: transformers.LlamaConfig(
+        **SMALL, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=4),
+    "qwen2": lambda: transformers.Qwen2Config(**SMALL, tie_word_embeddings=True),  # q/k/v biases
+    # QK-norm, a head_dim other than hidden / heads, a sliding layer after a full one
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=16, use_sliding_window=True, sliding_window=4,
+                                              max_window_layers=1),
+    "gemma2": lambda: transformers.Gemma2Config(**SMALL, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
+                                                attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
+    # local layers' own rotary base, linear scaling on the global ones, QK-norm
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **SMALL, head_dim=16, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=3.0,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}}),
+}
+TOKENS = np.random.default_rng(0).integers(0, 96, (4, 17)).astype(np.int32)
+
+
+def hf_logits(model) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(TOKENS[:, :-1]).long()).logits.numpy()
+
+
+def logits(module) -> np.ndarray:
+    return np.asarray(module.model.apply({"params": module.variables[0]}, TOKENS[:, :-1]))
+
+
+def saved_by_transformers(family, folder):
+    """A random model of `family` with every weight perturbed (biases and Gemma's norms start at
+    zero), saved by `transformers`; its logits on TOKENS."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return hf_logits(model)
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_a_transformers_model_imports_with_equal_logits_and_exports_back(family, tmp_path):
+    expected = saved_by_transformers(family, tmp_path / "hf")
+
+    module = models.from_pretrained(tmp_path / "hf")
+    quiet_trainer().validate(module, fj.DataLoader({"tokens": TOKENS}, batch_size=4), verbose=False)
+    np.testing.assert_allclose(logits(module), expected, atol=1e-4, rtol=0)
+
+    noise = np.random.default_rng(1)  # weights unlike the imported ones: a fine-tune's
+    params = jax.tree.map(lambda p: p + 0.05 * noise.normal(size=p.shape).astype(p.dtype), module.variables[0])
+    fj.module.set_variables(module, params, module.variables[1])
+    changed = logits(module)
+    assert np.abs(changed - expected).max() > 1e-2
+    models.save_pretrained(module, tmp_path / "out")
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set()) or \
+        (list(info["missing_keys"]), list(info["unexpected_keys"])) == ([], [])
+    assert type(back).__name__ == json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"][0]
+    np.testing.assert_allclose(hf_logits(back.eval()), changed, atol=1e-4, rtol=0)

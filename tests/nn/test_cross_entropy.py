@@ -1,0 +1,93 @@
+"""`fj.nn.chunked_cross_entropy`: the plain output layer's loss and gradients, without its logits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import fitjax as fj
+
+
+def _inputs(batch=3, length=10, width=16, vocab=50, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    hidden = jax.random.normal(keys[0], (batch, length, width))
+    embedding = jax.random.normal(keys[1], (vocab, width))
+    targets = jax.random.randint(keys[2], (batch, length), 0, vocab)
+    mask = (jax.random.uniform(keys[3], (batch, length)) > 0.3).astype(jnp.float32)
+    return hidden, embedding, targets, mask
+
+
+def _plain(hidden, embedding, targets, mask, softcap=None):
+    logits = hidden @ embedding.T
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
+    return (optax.softmax_cross_entropy_with_integer_labels(logits, targets) * mask).sum()
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_loss_and_gradients_equal_the_plain_output_layers(softcap):
+    hidden, embedding, targets, mask = _inputs()
+
+    def chunked(hidden, embedding):  # 10 positions in chunks of 3: the last one padded
+        return fj.nn.chunked_cross_entropy(hidden, embedding, targets, mask=mask, chunk_size=3,
+                                           logit_softcap=softcap).sum
+
+    np.testing.assert_allclose(chunked(hidden, embedding), _plain(hidden, embedding, targets, mask, softcap),
+                               rtol=1e-6)
+    got = jax.jit(jax.grad(chunked, argnums=(0, 1)))(hidden, embedding)
+    want = jax.grad(_plain, argnums=(0, 1))(hidden, embedding, targets, mask, softcap)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5)
+
+
+def test_the_count_and_mean_are_over_the_masked_tokens():
+    hidden, embedding, targets, mask = _inputs()
+    loss = fj.nn.chunked_cross_entropy(hidden, embedding, targets, mask=mask, chunk_size=4)
+    assert float(loss.count) == float(mask.sum())
+    np.testing.assert_allclose(loss.mean, _plain(hidden, embedding, targets, mask) / mask.sum(), rtol=1e-6)
+    every = fj.nn.chunked_cross_entropy(hidden, embedding, targets)
+    assert float(every.count) == targets.size
+
+
+def test_bfloat16_inputs_give_the_plain_bfloat16_gradients():
+    hidden, embedding, targets, mask = (a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a for a in _inputs())
+    got = jax.grad(lambda h, e: fj.nn.chunked_cross_entropy(h, e, targets, mask=mask, chunk_size=5).sum,
+                   argnums=(0, 1))(hidden, embedding)
+    want = jax.grad(lambda h, e: _plain(h, e, targets, mask), argnums=(0, 1))(hidden, embedding)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == jnp.bfloat16
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), atol=2e-2, rtol=2e-2)
+
+
+def test_the_train_steps_scratch_holds_one_chunks_logits_not_all():
+    """The compiled gradient's temporaries: the plain loss keeps [tokens, vocab] float32 logits
+    (16 MiB here) and their gradient; the chunked one a chunk's (1 MiB) and the small arrays."""
+    tokens, width, vocab = 4096, 32, 1024
+    hidden = jax.ShapeDtypeStruct((4, tokens // 4, width), jnp.float32)
+    embedding = jax.ShapeDtypeStruct((vocab, width), jnp.float32)
+    targets = jnp.zeros((4, tokens // 4), jnp.int32)
+    mask = jnp.ones((4, tokens // 4))
+
+    def temp_bytes(loss):
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, embedding).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    plain = temp_bytes(lambda h, e: _plain(h, e, targets, mask))
+    chunked = temp_bytes(lambda h, e: fj.nn.chunked_cross_entropy(h, e, targets, chunk_size=64).sum)
+    logits = tokens * vocab * 4
+    assert plain >= logits
+    assert chunked < logits / 4
+
+
+@pytest.mark.parametrize("arguments, match", [
+    (dict(embedding=jnp.ones((16, 50))), r"embedding \[vocab, width\]"),
+    (dict(mask=jnp.ones((3, 9))), "mask=...*targets' shape"),
+    (dict(chunk_size=0), "chunk_size=0"),
+])
+def test_bad_arguments_say_what_is_expected(arguments, match):
+    hidden, embedding, targets, _ = _inputs(width=8)
+    arguments = {"embedding": jnp.ones((50, 8)), **arguments}
+    embedding = arguments.pop("embedding")
+    with pytest.raises(ValueError, match=match):
+        fj.nn.chunked_cross_entropy(hidden, embedding, targets, **arguments)
