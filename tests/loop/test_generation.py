@@ -39,7 +39,7 @@ def test_bucket_is_a_power_of_two_or_one_and_a_half_times_one():
 
 
 def test_layout_left_pads_and_puts_padding_after_each_prompt():
-    batch = generation.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4, pad=0)
+    batch = generation.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4)
     np.testing.assert_array_equal(batch["tokens"][:2], [[0, 7, 8, 9], [0, 0, 0, 5]])
     np.testing.assert_array_equal(batch["positions"][:2], [[3, 0, 1, 2], [1, 2, 3, 0]])
     np.testing.assert_array_equal(batch["segment_ids"], [[0, 1, 1, 1], [0, 0, 0, 1], [0] * 4, [0] * 4])
