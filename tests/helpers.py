@@ -320,3 +320,17 @@ class TinyLMModule(fj.LitModule):
 
     def configure_optimizer(self):
         return optax.adam(1e-2)
+
+
+def perturbed_transformers_model(config):
+    """A random `transformers` causal LM of `config` (seeded) with every weight moved off its
+    initial value (biases and Gemma's norms start at zero), in eval mode."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model

@@ -7,20 +7,22 @@ steps, each reading the cache instead of re-running the sequence, until every ro
 an end-of-sequence token or `max_new_tokens`. The host waits once, for the result.
 
 The batch layout (`layout`): prompts are left-padded to the bucket's length (16, 24, 32, 48,
-64, 96, ... tokens: at most half of a row is padding), so a second call whose longest prompt
-falls in the same bucket reuses the compiled program. Row i's prompt of n_i tokens has
-positions 0..n_i-1; its padding has segment id 0 and the positions right after the prompt
-(n_i, n_i+1, ...), so with a cache written at `positions` every padding slot is one a
-generated token overwrites before any query can see it, and causality keeps the padding out of
-every real query's view (its segment id as well). Each row therefore generates exactly what it
-would alone. Rows added to divide the batch over the devices start finished.
+64, 96, ... tokens), so a second call whose longest prompt falls in the same bucket reuses the
+compiled program. Row i's prompt of n_i tokens has positions 0..n_i-1 (as `transformers`
+numbers a left-padded prompt); its padding has segment id 0, which no real token attends to,
+and the positions right after the prompt (n_i, n_i+1, ...). So a model may write its cache at
+its own index (the same slots for every row: `fitjax.models`) or at `positions` (a padding
+slot is then one a generated token overwrites before any query sees it): either way each row
+generates exactly what it would alone. Rows added to divide the batch over the devices start
+finished.
 
 The model contract (what `LitModule.generate_step` calls by default, and what the models in
 `fitjax.models` and the GPT example implement): `model(tokens, positions=..., segment_ids=...,
 cache=None)` returns logits [batch, length, vocab]; with `cache=` a cache that
-`model.init_cache(batch, max_length, dtype)` made it returns `(logits, new_cache)`, the new
-keys and values written at `positions`. A model without `init_cache` generates without a
-cache: each new token re-runs the whole sequence (the reference the cache is tested against).
+`model.init_cache(batch, max_length, dtype)` made it returns `(logits, new_cache)`, the chunk's
+keys and values written, and masks attention by the (query, key) positions and segment ids
+(`fitjax.nn.attention`'s pairs). A model without `init_cache` generates without a cache: each
+new token re-runs the whole sequence (the reference the cache is tested against).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -107,8 +108,8 @@ def _token_ids(value: Any) -> tuple[int, ...]:
 
 def bucket(length: int) -> int:
     """The padded prompt length of prompts at most `length` long: 16, 24, 32, 48, 64, 96, ...
-    (a power of two or 1.5 times one), so prompts of nearby lengths share one compilation and
-    at most a third of a row is padding."""
+    (a power of two or 1.5 times one), so prompts of nearby lengths share one compilation and,
+    past 16, less than a third of a row is padding."""
     size = _FLOOR
     while size < length:
         size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
@@ -206,9 +207,8 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     eos[:len(options.eos)] = options.eos
     scalars = strategy.put({"temperature": np.float32(options.temperature), "top_k": np.int32(options.top_k or 0),
                             "top_p": np.float32(1.0 if options.top_p is None else options.top_p),
-                            "eos": eos}, strategy.replicated)
-    key = jax.device_put(jax.random.key(options.seed), strategy.replicated)
-    new, counts = program(*variables, inputs, key, scalars)
+                            "eos": eos, "seed": np.uint32(options.seed % 2**32)}, strategy.replicated)
+    new, counts = program(*variables, inputs, scalars)
     # sync point: the one wait of a generation (replicated: every process reads the whole result)
     new, counts = np.asarray(new.addressable_data(0)), np.asarray(counts.addressable_data(0))
     results = [new[i, :counts[i]].tolist() for i in range(len(read.tokens))]
@@ -217,15 +217,13 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     return results[0] if read.single else results
 
 
-# one compiled program per (module, options that shape it); the prompts' shapes key jit's own cache
-_PROGRAMS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-
-
 def _program(module: Any, options: GenerateOptions, policy: precision_lib.Precision, strategy: Any) -> Callable:
     spec = module.step_spec()
     key = (spec.binding, type(module).generate_step, policy, options.max_new_tokens, options.use_cache,
            strategy.replicated)
-    programs = _PROGRAMS.setdefault(module, {})
+    # kept by the module (they hold it: they trace its `generate_step`), dropped with it; jit's
+    # own cache keys each on the prompts' shapes
+    programs = module.__dict__.setdefault("_generation_programs", {})
     if key not in programs:
         if len(programs) >= _KEPT:  # the oldest goes (a new binding after `apply_lora` makes all old)
             programs.pop(next(iter(programs)))
@@ -239,11 +237,11 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
                   options: GenerateOptions) -> Callable:
     max_new = options.max_new_tokens
 
-    def run(params, model_state, batch, key, scalars):
+    def run(params, model_state, batch, scalars):
         tokens, positions, segment_ids, lengths = (batch[k] for k in ("tokens", "positions", "segment_ids",
                                                                       "lengths"))
         rows, length = tokens.shape
-        eos = scalars["eos"]
+        eos, key = scalars["eos"], jax.random.key(scalars["seed"])
         total = length + max_new
         params = policy.cast_compute(params)
         rng = jax.random.fold_in(key, _KEY_SALT)

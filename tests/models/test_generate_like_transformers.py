@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from helpers import quiet_trainer
+from helpers import perturbed_transformers_model, quiet_trainer
 
 import fitjax as fj
 from fitjax import models
@@ -28,11 +28,7 @@ CONFIGS = {
 def saved_by_transformers(family: str, folder) -> list[list[int]]:
     """A random model (weights perturbed off their initial values) saved by `transformers`, and
     its greedy continuations of PROMPTS, each up to and including its first end-of-sequence token."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    model = perturbed_transformers_model(CONFIGS[family]())
     model.save_pretrained(folder)
     width = max(map(len, PROMPTS))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
