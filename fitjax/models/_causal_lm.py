@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from fitjax.models._config import ModelConfig
-from fitjax.models._layers import Block, norm
+from fitjax.models._layers import Block, Chunk, norm
 
 __all__ = ["CausalLM", "KVCache", "init_cache"]
 
@@ -127,11 +127,12 @@ class CausalLM(nn.Module):
             kv_ids = jax.lax.dynamic_update_slice(cache.segment_ids, ids, (0, start))
             kv_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (0, start))
             mask = {"segment_ids": (ids, kv_ids), "positions": (positions, kv_positions)}
+        chunk = Chunk(positions, mask, start)
         keys, values = [], []
         for i in range(c.num_layers):
             layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
             block = Block(c, i, name=f"h_{i}" if c.gpt2_layout else f"layers_{i}")
-            x, layer_cache = block(x, positions, mask, layer_cache, start)
+            x, layer_cache = block(x, chunk, layer_cache)
             if layer_cache is not None:
                 keys.append(layer_cache[0])
                 values.append(layer_cache[1])

@@ -8,7 +8,7 @@ logit soft-cap and the scale of the layer.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -17,9 +17,18 @@ import jax.numpy as jnp
 from fitjax.models._config import ModelConfig
 from fitjax.nn import attention
 
-__all__ = ["Block", "LayerCache", "RMSNorm", "activation", "rotary"]
+__all__ = ["Block", "Chunk", "LayerCache", "RMSNorm", "activation", "rotary"]
 
 LayerCache = tuple[jax.Array, jax.Array]  # one layer's keys and values [batch, max_length, kv_heads, head_dim]
+
+
+class Chunk(NamedTuple):
+    """Where the tokens of a call sit, the same for every layer: their positions [batch, length],
+    `fitjax.nn.attention`'s mask arguments, and (with a cache) the slot they are written at."""
+
+    positions: jax.Array
+    mask: dict[str, Any]
+    index: jax.Array
 
 
 def activation(name: str):
@@ -73,8 +82,7 @@ class Attention(nn.Module):
     layer: int
 
     @nn.compact
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: dict[str, Any],
-                 cache: LayerCache | None = None, index: jax.Array | None = None):
+    def __call__(self, x: jax.Array, chunk: Chunk, cache: LayerCache | None = None):
         c = self.config
         heads = lambda t, n: t.reshape(*t.shape[:2], n, c.head_dim)  # noqa: E731
         if not c.gpt2_layout:  # separate projections
@@ -91,14 +99,14 @@ class Attention(nn.Module):
         rope = c.rope_for(self.layer)
         if rope is not None:
             inverse = rope.inverse_frequencies(c.head_dim)
-            q, k = rotary(q, positions, inverse), rotary(k, positions, inverse)
+            q, k = rotary(q, chunk.positions, inverse), rotary(k, chunk.positions, inverse)
         if cache is not None:
-            start = (0, index, 0, 0)
+            start = (0, chunk.index, 0, 0)
             cache = tuple(jax.lax.dynamic_update_slice(buffer, new.astype(buffer.dtype), start)
                           for buffer, new in zip(cache, (k, v)))
             k, v = (buffer.astype(q.dtype) for buffer in cache)
         out = attention(q, k, v, causal=True, sliding_window=c.window_for(self.layer),
-                        logit_softcap=c.attn_softcap, scale=c.attention_scale, **mask)
+                        logit_softcap=c.attn_softcap, scale=c.attention_scale, **chunk.mask)
         out = out.reshape(*out.shape[:2], -1)
         if not c.gpt2_layout:
             return nn.Dense(c.hidden_size, use_bias=c.out_bias, name="o_proj")(out), cache
@@ -127,13 +135,12 @@ class Block(nn.Module):
     layer: int
 
     @nn.compact
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: dict[str, Any],
-                 cache: LayerCache | None = None, index: jax.Array | None = None):
+    def __call__(self, x: jax.Array, chunk: Chunk, cache: LayerCache | None = None):
         c = self.config
         names = (("ln_1", "attn", "ln_2") if c.gpt2_layout else
                  ("input_layernorm", "self_attn", "pre_feedforward_layernorm" if c.sandwich_norm
                   else "post_attention_layernorm"))
-        h, cache = Attention(c, self.layer, name=names[1])(norm(c, names[0])(x), positions, mask, cache, index)
+        h, cache = Attention(c, self.layer, name=names[1])(norm(c, names[0])(x), chunk, cache)
         if c.sandwich_norm:
             h = norm(c, "post_attention_layernorm")(h)
         x = x + h

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_trees_close, quiet_trainer, word_tokenizer
+from helpers import VOCAB, TinyLM, assert_trees_close, quiet_trainer, word_tokenizer
 
 import fitjax as fj
 
@@ -30,7 +29,11 @@ def _write_jsonl(path, records):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    return word_tokenizer(tmp_path_factory.mktemp("tokenizer"), WORDS + [".", "?", ","])
+    folder = word_tokenizer(tmp_path_factory.mktemp("tokenizer"), WORDS + [".", "?", ","])
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(folder)) <= VOCAB  # the ids TinyLM embeds
+    return folder
 
 
 def _all(loader):
@@ -158,25 +161,6 @@ def test_records_the_loader_cannot_read_are_named(tmp_path, tokenizer):
 # ----------------------------------------------------------------------------- packing and the loss
 
 
-class TinyLM(nn.Module):
-    """One attention block over fj.nn.attention, with learned positions: enough to see packing."""
-
-    vocab: int
-    width: int = 16
-    heads: int = 2
-
-    @nn.compact
-    def __call__(self, tokens, *, positions=None, segment_ids=None):
-        batch, length = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(length), tokens.shape) if positions is None else positions
-        x = nn.Embed(self.vocab, self.width)(tokens) + nn.Embed(64, self.width)(positions)
-        q, k, v = jnp.split(nn.Dense(3 * self.width)(nn.LayerNorm()(x)), 3, axis=-1)
-        shape = (batch, length, self.heads, self.width // self.heads)
-        att = fj.nn.attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), segment_ids=segment_ids)
-        x = x + nn.Dense(self.width)(att.reshape(batch, length, self.width))
-        return nn.Dense(self.vocab)(nn.LayerNorm()(x))
-
-
 def _token_loss(model, params, batch, packed=True):
     logits = model.apply(params, batch["tokens"], positions=batch["positions"] if packed else None,
                          segment_ids=batch["segment_ids"] if packed else None)
@@ -202,7 +186,7 @@ def _models(vocab):
 
     llama = {"model_type": "llama", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
-    return {"own": TinyLM(vocab=vocab), "gpt example": gpt.GPT(layers=1, width=32, heads=2, context=32),
+    return {"own": TinyLM(layers=1), "gpt example": gpt.GPT(layers=1, width=32, heads=2, context=32),
             "llama": models.from_config(llama)}
 
 
@@ -245,7 +229,7 @@ def test_prompt_masked_loss_is_the_loss_over_completion_tokens_only(tmp_path, to
     data = _write_jsonl(tmp_path / "pairs.jsonl", pairs)
     loader = fj.data.TextLoader(data, tokenizer=tokenizer, seq_len=32, batch_size=2, completion_only=True)
     tok = loader.tokenizer
-    model = TinyLM(vocab=len(tok))
+    model = TinyLM(layers=1)
     batches = _all(loader)
     params = model.init(jax.random.key(0), batches[0]["tokens"])
     masked = sum(_token_loss(model, params, b).sum for b in batches) / sum(b["loss_mask"].sum() for b in batches)
@@ -265,9 +249,9 @@ def test_prompt_masked_loss_is_the_loss_over_completion_tokens_only(tmp_path, to
 
 
 class LM(fj.LitModule):
-    def __init__(self, vocab):
+    def __init__(self):
         super().__init__()
-        self.model = TinyLM(vocab=vocab)
+        self.model = TinyLM(layers=1)
 
     def loss(self, model, batch):
         logits = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
@@ -296,7 +280,7 @@ def test_a_fit_stopped_mid_epoch_resumes_with_the_same_token_batches(tmp_path, t
         loader = fj.data.TextLoader(data, tokenizer=tokenizer, seq_len=16, batch_size=4, shuffle=True, buffer_size=8)
         seen = Batches()
         trainer = quiet_trainer(max_steps=max_steps, strategy="single", callbacks=[seen], log_every_n_steps=1)
-        trainer.fit(LM(len(loader.tokenizer)), loader, ckpt_path=ckpt_path)
+        trainer.fit(LM(), loader, ckpt_path=ckpt_path)
         return trainer, seen.tokens
 
     whole, expected = fit(6)
