@@ -165,13 +165,13 @@ class TextLoader:
             yield {key: value[index * local: (index + 1) * local] for key, value in batch.items()}
 
     def _dataset(self, epoch: int) -> Any:
-        import grain  # noqa: PLC0415 - grain only for text data
+        import grain  # noqa: PLC0415 - grain is heavy: imported when text is read
+
+        from fitjax.data._text_pieces import Pieces, WindowShuffled  # noqa: PLC0415 - imports grain
 
         files = list(self.files)
         if self.shuffle:
             files = [files[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(files))]
-        from fitjax.data._text_pieces import Pieces, WindowShuffled  # noqa: PLC0415 - imports grain
-
         data = Pieces(files, self.encoder, self.seq_len)
         if self.shuffle:
             data = WindowShuffled(data, window=self.buffer_size, seed=(self.seed, epoch))
