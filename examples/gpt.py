@@ -189,7 +189,8 @@ class GPT(nn.Module):
                            (self.context, self.width))
         if cache is not None and positions is None:
             raise ValueError("GPT(tokens, cache=...) needs `positions`: where the tokens' keys and values go")
-        where = table[: tokens.shape[1]] if positions is None else jnp.take(table, positions, axis=0)
+        # clipped: a padding token's position may lie past the table, which would read NaN into the masked values
+        where = table[: tokens.shape[1]] if positions is None else jnp.take(table, positions, axis=0, mode="clip")
         x = _place(embed(tokens) + where.astype(embed.embedding.dtype), "batch", None, None)
         if segment_ids is None and cache is not None:
             segment_ids = jnp.ones_like(tokens)

@@ -231,3 +231,101 @@ class Poisoned(fj.LitModule):
         if self.hparams.optimizer == "adam":
             return optax.adam(self.hparams.lr)
         return optax.sgd(self.hparams.lr)
+
+
+VOCAB = 40  # TinyLM's
+
+
+class TinyLM(nn.Module):
+    """A two-layer causal LM with `Trainer.generate`'s contract: `init_cache`, and a call that writes
+    keys and values at `positions` and masks by positions and segment ids."""
+
+    width: int = 32
+    heads: int = 4
+    layers: int = 2
+    context: int = 128
+
+    def init_cache(self, batch, max_length, dtype):
+        shape = (batch, max_length, self.heads, self.width // self.heads)
+        return {"segment_ids": jnp.zeros((batch, max_length), jnp.int32),
+                "layers": [{"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+                           for _ in range(self.layers)]}
+
+    @nn.compact
+    def __call__(self, tokens, *, positions=None, segment_ids=None, cache=None):
+        batch, length = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
+        if segment_ids is None:
+            segment_ids = jnp.ones_like(tokens)
+        x = nn.Embed(VOCAB, self.width)(tokens) + nn.Embed(self.context, self.width)(positions)
+        rows = jnp.arange(batch)[:, None]
+        if cache is not None:
+            kv_segments = cache["segment_ids"].at[rows, positions].set(segment_ids)
+            kv_positions = jnp.broadcast_to(jnp.arange(kv_segments.shape[1]), kv_segments.shape)
+            new_cache = {"segment_ids": kv_segments, "layers": []}
+        for i in range(self.layers):
+            h = nn.LayerNorm()(x)
+            q, k, v = (nn.Dense(self.width, name=f"{n}_{i}")(h).reshape(batch, length, self.heads, -1) for n in "qkv")
+            if cache is None:
+                out = fj.nn.attention(q, k, v, positions=(positions, positions), segment_ids=segment_ids)
+            else:
+                layer = cache["layers"][i]
+                k = layer["key"].at[rows, positions].set(k.astype(layer["key"].dtype))
+                v = layer["value"].at[rows, positions].set(v.astype(layer["value"].dtype))
+                new_cache["layers"].append({"key": k, "value": v})
+                out = fj.nn.attention(q, k, v, positions=(positions, kv_positions),
+                                      segment_ids=(segment_ids, kv_segments))
+            x = x + nn.Dense(self.width)(out.reshape(batch, length, -1))
+            x = x + nn.Dense(self.width)(nn.gelu(nn.Dense(2 * self.width)(nn.LayerNorm()(x))))
+        logits = nn.Dense(VOCAB)(nn.LayerNorm()(x))
+        return logits if cache is None else (logits, new_cache)
+
+
+class TinyLMModule(fj.LitModule):
+    def __init__(self):
+        super().__init__()
+        self.model = TinyLM()
+
+    def loss(self, model, batch):
+        logits = model(batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    def configure_optimizer(self):
+        return optax.adam(1e-2)
+
+
+def perturbed_transformers_model(config):
+    """A random `transformers` causal LM of `config` (seeded) with every weight moved off its
+    initial value (biases and Gemma's norms start at zero), in eval mode."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+
+
+def word_tokenizer(folder, words):
+    """A Hugging Face tokenizer made here, nothing downloaded: one id per word of `words` (and
+    punctuation), BOS/EOS/pad and a chat template whose turns are `<|role|> content <|end|>`;
+    saved with `save_pretrained` into `folder`, which is returned."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    vocab = {word: i for i, word in enumerate(dict.fromkeys(specials + sorted(set(words))))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                        unk_token="<unk>", additional_special_tokens=specials[4:])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -82,3 +82,31 @@ def test_flax_sst2_port_compiles_each_step_once_per_bucket_width():
     assert compiles["eval_step"] == len(widths)
     assert trainer.global_step == len(train)
     assert np.isfinite(float(trainer.callback_metrics["val/loss"]))
+
+
+def test_sft_example_tunes_packed_masked_chats_with_lora_and_exports_a_folder_transformers_reads(tmp_path):
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import sft
+
+    result = sft.main(["--out", str(tmp_path), "--base-steps", "12", "--steps", "12", "--seq-len", "64"])
+    assert result["val_loss_after"] < result["val_loss_before"]  # the answers, learned by the adapters
+    assert result["packing_efficiency"] > 0.8
+    tags = set()  # one event file per fit
+    for events in Path(result["log_dir"]).glob("events.out.tfevents.*"):
+        tags |= set(EventAccumulator(str(events), size_guidance={"tensors": 0}).Reload().Tags()["tensors"])
+    assert "samples/text_summary" in tags  # the samples, in TensorBoard's Text tab
+
+    model, info = AutoModelForCausalLM.from_pretrained(result["model"], output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    tokenizer = AutoTokenizer.from_pretrained(result["model"])
+    prompt = tokenizer.apply_chat_template([{"role": "system", "content": sft.SYSTEM},
+                                            {"role": "user", "content": "reverse : big red dog ran"}],
+                                           tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    # the exported weights continue the prompt as fitjax's did at the last validation (greedy)
+    assert tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True) == result["samples"][0]

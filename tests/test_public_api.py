@@ -26,12 +26,12 @@ def test_docstring_examples_run():
                  "fitjax.loop.metric_log", "fitjax.metrics", "fitjax.metrics._base", "fitjax.metrics._classification",
                  "fitjax.metrics._ranking", "fitjax.metrics._regression", "fitjax.metrics._collection",
                  "fitjax.strategies.dp",
-                 "fitjax.callbacks.ema", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
+                 "fitjax.callbacks.ema", "fitjax.callbacks.generation_monitor", "fitjax.tuner._tuner", "fitjax.profilers", "fitjax.profilers._base",
                  "fitjax.profilers._simple", "fitjax.profilers._jax_trace", "fitjax.profilers._compile",
                  "fitjax.plugins.environments._base", "fitjax.plugins.environments.lightning",
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
                  "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.planner._choose", "fitjax.loop.plan",
                  "fitjax.nn._attention", "fitjax.models._config", "fitjax.models._causal_lm",
-                 "fitjax.models._pretrained"]:
+                 "fitjax.models._pretrained", "fitjax.data._text"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name

@@ -7,20 +7,22 @@ steps, each reading the cache instead of re-running the sequence, until every ro
 an end-of-sequence token or `max_new_tokens`. The host waits once, for the result.
 
 The batch layout (`layout`): prompts are left-padded to the bucket's length (16, 24, 32, 48,
-64, 96, ... tokens: at most half of a row is padding), so a second call whose longest prompt
-falls in the same bucket reuses the compiled program. Row i's prompt of n_i tokens has
-positions 0..n_i-1; its padding has segment id 0 and the positions right after the prompt
-(n_i, n_i+1, ...), so with a cache written at `positions` every padding slot is one a
-generated token overwrites before any query can see it, and causality keeps the padding out of
-every real query's view (its segment id as well). Each row therefore generates exactly what it
-would alone. Rows added to divide the batch over the devices start finished.
+64, 96, ... tokens), so a second call whose longest prompt falls in the same bucket reuses the
+compiled program. Row i's prompt of n_i tokens has positions 0..n_i-1 (as `transformers`
+numbers a left-padded prompt); its padding has segment id 0, which no real token attends to,
+and the positions right after the prompt (n_i, n_i+1, ...). So a model may write its cache at
+its own index (the same slots for every row: `fitjax.models`) or at `positions` (a padding
+slot is then one a generated token overwrites before any query sees it): either way each row
+generates exactly what it would alone. Rows added to divide the batch over the devices start
+finished.
 
 The model contract (what `LitModule.generate_step` calls by default, and what the models in
 `fitjax.models` and the GPT example implement): `model(tokens, positions=..., segment_ids=...,
 cache=None)` returns logits [batch, length, vocab]; with `cache=` a cache that
-`model.init_cache(batch, max_length, dtype)` made it returns `(logits, new_cache)`, the new
-keys and values written at `positions`. A model without `init_cache` generates without a
-cache: each new token re-runs the whole sequence (the reference the cache is tested against).
+`model.init_cache(batch, max_length, dtype)` made it returns `(logits, new_cache)`, the chunk's
+keys and values written, and masks attention by the (query, key) positions and segment ids
+(`fitjax.nn.attention`'s pairs). A model without `init_cache` generates without a cache: each
+new token re-runs the whole sequence (the reference the cache is tested against).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -40,7 +41,7 @@ from fitjax import precision as precision_lib
 from fitjax import step as step_lib
 from fitjax.loop._sampling import next_tokens
 
-__all__ = ["GenerateOptions", "Prompts", "bucket", "generate", "layout", "read_prompts", "token_defaults",
+__all__ = ["GenerateOptions", "Prompts", "bucket", "generate", "layout", "read_prompts", "default_eos",
            "variables_for"]
 
 _FLOOR = 16  # the smallest prompt bucket: a few tokens of padding cost nothing next to a compile
@@ -59,12 +60,11 @@ class GenerateOptions:
     top_p: float | None
     seed: int
     eos: tuple[int, ...]  # a row stops after producing any of these
-    pad: int  # what a stopped row emits (cut from the results)
     use_cache: bool | None  # None: when the model has `init_cache`
 
     @classmethod
     def make(cls, *, max_new_tokens: Any, temperature: Any, top_k: Any, top_p: Any, seed: Any,
-             eos_token_id: Any, pad_token_id: Any, use_cache: Any) -> "GenerateOptions":
+             eos_token_id: Any, use_cache: Any) -> "GenerateOptions":
         where = "Trainer.generate"
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"{where}(max_new_tokens=...) must be a positive int (tokens generated per "
@@ -84,36 +84,32 @@ class GenerateOptions:
         if use_cache not in (None, True, False):
             raise ValueError(f"{where}(use_cache=...) must be None (a KV cache when the model has "
                              f"`init_cache`), True or False; got {use_cache!r}.")
-        eos = _token_ids(eos_token_id, "eos_token_id")
-        pad = _token_ids(pad_token_id, "pad_token_id")
         return cls(max_new_tokens, float(temperature), top_k, None if top_p is None else float(top_p), seed,
-                   eos, pad[0] if pad else (eos[0] if eos else 0), use_cache)
+                   _token_ids(eos_token_id), use_cache)
 
 
-def token_defaults(tokenizer: Any, config: Any) -> dict[str, Any]:
-    """The end-of-sequence and padding ids generation uses when not given: the tokenizer's,
-    else the model config's (`eos_token_id`, `pad_token_id`; a dict config or an object)."""
-    def read(name: str) -> Any:
-        for source in (tokenizer, config):
-            value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
-            if value is not None:
-                return value
-        return None
-
-    return {"eos": read("eos_token_id"), "pad": read("pad_token_id")}
+def default_eos(tokenizer: Any, config: Any) -> Any:
+    """The end-of-sequence id(s) generation stops at when not given: the tokenizer's, else the
+    model config's `eos_token_id` (a dict config or an object); None with neither."""
+    for source in (tokenizer, config):
+        value = source.get("eos_token_id") if isinstance(source, dict) else getattr(source, "eos_token_id", None)
+        if value is not None:
+            return value
+    return None
 
 
-def _token_ids(value: Any, name: str) -> tuple[int, ...]:
+def _token_ids(value: Any) -> tuple[int, ...]:
     values = () if value is None else (value,) if isinstance(value, (int, np.integer)) else tuple(value)
     if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 for v in values):
-        raise ValueError(f"Trainer.generate({name}=...) must be None, a token id or a list of them; got {value!r}.")
+        raise ValueError(f"Trainer.generate(eos_token_id=...) must be None, a token id or a list of them; "
+                         f"got {value!r}.")
     return tuple(int(v) for v in values)
 
 
 def bucket(length: int) -> int:
     """The padded prompt length of prompts at most `length` long: 16, 24, 32, 48, 64, 96, ...
-    (a power of two or 1.5 times one), so prompts of nearby lengths share one compilation and
-    at most a third of a row is padding."""
+    (a power of two or 1.5 times one), so prompts of nearby lengths share one compilation and,
+    past 16, less than a third of a row is padding."""
     size = _FLOOR
     while size < length:
         size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
@@ -176,10 +172,11 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def layout(prompts: Sequence[np.ndarray], *, rows: int, length: int, pad: int) -> dict[str, np.ndarray]:
+def layout(prompts: Sequence[np.ndarray], *, rows: int, length: int) -> dict[str, np.ndarray]:
     """The left-padded batch (see the module doc): `tokens`, `positions`, `segment_ids` int32
-    [rows, length], `lengths` [rows] (0 for the rows added beyond the prompts)."""
-    tokens = np.full((rows, length), pad, np.int32)
+    [rows, length], `lengths` [rows] (0 for the rows added beyond the prompts). Padding is token
+    0, an id every vocabulary has (an id past the table would read NaN into the masked values)."""
+    tokens = np.zeros((rows, length), np.int32)
     lengths = np.zeros(rows, np.int32)
     segment_ids = np.zeros((rows, length), np.int32)
     positions = np.tile(np.arange(length, dtype=np.int32), (rows, 1))
@@ -203,16 +200,15 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     longest = max(len(p) for p in read.tokens)
     shards = strategy.num_batch_shards
     rows = math.ceil(len(read.tokens) / shards) * shards
-    batch = layout(read.tokens, rows=rows, length=bucket(longest), pad=options.pad)
+    batch = layout(read.tokens, rows=rows, length=bucket(longest))
     program = _program(module, options, policy, strategy)
     inputs = strategy.put(batch, strategy.batch_sharding)
     eos = np.full(max(_EOS_SLOTS, len(options.eos)), -1, np.int32)  # -1: no token stops a row
     eos[:len(options.eos)] = options.eos
     scalars = strategy.put({"temperature": np.float32(options.temperature), "top_k": np.int32(options.top_k or 0),
                             "top_p": np.float32(1.0 if options.top_p is None else options.top_p),
-                            "eos": eos, "pad": np.int32(options.pad)}, strategy.replicated)
-    key = jax.device_put(jax.random.key(options.seed), strategy.replicated)
-    new, counts = program(*variables, inputs, key, scalars)
+                            "eos": eos, "seed": np.uint32(options.seed % 2**32)}, strategy.replicated)
+    new, counts = program(*variables, inputs, scalars)
     # sync point: the one wait of a generation (replicated: every process reads the whole result)
     new, counts = np.asarray(new.addressable_data(0)), np.asarray(counts.addressable_data(0))
     results = [new[i, :counts[i]].tolist() for i in range(len(read.tokens))]
@@ -221,15 +217,13 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     return results[0] if read.single else results
 
 
-# one compiled program per (module, options that shape it); the prompts' shapes key jit's own cache
-_PROGRAMS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-
-
 def _program(module: Any, options: GenerateOptions, policy: precision_lib.Precision, strategy: Any) -> Callable:
     spec = module.step_spec()
     key = (spec.binding, type(module).generate_step, policy, options.max_new_tokens, options.use_cache,
            strategy.replicated)
-    programs = _PROGRAMS.setdefault(module, {})
+    # kept by the module (they hold it: they trace its `generate_step`), dropped with it; jit's
+    # own cache keys each on the prompts' shapes
+    programs = module.__dict__.setdefault("_generation_programs", {})
     if key not in programs:
         if len(programs) >= _KEPT:  # the oldest goes (a new binding after `apply_lora` makes all old)
             programs.pop(next(iter(programs)))
@@ -243,11 +237,11 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
                   options: GenerateOptions) -> Callable:
     max_new = options.max_new_tokens
 
-    def run(params, model_state, batch, key, scalars):
+    def run(params, model_state, batch, scalars):
         tokens, positions, segment_ids, lengths = (batch[k] for k in ("tokens", "positions", "segment_ids",
                                                                       "lengths"))
         rows, length = tokens.shape
-        eos, pad = scalars["eos"], scalars["pad"]
+        eos, key = scalars["eos"], jax.random.key(scalars["seed"])
         total = length + max_new
         params = policy.cast_compute(params)
         rng = jax.random.fold_in(key, _KEY_SALT)
@@ -278,7 +272,7 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
             t, logits, memory, out, done = state
             token = next_tokens(logits, jax.random.fold_in(key, t), scalars["temperature"], scalars["top_k"],
                                 scalars["top_p"])
-            token = jnp.where(done, pad, token)
+            token = jnp.where(done, 0, token)  # a stopped row's tokens are cut from the result
             out = jax.lax.dynamic_update_slice_in_dim(out, token[:, None], t, axis=1)
             done = done | jnp.isin(token, eos)
             if cached:
@@ -297,7 +291,7 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
             t, _, _, _, done = state
             return (t < max_new) & ~jnp.all(done)
 
-        out = jnp.full((rows, max_new), pad, jnp.int32)
+        out = jnp.zeros((rows, max_new), jnp.int32)
         start = (jnp.int32(0), logits, memory, out, lengths == 0)
         _, _, _, out, _ = jax.lax.while_loop(going, step, start)
         # a row's tokens up to and including its first end-of-sequence token

@@ -947,8 +947,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     @in_precision
     def generate(self, module: LitModule, prompts: Any, *, max_new_tokens: int = 64, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
-                 use_cache: bool | None = None) -> Any:
+                 eos_token_id: int | Sequence[int] | None = None, use_cache: bool | None = None) -> Any:
         """Continues each prompt by up to `max_new_tokens` tokens sampled from `module`'s model.
 
         Prompts are token ids (a list or 1-D array, a list of them, a 2-D array) or, when the
@@ -974,7 +973,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             seed: the draws' random key: the same seed, prompts and weights give the same tokens.
             eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
                 model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
-            pad_token_id: what pads prompts (default the tokenizer's or config's, else the EOS).
             use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
                 sequence for each token (slower, the same tokens).
 
@@ -984,11 +982,11 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """
         checks.check_module(module, "generate")
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
-        defaults = generation.token_defaults(getattr(module, "tokenizer", None), getattr(model, "config", None))
+        if eos_token_id is None:
+            eos_token_id = generation.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
         options = generation.GenerateOptions.make(
             max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            eos_token_id=defaults["eos"] if eos_token_id is None else eos_token_id,
-            pad_token_id=defaults["pad"] if pad_token_id is None else pad_token_id, use_cache=use_cache)
+            eos_token_id=eos_token_id, use_cache=use_cache)
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             state = self.state
             held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \

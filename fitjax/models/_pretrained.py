@@ -22,6 +22,7 @@ import numpy as np
 import optax
 
 from fitjax.models._causal_lm import CausalLM
+from fitjax.data import packing_efficiency
 from fitjax.models._config import ModelConfig, read_config
 from fitjax.module import LitModule
 from fitjax.step import TokenLoss
@@ -77,7 +78,10 @@ class CausalLMModule(LitModule):
     """Next-token prediction with a `CausalLM`: `batch["tokens"]` int [batch, length + 1]; with
     `batch["segment_ids"]` (same shape; packed documents, 0 for padding) no token attends across
     documents and only targets in their input's document count (a token-weighted loss), and
-    `batch["positions"]` gives each document's own positions.
+    `batch["positions"]` gives each document's own positions. A batch of `fj.data.TextLoader`
+    (`tokens`, `targets`, `loss_mask`, `segment_ids`, `positions`, all [batch, length]) is
+    trained as it comes: the loss is over the targets `loss_mask` marks (prompts masked with
+    `completion_only`), weighted by tokens, and `train/packing_efficiency` is logged.
 
     Args:
         config: the Hugging Face `config.json` (a dict, the file or its folder).
@@ -99,6 +103,11 @@ class CausalLMModule(LitModule):
         self.model = CausalLM(ModelConfig.from_hf(config))
 
     def loss(self, model, batch):
+        if "targets" in batch:  # fj.data.TextLoader's rows: the next tokens and which of them count
+            logits = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
+            per_token = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch["targets"])
+            mask = batch["loss_mask"]
+            return TokenLoss(sum=(per_token * mask).sum(), count=mask.sum())
         tokens = batch["tokens"]
         segments = batch.get("segment_ids")
         inputs = {"segment_ids": None if segments is None else segments[:, :-1]}
@@ -110,6 +119,11 @@ class CausalLMModule(LitModule):
             return per_token.mean()
         counted = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
         return TokenLoss(sum=jnp.where(counted, per_token, 0.0).sum(), count=counted.sum())
+
+    def metrics(self, batch, outputs):
+        if "segment_ids" in batch and "targets" in batch:
+            return {"packing_efficiency": packing_efficiency(batch)}
+        return {}
 
     def configure_optimizer(self):
         return optax.adamw(self.hparams.lr)

@@ -4,78 +4,14 @@ through a tokenizer, and dp/fsdp against one device (8 virtual CPU devices, conf
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from helpers import count_compiles, quiet_trainer
+from helpers import TinyLM, TinyLMModule, count_compiles, quiet_trainer
 
 import fitjax as fj
 from fitjax.loop import generation
-
-VOCAB = 40
-
-
-class TinyLM(nn.Module):
-    """A two-layer causal LM with the generation contract: `init_cache`, and a call that writes
-    keys and values at `positions` and masks by positions and segment ids."""
-
-    width: int = 32
-    heads: int = 4
-    layers: int = 2
-    context: int = 128
-
-    def init_cache(self, batch, max_length, dtype):
-        shape = (batch, max_length, self.heads, self.width // self.heads)
-        return {"segment_ids": jnp.zeros((batch, max_length), jnp.int32),
-                "layers": [{"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
-                           for _ in range(self.layers)]}
-
-    @nn.compact
-    def __call__(self, tokens, *, positions=None, segment_ids=None, cache=None):
-        batch, length = tokens.shape
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
-        if segment_ids is None:
-            segment_ids = jnp.ones_like(tokens)
-        x = nn.Embed(VOCAB, self.width)(tokens) + nn.Embed(self.context, self.width)(positions)
-        rows = jnp.arange(batch)[:, None]
-        if cache is not None:
-            kv_segments = cache["segment_ids"].at[rows, positions].set(segment_ids)
-            kv_positions = jnp.broadcast_to(jnp.arange(kv_segments.shape[1]), kv_segments.shape)
-            new_cache = {"segment_ids": kv_segments, "layers": []}
-        for i in range(self.layers):
-            h = nn.LayerNorm()(x)
-            q, k, v = (nn.Dense(self.width, name=f"{n}_{i}")(h).reshape(batch, length, self.heads, -1) for n in "qkv")
-            if cache is None:
-                out = fj.nn.attention(q, k, v, positions=(positions, positions), segment_ids=segment_ids)
-            else:
-                layer = cache["layers"][i]
-                k = layer["key"].at[rows, positions].set(k.astype(layer["key"].dtype))
-                v = layer["value"].at[rows, positions].set(v.astype(layer["value"].dtype))
-                new_cache["layers"].append({"key": k, "value": v})
-                out = fj.nn.attention(q, k, v, positions=(positions, kv_positions),
-                                      segment_ids=(segment_ids, kv_segments))
-            x = x + nn.Dense(self.width)(out.reshape(batch, length, -1))
-            x = x + nn.Dense(self.width)(nn.gelu(nn.Dense(2 * self.width)(nn.LayerNorm()(x))))
-        logits = nn.Dense(VOCAB)(nn.LayerNorm()(x))
-        return logits if cache is None else (logits, new_cache)
-
-
-class TinyModule(fj.LitModule):
-    def __init__(self):
-        super().__init__()
-        self.model = TinyLM()
-
-    def loss(self, model, batch):
-        logits = model(batch[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
-
-    def configure_optimizer(self):
-        return optax.adam(1e-2)
-
 
 PROMPTS = [[3, 7, 1, 9, 4], [5, 2], [8, 8, 6, 1, 2, 3, 4, 5, 6, 7, 1, 2, 30], [11]]
 NEW = 8  # every test generates this many tokens: they share the compiled programs of one module
@@ -85,7 +21,7 @@ NEW = 8  # every test generates this many tokens: they share the compiled progra
 def built():
     """A module whose weights generation built (a Linen model initialised from its seed: random
     weights, logits far from uniform), shared by the tests so they share compilations."""
-    module = TinyModule()
+    module = TinyLMModule()
     with pytest.warns(UserWarning, match="never fitted nor loaded"):
         out = quiet_trainer(strategy="single").generate(module, [[1, 2]], max_new_tokens=NEW, temperature=0)
     assert len(out[0]) == NEW and module.variables is not None
@@ -103,7 +39,7 @@ def test_bucket_is_a_power_of_two_or_one_and_a_half_times_one():
 
 
 def test_layout_left_pads_and_puts_padding_after_each_prompt():
-    batch = generation.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4, pad=0)
+    batch = generation.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4)
     np.testing.assert_array_equal(batch["tokens"][:2], [[0, 7, 8, 9], [0, 0, 0, 5]])
     np.testing.assert_array_equal(batch["positions"][:2], [[3, 0, 1, 2], [1, 2, 3, 0]])
     np.testing.assert_array_equal(batch["segment_ids"], [[0, 1, 1, 1], [0, 0, 0, 1], [0] * 4, [0] * 4])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from helpers import quiet_trainer
+from helpers import perturbed_transformers_model, quiet_trainer
 
 import fitjax as fj
 from fitjax import models
@@ -55,11 +55,7 @@ def logits(module) -> np.ndarray:
 def saved_by_transformers(family, folder):
     """A random model of `family` with every weight perturbed (biases and Gemma's norms start at
     zero), saved by `transformers`; its logits on TOKENS."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
+    model = perturbed_transformers_model(CONFIGS[family]())
     model.save_pretrained(folder)
     return hf_logits(model)
 

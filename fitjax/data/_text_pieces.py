@@ -1,0 +1,130 @@
+"""The grain source of `TextLoader`: records of files, tokenized and cut into pieces, with a
+position grain saves and restores (imported only when a `TextLoader` iterates: grain is heavy)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grain
+import numpy as np
+
+from fitjax.data import _text_files, _tokenize
+
+
+class _PiecesIterator(grain.DatasetIterator):
+    """The pieces of each record of each file; the state is `(file, record offset, piece)`."""
+
+    def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
+        super().__init__()
+        self._files, self._encoder, self._seq_len = files, encoder, seq_len
+        self._file, self._offset, self._piece = 0, 0, 0  # the position: the record at `_offset`
+        self._pieces: list | None = None  # that record's pieces, once read
+        self._records: Iterator | None = None
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        while self._pieces is None or self._piece >= len(self._pieces):
+            self._read_record()
+        self._piece += 1
+        return self._pieces[self._piece - 1]
+
+    def _read_record(self) -> None:
+        """Reads the next record (or the one at the position, after `set_state`)."""
+        if self._file >= len(self._files):
+            raise StopIteration
+        resuming = self._pieces is None  # the record at `_offset` is the position's, with `_piece` done
+        if self._records is None:
+            self._records = _text_files.records(self._files[self._file], self._offset)
+        try:
+            offset, record = next(self._records)
+        except StopIteration:
+            self._file, self._offset, self._piece, self._pieces, self._records = self._file + 1, 0, 0, None, None
+            return
+        where = f"{self._files[self._file]!r} (record at {offset})"
+        ids, weights = self._encoder(record, where)
+        self._offset, self._pieces = offset, _pieces(ids, weights, self._seq_len)
+        self._piece = self._piece if resuming else 0
+
+    def get_state(self) -> dict[str, int]:
+        return {"file": self._file, "offset": self._offset, "piece": self._piece}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        if self._records is not None:
+            self._records.close()
+        self._file, self._offset, self._piece = int(state["file"]), int(state["offset"]), int(state["piece"])
+        self._pieces = self._records = None
+
+
+class Pieces(grain.IterDataset):
+    """A grain dataset of the pieces of every record of `files`, in order."""
+
+    def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
+        super().__init__()
+        self._args = (files, encoder, seq_len)
+
+    def __iter__(self) -> _PiecesIterator:
+        return _PiecesIterator(*self._args)
+
+
+def _pieces(ids: np.ndarray, weights: np.ndarray, seq_len: int) -> list[dict[str, np.ndarray]]:
+    """Next-token pairs of one example, cut into pieces of at most `seq_len`; a piece with no
+    token that carries loss is dropped (it would cost compute and teach nothing)."""
+    pieces = []
+    for start in range(0, len(ids) - 1, seq_len):
+        targets = ids[start + 1: start + seq_len + 1]
+        mask = weights[start + 1: start + seq_len + 1]
+        if mask.any():
+            pieces.append({"tokens": ids[start: start + len(targets)], "targets": targets, "loss_mask": mask})
+    return pieces
+
+
+class _WindowShuffledIterator(grain.DatasetIterator):
+    """The parent's elements, `window` at a time, each window in an order drawn from `seed` and
+    the window's number; the state is the parent's at the window's start and the place in it."""
+
+    def __init__(self, parent: grain.DatasetIterator, window: int, seed: tuple[int, ...]) -> None:
+        super().__init__(parent)
+        self._window, self._seed = window, seed
+        self._start = parent.get_state()  # the parent's state where the current window began
+        self._index, self._place = 0, 0  # the window's number, and how many of it were yielded
+        self._elements: list | None = None
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        while True:
+            if self._elements is None:
+                self._fill()
+                if not self._elements:
+                    raise StopIteration
+            if self._place < len(self._elements):
+                self._place += 1
+                return self._elements[self._place - 1]
+            self._start, self._index, self._place, self._elements = self._parent.get_state(), self._index + 1, 0, None
+
+    def _fill(self) -> None:
+        elements = []
+        for element in self._parent:
+            elements.append(element)
+            if len(elements) == self._window:
+                break
+        order = np.random.default_rng([*self._seed, self._index]).permutation(len(elements))
+        self._elements = [elements[i] for i in order]
+
+    def get_state(self) -> dict:
+        return {"parent": self._start, "window": self._index, "place": self._place}
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state["parent"])
+        self._start, self._index, self._place = state["parent"], int(state["window"]), int(state["place"])
+        self._elements = None
+
+
+class WindowShuffled(grain.IterDataset):
+    """`parent`'s elements shuffled within windows of `window`, window `i` in the order
+    `default_rng([*seed, i])` draws (grain's own window shuffle
+    draws each index with a cipher that costs milliseconds per element)."""
+
+    def __init__(self, parent: grain.IterDataset, *, window: int, seed: tuple[int, ...]) -> None:
+        super().__init__(parent)
+        self._window, self._seed = window, seed
+
+    def __iter__(self) -> _WindowShuffledIterator:
+        return _WindowShuffledIterator(self._parent.__iter__(), self._window, self._seed)
