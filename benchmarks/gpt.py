@@ -92,8 +92,8 @@ def optimizer(lr: float, total: int) -> optax.GradientTransformation:
 def hand_written_step(model: gpt.GPT, tx: optax.GradientTransformation):
     def loss_fn(params, tokens):
         low = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)  # bf16 compute, f32 masters
-        logits = model.apply({"params": low}, tokens[:, :-1]).astype(jnp.float32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        # the module's loss: the model's output layer and cross-entropy (fj.nn.chunked_cross_entropy)
+        return model.apply({"params": low}, tokens[:, :-1], targets=tokens[:, 1:]).mean
 
     def step(params, opt_state, micro):  # micro: [accumulate, batch, context + 1]
         def one(grads, tokens):

@@ -84,6 +84,12 @@ step() {  # step SECONDS NAME COMMAND...: one part under its limit; a failure is
 
 echo "== machine"
 "$python" "$here/_machine.py" --json "$FITJAX_RESULTS/machine.json"
+# fitjax must find the same devices JAX finds alone (it keeps libtpu out only where no TPU is);
+# one process at a time may hold a TPU chip, so each look is a process of its own
+alone=$("$python" -c "import jax; print(jax.devices()[0].platform)" 2>/dev/null)
+found=$("$python" -c "import fitjax, jax; print(jax.devices()[0].platform)" 2>/dev/null)
+echo "JAX alone finds ${alone:-nothing}; after importing fitjax: ${found:-nothing}"
+if [ "$alone" != "$found" ]; then echo "== fitjax hides this machine's devices: stopping"; exit 1; fi
 
 out="$FITJAX_RESULTS"
 if [ "$smoke" -eq 1 ]; then

@@ -4,6 +4,8 @@
     python examples/gpt.py --preset small                     # the README's run: 160 steps, ~10 min on 2 busy CPU cores
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
+    python examples/gpt.py --preset gpt2-small                # GPT-2 small's shape (124 M, context 1024): a TPU chip
+    python examples/gpt.py --preset gpt2-medium --remat dots  # GPT-2 medium's (355 M)
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
     python examples/gpt.py --preset small --scan-layers --remat full   # blocks as one nn.scan, recomputed
     fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
@@ -11,7 +13,10 @@
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
 code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by
 position: the first 90% trains, the last 10% validates. The model is a decoder-only transformer
-(pre-norm, causal self-attention, GELU MLP, learned positions, tied input/output embeddings) whose
+(pre-norm, causal self-attention, GELU MLP, learned positions, tied input/output embeddings) built
+on fitjax's own layers: `fj.nn.attention` (on a TPU, the Pallas splash kernel; `--attention`
+chooses) and, for the training loss, `fj.nn.chunked_cross_entropy` (the tied output layer and
+its cross-entropy a chunk of the length at a time, never the whole float32 logits). Its
 parameters carry logical axis names (`nn.with_logical_partitioning`); `GPT_RULES` maps them to the
 mesh axes of `fj.strategies.FSDP`, so the same code runs on one device, data-parallel, FSDP, or
 FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
@@ -67,6 +72,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # corpus has 419 K training bytes, so 600 steps are ~23 passes over it: watch val/loss for overfitting
     "gpu": dict(layers=6, width=384, heads=6, context=256, batch_size=64, accumulate=1, max_steps=600,
                 lr=1e-3, warmup=60, log_every=25, ckpt_every=100, sample_every=100, precision="bf16-mixed"),
+    # GPT-2 small's and medium's shapes for a TPU chip (not run on this project's machines): the byte
+    # vocabulary padded to GPT-2's 50,257 tokens rounded up to a multiple of 128 (`--vocab`), so the
+    # parameter count (124 M, 355 M) and the output layer's cost are GPT-2's. 8 rows of 1,024 bytes
+    # a step; the corpus' 419 K training bytes are ~100 such steps
+    "gpt2-small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304, batch_size=8, accumulate=1,
+                       max_steps=300, lr=6e-4, warmup=30, log_every=25, ckpt_every=300, sample_every=0,
+                       precision="bf16-mixed"),
+    "gpt2-medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304, batch_size=8, accumulate=1,
+                        max_steps=200, lr=3e-4, warmup=20, log_every=25, ckpt_every=200, sample_every=0,
+                        precision="bf16-mixed"),
 }
 VOCAB = 256  # bytes
 
@@ -94,6 +109,7 @@ class Block(nn.Module):
     heads: int
     mlp_ratio: int = 4
     residual_std: float = 0.02
+    attention: str = "auto"  # fj.nn.attention's implementation (a cache's chunk: always the plain path)
 
     @nn.compact
     def __call__(self, x: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
@@ -112,7 +128,7 @@ class Block(nn.Module):
                    for name in "qkv"]
         if cache is None:  # [batch, length, heads, head_dim]; softmax in float32 even for bfloat16 inputs
             pairs = None if positions is None else (positions, positions)
-            attn = fj.nn.attention(q, k, v, positions=pairs, segment_ids=segment_ids)
+            attn = fj.nn.attention(q, k, v, positions=pairs, segment_ids=segment_ids, implementation=self.attention)
         else:
             rows = jnp.arange(batch)[:, None]
             k, v = (cache[n].at[rows, positions].set(t.astype(cache[n].dtype)) for n, t in (("key", k), ("value", v)))
@@ -131,7 +147,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, 256].
+    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, vocab],
+    or with `targets` [batch, length] the `fj.TokenLoss` of predicting them, the tied output layer
+    and its cross-entropy computed `loss_chunk` positions at a time (`fj.nn.chunked_cross_entropy`:
+    no [batch, length, vocab] logits kept).
 
     `scan_layers=True` runs the blocks as one `nn.scan` over parameters stacked on a leading
     "layers" axis (`params["blocks"]`, each array `[layers, ...]`) instead of `block_0` ...
@@ -149,6 +168,8 @@ class GPT(nn.Module):
     context: int
     scan_layers: bool = False
     vocab: int = VOCAB  # bytes; larger pads the table (GPT-2's 50257 tokens are padded to 50304)
+    attention: str = "auto"  # fj.nn.attention's implementation
+    loss_chunk: int = 256  # positions per chunk of the loss (`targets`)
 
     def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> dict:
         """An empty KV cache: every layer's keys and values [batch, max_length, heads, head_dim]
@@ -161,7 +182,7 @@ class GPT(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 cache: dict | None = None) -> jax.Array | tuple[jax.Array, dict]:
+                 cache: dict | None = None, targets: jax.Array | None = None) -> Any:
         embed = nn.Embed(self.vocab, self.width, name="embed",
                          embedding_init=_param(nn.initializers.normal(0.02), "vocab", "embed"))
         table = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
@@ -181,16 +202,19 @@ class GPT(nn.Module):
             blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
                              in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=self.layers,
                              metadata_params={nn.PARTITION_NAME: "layers"})
-            x, layer_caches = blocks(self.heads, residual_std=residual_std, name="blocks")(
+            x, layer_caches = blocks(self.heads, residual_std=residual_std, attention=self.attention, name="blocks")(
                 x, positions, segment_ids, layer_caches, kv_segments)
         else:
             new = []
             for i in range(self.layers):
-                x, layer = Block(self.heads, residual_std=residual_std, name=f"block_{i}")(
+                x, layer = Block(self.heads, residual_std=residual_std, attention=self.attention, name=f"block_{i}")(
                     x, positions, segment_ids, None if cache is None else layer_caches[i], kv_segments)
                 new.append(layer)
             layer_caches = new
-        logits = _place(embed.attend(nn.LayerNorm(use_bias=False)(x)), "batch", None, None)  # tied head
+        x = nn.LayerNorm(use_bias=False)(x)
+        if targets is not None:  # tied: the output layer is embed's table [vocab, width]
+            return fj.nn.chunked_cross_entropy(x, embed.embedding, targets, chunk_size=self.loss_chunk)
+        logits = _place(embed.attend(x), "batch", None, None)
         return logits if cache is None else (logits, {"segment_ids": kv_segments, "layers": layer_caches})
 
 
@@ -212,7 +236,7 @@ class GPTModule(fj.LitModule):
 
     def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, context: int = 64,
                  lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1,
-                 scan_layers: bool = False, vocab: int = VOCAB):
+                 scan_layers: bool = False, vocab: int = VOCAB, attention: str = "auto", loss_chunk: int = 256):
         super().__init__()
         self.save_hyperparameters()
         if width % heads:
@@ -220,8 +244,10 @@ class GPTModule(fj.LitModule):
         # scan_layers off by default: the presets' 2-6 blocks compile in seconds either way, and
         # `block_i` names are what checkpoints, LoRA targets and weight mappings use; deep models gain
         # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
+        if vocab < VOCAB:
+            raise ValueError(f"GPTModule(vocab={vocab!r}): the data holds bytes, so at least {VOCAB}")
         self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers,
-                         vocab=vocab)
+                         vocab=vocab, attention=attention, loss_chunk=loss_chunk)
         self.tokenizer = ByteTokenizer()  # text prompts for Trainer.generate
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
@@ -231,8 +257,9 @@ class GPTModule(fj.LitModule):
 
     def loss(self, model, batch):
         tokens = batch["tokens"]
-        logits = model(tokens[:, :-1]).astype(jnp.float32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        # every row holds `context` targets, so the mean over a micro-batch's tokens is exact under
+        # accumulation too (a `TokenLoss` returned whole would be the same here)
+        return model(tokens[:, :-1], targets=tokens[:, 1:]).mean
 
     def configure_optimizer(self):
         decay = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731 (no decay on norms)
@@ -269,7 +296,8 @@ def encode(text: str) -> np.ndarray:
 
 
 def decode(tokens: Sequence[int]) -> str:
-    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+    # ids past the bytes (the rows `--vocab` pads the table with) decode to nothing
+    return bytes(int(t) for t in tokens if 0 <= int(t) < VOCAB).decode("utf-8", errors="replace")
 
 
 class GPTData(fj.DataModule):
@@ -383,6 +411,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="recompute each block's activations in the backward pass (Trainer(remat=...))")
     parser.add_argument("--scan-layers", action="store_true",
                         help="run the blocks as one nn.scan over stacked parameters: XLA compiles one block")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help=f"output rows (default {VOCAB}, the bytes; more pads the table, e.g. GPT-2's 50304)")
+    parser.add_argument("--attention", default="auto", choices=["auto", "xla", "pallas", "cudnn"],
+                        help="fj.nn.attention's implementation (auto: the platform's kernel where it applies)")
+    parser.add_argument("--loss-chunk", type=int, default=256,
+                        help="positions per chunk of fj.nn.chunked_cross_entropy (the training loss)")
     # every preset value can be overridden: --layers 6 --width 384 --max-steps 1000 ...
     for key, value in PRESETS["tiny"].items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=None)
@@ -390,6 +424,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.vocab = args.vocab or VOCAB
     return args
 
 
@@ -411,7 +446,8 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[fj.Callback] 
     train_loader = fj.DataLoader(train, batch_size=global_batch, shuffle=True, seed=args.seed, drop_last=True)
     val_loader = fj.DataLoader(val, batch_size=global_batch)
     module = GPTModule(layers=args.layers, width=args.width, heads=args.heads, context=args.context,
-                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps, scan_layers=args.scan_layers)
+                       lr=args.lr, warmup=args.warmup, total_steps=args.max_steps, scan_layers=args.scan_layers,
+                       vocab=args.vocab, attention=args.attention, loss_chunk=args.loss_chunk)
     # a row holds `context + 1` bytes: `context` of them are trained on (inputs, shifted targets)
     throughput = fj.ThroughputMonitor(batch_size_fn=lambda batch: batch["tokens"].shape[0],
                                       length_fn=lambda batch: batch["tokens"].shape[0] * args.context,

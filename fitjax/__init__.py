@@ -4,6 +4,10 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
+from fitjax import _ctrl_c
+
+_ctrl_c.install()  # before JAX is imported: a Ctrl-C from here on ends the script with 130, quietly
+
 from fitjax.step import xla_cpu as _xla_cpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
@@ -96,6 +100,9 @@ __all__ = [
     "strategies",
     "tuner",
 ]
+
+
+_ctrl_c.imported()  # a Ctrl-C held during the imports above is raised now
 
 
 def __getattr__(name: str):

@@ -23,11 +23,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_safe_names` (names read from a
 # checkpoint that become paths: `_storage`, checkpoint, callbacks), `_lazy` (checkpoint, loggers),
 # `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers), `_seed` (loop,
-# cli, `fj.seed_everything`) and `_status` (the set-up's status lines: loop, profilers, callbacks).
+# cli, `fj.seed_everything`), `_status` (the set-up's status lines: loop, profilers, callbacks) and
+# `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names", "fitjax._seed",
-                "fitjax._status"]),
+                "fitjax._status", "fitjax._ctrl_c"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),

@@ -24,7 +24,10 @@ class GenerationMonitor(Callback):
         prompts: the prompts, the same at every call.
         every_n_train_steps: generate when the global step passes a multiple of it (0: only when
             training ends).
-        max_new_tokens, temperature, top_k, top_p: as `Trainer.generate`'s.
+        max_new_tokens: as `Trainer.generate`'s.
+        temperature: as `Trainer.generate`'s.
+        top_k: as `Trainer.generate`'s.
+        top_p: as `Trainer.generate`'s.
         seed: the draws' seed; each call adds the global step, so calls differ but a rerun repeats.
         tag: the TensorBoard tag.
 

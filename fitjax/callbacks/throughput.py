@@ -93,6 +93,11 @@ class _Point(NamedTuple):
 class ThroughputMonitor(Callback):
     """Logs training throughput and MFU with Lightning's keys (see the module docstring).
 
+    The model FLOPs behind `flops_per_sec` and the MFU are, in this order: the module's
+    `flops_per_batch` (Lightning's attribute: a count the user wrote wins, a declared shape
+    included), `6N + attention` for a module declaring `transformer_shape`, else XLA's count of
+    the step without rematerialization.
+
     Args:
         batch_size_fn: samples in a batch, `batch -> int` (called on one micro-batch of each
             call of the train step: the batch as the loader yields it).

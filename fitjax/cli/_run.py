@@ -57,18 +57,20 @@ def main() -> None:
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the launcher until now
         run()
+    except KeyboardInterrupt as exc:  # outside a fit; a fit's (SystemExit(130) too) said the line itself
+        if not getattr(exc, "announced", False):
+            if os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no") \
+                    and not isinstance(exc, SystemExit):  # (fitjax's own Ctrl-C printed where it landed)
+                _print_traceback(exc)
+            if os.environ.get("JAX_PROCESS_ID", "0") == "0":  # one line for the job, as a fit's
+                print(MESSAGE, file=sys.stderr)
+        _exit_now(130)  # as a shell reports a process ended by SIGINT
     except SystemExit as exc:
         if exc.code in (None, 0):
             raise  # a clean exit: Python's own shutdown, which waits for the other processes
         if not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
-    except KeyboardInterrupt as exc:  # outside a fit (which ends as SystemExit(130) itself)
-        if os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no"):
-            _print_traceback(exc)
-        if os.environ.get("JAX_PROCESS_ID", "0") == "0":  # one line for the job, as a fit's
-            print(MESSAGE, file=sys.stderr)
-        _exit_now(130)  # as a shell reports a process ended by SIGINT
     except BaseException as exc:  # noqa: BLE001 - every failure must end the process now
         _print_traceback(exc)
         _exit_now(1)

@@ -16,15 +16,15 @@ state not yet returned) is not raised there: the loop stops once the new state i
 (`on_sigint` in `fitjax.loop._preemption`), so the checkpoint is written from the newest state.
 
 `FITJAX_DEBUG=1` (or `fitjax fit --debug`) prints the interrupted traceback too.
+
+Outside a fit, from `import fitjax` on, Ctrl-C raises `Interrupted` too, without the line
+(`fitjax._ctrl_c`): the script ends with 130 and no traceback whenever it lands.
 """
 
 from __future__ import annotations
 
-import _thread
 import contextlib
-import gc
 import logging
-import os
 import signal
 import sys
 import threading
@@ -33,13 +33,13 @@ from typing import Any, Callable, Iterator
 
 import jax
 
+from fitjax._ctrl_c import DEBUG_VAR, Interrupted, debugging, interrupted
+from fitjax._ctrl_c import held, track_collections, tracking_collections, untrack_collections
+
 __all__ = ["DEBUG_VAR", "MESSAGE", "Interrupted", "begin", "graceful"]
 
 MESSAGE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."  # Lightning's words
 SAVING = "Still shutting down: saving the checkpoint and closing the loggers, please wait ..."
-DEBUG_VAR = "FITJAX_DEBUG"
-STATUS = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
-RESEND_S = 0.02  # a Ctrl-C that landed where Python drops exceptions is sent again this much later
 
 log = logging.getLogger("fitjax")
 
@@ -47,20 +47,6 @@ log = logging.getLogger("fitjax")
 class _Shutdown:
     """Whether a fit's shutdown after Ctrl-C began in this process (one fit at a time)."""
     begun = False
-
-
-class Interrupted(SystemExit, KeyboardInterrupt):
-    """What `Trainer.fit` raises once its shutdown after Ctrl-C is done (exception hooks, the
-    checkpoint, loggers, teardown): a `SystemExit` with status 130, so the program ends without a
-    traceback, and a `KeyboardInterrupt`, so `except KeyboardInterrupt:` around `fit` catches it."""
-
-    def __init__(self) -> None:
-        super().__init__(STATUS)
-
-
-def debugging() -> bool:
-    """True when `FITJAX_DEBUG` asks for tracebacks (any value but "", "0", "false", "no")."""
-    return os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def begin(exc: BaseException) -> None:
@@ -82,34 +68,11 @@ def on_sigint(signum, frame) -> None:
     """Python's Ctrl-C (`KeyboardInterrupt`), except inside a garbage-collector callback, a
     `__del__` or anything a collection runs (weak reference callbacks), where Python would print
     it as "Exception ignored" and go on (JAX runs a callback at every collection: Ctrl-C during
-    set-up was lost 1 time in 7): there the signal is sent again
-    a moment later, from a thread (sent from the handler, it would run the handler again inside
-    itself), and handled once that code has returned."""
-    if _swallowing(frame):
-        threading.Timer(RESEND_S, _thread.interrupt_main).start()
+    set-up was lost 1 time in 7): there the signal is sent again until it lands outside such code
+    (`fitjax._ctrl_c.held`)."""
+    if held(frame):
         return
     raise KeyboardInterrupt
-
-
-class _Collection:
-    """Whether a garbage collection is under way (between its "start" and "stop" callbacks)."""
-    running = False
-
-    @staticmethod
-    def track(phase: str, info: dict) -> None:
-        _Collection.running = phase == "start"
-
-
-def _swallowing(frame) -> bool:
-    """True when `frame` runs inside code whose exceptions Python drops."""
-    if _Collection.running:
-        return True
-    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
-    while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _still_saving(signum, frame) -> None:
@@ -125,21 +88,20 @@ def graceful() -> Iterator[None]:
     done; the SIGINT handler from before fit is back when it ends."""
     main = threading.current_thread() is threading.main_thread()  # Python's rule for handlers
     previous = signal.signal(signal.SIGINT, on_sigint) if main else None
-    tracking = _Collection.track not in gc.callbacks  # a stage inside a fit: the fit's stays
+    tracking = not tracking_collections()  # set by `import fitjax`, or a stage inside a fit: it stays
     if tracking:
-        gc.callbacks.insert(0, _Collection.track)  # first: set before any other callback runs
+        track_collections()
     try:
         yield
     except Interrupted:
         raise
     except KeyboardInterrupt as exc:
         begin(exc)  # before fit's own handling: the line is said here
-        raise Interrupted() from None
+        raise interrupted(announced=True) from None
     finally:
         _Shutdown.begun = False
         if tracking:
-            with contextlib.suppress(ValueError):
-                gc.callbacks.remove(_Collection.track)
+            untrack_collections()
         if main:  # None: a handler set from C, which Python cannot set back; its default then
             signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
@@ -151,9 +113,9 @@ def exit_quietly_on_ctrl_c(main: Callable[[], Any]) -> Any:
     try:
         return main()
     except KeyboardInterrupt as exc:
-        if isinstance(exc, Interrupted):
+        if getattr(exc, "announced", False):  # a fit's: its line said
             raise
-        if debugging():
+        if debugging() and not isinstance(exc, Interrupted):  # (fitjax's handler printed where it landed)
             traceback.print_exception(exc)
         print(MESSAGE, file=sys.stderr)
-        raise SystemExit(STATUS) from None
+        raise interrupted() from None

@@ -67,8 +67,13 @@ class ModelConfig:
     Attributes:
         model_type: the `config.json`'s `model_type` ("gpt2", "llama", "mistral", "qwen2",
             "qwen3", "gemma2", "gemma3_text").
-        vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
-        intermediate_size: the shapes (`num_kv_heads < num_heads`: grouped-query attention).
+        vocab_size: the number of tokens.
+        hidden_size: the residual stream's width.
+        num_layers: decoder layers.
+        num_heads: query heads (`num_kv_heads` fewer: grouped-query attention).
+        num_kv_heads: key and value heads.
+        head_dim: each head's width.
+        intermediate_size: the MLP's inner width.
         max_position_embeddings: the longest sequence the model was trained for (GPT-2's
             position table's size).
         bos_token_id, eos_token_id, pad_token_id: as in the file (`eos_token_id` may be a

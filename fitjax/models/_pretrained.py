@@ -31,7 +31,7 @@ __all__ = ["CausalLMModule", "from_config", "from_pretrained", "hf_name", "save_
 _LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 # arrays some `transformers` files hold that are no weights: GPT-2's causal-mask buffers, older
 # Llama files' rotary frequencies
-_BUFFERS = re.compile(r".*\.attn\.(masked_)?bias|.*\.rotary_emb\.inv_freq")
+_BUFFERS = re.compile(r"(.*\.)?attn\.(masked_)?bias|.*rotary_emb\.inv_freq")
 
 
 def from_config(config: Mapping[str, Any] | str | os.PathLike) -> CausalLM:
@@ -59,7 +59,7 @@ def hf_name(config: ModelConfig, name: str) -> str:
     leaf = _LEAVES.get(leaf, leaf)
     if head == "lm_head":
         return f"lm_head.{leaf}"
-    return f"{'transformer' if config.gpt2_layout else 'model'}.{head}.{leaf}"
+    return f"{'transformer' if config.gpt2_layout else 'model'}.{head}.{leaf}"  # the causal LM's prefix
 
 
 def _transposed(config: ModelConfig) -> str:
@@ -132,10 +132,14 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
     module = CausalLMModule(read_config(folder), **kwargs)
     config = module.model.config
     from_hf = {hf_name(config, name): name for name in _param_names(module.model)}
+    base = "transformer." if config.gpt2_layout else "model."
 
     def rename(name: str) -> str | None:
-        if name in from_hf:
-            return from_hf[name]
+        # a base model's file (`GPT2Model`: the Hub's own gpt2 weights) names its arrays without
+        # the causal LM's prefix
+        for candidate in (name, base + name):
+            if candidate in from_hf:
+                return from_hf[candidate]
         if _BUFFERS.fullmatch(name) or (config.tie_word_embeddings and name == "lm_head.weight"):
             return None  # a buffer, or a tied head: the token table itself
         return name  # unexpected: named in the error

@@ -78,8 +78,9 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
 
     Args:
         query: [batch, q_length, heads, head_dim].
-        key, value: [batch, kv_length, kv_heads, head_dim]; `heads` a multiple of `kv_heads`
+        key: [batch, kv_length, kv_heads, head_dim]; `heads` a multiple of `kv_heads`
             (grouped-query attention: each key/value head serves `heads // kv_heads` query heads).
+        value: as `key`.
         causal: a query attends only to keys at its position or before.
         segment_ids: int [batch, length] (queries and keys alike) or a pair (query ids
             [batch, q_length], key ids [batch, kv_length]): a query attends only to keys of its own

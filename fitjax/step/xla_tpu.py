@@ -9,7 +9,10 @@ where its constraints hold (`splash_blocks`): lengths that are multiples of 128 
 block), a head_dim that is a multiple of 64, one segment-id array shared by queries and keys,
 and no `positions` pair (a query chunk in a KV cache). Elsewhere the plain path runs. Blocks are
 the largest multiples of 128 up to 512 that divide the lengths (MaxText's v5e default is 512 for every
-block). The choice can be changed without touching code, to measure it on a chip:
+block). The kernel is a custom call that XLA's SPMD partitioner does not split: in a program
+sharded over several chips, XLA gathers its operands onto each chip (correct, not fast; a
+`shard_map` around it is the way to split it, not done here). On one chip this does not arise.
+The choice can be changed without touching code, to measure it on a chip:
 
     FITJAX_TPU_ATTENTION=xla            # "auto" on TPU runs the plain path
     FITJAX_TPU_ATTENTION=splash         # the default

@@ -1,6 +1,8 @@
 """Ctrl-C during a real fit in a terminal (a pty): at each phase, Lightning's one line and no
 traceback, exit status 130, and a complete newest checkpoint from which `ckpt_path="last"`
-resumes to the same parameters, bit for bit, as a fit that was never interrupted.
+resumes to the same parameters, bit for bit, as a fit that was never interrupted. Before the
+fit (`import fitjax`, the script's set-up), and repeated while the program exits: status 130, no
+traceback.
 
 The fits run in their own processes (`ctrl_c_fit.py`), all at once; each sends SIGINT to itself
 at its phase. The uninterrupted fit and the resumed ones run here.
@@ -8,6 +10,8 @@ at its phase. The uninterrupted fit and the resumed ones run here.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import gc
 import os
 import pty
@@ -15,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -180,3 +185,40 @@ def test_ctrl_c_in_validate_and_predict_ends_them_as_fit_does(tmp_path):
         with pytest.raises(KeyboardInterrupt) as caught:
             stage(Model(), data()[1])
         assert isinstance(caught.value, SystemExit) and caught.value.code == 130, stage
+
+
+def _script_with_ctrl_c(after: str, delay: float, *, repeat: bool) -> tuple[int, str, str]:
+    """`python ctrl_c_script.py`, sent SIGINT `delay` seconds after it printed a line starting
+    with `after` (and then every 50 ms until it ends, with `repeat`): (status, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("FITJAX_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, str(HERE / "ctrl_c_script.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    seen = []
+    while not seen or not seen[-1].startswith(after):
+        seen.append(proc.stdout.readline())
+        assert seen[-1], f"ended before {after!r}: {proc.communicate()}"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    while repeat and proc.poll() is None:
+        time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(seen) + out, err
+
+
+def test_ctrl_c_before_fit_and_again_while_exiting_ends_the_script_with_130_and_no_traceback():
+    # 0.5 s into the script: in `import fitjax` (JAX's import, where a Ctrl-C landed in JAX's
+    # garbage-collection callback and was lost); and from 0.5 s after the fit's first line on
+    # (compiling), every 50 ms through its shutdown and the program's exit (where one landed in
+    # JAX's `atexit` clean-up: a traceback, and status -2)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        early = pool.submit(_script_with_ctrl_c, "importing", 0.5, repeat=False)
+        again = pool.submit(_script_with_ctrl_c, "fitjax: ", 0.5, repeat=True)
+    for name, (status, out, err) in (("early", early.result()), ("repeated", again.result())):
+        assert status == 130, f"{name}: status {status}\n{out}\n{err[-3000:]}"
+        assert "Traceback" not in err and "Exception ignored" not in err, f"{name}: {err[-3000:]}"
+        assert "trained to the end" not in out, f"{name}: {out}"
+    assert "set up" not in early.result()[1]  # it ended at its import
+    assert again.result()[1].count(LINE) == 1  # the fit's line, once

@@ -37,7 +37,7 @@ def model_and_params(family):
     return model, jax.jit(model.apply), params()
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("family", ["gpt2", "gemma2"])  # learned positions; rotary, windows, caps
 def test_the_cache_path_equals_the_whole_sequence_for_left_padded_prompts(family):
     model, apply, params = model_and_params(family)
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fitjax as fj
-from helpers import quiet_trainer
+from helpers import persistent_compile_cache, quiet_trainer
 from test_many_runs import Decayed, loader, member
 
 def plain(state):
@@ -86,3 +86,21 @@ def test_each_run_keeps_its_own_best_checkpoint(tmp_path):
         assert module.hparams.lr == runs[i]["lr"]
         for got, want in zip(jax.tree.leaves(module.variables), jax.tree.leaves(member(snapshot.variables[epoch], i))):
             np.testing.assert_array_equal(np.asarray(got), want)  # run i's weights at its best epoch
+
+
+def test_a_run_stopped_before_its_checkpoint_stays_stopped_and_logs_nothing_after_resuming(tmp_path):
+    # run 0 diverges and stops at epoch 0's end, before that epoch's save; the resumed fit's
+    # loggers get no row of it, and the results table says it had stopped
+    runs = [{"lr": 1e3, "wd": 0.0}, {"lr": 0.01, "wd": 0.0}]
+    saves = fj.ModelCheckpoint(tmp_path / "ckpt", filename="{epoch}", every_n_epochs=1, save_top_k=-1)
+    with persistent_compile_cache(tmp_path / "xla"):  # the resumed fit builds the same programs
+        first = quiet_trainer(max_epochs=1, runs=runs, enable_checkpointing=True,
+                              callbacks=[fj.EarlyStopping("train/loss_epoch", patience=10), saves])
+        first.fit(Decayed(), loader())
+        resumed = quiet_trainer(max_epochs=2, runs=runs, logger=fj.CSVLogger(tmp_path), log_every_n_steps=1)
+        resumed.fit(Decayed(), loader(), ckpt_path=tmp_path / "ckpt" / "epoch=0-step=4")
+    assert fj.runs.active_runs(resumed.state) == [False, True]
+    folders = {p.parent.name: p for p in (tmp_path / "fitjax_logs").rglob("metrics.csv") if p.parent.name != "version_0"}
+    assert sorted(folders) == ["lr=0.01"], folders  # run 0 (lr=1000) wrote no row
+    assert "loss" in folders["lr=0.01"].read_text()
+    assert resumed.run_results.final[0] == {} and resumed.run_results.table().splitlines()[2].endswith(" yes")

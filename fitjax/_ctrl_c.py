@@ -1,0 +1,211 @@
+"""Ctrl-C from `import fitjax` on: the script ends with status 130 and no traceback, whenever it
+lands, and further Ctrl-Cs while the program exits stay quiet.
+
+Python's own Ctrl-C is a `KeyboardInterrupt` that a script leaves uncaught: a traceback, then the
+process kills itself with SIGINT (status -2 to its parent). Worse, JAX runs a callback at every
+garbage collection, and `import jax` collects often: a Ctrl-C that lands in such a callback is
+printed as "Exception ignored" and lost (the script trained to the end), and one that lands in a
+C extension's initialisation (jaxlib's, NumPy's) is turned into an `ImportError`.
+
+So `import fitjax` sets, before it imports JAX, a SIGINT handler (only where Python's default one
+is set, in the main thread of a script: an interactive session or a notebook keeps Python's) that:
+- during `import fitjax` itself, holds the Ctrl-C until the import is done and raises it then (a
+  second Ctrl-C there ends the process at once, status 130);
+- inside a garbage-collector callback, a `__del__` or anything a collection runs, sends it again,
+  from a thread, until it lands outside such code;
+- anywhere else raises `Interrupted`: a `SystemExit` with status 130 (the program ends quietly
+  unless something catches it) and a `KeyboardInterrupt` (code that catches Ctrl-C still does).
+
+Once an `Interrupted` is raised, the interpreter's exit ignores further Ctrl-C (Lightning's
+shutdown ignores them too): the exit's work (threads joined, `atexit` callbacks, JAX's backends
+closed) finishes, no traceback is printed from it and the status stays 130. `Trainer.fit` has a
+handler of its own while it runs (`fitjax.loop._interrupt`): its graceful shutdown, then
+`Interrupted`.
+
+This module imports nothing of JAX's: it runs before JAX is imported.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+__all__ = ["DEBUG_VAR", "STATUS", "Interrupted", "debugging", "held", "imported", "install", "interrupted",
+           "track_collections", "tracking_collections", "untrack_collections"]
+
+STATUS = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+DEBUG_VAR = "FITJAX_DEBUG"
+RESEND_S = 0.001  # a Ctrl-C that landed where Python drops exceptions is sent again this often
+
+
+class Interrupted(SystemExit, KeyboardInterrupt):
+    """What Ctrl-C raises once fitjax is imported, and what `Trainer.fit` raises once its shutdown
+    after Ctrl-C is done: a `SystemExit` with status 130, so the program ends without a traceback,
+    and a `KeyboardInterrupt`, so `except KeyboardInterrupt:` still catches it.
+
+    `announced`: whether Lightning's line ("Detected KeyboardInterrupt, ...") was said for it
+    (a fit says it; a Ctrl-C outside a fit says nothing)."""
+
+    def __init__(self, *, announced: bool = False) -> None:
+        super().__init__(STATUS)
+        self.announced = announced
+
+
+def debugging() -> bool:
+    """True when `FITJAX_DEBUG` asks for tracebacks (any value but "", "0", "false", "no")."""
+    return os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def interrupted(*, announced: bool = False) -> Interrupted:
+    """The `Interrupted` to raise now. If it ends the program, the exit ignores further Ctrl-C."""
+    _quiet_exit()
+    return Interrupted(announced=announced)
+
+
+class _Exit:
+    """Whether the interpreter's exit is to ignore Ctrl-C (set once an `Interrupted` was raised),
+    and whether it began."""
+    registered = False
+    begun = False
+
+
+def _quiet_exit() -> None:
+    if _Exit.registered:
+        return
+    _Exit.registered = True
+    # threading's exit hooks run first in the interpreter's exit, before threads are joined and
+    # before `atexit` (a private hook of the standard library's, which concurrent.futures uses)
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        (register or __import__("atexit").register)(_ignore_ctrl_c)
+    except RuntimeError:  # the exit has begun already
+        _ignore_ctrl_c()
+
+
+def _ignore_ctrl_c() -> None:
+    _Exit.begun = True
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept to the very end (Python resets only its handlers)
+
+
+class _Collection:
+    """Whether a garbage collection is under way (between its "start" and "stop" callbacks)."""
+    running = False
+
+    @staticmethod
+    def track(phase: str, info: dict) -> None:
+        _Collection.running = phase == "start"
+
+
+def track_collections() -> None:
+    """Puts `_Collection.track` first among the garbage collector's callbacks (set before any
+    other callback, JAX's included, runs); nothing if it is there."""
+    if _Collection.track not in gc.callbacks:
+        gc.callbacks.insert(0, _Collection.track)
+
+
+def untrack_collections() -> None:
+    with contextlib.suppress(ValueError):
+        gc.callbacks.remove(_Collection.track)
+
+
+def tracking_collections() -> bool:
+    return _Collection.track in gc.callbacks
+
+
+def swallowing(frame: Any) -> bool:
+    """True when `frame` runs inside code whose exceptions Python drops: a garbage-collector
+    callback, a `__del__`, or anything a collection runs (weak reference callbacks)."""
+    if _Collection.running:
+        return True
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Held:
+    """A Ctrl-C that landed where Python drops exceptions, and is being sent again."""
+    pending = False
+    sender: threading.Thread | None = None
+
+
+def held(frame: Any) -> bool:
+    """Whether a Ctrl-C that landed in `frame` must wait: inside code whose exceptions Python
+    drops (`swallowing`) it is sent again, from a thread (sent from the handler, it would run the
+    handler again inside itself), until it lands elsewhere; False: the handler raises it now."""
+    if not swallowing(frame):
+        _Held.pending = False
+        return False
+    _Held.pending = True
+    if (_Held.sender is None or not _Held.sender.is_alive()) and not _Exit.begun:
+        _Held.sender = threading.Thread(target=_send_again, name="fitjax-ctrl-c", daemon=True)
+        with contextlib.suppress(RuntimeError):  # no new thread at the interpreter's exit: the Ctrl-C is moot
+            _Held.sender.start()
+    return True
+
+
+def _send_again() -> None:
+    # sent only while no collection runs (where the handler would hold it again); every
+    # millisecond, so that a loop that mostly collects still gets it in the gaps between
+    while _Held.pending and not _Exit.begun:
+        time.sleep(RESEND_S)
+        if _Held.pending and not _Collection.running:
+            _thread.interrupt_main()
+
+
+class _Import:
+    """`import fitjax` is running; a Ctrl-C during it is held until it is done."""
+    running = False
+    held = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Ctrl-C once fitjax is imported, outside a fit (see the module docstring)."""
+    if _Import.running and "fitjax" in sys.modules:  # (a failed import leaves no "fitjax" there)
+        if _Import.held:  # a second Ctrl-C: do not make the user wait for the import
+            _exit_now()
+        _Import.held = True
+        return
+    if held(frame):
+        return
+    if debugging():
+        traceback.print_stack(frame)  # where it landed
+    raise interrupted()
+
+
+def _exit_now() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(STATUS)
+
+
+def install() -> None:
+    """At the start of `import fitjax`: the handler, where Python's default one is set in a
+    script's main thread (an interactive session or a notebook keeps Python's), and the
+    collection tracking `swallowing` reads."""
+    track_collections()
+    interactive = sys.flags.interactive or hasattr(sys, "ps1") or "IPython" in sys.modules
+    if (threading.current_thread() is threading.main_thread() and not interactive
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        _Import.running = True
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def imported() -> None:
+    """At the end of `import fitjax`: a Ctrl-C held during it is raised now."""
+    _Import.running = False
+    if _Import.held:
+        _Import.held = False
+        raise interrupted()
