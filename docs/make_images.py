@@ -56,9 +56,8 @@ def progress(root: Path) -> None:
     from rich.text import Text
 
     tmux = ["tmux", "-L", f"fitjax-docs-{os.getpid()}"]  # a server of our own, ended below
-    # from the run's folder: the logs line reads runs/fitjax_logs/...; on the CPU as in README's
-    # `[examples]` install, which has no libtpu (`[dev]`'s would probe for a TPU and warn at start)
-    command = (f"cd {root} && JAX_PLATFORMS=cpu PYTHONPATH={ROOT} {sys.executable} {ROOT}/examples/digits.py "
+    # from the run's folder: the logs line reads runs/fitjax_logs/...
+    command = (f"cd {root} && PYTHONPATH={ROOT} {sys.executable} {ROOT}/examples/digits.py "
                "--epochs 4; echo DONE; sleep 60")
     subprocess.run([*tmux, "new-session", "-d", "-x", "100", "-y", "40", command], check=True)
     try:

@@ -8,9 +8,10 @@ from fitjax import _ctrl_c
 
 _ctrl_c.install()  # before JAX is imported: a Ctrl-C from here on ends the script with 130, quietly
 
-from fitjax.step import xla_cpu as _xla_cpu
+from fitjax.step import xla_cpu as _xla_cpu, xla_tpu as _xla_tpu
 
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
+_xla_tpu.skip_absent_tpu()  # no TPU here: libtpu is not loaded (no probe lines, a working profiler)
 
 from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, planner, plugins, precision,
                     profilers, strategies, tuner)

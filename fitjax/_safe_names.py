@@ -9,13 +9,15 @@ normalised name inside the checkpoint, an `id` of the form fitjax writes. Anythi
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["UnsafeName", "check_folder", "check_id", "check_inside", "check_name", "check_relative"]
+__all__ = ["UnsafeName", "check_folder", "check_id", "check_in_folder", "check_inside", "check_name", "check_record",
+           "check_relative"]
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _ID = re.compile(r"[0-9a-f]{32}")  # `uuid.uuid4().hex`, what `_storage.commit` writes
@@ -91,4 +93,40 @@ def check_inside(path: Path, root: Path, *, entry: str) -> Path:
     if real != base and base not in real.parents:
         raise UnsafeName(f"{entry}: {str(path)!r} leads to {str(real)!r}, outside {str(root)!r}; refused, "
                          "nothing written")
+    return path
+
+
+def check_record(raw: bytes, entry: str, name: str, *, markers: tuple[str, ...]) -> tuple[str, dict[str, int]]:
+    """`(id, files)` of a store checkpoint's completion record `raw` (the object `entry`, in the
+    checkpoint folder `name`): every entry checked to name a place inside the checkpoint, none of
+    fitjax's own `markers`; else `UnsafeName` naming it."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+        raise UnsafeName(f"{entry} is not a file list (JSON with 'id' and 'files'); refused, nothing written")
+    check_name(name, entry="the checkpoint's folder")
+    upload_id = check_id(record.get("id"), entry=entry)
+    files = record["files"]
+    for file, size in files.items():
+        check_relative(file, entry=f"{entry}'s file list")
+        if file in markers:
+            raise UnsafeName(f"{entry}'s file list names {file!r}, fitjax's own marker; refused, nothing written")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise UnsafeName(f"{entry}'s file list gives {file!r} the size {size!r}, not a number of bytes; "
+                             "refused, nothing written")
+        for parent in Path(file).parents:
+            if str(parent) in files:  # a file and a folder of one name: one would replace the other
+                raise UnsafeName(f"{entry}'s file list names {str(parent)!r} both as a file and as the folder "
+                                 f"of {file!r}; refused, nothing written")
+    return upload_id, files
+
+
+def check_in_folder(path: Any, folder: Any, *, entry: str) -> str:
+    """`path` if it is `<folder>/<one plain name>`; else `UnsafeName` naming `entry`."""
+    if not isinstance(path, str) or not isinstance(folder, str) or not path.startswith(folder + "/"):
+        raise UnsafeName(f"{entry} names {path!r}, which is not in the saved dirpath {folder!r}; refused, "
+                         "nothing written")
+    check_name(path[len(folder) + 1:], entry=entry)
     return path

@@ -14,7 +14,8 @@ checkpoint on a store complete only once `.fitjax-complete` is there (Orbax's ow
 removes `.fitjax-complete` first and `.fitjax-checkpoint` last: a kill at any object leaves either
 a complete checkpoint or a prefix the next writer recognises as its own and removes. Reading one
 downloads the listed files once into a per-process cache, sizes checked, its own copy of the
-marker written last: an interrupted download is never trusted.
+marker written last: an interrupted download is never trusted. The record itself is checked
+whole first (`_safe_names.check_record`): no name it holds can land outside the cache.
 
 Waits on a store are bounded: every request has `store_timeout()` seconds to answer (connect and
 read), one attempt each (s3fs/botocore's and gcsfs's own retry loops, which would multiply the
@@ -44,9 +45,10 @@ from etils import epath
 
 from fitjax import _safe_names
 
-__all__ = ["AnyPath", "CLAIM", "COMPLETE", "StoreTimeout", "as_path", "begin", "commit", "create_new",
-           "download", "folder", "in_flight", "is_partial", "is_url", "put_file", "put_folder", "remove",
-           "store_error", "store_timeout", "temp_folder", "upload"]
+__all__ = ["AnyPath", "CLAIM", "COMPLETE", "StoreTimeout", "as_path", "begin", "commit", "create_new", "delete",
+           "download", "folder", "get_bytes", "in_flight", "is_partial", "is_url", "names", "process_alive",
+           "put_bytes", "put_file", "put_folder", "remove", "retried", "store_error", "store_timeout", "temp_folder",
+           "upload"]
 
 AnyPath = Union[Path, epath.Path]
 CLAIM = ".fitjax-checkpoint"  # the first object of a checkpoint's upload: this prefix is fitjax's
@@ -109,7 +111,7 @@ def _bound_requests() -> None:
     """Makes every request of fsspec's s3 and gs filesystems (those `epath` and fitjax use) give
     up after `store_timeout()` seconds without an answer (connecting, or between two reads: a
     large file may take longer as long as it flows), one attempt each (fitjax's operations retry,
-    `_call`), and list afresh each time, by fsspec's per-protocol defaults; values a user set there
+    `retried`), and list afresh each time, by fsspec's per-protocol defaults; values a user set there
     are kept. A changed timeout or `AWS_ENDPOINT_URL` takes effect at the next URL (gcsfs reads
     `STORAGE_EMULATOR_HOST` at each request)."""
     timeout = store_timeout()
@@ -174,6 +176,8 @@ def _transient(error: BaseException) -> bool:
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
+        if isinstance(error, StoreTimeout):  # an inner operation's bound already spent: not again
+            return False
         if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, NotImplementedError)):
             return False
         if {c.__name__ for c in type(error).__mro__} & _TRANSIENT or any(
@@ -183,7 +187,7 @@ def _transient(error: BaseException) -> bool:
     return False
 
 
-def _call(operation: str, url: str, call: Callable[[], _T]) -> _T:
+def retried(operation: str, url: str, call: Callable[[], _T]) -> _T:
     """`call()`, retried with back-off (0.25 s doubling to 8 s) while it fails transiently and
     `store_timeout()` has not passed since the first try; then `StoreTimeout` naming `url` and
     `operation`."""
@@ -236,7 +240,7 @@ def _fs(path: AnyPath):
                           "(or pip install 'fitjax[stores]').") from error
     if type(fs).__name__ == "S3FileSystem":
         # s3fs retries a timed-out request 5 times itself (a class attribute, no argument sets
-        # it): once here, `_call` retries on a clock. The instance is the one epath shares.
+        # it): once here, `retried` retries on a clock. The instance is the one epath shares.
         fs.retries = 1
     _one_attempt(fs)
     return fs, root
@@ -248,7 +252,7 @@ _GCSFS_RETRIED = ("_request", "_get_file_request", "_get_file_concurrent")
 def _one_attempt(fs: Any) -> None:
     """Turns off gcsfs's own retries on the instance `fs`: it tries each request 6 times, sleeping
     1 to 16 s between, fixed when the class is defined (no setting changes it), which would make a
-    stalled store's bound 6 timeouts and 31 s more; `_call` retries on a clock instead. Each
+    stalled store's bound 6 timeouts and 31 s more; `retried` retries on a clock instead. Each
     retried method is replaced, on this instance only, by the one it wraps."""
     if not type(fs).__module__.startswith("gcsfs") or getattr(fs, "_fitjax_one_attempt", False):
         return
@@ -273,7 +277,7 @@ def upload(local: Path, target: AnyPath) -> None:
 def begin(target: AnyPath) -> None:
     """Writes `target/CLAIM`: fitjax is uploading a checkpoint there (call it first)."""
     fs, root = _fs(target)
-    _call(f"writing {CLAIM}", os.fspath(target), lambda: fs.pipe_file(f"{root}/{CLAIM}", b"fitjax checkpoint\n"))
+    retried(f"writing {CLAIM}", os.fspath(target), lambda: fs.pipe_file(f"{root}/{CLAIM}", b"fitjax checkpoint\n"))
 
 
 def commit(target: AnyPath, files: dict[str, int] | None = None) -> None:
@@ -284,33 +288,31 @@ def commit(target: AnyPath, files: dict[str, int] | None = None) -> None:
     if files is None:
         files = {name: size for name, size in _held(fs, root, url).items() if name not in (CLAIM, COMPLETE)}
     listing = json.dumps({"id": uuid.uuid4().hex, "files": files}, sort_keys=True).encode()
-    _call(f"writing {COMPLETE}", url, lambda: fs.pipe_file(f"{root}/{COMPLETE}", listing))
+    retried(f"writing {COMPLETE}", url, lambda: fs.pipe_file(f"{root}/{COMPLETE}", listing))
 
 
 def is_partial(target: AnyPath) -> bool:
     """True for a store folder fitjax began writing (or deleting) a checkpoint in and did not
     finish: `CLAIM` there, `COMPLETE` not."""
     fs, root = _fs(target)
-    return _call("listing", os.fspath(target),
-                 lambda: fs.exists(f"{root}/{CLAIM}") and not fs.exists(f"{root}/{COMPLETE}"))
+    return retried("listing", os.fspath(target),
+                   lambda: fs.exists(f"{root}/{CLAIM}") and not fs.exists(f"{root}/{COMPLETE}"))
 
 
 def put_folder(local: Path, target: AnyPath) -> dict[str, int]:
     """Copies every file under the local folder `local` to the same place under `target`;
     returns what it copied (name under `target` -> size), as `commit` lists it.
 
-    Then checks, in one listing, that the store holds each file at its size: a file it holds at
-    another size is uploaded again, once, and if it is still not whole an `OSError` names it, so
-    nothing is marked complete (`commit`) over a damaged copy. (A multipart upload's framing can
-    cost a file its last byte on a parser that takes a trailing CR for a line break: the GCS
-    emulator's does, for one file in 256.)"""
+    Then checks, in one listing, that the store holds each file at its size: one held at another
+    size is uploaded again, once, then an `OSError` names it, so nothing is marked complete over a
+    damaged copy (the GCS emulator's multipart parser took a last CR for a line break)."""
     fs, root = _fs(target)
     url = os.fspath(target)
     files = {file.relative_to(local).as_posix(): file for file in _files(local)}
     sizes = {name: file.stat().st_size for name, file in files.items()}
 
     def put(name: str) -> None:
-        _call(f"uploading {name}", url, lambda: fs.put_file(str(files[name]), f"{root}/{name}"))
+        retried(f"uploading {name}", url, lambda: fs.put_file(str(files[name]), f"{root}/{name}"))
 
     def not_whole() -> dict[str, int | None]:  # name -> the size the store holds (None: none)
         held = _held(fs, root, url)
@@ -330,7 +332,7 @@ def put_folder(local: Path, target: AnyPath) -> dict[str, int]:
 def _held(fs, root: str, url: str) -> dict[str, int]:
     """What the store holds under `root` now (one listing): name under `root` -> size."""
     fs.invalidate_cache(root)
-    found = _call("listing", url, lambda: fs.find(root, detail=True))
+    found = retried("listing", url, lambda: fs.find(root, detail=True))
     return {name[len(root):].lstrip("/"): int(info["size"]) for name, info in found.items()}
 
 
@@ -344,7 +346,7 @@ def create_new(target: AnyPath, data: bytes = b"") -> bool:
     """
     fs, root = _fs(target)
     try:
-        fs.pipe_file(root, data, mode="create")
+        retried("creating", os.fspath(target), lambda: fs.pipe_file(root, data, mode="create"))
     except FileExistsError:
         return False
     except (TypeError, ValueError) as error:  # a filesystem without mode="create"
@@ -360,16 +362,46 @@ def get_file(target: AnyPath, local: Path) -> bool:
     """Copies the store file `target` to the local path `local`; False when there is none."""
     fs, root = _fs(target)
     url = os.fspath(target)
-    if not _call("listing", url, lambda: fs.exists(root)):
+    if not retried("listing", url, lambda: fs.exists(root)):
         return False
-    _call("downloading", url, lambda: fs.get_file(root, str(local)))
+    retried("downloading", url, lambda: fs.get_file(root, str(local)))
     return True
+
+
+def put_bytes(target: AnyPath, data: bytes) -> None:
+    """Writes the store object `target` (retried, as every request here: `retried`)."""
+    fs, root = _fs(target)
+    retried("writing", os.fspath(target), lambda: fs.pipe_file(root, data))
+
+
+def get_bytes(target: AnyPath) -> bytes | None:
+    """The store object `target`'s bytes; None when there is none."""
+    fs, root = _fs(target)
+    with contextlib.suppress(FileNotFoundError):
+        return retried("reading", os.fspath(target), lambda: fs.cat_file(root))
+    return None
+
+
+def delete(target: AnyPath) -> None:
+    """Deletes the store object `target`, if there."""
+    fs, root = _fs(target)
+    retried("deleting", os.fspath(target), lambda: _rm_if_there(fs, root))
+
+
+def names(folder: AnyPath) -> list[str]:
+    """The sorted names directly under the store folder `folder` (one listing); [] when none."""
+    fs, root = _fs(folder)
+    fs.invalidate_cache(root)
+    with contextlib.suppress(FileNotFoundError):
+        found = retried("listing", os.fspath(folder), lambda: fs.ls(root, detail=False))
+        return sorted({path.rstrip("/").rsplit("/", 1)[-1] for path in found} - {""})
+    return []
 
 
 def put_file(local: Path, target: AnyPath) -> None:
     """Copies the local file `local` to the store path `target`."""
     fs, root = _fs(target)
-    _call("uploading", os.fspath(target), lambda: fs.put_file(str(local), root))
+    retried("uploading", os.fspath(target), lambda: fs.put_file(str(local), root))
 
 
 def remove(target: AnyPath) -> None:
@@ -378,12 +410,12 @@ def remove(target: AnyPath) -> None:
     fitjax's and finishes the deletion)."""
     fs, root = _fs(target)
     url = os.fspath(target)
-    _call(f"deleting {COMPLETE}", url, lambda: _rm_if_there(fs, f"{root}/{COMPLETE}"))
+    retried(f"deleting {COMPLETE}", url, lambda: _rm_if_there(fs, f"{root}/{COMPLETE}"))
     fs.invalidate_cache(root)
-    rest = [name for name in _call("listing", url, lambda: fs.find(root)) if name != f"{root}/{CLAIM}"]
+    rest = [name for name in retried("listing", url, lambda: fs.find(root)) if name != f"{root}/{CLAIM}"]
     if rest:
-        _call("deleting", url, lambda: fs.rm(rest))
-    _call(f"deleting {CLAIM}", url, lambda: _rm_if_there(fs, f"{root}/{CLAIM}"))
+        retried("deleting", url, lambda: fs.rm(rest))
+    retried(f"deleting {CLAIM}", url, lambda: _rm_if_there(fs, f"{root}/{CLAIM}"))
     fs.invalidate_cache(root)
 
 
@@ -416,12 +448,13 @@ def temp_folder(kind: str) -> Path:
         with contextlib.suppress(OSError):
             for path in Path(tempfile.gettempdir()).iterdir():
                 found = _TEMP.match(path.name)
-                if found and not _alive(int(found.group(2))):
+                if found and not process_alive(int(found.group(2))):
                     shutil.rmtree(path, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"fitjax-{kind}-{os.getpid()}-"))
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this machine is running (another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -435,15 +468,15 @@ def download(target: AnyPath) -> Path:
     """A local copy of the complete store checkpoint `target` (downloaded once per upload): the
     files its `COMPLETE` lists, each checked for its size, then the copy's own `COMPLETE`.
 
-    The record is checked whole before anything is written (`_checked_record`): a name that is
+    The record is checked whole before anything is written (`_safe_names.check_record`): a name that is
     not a relative, normalised path inside the checkpoint, or an `id` not of the form `commit`
     writes, is an `UnsafeName` naming the entry, and nothing is downloaded.
 
     Raises `FileNotFoundError` naming the file when one is missing or of another size."""
     fs, root = _fs(target)
     url = os.fspath(target)
-    raw = _call(f"reading {COMPLETE}", url, lambda: fs.cat_file(f"{root}/{COMPLETE}"))
-    upload_id, files = _checked_record(raw, url, target.name)
+    raw = retried(f"reading {COMPLETE}", url, lambda: fs.cat_file(f"{root}/{COMPLETE}"))
+    upload_id, files = _safe_names.check_record(raw, COMPLETE, target.name, markers=(CLAIM, COMPLETE))
     local = _cache() / upload_id / target.name
     for name in files:  # links in the cache (none fitjax makes) would lead elsewhere: checked too
         _safe_names.check_inside(local / name, _cache(), entry=f"{COMPLETE}'s file {name!r}")
@@ -452,40 +485,11 @@ def download(target: AnyPath) -> Path:
     for name, size in sorted(files.items()):
         file = local / name
         file.parent.mkdir(parents=True, exist_ok=True)
-        _call(f"downloading {name}", url, lambda: fs.get_file(f"{root}/{name}", str(file)))
+        retried(f"downloading {name}", url, lambda: fs.get_file(f"{root}/{name}", str(file)))
         if file.stat().st_size != size:
             raise FileNotFoundError(f"{url}/{name} holds {file.stat().st_size} bytes, and {COMPLETE} lists {size}")
     (local / COMPLETE).write_text(json.dumps({"id": upload_id, "files": files}))  # last: this copy is complete
     return local
-
-
-def _checked_record(raw: bytes, url: str, name: str) -> tuple[str, dict[str, int]]:
-    """`(id, files)` of the `COMPLETE` record `raw` of the store checkpoint `url` (folder
-    `name`), every entry checked to name a place inside the checkpoint; else `UnsafeName`."""
-    entry = COMPLETE
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
-        raise _safe_names.UnsafeName(f"{entry} is not a file list (JSON with 'id' and 'files'); refused, "
-                                     "nothing written")
-    _safe_names.check_name(name, entry="the checkpoint's folder")
-    upload_id = _safe_names.check_id(record.get("id"), entry=entry)
-    files = record["files"]
-    for file, size in files.items():
-        _safe_names.check_relative(file, entry=f"{entry}'s file list")
-        if file in (CLAIM, COMPLETE):
-            raise _safe_names.UnsafeName(f"{entry}'s file list names {file!r}, fitjax's own marker; refused, "
-                                         "nothing written")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise _safe_names.UnsafeName(f"{entry}'s file list gives {file!r} the size {size!r}, not a "
-                                         "number of bytes; refused, nothing written")
-        for parent in Path(file).parents:
-            if str(parent) in files:  # a file and a folder of one name: one would replace the other
-                raise _safe_names.UnsafeName(f"{entry}'s file list names {str(parent)!r} both as a file and "
-                                             f"as the folder of {file!r}; refused, nothing written")
-    return upload_id, files
 
 
 def store_error(url: str, error: BaseException) -> str:

@@ -1,11 +1,14 @@
-"""8 virtual CPU devices for every test: set before JAX is imported anywhere."""
+"""8 virtual CPU devices for every test: set before JAX is imported anywhere.
+
+No `JAX_PLATFORMS` is set: the suite runs as users run, with whatever `[dev]` installed (libtpu
+among them, kept from probing by `import fitjax` on a machine without a TPU).
+"""
 
 import os
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import fitjax  # noqa: E402,F401  (first: it picks XLA:CPU's scheduler before the backends start)
 import jax  # noqa: E402
@@ -13,7 +16,7 @@ import pytest  # noqa: E402
 from helpers import persistent_compile_cache  # noqa: E402
 
 assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in os.environ["XLA_FLAGS"]
-assert jax.device_count() == 8, "conftest must run before anything imports jax"
+assert len(jax.devices("cpu")) == 8, "conftest must run before anything imports jax"
 
 
 # One of each session fixture per test run, also under `pytest -n 2 --dist loadgroup` (README's

@@ -233,33 +233,6 @@ class Poisoned(fj.LitModule):
         return optax.sgd(self.hparams.lr)
 
 
-def in_own_process(test):
-    """Runs a test function (one taking no fixtures) in a fresh `python -m pytest` of its own.
-
-    For tests that plan for a TPU slice: libtpu, once loaded into a process for a deviceless
-    compile, makes JAX's profiler crash that process later (`jax.profiler.start_trace`, seen as a
-    segmentation fault of the whole suite in tests/profilers). The child runs the same test with the
-    same conftest; its output comes back in the assertion message when it fails.
-    """
-    import functools
-    import os
-    import subprocess
-
-    node = f"{Path(test.__code__.co_filename).resolve()}::{test.__name__}"
-
-    @functools.wraps(test)
-    def run():
-        if os.environ.get("FITJAX_TEST_IN_OWN_PROCESS") == node:
-            return test()
-        env = {**os.environ, "FITJAX_TEST_IN_OWN_PROCESS": node}
-        result = subprocess.run([sys.executable, "-m", "pytest", node, "-x", "-q", "-p", "no:cacheprovider"],
-                                env=env, capture_output=True, text=True, timeout=900,
-                                cwd=Path(__file__).resolve().parents[1])
-        assert result.returncode == 0, f"{node} failed in its own process:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
-
-    return run
-
-
 VOCAB = 40  # TinyLM's
 
 

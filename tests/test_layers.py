@@ -21,14 +21,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # placed on top (they may import anything, and nothing placed below may import them). The private
 # modules left at the top level are the utilities several packages share: `_typing` (every layer),
 # `_storage` (checkpoint, callbacks, loggers, profilers, cli), `_safe_names` (names read from a
-# checkpoint that become paths: `_storage`, checkpoint, callbacks), `_lazy` (checkpoint, loggers),
+# checkpoint that become paths: `_storage`, checkpoint, callbacks), `_stack` (warnings pointing at the
+# user's line), `_lazy` (checkpoint, loggers),
 # `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers), `_seed` (loop,
 # cli, `fj.seed_everything`), `_status` (the set-up's status lines: loop, profilers, callbacks) and
 # `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
-                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names", "fitjax._seed",
-                "fitjax._status", "fitjax._ctrl_c"]),
+                "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names",
+                "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),

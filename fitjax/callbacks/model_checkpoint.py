@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fitjax import _safe_names, _storage, checkpoint
+from fitjax import _safe_names, _stack, _storage, checkpoint
 from fitjax.runs import run_suffix
 from fitjax.strategies import broadcast_str
 from fitjax.callbacks import _ranking
@@ -146,6 +146,7 @@ class ModelCheckpoint(Callback):
         self._validated_at: int | None = None  # global step of this fit's last validation
         self._resumed = False
         self._restoring: dict[str, Any] | None = None  # a loaded state whose dirpath is checked at fit start
+        self._held: Path | None = None  # the folder whose lease this fit holds (`checkpoint.hold_folder`)
         self._failing = False
         self._warned_missing = False
         self._last_time = time.monotonic()
@@ -256,7 +257,7 @@ class ModelCheckpoint(Callback):
                     f"checkpoint {str(incomplete[-1][0])!r} is damaged: {incomplete[-1][1]}.")
             if damaged is not None:
                 warnings.warn(f"ckpt_path={which!r}: {damaged} Resuming from {str(path)!r}, the newest "
-                              "intact checkpoint, instead.", stacklevel=4)
+                              "intact checkpoint, instead.", stacklevel=_stack.user_stacklevel())
             return path
         _warn_foreign(which, foreign, module)
         if damaged is None and incomplete:
@@ -274,17 +275,19 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer, module) -> None:
         directory = self.resolve_dirpath(trainer)  # here, where every process is: it may be a collective
         checkpoint.prepare(directory)  # writable (a store: reachable): an error now, not at the first save
-        if (trainer.is_global_zero and not self._resumed and self.save_top_k != 0 and directory.is_dir()
-                and any(checkpoint.is_checkpoint(p) for p in directory.iterdir())):
+        self._hold(trainer, directory)  # no other fit running on this folder: its saves are ours to clean
+        entries = checkpoint.folder_entries(directory)  # on a store: one listing, retried
+        if (trainer.is_global_zero and not self._resumed and self.save_top_k != 0
+                and any(checkpoint.is_checkpoint(p) for p in entries)):
             warnings.warn(f"Checkpoint directory {str(directory)!r} exists and holds checkpoints: this "
                           "run saves next to them under new names ('-v1', ...) and never deletes them.",
-                          stacklevel=2)
-        checkpoint.cleanup(directory)  # what interrupted saves and deletions left
+                          stacklevel=_stack.user_stacklevel())
+        removed = checkpoint.cleanup(directory)  # what interrupted saves and deletions left
         self._writer = checkpoint.writer()
         # a store's folder is listed once: a name check per save would be a request on the loop's thread
         self._listed = None
         if _storage.is_url(directory):
-            self._listed = {p.name for p in directory.iterdir()} if directory.is_dir() else set()
+            self._listed = {p.name for p in entries} - {p.name for p in removed}
         self._saved_steps, self._validated_at, self._failing = set(), None, False
         self._frozen = None
         self._last_time = time.monotonic()
@@ -384,12 +387,30 @@ class ModelCheckpoint(Callback):
 
     def teardown(self, trainer, module, stage: str) -> None:
         writer, self._writer = self._writer, None
-        if writer is not None:
-            try:
+        try:
+            if writer is not None:
                 writer.wait()
-            except Exception:
-                if not self._failing:  # never hide the exception fit is already raising
-                    raise
+        except Exception:
+            if not self._failing:  # never hide the exception fit is already raising
+                raise
+        finally:
+            held, self._held = self._held, None
+            if held is not None:
+                checkpoint.release_folder(held)
+
+    def _hold(self, trainer, directory: Path) -> None:
+        """Takes this fit's lease on `directory` (process 0), or raises `FolderInUse` naming the
+        fit running there, on every process."""
+        refused = ""
+        if trainer.is_global_zero:
+            try:
+                checkpoint.hold_folder(directory)
+                self._held = directory
+            except checkpoint.FolderInUse as error:
+                refused = str(error)
+        refused = broadcast_str(refused)  # every process stops, not process 0 alone
+        if refused:
+            raise checkpoint.FolderInUse(refused)
 
     # ------------------------------------------------------------------------------ saving
 
@@ -449,7 +470,7 @@ class ModelCheckpoint(Callback):
                 self._frozen = {}
                 warnings.warn("ModelCheckpoint(weights='trainable') saves every parameter: this fit's optimizer "
                               "freezes none (use `module.apply_lora(...)` or `fj.param_groups` with a group None).",
-                              stacklevel=3)
+                              stacklevel=_stack.user_stacklevel())
             return trainer.state
         if self._frozen is None:  # the frozen part never changes during a fit: read once
             self._frozen = checkpoint.fingerprints(trainer.state.params, mask)
@@ -475,7 +496,7 @@ class ModelCheckpoint(Callback):
             if self._validated_at is not None:
                 raise ValueError(message)  # Lightning raises once validation has run
             if not self._warned_missing:
-                warnings.warn(message, stacklevel=3)
+                warnings.warn(message, stacklevel=_stack.user_stacklevel())
                 self._warned_missing = True
             return None, False
         return self._finite(candidates[self.monitor]), True
@@ -569,9 +590,9 @@ class ModelCheckpoint(Callback):
                 _safe_names.check_folder(folder, entry="ModelCheckpoint's saved 'dirpath'")
             for key in ("best_model_path", "last_model_path"):
                 if state.get(key):
-                    _check_in(state[key], folder, entry=f"ModelCheckpoint's saved {key!r}")
+                    _safe_names.check_in_folder(state[key], folder, entry=f"ModelCheckpoint's saved {key!r}")
             for path, _ in state.get("kept", []):
-                _check_in(path, folder, entry="ModelCheckpoint's saved 'kept'")
+                _safe_names.check_in_folder(path, folder, entry="ModelCheckpoint's saved 'kept'")
         except _safe_names.UnsafeName as error:
             raise checkpoint.CheckpointDamaged(f"the checkpoint being resumed is damaged: {error}.") from None
         self.best_model_path = state.get("best_model_path", "")
@@ -589,14 +610,6 @@ class ModelCheckpoint(Callback):
         self.last_model_path = state.get("last_model_path", "")
         self._kept = {path: tuple(score) if isinstance(score, list) else score  # per run: JSON's lists
                       for path, score in state.get("kept", []) if checkpoint.is_checkpoint(path)}
-
-
-def _check_in(path: Any, folder: Any, *, entry: str) -> None:
-    """Raises `UnsafeName` unless `path` is `<folder>/<one plain name>`."""
-    if not isinstance(path, str) or not isinstance(folder, str) or not path.startswith(folder + "/"):
-        raise _safe_names.UnsafeName(f"{entry} names {path!r}, which is not in the saved dirpath {folder!r}; "
-                                     "refused, nothing written")
-    _safe_names.check_name(path[len(folder) + 1:], entry=entry)
 
 
 def _same_class(saved_by: str, module) -> bool:
@@ -619,7 +632,7 @@ def _warn_foreign(which: str, foreign: list[tuple[Path, str]], module) -> None:
         warnings.warn(f"ckpt_path={which!r} skipped newer checkpoints saved by another module than "
                       f"{type(module).__qualname__}: {names}{more}; they belong to another run. Pass a "
                       "path to resume one of them, or give each experiment its own logger name or "
-                      "version.", stacklevel=5)
+                      "version.", stacklevel=_stack.user_stacklevel())
         foreign.clear()
 
 

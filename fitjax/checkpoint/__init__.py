@@ -47,10 +47,12 @@ from fitjax.checkpoint._format import (
 # For the other fitjax packages (the checkpoint callbacks, the loop's resume, the integrations),
 # not part of the user-facing API: the folder's item names and checks, and the one writer per
 # process that every save goes through (`_writer`).
-from fitjax.checkpoint._format import META_ITEM, STATE_ITEM, TMP_MARK, check_path, jsonable
+from fitjax.checkpoint._format import META_ITEM, STATE_ITEM, TMP_MARK, check_path, folder_entries, jsonable
 from fitjax.checkpoint._writer import CheckpointWriter, cleanup, import_orbax_soon, is_donated, prepare, writer
 from fitjax.checkpoint._trainable import FROZEN_KEY, fingerprints, keep_trained
+from fitjax.checkpoint._lease import FolderInUse
+from fitjax.checkpoint._lease import release as release_folder, take as hold_folder
 
-__all__ = ["CheckpointDamaged", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
+__all__ = ["CheckpointDamaged", "FolderInUse", "SaveFailed", "checkpoints_newest_first", "composite_args", "damage",
            "incomplete_checkpoints", "is_checkpoint", "latest_checkpoint", "local_path", "module_init_args",
            "read_meta", "restore_state", "restore_variables", "save_args", "saveable_tree", "verify"]

@@ -19,6 +19,7 @@ from fitjax import _safe_names, _storage
 from fitjax._lazy import LazyModule
 from fitjax._typing import PyTree
 from fitjax.checkpoint import _trainable
+from fitjax.checkpoint._tree_check import LOAD_WEIGHTS, check_tree, path_str
 from fitjax.state import TrainState
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save or load, not by `import fitjax`
@@ -62,7 +63,7 @@ def saveable_tree(state: TrainState) -> tuple[dict[str, Any], dict[str, str]]:
 
     def plain(key_path, leaf):
         if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            impls[_path_str(key_path)] = str(jax.random.key_impl(leaf))
+            impls[path_str(key_path)] = str(jax.random.key_impl(leaf))
             return jax.random.key_data(leaf)
         return leaf
 
@@ -88,8 +89,22 @@ class SaveFailed(RuntimeError):
 
 
 def damage(path: str | os.PathLike) -> str | None:
-    """What makes `path` not a complete checkpoint (cheap: file checks only), or None."""
+    """What makes `path` not a complete checkpoint (cheap: file checks only), or None. On a
+    store, its requests are retried as a save's are (`_storage.retried`)."""
     path = local_path(path)
+    if _storage.is_url(path):
+        return _storage.retried("checking a checkpoint", str(path), lambda: _damage(path))
+    return _damage(path)
+
+
+def folder_entries(directory: _storage.AnyPath) -> list[_storage.AnyPath]:
+    """What `directory` holds (none when it is not there); on a store one retried listing."""
+    if _storage.is_url(directory):
+        return [directory / name for name in _storage.names(directory)]
+    return list(directory.iterdir()) if directory.is_dir() else []
+
+
+def _damage(path: _storage.AnyPath) -> str | None:
     if TMP_MARK in path.name:
         return "it is the leftover of an interrupted save or deletion"
     if not path.is_dir():
@@ -119,9 +134,7 @@ def checkpoints_newest_first(directories: list[str | os.PathLike]) -> list[Path]
     its step count."""
     found = []
     for directory in directories:
-        directory = local_path(directory)
-        if directory.is_dir():
-            found += [path for path in directory.iterdir() if is_checkpoint(path)]
+        found += [path for path in folder_entries(local_path(directory)) if is_checkpoint(path)]
 
     def saved_at(path: Path) -> tuple[float, int]:
         meta = read_meta(path)
@@ -138,19 +151,25 @@ def incomplete_checkpoints(directories: list[str | os.PathLike]) -> list[tuple[P
     is ever chosen, and the next start removes it): `(path, damage, modified time)`."""
     found = []
     for directory in directories:
-        directory = local_path(directory)
-        if directory.is_dir():
-            for path in directory.iterdir():
-                try:
-                    if (TMP_MARK not in path.name and path.is_dir() and (problem := damage(path))
-                            and ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())
-                            and not (_storage.is_url(path) and _storage.is_partial(path))):
-                        files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
-                                 if f.is_file()]  # written by the save: when it ran
-                        found.append((path, problem, max(_mtime(f) for f in files or [path])))
-                except FileNotFoundError:  # removed since it was listed: another process's cleanup
-                    continue  # or a top-k deletion (a store's listing can lag behind a delete)
+        for path in folder_entries(local_path(directory)):
+            try:
+                entry = (_storage.retried("checking a checkpoint", str(path), lambda: _incomplete(path))
+                         if _storage.is_url(path) else _incomplete(path))
+            except FileNotFoundError:  # removed since it was listed: another process's cleanup
+                continue  # or a top-k deletion (a store's listing can lag behind a delete)
+            if entry is not None:
+                found.append(entry)
     return found
+
+
+def _incomplete(path: _storage.AnyPath) -> tuple[Path, str, float] | None:
+    if (TMP_MARK in path.name or not path.is_dir() or (problem := _damage(path)) is None
+            or not ((path / STATE_ITEM).is_dir() or (path / META_ITEM).is_dir())
+            or (_storage.is_url(path) and _storage.is_partial(path))):
+        return None
+    files = [f for f in (path / STATE_ITEM / "_METADATA", path / META_ITEM / "metadata")
+             if f.is_file()]  # written by the save: when it ran
+    return path, problem, max(_mtime(f) for f in files or [path])
 
 
 def _mtime(path: _storage.AnyPath) -> float:
@@ -197,6 +216,8 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
             "folder of one checkpoint, e.g. '.../checkpoints/epoch=3-step=32', or 'last' / 'best'."
         )
     try:
+        if _storage.is_url(file):
+            return json.loads(_storage.retried("reading", str(file), file.read_text))
         return json.loads(file.read_text())
     except ValueError as error:
         raise CheckpointDamaged(f"checkpoint {str(path)!r} is damaged: {META_ITEM}/metadata is "
@@ -246,18 +267,18 @@ def restore_state(path: str | os.PathLike, like: TrainState, *,
         like = _trainable.keep_trained(like, trains)
     target, impls = saveable_tree(like)
     target = jax.tree.map(_abstract, target)
-    _check_tree(_saved_tree(path, shown), target, shown, saved_options=meta.get("options", {}),
+    check_tree(_saved_tree(path, shown), target, shown, saved_options=meta.get("options", {}),
                 options=options or {})
     saved, ours = meta.get("options", {}).get("precision"), (options or {}).get("precision")
     if saved is not None and ours is not None and saved != ours:
         raise ValueError(f"checkpoint {str(shown)!r} was saved with precision={saved!r}, and this run "
-                         f"uses precision={ours!r}. Resume with precision={saved!r}, {_LOAD_WEIGHTS}")
+                         f"uses precision={ours!r}. Resume with precision={saved!r}, {LOAD_WEIGHTS}")
     with _reading(path, shown):
         tree = _restore(path, target)
     saved_impls = meta.get("key_impls", {"rng": meta["rng_impl"]} if meta.get("rng_impl") else {})
 
     def typed(key_path, leaf):
-        name = _path_str(key_path)
+        name = path_str(key_path)
         return leaf if name not in impls else jax.random.wrap_key_data(
             leaf, impl=saved_impls.get(name, impls[name]))
 
@@ -294,7 +315,7 @@ def restore_variables(path: str | os.PathLike, like: tuple[PyTree, PyTree] | Non
                               {"params": saved_params, "model_state": saved["model_state"]})
     else:
         target = jax.tree.map(_abstract, {"params": like[0], "model_state": like[1]})
-        _check_tree({"params": saved_params, "model_state": saved["model_state"]}, target, shown,
+        check_tree({"params": saved_params, "model_state": saved["model_state"]}, target, shown,
                     saved_options={}, options={})
         # the average is read in its own dtype (float32 for bf16 parameters), cast below
         target["params"] = jax.tree.map(lambda t, m: jax.ShapeDtypeStruct(t.shape, m.dtype, sharding=t.sharding),
@@ -393,97 +414,6 @@ def _saved_tree(path: Path, shown: _storage.AnyPath | None = None) -> PyTree:
 
 def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
-
-
-_MODULE_FIX = ("The module changed since the save: build it as it was (same layers and sizes), or "
-               "start a new run without ckpt_path.")
-_LOAD_WEIGHTS = ("or start a new run without ckpt_path (`MyModule.load_from_checkpoint(path)` loads "
-                 "the weights alone).")
-# What each TrainState field is, for errors; a field missing here is named as `TrainState.<name>`.
-_FIELDS = {
-    "params": ("parameters", _MODULE_FIX),
-    "model_state": ("model state", _MODULE_FIX),
-    "opt_state": ("optimizer state", "The optimizer differs from the one it was saved with (a "
-                  "different optax transform, chain or schedule in configure_optimizer): resume "
-                  f"with that optimizer, {_LOAD_WEIGHTS}"),
-    "metrics": ("train-metric accumulators", "The module's `metrics` returns other names than at the "
-                f"save: resume with the same metrics, {_LOAD_WEIGHTS}"),
-}
-# Fields that exist only with one Trainer option: field -> (what it is, the option, its value).
-_OPTION_FIELDS = {"loss_scale": ("loss scale", "precision", "16-mixed")}
-
-
-def _check_tree(saved: PyTree, target: PyTree, path: Path, *, saved_options: dict[str, Any],
-                options: dict[str, Any]) -> None:
-    """Raises a `ValueError` naming the first field, then the first leaf in it, that differs in
-    presence or shape between the checkpoint and this run's state."""
-    where = f"checkpoint {str(path)!r}"
-    order = ["params", "model_state", "opt_state"]
-    fields = order + sorted(name for name in {*saved, *target} if name not in order)
-    for field in fields:
-        if field in saved and field in target:
-            _check_field(field, saved[field], target[field], where)
-        elif field in saved or field in target:
-            raise ValueError(_presence_error(field, where, in_checkpoint=field in saved,
-                                             saved_options=saved_options, options=options))
-
-
-def _presence_error(field: str, where: str, *, in_checkpoint: bool, saved_options: dict[str, Any],
-                    options: dict[str, Any]) -> str:
-    if field in _OPTION_FIELDS:
-        what, option, value = _OPTION_FIELDS[field]
-        saved = (f"{option}={saved_options[option]!r}" if option in saved_options
-                 else f"{option}={value!r}" if in_checkpoint else f"a {option} other than {value!r}")
-        ours = (f"{option}={options[option]!r}" if option in options
-                else f"{option}={value!r}" if not in_checkpoint else f"a {option} other than {value!r}")
-        back = f"{option}={saved_options[option]!r}" if option in saved_options else saved
-        if in_checkpoint:
-            return (f"{where} has a {what} (TrainState.{field}): it was saved with {saved}, and this "
-                    f"run, with {ours}, has none. Resume with {back}, {_LOAD_WEIGHTS}")
-        return (f"this checkpoint has no {what}: it was saved with {saved}, and this run uses {ours}, "
-                f"which needs one ({where}, TrainState.{field}). Resume with {back}, {_LOAD_WEIGHTS}")
-    what, fix = _FIELDS.get(field, (f"TrainState.{field}", f"Resume with the options it was saved "
-                                    f"with, {_LOAD_WEIGHTS}"))
-    side = "has" if in_checkpoint else "has no"
-    other = "this run has none" if in_checkpoint else "this run has one"
-    return f"{where} {side} {what} ('{field}') and {other}. {fix}"
-
-
-def _check_field(field: str, saved: PyTree, target: PyTree, where: str) -> None:
-    def flat(tree):
-        leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
-        return {"/".join(filter(None, (field, _path_str(p)))): v for p, v in leaves if v is not None}
-
-    what, fix = _FIELDS.get(field, (f"TrainState.{field}", "Resume with the options it was saved "
-                                    f"with, {_LOAD_WEIGHTS}"))
-    if field in _OPTION_FIELDS:
-        what = _OPTION_FIELDS[field][0]
-    owner = "the module" if field in ("params", "model_state") else f"this run's {what}"
-    mine = "module" if owner == "the module" else "this run's"
-    have, want = flat(saved), dict(sorted(flat(target).items()))
-    for name, leaf in want.items():
-        if name not in have:
-            raise ValueError(f"{where} does not match {owner}: it has no '{name}' ({owner}'s is "
-                             f"{tuple(leaf.shape)}). {fix}")
-        if tuple(have[name].shape) != tuple(leaf.shape):
-            raise ValueError(f"{where} does not match {owner} at '{name}': saved shape "
-                             f"{tuple(have[name].shape)}, {mine} shape {tuple(leaf.shape)}. {fix}")
-    extra = sorted(name for name in have if name not in want)
-    if extra:
-        raise ValueError(f"{where} does not match {owner}: it has '{extra[0]}', which {owner} "
-                         f"lacks. {fix}")
-
-
-def _path_str(key_path: tuple) -> str:
-    parts = []
-    for key in key_path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 def jsonable(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

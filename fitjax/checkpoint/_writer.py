@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 
-from fitjax import _storage
+from fitjax import _stack, _storage
 from fitjax.checkpoint import _format
 from fitjax.checkpoint._format import SaveFailed
 from fitjax._lazy import LazyModule
@@ -166,7 +166,7 @@ class CheckpointWriter:
         for path, error in undeleted:
             warnings.warn(f"ModelCheckpoint could not delete {path!r}, which top-k no longer keeps: "
                           f"{type(error).__name__}: {_first_line(error).rstrip('.')}. It stays; delete it by hand "
-                          "if it is not wanted.", stacklevel=3)
+                          "if it is not wanted.", stacklevel=_stack.user_stacklevel())
         if not failures:
             return
         for _, _, on_failure in failures:
@@ -326,23 +326,31 @@ def _quiet_orbax_staging() -> None:
         absl.addFilter(_StagingNotes())
 
 
+PROBE = ".fitjax-write-probe-"  # `prepare`'s object, `<PROBE><pid>-<process index>`
+
+
 def prepare(directory: _storage.AnyPath) -> None:
     """Creates `directory` and proves it writable (on a store: a probe object written and
-    removed): an error before the first step, rather than at the first save."""
+    removed, each request retried as a save's are): an error before the first step, rather than
+    at the first save. The probe is removed on every path; one a kill left goes at the next
+    start (`cleanup`)."""
+    probe = directory / f"{PROBE}{os.getpid()}-{jax.process_index()}"
     if _storage.is_url(directory):
-        probe = directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
         try:
-            probe.write_bytes(b"")
-            probe.unlink()
+            try:
+                _storage.put_bytes(probe, b"")
+            finally:
+                _storage.delete(probe)
         except Exception as error:  # noqa: BLE001 - botocore, gcsfs and fsspec raise many kinds
             raise PermissionError(f"ModelCheckpoint cannot write checkpoints to "
                                   f"{_storage.store_error(str(directory), error)}") from None
         return
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".fitjax-write-probe-{os.getpid()}-{jax.process_index()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        try:
+            probe.write_bytes(b"")
+        finally:
+            probe.unlink(missing_ok=True)
     except OSError as error:
         raise PermissionError(
             f"ModelCheckpoint cannot write checkpoints to {str(directory)!r}: {error}. "
@@ -355,19 +363,33 @@ def cleanup(directory: Path) -> list[Path]:
     process's queued saves are written (one in flight looks the same), and nothing else: on disk
     Orbax's temporary folders (`*.orbax-checkpoint-tmp*`), on a store the folders fitjax began
     uploading or deleting a checkpoint in and did not finish (`_storage.is_partial`), each named
-    in a log line. Call it when a run starts."""
+    in a log line, and on both the write probes of other processes (`prepare`, killed between
+    its two requests). Call it when a run starts, holding the folder's lease
+    (`hold_folder`): no other fit is saving there, so every such leftover is abandoned."""
     _WRITER.drain()
-    if jax.process_index() != 0 or not directory.is_dir():
+    if jax.process_index() != 0:
         return []
+    on_store = _storage.is_url(directory)
+    names = _storage.names(directory) if on_store else (
+        sorted(p.name for p in directory.iterdir()) if directory.is_dir() else [])
     removed = []
-    for path in directory.iterdir():
-        if _storage.is_url(path):
-            if path.is_dir() and _storage.is_partial(path):
+    for name in names:
+        path = directory / name
+        if name.startswith(PROBE):
+            if name.startswith(f"{PROBE}{os.getpid()}-"):
+                continue  # this process's, being written now by another of its callbacks
+            log.info("fitjax: removing %s, the write probe of a run that was killed", path)
+            if on_store:
+                _storage.delete(path)
+            else:
+                path.unlink(missing_ok=True)
+        elif on_store:
+            if _storage.is_partial(path):
                 log.warning("fitjax: removing %s, a checkpoint whose upload or deletion was interrupted "
                             "(%s missing)", path, _storage.COMPLETE)
                 _storage.remove(path)
                 removed.append(path)
-        elif _format.TMP_MARK in path.name and path.is_dir():
+        elif _format.TMP_MARK in name and path.is_dir():
             log.warning("fitjax: removing %s, what an interrupted save or deletion left", path)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

@@ -132,15 +132,19 @@ class Feed:
 
     def _calls(self, rows: int, *, start: int, stop: int, steps_left: int | None) -> tuple[int, int]:
         """`(calls, batches per block)`: the whole calls of batches `start..stop-1` (of an epoch of
-        `rows` rows) that run on device blocks, in blocks of equal size, whole calls each."""
+        `rows` rows) that run on device blocks, whole calls each. A block's size depends only on
+        the epoch's length, never on where the stretch starts or stops: the block is an input of
+        the train step, so a stretch cut short (`max_steps`, a resume mid-epoch) that gathered a
+        smaller block would compile the step again (~40 s for GPT-2 small on a TPU chip)."""
         per_call = self.options.batches_per_call
+        epoch_calls = (rows // self.loader.batch_size) // per_call
         calls = max(min(stop, rows // self.loader.batch_size) - start, 0) // per_call
         if steps_left is not None:
             calls = min(calls, steps_left // self.options.steps_per_execution)
         if not calls:
             return 0, 0
-        blocks = math.ceil(calls * per_call / self.block_batches)
-        return calls, math.ceil(calls / blocks) * per_call
+        blocks = math.ceil(epoch_calls * per_call / self.block_batches)  # an epoch's, in equal blocks
+        return calls, math.ceil(epoch_calls / blocks) * per_call
 
     def _block(self, rows: np.ndarray, k: int) -> Any:
         """The block `[k, batch, ...]` of `rows` (padded by repeating them: those are never

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 
-from fitjax import _storage
+from fitjax import _stack, _storage
 from fitjax.loggers._base import Logger
 from fitjax.strategies import broadcast_str
 
@@ -36,9 +36,13 @@ def next_version(root: Path) -> int:
         >>> next_version(Path("no/such/folder"))
         0
     """
-    if not root.is_dir():
+    if _storage.is_url(root):  # one listing, retried as every store request (a blip at fit start)
+        names = _storage.names(root)
+    elif root.is_dir():
+        names = [p.name for p in root.iterdir() if p.is_dir()]
+    else:
         return 0
-    matches = (_VERSION_FOLDER.fullmatch(p.name) for p in root.iterdir() if p.is_dir())
+    matches = (_VERSION_FOLDER.fullmatch(name) for name in names)
     taken = [int(m.group(1)) for m in matches if m]
     return max(taken, default=-1) + 1
 
@@ -83,7 +87,7 @@ def _claim_version(root: Path) -> int:
                 except NotImplementedError as error:  # a filesystem without exclusive creation
                     warnings.warn(f"{error}: version_{version} under {str(root)!r} is the next unused one "
                                   "by listing, which two runs started at the same moment can both pick.",
-                                  stacklevel=2)
+                                  stacklevel=_stack.user_stacklevel())
                     return version
             else:
                 folder.mkdir()

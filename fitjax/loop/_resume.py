@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from fitjax import checkpoint
+from fitjax import _stack, checkpoint
 from fitjax.loop.metric_log import EpochAccumulators
 from fitjax.step import pieces as pieces_lib
 
@@ -145,7 +145,7 @@ def warn_unpositioned(path, point: ResumePoint, loader) -> None:
     """Warns when a mid-epoch checkpoint holds no data position for a loader that has one."""
     if point.batches_done and point.loader is None and callable(getattr(loader, "state_dict", None)):
         warnings.warn(f"checkpoint {str(path)!r} holds no data position; the first {point.batches_done} "
-                      "batches of the epoch are replayed from the loader and dropped.", stacklevel=4)
+                      "batches of the epoch are replayed from the loader and dropped.", stacklevel=_stack.user_stacklevel())
 
 
 def warn_changed_hparams(path, module) -> bool:
@@ -160,7 +160,7 @@ def warn_changed_hparams(path, module) -> bool:
         warnings.warn(f"ckpt_path {str(path)!r} was saved with other hyperparameters than this module's "
                       f"({diff}): the resumed run goes on with the module's, and its logger keeps the "
                       "hparams.yaml it was started with. Start a new run (no ckpt_path) to log them as a "
-                      "run of their own.", stacklevel=4)
+                      "run of their own.", stacklevel=_stack.user_stacklevel())
     return bool(changed)
 
 
@@ -189,7 +189,7 @@ def resolve_ckpt_path(trainer, ckpt_path: Any, *, where: str) -> Path | None:
         if found is None and ckpt_path == "last":  # Lightning: an "always resume" script's first run
             warnings.warn(f"{where}: ckpt_path='last' found no checkpoint in "
                           f"{[str(d) for cb in callbacks for d in cb.search_dirs(trainer)]}; starting "
-                          "from scratch.", stacklevel=3)
+                          "from scratch.", stacklevel=_stack.user_stacklevel())
             return None
         if found is None:
             raise FileNotFoundError(

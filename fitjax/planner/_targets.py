@@ -19,6 +19,7 @@ from typing import Iterator, NamedTuple, Sequence
 import jax
 
 from fitjax.planner._devices import KINDS, DeviceSpec, spec_for
+from fitjax.step import xla_tpu
 
 __all__ = ["TPU_NAMES", "Target", "device_memory_limit", "quiet_stderr", "resolve_target"]
 
@@ -96,14 +97,9 @@ def _tpu(target: str, version: str, size: int, memory_bytes: int | None) -> Targ
         raise ImportError(
             f"plan(target={target!r}) compiles for a TPU slice with libtpu, which is not installed: "
             "pip install 'fitjax[tpu-plan]' (no TPU is needed, only the library).")
-    from jax.experimental import topologies
-
-    # libtpu takes a machine-wide lock file for the TPU chips it drives, so a second process
-    # (another plan, a test run) would fail; a deviceless compile drives no chip.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with quiet_stderr() as said:
         try:
-            topology = topologies.get_topology_desc(topology_name=f"{libtpu_name}:{shapes[chips]}", platform="tpu")
+            topology = xla_tpu.deviceless_topology(f"{libtpu_name}:{shapes[chips]}")
         except Exception as exc:  # noqa: BLE001 - libtpu raises its own runtime errors
             raise RuntimeError(f"plan(target={target!r}): libtpu could not describe the {version} topology "
                                f"{shapes[chips]}: {exc}\n{said()}") from exc

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import in_own_process, quiet_trainer  # first: it puts examples/ on the path
+from helpers import quiet_trainer  # first: it puts examples/ on the path
 
 import digits  # noqa: E402,I001
 import gpt  # noqa: E402
@@ -105,7 +105,6 @@ def test_an_fsdp_x_tensor_candidate_is_planned_where_the_rules_name_a_tensor_axi
     assert up.addressable_shards[0].data.shape == (32 // 4, 128 // 2)
 
 
-@in_own_process  # libtpu stays out of the suite's process
 def test_gpt_example_planned_for_tpu_slices_declares_its_shape_and_is_deterministic():
     module = gpt.GPTModule(**TINY_GPT)
     kwargs = dict(strategy=fj.strategies.FSDP(rules=gpt.GPT_RULES), precision="bf16-mixed")
@@ -130,7 +129,6 @@ def test_gpt_example_planned_for_tpu_slices_declares_its_shape_and_is_determinis
     assert "tpu-v5e-16" in str(first) and "cloud.google.com/tpu/docs/v5e" in str(first)
 
 
-@in_own_process  # libtpu stays out of the suite's process
 def test_a_scanned_gpt_is_planned_with_the_unrolled_ones_flops_and_collectives_on_a_tpu_slice():
     # XLA counts a loop's body once and XLA:TPU records no trip count: the planner reads the count
     # from the loop and counts the body per iteration, so `scan_layers` (and a scan over
@@ -167,7 +165,6 @@ class Wide(fj.LitModule):
         return optax.adam(1e-3)
 
 
-@in_own_process  # libtpu stays out of the suite's process
 def test_a_model_too_big_for_a_v5e_chip_does_not_fit_with_dp_and_fsdp_is_recommended():
     data = [{"x": np.zeros((16, 4096), np.float32)}]
     plan = fj.plan(Wide(), data, target="tpu-v5e-16", sweep={"strategy": ["dp", "fsdp"]})
@@ -180,7 +177,6 @@ def test_a_model_too_big_for_a_v5e_chip_does_not_fit_with_dp_and_fsdp_is_recomme
     assert by_name["fsdp"].memory["params"] == (6 << 30) // 16
 
 
-@in_own_process  # libtpu stays out of the suite's process
 def test_bad_targets_say_what_to_use():
     module, data = digits.DigitsClassifier(), digits_data()
     trainer = quiet_trainer()

@@ -111,20 +111,27 @@ def _killed_during_upload(proxy, url: str, tmp: Path, step: int, nth) -> tuple[s
     return out, pid
 
 
+def _lease_of(pid: int) -> str:
+    from fitjax.checkpoint import _lease
+
+    return f"{_lease.PREFIX}{_lease._host()}-{pid}"
+
+
 def test_kill_9_at_any_object_of_an_upload_leaves_only_loadable_names_and_last_resumes(proxy, bucket, tmp_path):
     url = f"{bucket}/killed"
     staged = lambda pid: list((tmp_path / "temp").glob(f"fitjax-stage-{pid}-*"))
     # killed half-way through the save at step 3 (at its fifth object) ...
     _, first = _killed_during_upload(proxy, url, tmp_path, 3, lambda sent: len(sent) == 5)
     assert staged(first)  # its staging copy, left by the kill
-    assert listed(url) == ["epoch=0-step=1", "epoch=0-step=2", "epoch=0-step=3"]
+    # the killed fit's lease stays (hidden, dead with its process) until the next fit's start
+    assert listed(url) == [_lease_of(first), "epoch=0-step=1", "epoch=0-step=2", "epoch=0-step=3"]
     assert checkpoint.damage(f"{url}/epoch=0-step=3") == ".fitjax-complete is missing (an incomplete upload)"
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=2")
     # ... then a resumed run at the last object of its save at step 4 (every file up but the marker)
     out, second = _killed_during_upload(proxy, url, tmp_path, 4, lambda sent: sent[-1] == ".fitjax-complete")
     assert f"fitjax: removing {url}/epoch=0-step=3," in out  # the next writer removed the torn upload
     assert not staged(first) and staged(second)  # and the staging copy the killed one left
-    assert listed(url) == ["epoch=0-step=2", "epoch=0-step=3", "epoch=0-step=4"]
+    assert listed(url) == [_lease_of(second), "epoch=0-step=2", "epoch=0-step=3", "epoch=0-step=4"]
     assert not checkpoint.is_checkpoint(f"{url}/epoch=0-step=4")
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=3")
 

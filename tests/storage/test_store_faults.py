@@ -163,3 +163,28 @@ def test_a_store_that_keeps_files_short_fails_the_save_and_marks_nothing_complet
     assert f"{url}/epoch=0-step=2" in message and "the store holds" in message, message
     assert "uploaded, twice" in message and "not marked complete" in message, message
     assert checkpoint.latest_checkpoint([url]) == checkpoint.local_path(f"{url}/epoch=0-step=1")
+
+
+def test_a_connection_drop_at_fit_start_is_ridden_through(proxy, bucket, monkeypatch):
+    """Every request dropped for 3 s from the fit's first one (the logger's version claim), and
+    again from its checkpoint folder's write probe and from its lease: each start-up request is
+    retried as a save's are, and the fit trains and saves."""
+    monkeypatch.setenv("FITJAX_STORE_TIMEOUT", "20")
+    windows: dict[str, float] = {}  # what opened a 3 s outage (the first request with it) -> its end
+
+    def outage(method, path):
+        now = time.monotonic()
+        for trigger in ("", ".fitjax-write-probe-", ".fitjax-lease-"):
+            if trigger in path and trigger not in windows:
+                windows[trigger] = now + 3.0
+        return "drop" if any(now < end for end in windows.values()) else "pass"
+
+    root = f"{bucket}/start"
+    trainer = quiet_trainer(max_steps=2, enable_checkpointing=True, default_root_dir=root,
+                            logger=fj.CSVLogger(root), callbacks=[fj.ModelCheckpoint(every_n_train_steps=1)])
+    proxy.rule = outage
+    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=16))
+    assert set(windows) == {"", ".fitjax-write-probe-", ".fitjax-lease-"}  # each outage was met
+    assert sum(what == "drop" for _, _, what in proxy.seen) >= 6  # and retried through
+    assert trainer.global_step == 2
+    checkpoint.verify(trainer.checkpoint_callback.last_model_path)

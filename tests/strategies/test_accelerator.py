@@ -50,9 +50,12 @@ def test_accelerator_auto_is_jax_default_backend():
     assert quiet_trainer(accelerator="auto").devices == jax.devices()
 
 
-def test_missing_backend_names_the_backends_present_and_the_fix():
+def test_missing_backend_names_the_backends_present_and_the_fix(monkeypatch):
     with pytest.raises(RuntimeError, match=r"accelerator='gpu'.*no gpu backend.*backends present: cpu.*jax\[cuda12\]"):
         fj.Trainer(accelerator="gpu")
+    with pytest.raises(RuntimeError, match=r"accelerator='tpu'.*backends present: cpu\. To use it.*jax\[tpu\]"):
+        fj.Trainer(accelerator="tpu")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # a user's limit is named where it explains the absence
     with pytest.raises(RuntimeError, match=r"accelerator='tpu'.*backends present: cpu.*JAX_PLATFORMS='cpu'"):
         fj.Trainer(accelerator="tpu")
 
