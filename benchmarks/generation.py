@@ -25,6 +25,7 @@ import jax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import _results  # noqa: E402
 import fitjax as fj  # noqa: E402
 import gpt  # noqa: E402
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", action="store_true", help="(the default) run where JAX finds a device")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     if args.smoke:
         args.new, args.layers, args.width, args.repeats = 16, 1, 32, 1
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'with cache':14}{cached:>10.0f}")
     print(f"{'without':14}{plain:>10.0f}")
     print(f"ratio {cached / plain:.1f}x")
+    _results.record(args.json, {"layers": args.layers, "width": args.width, "batch": len(prompts), "new_tokens": args.new,
+                                "cached_tokens_per_s": cached, "plain_tokens_per_s": plain, "ratio": cached / plain,
+                                "same_tokens": with_cache == without})
 
 
 if __name__ == "__main__":

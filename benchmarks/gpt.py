@@ -250,6 +250,9 @@ def main(argv=None) -> None:
                              "and fitjax with its defaults on")
     parser.add_argument("--shape", choices=[name for name in SHAPES if name != "cpu"], action="append",
                         help="with --device: only these shapes")
+    parser.add_argument("--hand-shapes", choices=[name for name in SHAPES if name != "cpu"], action="append",
+                        help="with --device: the shapes that also run the hand-written loop and the defaults-on "
+                             "fit (default: all; the others: fitjax alone, for its MFU)")
     parser.add_argument("--ckpt-every", type=int, default=None,
                         help="with --device: the defaults-on fit also saves every N steps")
     parser.add_argument("--peak-tflops", type=float, default=None,
@@ -286,20 +289,28 @@ def main(argv=None) -> None:
             flops = gpt.flops_per_token(**shape)
             for name in names:
                 hand, fit, full = [], [], []
+                compared = not args.device or args.smoke or not args.hand_shapes or shape_name in args.hand_shapes
                 for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
-                    speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps)
-                    hand.append(speed)
+                    if compared:
+                        speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps)
+                        hand.append(speed)
                     speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
                     fit.append(speed)
-                    if args.device:
+                    if args.device and compared:
                         trace = os.path.join(root, "trace") if args.trace and not rows else None
                         full.append(with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
                                                 defaults=True, trace=trace, ckpt_every=args.ckpt_every)[0])
                 row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
-                       "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit,
-                       "ratio": statistics.median(f / h for f, h in zip(fit, hand)),
-                       "step_argument_bytes": memory.argument_size_in_bytes, "step_temp_bytes": memory.temp_size_in_bytes,
-                       "fitjax_state_bytes": held}
+                       "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit, "fitjax_state_bytes": held}
+                if not hand:  # fitjax alone: its MFU
+                    rows.append({**row, **({"peak_tflops": peak, "fitjax_mfu": max(fit) * flops / (peak * 1e12)}
+                                           if peak else {})})
+                    print(f"{shape_name:<12} {name:<12} {'-':>11} {max(fit):>13.0f} {'-':>6} "
+                          f"{max(fit) * flops / 1e9:>15.2f}" + (f" {'-':>8} {rows[-1]['fitjax_mfu']:>10.1%}"
+                                                                if peak else ""), flush=True)
+                    continue
+                row.update(ratio=statistics.median(f / h for f, h in zip(fit, hand)),
+                           step_argument_bytes=memory.argument_size_in_bytes, step_temp_bytes=memory.temp_size_in_bytes)
                 if full:
                     row.update(fitjax_defaults_tokens_per_s=full,
                                defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)))

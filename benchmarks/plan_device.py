@@ -96,6 +96,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per fit")
     parser.add_argument("--too-big", type=int, default=None, help="rows a step for the does-not-fit case "
                                                                  "(default 4x --rows; 0: skip it)")
+    parser.add_argument("--remat", action="append", choices=["none", "full", "dots"],
+                        help="the candidates' remat (repeatable; default: none and full)")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
     parser.add_argument("--smoke", action="store_true", help="a tiny GPT, 2 rows, 2 timed steps: checks it runs")
     parser.add_argument("--fit", metavar="REMAT", help=argparse.SUPPRESS)  # one fit, in a child process
@@ -109,7 +111,7 @@ def main(argv=None) -> None:
     print(f"jax {jax.__version__} on {device.device_kind} ({device.platform}); GPT {shape}, {rows} rows a step, "
           f"bf16-mixed, one device; {steps} timed steps after {args.warmup}", flush=True)
     started = time.perf_counter()
-    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, rows), sweep={"remat": ["none", "full"]})
+    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, rows), sweep={"remat": args.remat or ["none", "full"]})
     print(f"planned {len(plan.candidates)} candidates in {time.perf_counter() - started:.1f} s", flush=True)
     print(f"{'remat':<6}{'peak plan':>11}{'peak fit':>11}{'ratio':>7}{'step plan':>11}{'step fit':>11}"
           f"{'ratio':>7}{'MFU plan':>10}{'MFU fit':>9}", flush=True)

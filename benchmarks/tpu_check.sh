@@ -4,8 +4,10 @@
 #
 #   bash benchmarks/tpu_check.sh --part 1     # GPT-2 small and medium: fitjax against the hand-written
 #                                             # loop, MFU, defaults on, the device's idle time in a trace
-#   bash benchmarks/tpu_check.sh --part 2     # the loop's small workloads, the planner against fits,
-#                                             # the accelerator tests, generation
+#   bash benchmarks/tpu_check.sh --part 2     # the accelerator tests, the loop's small workloads, the
+#                                             # planner against fits
+#   bash benchmarks/tpu_check.sh              # parts 1 and 2 in one command (~9 minutes)
+#   bash benchmarks/tpu_check.sh --part 3     # the profile-first sweep and generation
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
 # Parts (each under its own time limit; a failure is reported and the rest still runs):
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case "$part" in 1|2|all) ;; *) echo "tpu_check.sh: --part must be 1 or 2, got ${part@Q}" >&2; exit 2 ;; esac
+case "$part" in 1|2|3|all) ;; *) echo "tpu_check.sh: --part must be 1, 2 or 3, got ${part@Q}" >&2; exit 2 ;; esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -100,15 +102,20 @@ if [ "$smoke" -eq 1 ]; then
   step 150 accelerator "$python" -m pytest -q -x "$root/tests/accelerator" -k "not slow_on_cpu"
   step 120 generation "$python" "$here/generation.py" --smoke
 else
+  # limits from the first full run on one v5e chip (JAX 0.10.2): the whole under 10 minutes
   if [ "$part" = 1 ] || [ "$part" = all ]; then
-    step 420 gpt "$python" "$here/gpt.py" --device --json "$out/gpt.json" --trace "$out/gpt_trace.json"
-    step 150 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
-      --config small:attn=xla,batch=8 --config small:attn=splash,batch=8 --config small:attn=fj,batch=8
+    step 330 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
+      --hand-shapes gpt2-small --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ] || [ "$part" = all ]; then
-    step 150 overhead "$python" "$here/overhead.py" --device --only defaults --only spe --repeats 2 --json "$out/overhead.json"
-    step 200 plan_device "$python" "$here/plan_device.py" --steps 10 --json "$out/plan.json"
-    step 150 accelerator "$python" -m pytest -q "$root/tests/accelerator" --junit-xml "$out/accelerator.xml"
+    step 100 accelerator "$python" -m pytest -q -p no:cacheprovider "$root/tests/accelerator" \
+      --junit-xml "$out/accelerator.xml"
+    step 70 overhead "$python" "$here/overhead.py" --device --only defaults --repeats 1 --json "$out/overhead.json"
+    step 130 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
+  fi
+  if [ "$part" = 3 ]; then  # on a second call: the profile-first table and generation
+    step 150 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
+      --config small:attn=xla,batch=8 --config small:attn=splash,batch=8 --config small:attn=fj,batch=8
     step 90 generation "$python" "$here/generation.py" --device --json "$out/generation.json"
   fi
 fi

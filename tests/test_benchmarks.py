@@ -25,6 +25,8 @@ def test_there_are_benchmarks():
 
 # their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
 IN_GPU_CHECK = {"gpt.py", "init_compile.py", "many_runs.py", "overhead.py", "peers.py", "plan_device.py"}
+# and these inside `tpu_check.sh --smoke` (test_tpu_check_smoke)
+IN_TPU_CHECK = {"tpu_sweep.py", "generation.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -32,7 +34,7 @@ def test_help_and_smoke(script):
     helped = _run(script, "--help", timeout=120)
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "--smoke" in helped.stdout
-    if script in IN_GPU_CHECK:
+    if script in IN_GPU_CHECK | IN_TPU_CHECK:
         return
     smoke = _run(script, "--smoke", timeout=300)
     assert smoke.returncode == 0, smoke.stderr[-3000:]
@@ -54,3 +56,26 @@ def test_gpu_check_smoke():
     assert any(line.startswith("single ") for line in out.splitlines())  # gpt.py's table row
     assert "spe/shuf" in out and "fitjax/peer" in out and "peak plan" in out
     assert out.rstrip().splitlines()[-1].startswith("== gpu_check: ok")
+
+
+def test_tpu_check_smoke(tmp_path):
+    """`benchmarks/tpu_check.sh --smoke` runs every part of the TPU check on CPU: the GPT table with
+    the defaults-on row, the profile-first sweep, the loop's rows, the planner against a fit and a
+    configuration planned not to fit, the accelerator tests and generation; every JSON file it
+    writes names its command and commit."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    done = subprocess.run(["bash", str(BENCHMARKS / "tpu_check.sh"), "--smoke"], capture_output=True, text=True,
+                          timeout=900, cwd=BENCHMARKS.parent,
+                          env={**env, "PYTHON": sys.executable, "TMPDIR": str(tmp_path)})
+    out = done.stdout
+    assert done.returncode == 0, (out + done.stderr)[-3000:]
+    for part in ("== gpt:", "== tpu_sweep:", "== overhead:", "== plan_device:", "== accelerator:", "== generation:"):
+        assert part in out, out[-3000:]
+    assert "defaults on" in out and "does not fit" in out or "no memory limit" in out
+    assert out.rstrip().splitlines()[-1].startswith("== tpu_check: ok")
+    results = out.rstrip().rsplit("(results: ", 1)[1].rstrip(")")
+    for name in ("machine.json", "gpt.json", "overhead.json", "plan.json", "sweep.json"):
+        payload = json.loads((Path(results) / name).read_text())
+        assert payload["commit"] and "command" in payload or "rows" in payload
