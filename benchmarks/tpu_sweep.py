@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import _results  # noqa: E402
 
 SHAPES = {
     "tiny": dict(layers=2, width=128, heads=2, context=128, vocab=512),
@@ -252,7 +253,7 @@ def main(argv=None) -> None:
                        "tiny:attn=fj,batch=2,remat=dots,scan=1"]
         args.steps = 1
     configs = [Config.parse(text) for text in args.config]
-    result = {"command": " ".join(sys.argv), "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
+    result = {"command": " ".join(sys.argv), "commit": _results.commit(), "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
               "host": platform.node(), "peak_tflops": args.peak_tflops, "rows": []}
 
     def save():
