@@ -104,14 +104,14 @@ if [ "$smoke" -eq 1 ]; then
 else
   # limits from the first full run on one v5e chip (JAX 0.10.2): the whole under 10 minutes
   if [ "$part" = 1 ] || [ "$part" = all ]; then
-    step 330 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
+    step 290 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
       --hand-shapes gpt2-small --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ] || [ "$part" = all ]; then
-    step 100 accelerator "$python" -m pytest -q -p no:cacheprovider "$root/tests/accelerator" \
+    step 90 accelerator "$python" -m pytest -q -p no:cacheprovider "$root/tests/accelerator" \
       --junit-xml "$out/accelerator.xml"
-    step 70 overhead "$python" "$here/overhead.py" --device --only defaults --repeats 1 --json "$out/overhead.json"
-    step 130 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
+    step 60 overhead "$python" "$here/overhead.py" --device --only defaults --repeats 1 --json "$out/overhead.json"
+    step 120 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
   fi
   if [ "$part" = 3 ]; then  # on a second call: the profile-first table and generation
     step 150 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
