@@ -305,6 +305,8 @@ def main(argv=None) -> None:
                 if not hand:  # fitjax alone: its MFU
                     rows.append({**row, **({"peak_tflops": peak, "fitjax_mfu": max(fit) * flops / (peak * 1e12)}
                                            if peak else {})})
+                    _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps,
+                                                "warmup": args.warmup, "rows": rows})
                     print(f"{shape_name:<12} {name:<12} {'-':>11} {max(fit):>13.0f} {'-':>6} "
                           f"{max(fit) * flops / 1e9:>15.2f}" + (f" {'-':>8} {rows[-1]['fitjax_mfu']:>10.1%}"
                                                                 if peak else ""), flush=True)
@@ -318,6 +320,8 @@ def main(argv=None) -> None:
                     row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
                                fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
                 rows.append(row)
+                _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps,
+                                            "warmup": args.warmup, "rows": rows})  # each row as it comes
                 print(f"{shape_name:<12} {name:<12} {max(hand):>11.0f} {max(fit):>13.0f} {row['ratio']:>5.2f}x "
                       f"{max(fit) * flops / 1e9:>15.2f} {memory.argument_size_in_bytes / mib:>14.2f} "
                       f"{memory.temp_size_in_bytes / mib:>14.2f} {held / mib:>17.2f}"

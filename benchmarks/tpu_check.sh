@@ -75,8 +75,10 @@ step() {  # step SECONDS NAME COMMAND...: one part under its limit; a failure is
   echo
   echo "== $name (limit ${limit}s): $*"
   local start=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
+  # each part's output also goes to its own log beside its JSON, line by line: a part cut short
+  # by its limit (or the call's) still leaves what it printed
+  timeout "$limit" "$@" 2>&1 | tee "$FITJAX_RESULTS/$name.log"
+  local rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then
     echo "== $name FAILED (exit $rc$([ "$rc" -eq 124 ] && echo ', over its time limit'))"
     status=1
