@@ -5,7 +5,7 @@
     python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
     python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
     python examples/gpt.py --preset gpt2-small                # GPT-2 small's shape (124 M, context 1024): a TPU chip
-    python examples/gpt.py --preset gpt2-medium --remat dots  # GPT-2 medium's (355 M)
+    python examples/gpt.py --preset gpt2-medium               # GPT-2 medium's (355 M), 8 rows, no remat
     python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
     python examples/gpt.py --preset small --scan-layers --remat full   # blocks as one nn.scan, recomputed
     fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
