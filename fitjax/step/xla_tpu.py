@@ -76,6 +76,7 @@ trace. Where libtpu is already loaded (a TPU backend), nothing is loaded or regi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import os
 from typing import Any, Iterator, NamedTuple
@@ -217,8 +218,16 @@ def skip_absent_tpu() -> bool:
     factories = getattr(xla_bridge, "_backend_factories", None)
     if not isinstance(factories, dict) or "tpu" not in factories or tpu_may_be_present():
         return False
-    del factories["tpu"]
+    # kept as a known platform whose backend quietly fails to start: code that lowers for "tpu"
+    # without running there (Pallas' TPU kernels in its interpreter, a deviceless compile for a
+    # slice) registers its rules for a platform JAX must still know
+    factories["tpu"] = dataclasses.replace(factories["tpu"], factory=_no_tpu, fail_quietly=True)
     return True
+
+
+def _no_tpu() -> None:
+    raise RuntimeError("fitjax: no TPU on this machine (no TPU device, no TPU_* variable): libtpu was not "
+                       "started; set JAX_PLATFORMS=tpu to start it anyway")
 
 
 def deviceless_topology(topology_name: str) -> Any:
