@@ -281,6 +281,10 @@ def main(argv=None) -> None:
     print(header)
     mib = 2**20
     rows = []
+
+    def save(idle=None) -> None:  # after every row, so a run cut short keeps what it measured
+        _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps,
+                                    "warmup": args.warmup, "rows": rows, "idle": idle})
     with tempfile.TemporaryDirectory() as root:
         for shape_name in shapes:
             shape = SHAPES[shape_name]
@@ -305,8 +309,7 @@ def main(argv=None) -> None:
                 if not hand:  # fitjax alone: its MFU
                     rows.append({**row, **({"peak_tflops": peak, "fitjax_mfu": max(fit) * flops / (peak * 1e12)}
                                            if peak else {})})
-                    _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps,
-                                                "warmup": args.warmup, "rows": rows})
+                    save()
                     print(f"{shape_name:<12} {name:<12} {'-':>11} {max(fit):>13.0f} {'-':>6} "
                           f"{max(fit) * flops / 1e9:>15.2f}" + (f" {'-':>8} {rows[-1]['fitjax_mfu']:>10.1%}"
                                                                 if peak else ""), flush=True)
@@ -320,8 +323,7 @@ def main(argv=None) -> None:
                     row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
                                fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
                 rows.append(row)
-                _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps,
-                                            "warmup": args.warmup, "rows": rows})  # each row as it comes
+                save()
                 print(f"{shape_name:<12} {name:<12} {max(hand):>11.0f} {max(fit):>13.0f} {row['ratio']:>5.2f}x "
                       f"{max(fit) * flops / 1e9:>15.2f} {memory.argument_size_in_bytes / mib:>14.2f} "
                       f"{memory.temp_size_in_bytes / mib:>14.2f} {held / mib:>17.2f}"
@@ -335,8 +337,7 @@ def main(argv=None) -> None:
               f"{idle['idle_share']:.2%} ({idle['programs']} programs ran)", flush=True)
         with open(args.trace, "w") as file:
             json.dump(idle, file, indent=1)
-    _results.record(args.json, {"accumulate": ACCUMULATE, "clip": CLIP, "steps": args.steps, "warmup": args.warmup,
-                                "rows": rows, "idle": idle})
+    save(idle)
 
 
 def _mfu(hand: float, fit: float, flops: int, peak_tflops: float, devices: int) -> str:

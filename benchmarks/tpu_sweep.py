@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import functools
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -253,13 +251,10 @@ def main(argv=None) -> None:
                        "tiny:attn=fj,batch=2,remat=dots,scan=1"]
         args.steps = 1
     configs = [Config.parse(text) for text in args.config]
-    result = {"command": " ".join(sys.argv), "commit": _results.commit(), "jax": jax.__version__, "device": str(jax.devices()[0].device_kind),
-              "host": platform.node(), "peak_tflops": args.peak_tflops, "rows": []}
+    result = {"peak_tflops": args.peak_tflops, "steps": args.steps, "rows": []}
 
-    def save():
-        if args.out:
-            with open(args.out, "w") as file:
-                json.dump(result, file, indent=1)
+    def save():  # the command, commit, versions and device beside the rows (`_results`)
+        _results.record(args.out, result)
 
     def compile_one(cfg):
         try:
