@@ -1,7 +1,7 @@
-"""The planner against real fits on the GPU it runs on: is its estimate what the device then does?
+"""The planner against real fits on the device it runs on: is its estimate what the device then does?
 
-    python benchmarks/plan_gpu.py            # on a GPU machine: GPT-2 small's shape (~3 min on an H200)
-    python benchmarks/plan_gpu.py --smoke    # a tiny GPT on whatever JAX sees: checks it runs
+    python benchmarks/plan_device.py         # on a TPU chip or a GPU: GPT-2 small's shape (~3 min on an H200)
+    python benchmarks/plan_device.py --smoke # a tiny GPT on whatever JAX sees: checks it runs
 
 GPT-2 small's shape (`examples/gpt.py`: 12 blocks of width 768, 12 heads, context 1024), 16 rows a
 step, bf16-mixed, one device. The plan sweeps activation rematerialization (none, full) for the

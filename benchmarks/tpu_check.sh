@@ -6,7 +6,8 @@
 #                                             # loop, MFU, defaults on, the device's idle time in a trace
 #   bash benchmarks/tpu_check.sh --part 2     # the accelerator tests, the loop's small workloads, the
 #                                             # planner against fits
-#   bash benchmarks/tpu_check.sh              # parts 1 and 2 in one command (~9 minutes)
+#   bash benchmarks/tpu_check.sh              # parts 1 and 2 in one go (~15 minutes: two calls on a
+#                                             # machine with a 10-minute limit per command)
 #   bash benchmarks/tpu_check.sh --part 3     # the profile-first sweep and generation
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
@@ -104,16 +105,17 @@ if [ "$smoke" -eq 1 ]; then
   step 150 accelerator "$python" -m pytest -q -x "$root/tests/accelerator" -k "not slow_on_cpu"
   step 120 generation "$python" "$here/generation.py" --smoke
 else
-  # limits from the first full run on one v5e chip (JAX 0.10.2): the whole under 10 minutes
+  # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
+  # GPT-2 small's step takes ~40 s there, medium's longer)
   if [ "$part" = 1 ] || [ "$part" = all ]; then
-    step 290 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
+    step 540 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
       --hand-shapes gpt2-small --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ] || [ "$part" = all ]; then
     step 90 accelerator "$python" -m pytest -q -p no:cacheprovider "$root/tests/accelerator" \
       --junit-xml "$out/accelerator.xml"
-    step 60 overhead "$python" "$here/overhead.py" --device --only defaults --repeats 1 --json "$out/overhead.json"
-    step 120 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
+    step 150 overhead "$python" "$here/overhead.py" --device --only defaults --only spe --repeats 1 --json "$out/overhead.json"
+    step 240 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
   fi
   if [ "$part" = 3 ]; then  # on a second call: the profile-first table and generation
     step 150 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
