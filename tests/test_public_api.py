@@ -35,3 +35,20 @@ def test_docstring_examples_run():
                  "fitjax.models._pretrained", "fitjax.data._text"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name
+
+
+def test_help_documents_every_trainer_argument():
+    """`help(fj.Trainer)` shows each argument's reference (kept in `fitjax/loop/_trainer_doc.py`,
+    joined to the class's docstring when the class is made), before the example."""
+    import inspect
+    import pydoc
+    import re
+
+    import fitjax as fj
+
+    doc = inspect.getdoc(fj.Trainer)
+    head, _, rest = doc.partition("\nArgs:\n")
+    arguments, _, example = rest.partition("\n\n")
+    assert head.startswith("Trains a `LitModule`") and example.startswith("Example:\n    >>> import fitjax as fj")
+    assert set(re.findall(r"^    (\w+): ", arguments, re.M)) == set(inspect.signature(fj.Trainer).parameters)
+    assert "stop after this many epochs" in pydoc.render_doc(fj.Trainer, renderer=pydoc.plaintext)
