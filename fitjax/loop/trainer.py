@@ -31,18 +31,19 @@ Sync points (where the host waits for the device) are marked; there is none per 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import itertools
 import logging
 import os
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from fitjax import _logged, _seed, _status, checkpoint
+from fitjax import _seed, _status, checkpoint
 from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
@@ -776,8 +777,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
                         model=None, dataloaders=None) -> list[HostMetrics]:
         name = {"val": "validate", "test": "test"}[stage]
-        module, data, datamodule, ckpt_path = self._stage_arguments(name, module, model, data, dataloaders,
-                                                                    datamodule, ckpt_path)
+        module, data, datamodule, ckpt_path = _arguments.stage_arguments(self, name, module, model, data, dataloaders,
+                                                                         datamodule, ckpt_path)
+        self._lightning_module = module
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
         # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
@@ -789,30 +791,28 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
         check_dataloader_idx(module, stage, several=len(loaders) > 1)
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
-        hook = {"val": "validation", "test": "test"}[stage]
-        before, self._stage = self._stage, Stage(name, verbose=verbose)
-        self._hooks.call("setup", self, module, name)
-        try:
+        with self._set_up(module, Stage(name, verbose=verbose)):
             variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
             if stage == "val":
                 self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
-            earlier, built = dict(self._metric_log.callback_metrics), self._in_use
-
-            def run() -> None:
-                evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
-                                                *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
-                self._metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
-
-            evaluation.hooked(self._hooks, self, module, hook, run)
-            logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
-        finally:
-            self._hooks.call("teardown", self, module, name)
-            self._stage = before
+            logged = evaluation.run_stage(self._eval_parts(), module, self._in_use, loaders, variables, stage=stage)
         for logger in self.loggers:
             logger.save()
-        if len(loaders) == 1:
-            return [logged]
-        return [_logged.of_loader(logged, i) for i in range(len(loaders))]
+        return logged
+
+    @contextlib.contextmanager
+    def _set_up(self, module: LitModule, stage: Stage) -> Iterator[None]:
+        """`stage` for the hooks (`trainer.stage`) between its `setup` and `teardown` hooks."""
+        before, self._stage = self._stage, stage
+        self._hooks.call("setup", self, module, stage.name)
+        try:
+            yield
+        finally:
+            self._hooks.call("teardown", self, module, stage.name)
+            self._stage = before
+
+    def _eval_parts(self) -> evaluation.EvalParts:
+        return evaluation.EvalParts(self, self._hooks, self._metric_log, self.strategy, self.limits)
 
     @in_precision
     def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
@@ -824,8 +824,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
         Lightning's spellings work as in `validate` (`predict_dataloader()` on the module);
         `return_predictions=False` returns None."""
-        module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
-                                                                    datamodule, ckpt_path)
+        module, data, datamodule, ckpt_path = _arguments.stage_arguments(self, "predict", module, model, data,
+                                                                         dataloaders, datamodule, ckpt_path)
+        self._lightning_module = module
         # Ctrl-C as in fit; eval mode; a status line per compilation
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
@@ -889,30 +890,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
                                           several=False)[0]
         ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
-        before, self._stage = self._stage, Stage("predict")
-        self._hooks.call("setup", self, module, "predict")
-        try:
+        with self._set_up(module, Stage("predict")):
             variables = self._eval_variables(module, loader, "predict", ckpt_path)
-            built = self._in_use
-            host = evaluation.hooked(self._hooks, self, module, "predict", lambda: evaluation.predict_batches(
-                self, module, built.compiled, built.built_from, self._hooks, loader, variables,
-                limit=self.limits["predict"], strategy=self.strategy, keep=keep))
-        finally:
-            self._hooks.call("teardown", self, module, "predict")
-            self._stage = before
-        return host
-
-    def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
-        """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
-        module = _arguments.either(method, "module", module, "model", model)
-        data = _arguments.either(method, "data", data, "dataloaders", dataloaders)
-        if _arguments.is_datamodule(data) and datamodule is None:
-            datamodule, data = data, None
-        module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
-        checks.check_module(module, method)
-        self._lightning_module = module
-        module.trainer = self
-        return module, data, datamodule, ckpt_path
+            return evaluation.run_predict(self._eval_parts(), module, self._in_use, loader, variables, keep=keep)
 
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None) -> tuple:
         """Sharded `(params, model_state, rng)` for eval: the last fit's when it fitted `module`,
@@ -939,38 +919,25 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         module, val_loaders = run.module, run.loaders.val
         if not self.num_sanity_val_steps or not schedule.validation_enabled(self._config, val_loaders):
             return
-        limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        limit = self.limits["val"] if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
         try:
             with module_lib.hook_mode(module, False):  # Lightning's eval mode
                 self._hooks.call("on_sanity_check_start", self, module)
-                self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
-                evaluation.hooked(self._hooks, self, module, "validation", lambda: evaluation.evaluate(
-                    self, module, run.compiled, run.built_from, self._hooks, val_loaders, self._eval_params(),
-                    run.state.model_state, run.state.rng, stage="val", limit=limit or self.limits["val"],
-                    strategy=self.strategy))
+                self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit)
+                evaluation.run_validation(self._eval_parts(), run, self.step_options.pieces, limit=limit)
         finally:
             self._stage = before
         self._hooks.call("on_sanity_check_end", self, module)
 
     def _validate_during_fit(self, run: FitRun) -> None:
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
-        module = run.module
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
         self._metric_log.time_finished(run.state.step)  # it/s: the steps before it (it waits for them)
-        with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
+        with self.profiler.profile("[loop] validation"), module_lib.hook_mode(run.module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
-
-            def run_validation() -> None:
-                evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
-                                                run.loaders.val, self._eval_params(), run.state.model_state,
-                                                run.state.rng, stage="val", limit=self.limits["val"],
-                                                strategy=self.strategy)
-                self._metric_log.log(evaluated.values, aliases=evaluated.aliases,
-                                     progress_bar=evaluated.progress_bar, pictures=evaluated.pictures)
-                self._progress.last_validated = self._progress.position
-
-            evaluation.hooked(self._hooks, self, module, "validation", run_validation, zero_grad=True)
+            evaluation.run_validation(self._eval_parts(), run, self.step_options.pieces, limit=self.limits["val"],
+                                      progress=self._progress)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
         self._metric_log.restart_speed()  # it/s leaves the validation out
 
