@@ -1,32 +1,10 @@
 """`Trainer`: its public surface and the loop's outline. `fit` reads top to bottom: build, then
 epochs of steps, logs and validation.
 
-The Trainer has no base classes: its parts, beside it in `fitjax.loop`, are built with what
-they need and return values; the loop (this file) is the only writer of what lives for a fit.
-
-    config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
-                          through the Lightning-named attributes (`_checks`, `_arguments`)
-    _reads                `config_value()`, `reads(path)`: the attributes that only read a part
-    progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
-    _schedule             functions of (configuration, progress): when training ends, a stop is
-                          obeyed, validation is due
-    _epoch                an epoch's batches (each step with its hooks, logs, validations and
-                          stop checks) and its end work, on the `FitRun` and `EpochParts`
-    _stop.StopRequest     `should_stop` and the last signal stop; `_stop` agrees on a request
-                          and pauses an epoch a stop cut short
-    fit_run.FitRun        what one fit holds (module, loaders, feed, train state, compiled
-                          programs, validation counters, stop agreement); dies with the fit
-    fit_run.Built         what fit/validate/test/predict built for a module, kept for the next call
-    train_feed.TrainFeed  an epoch's batches and chunks (on the devices or prefetched), the
-                          loader's positions, each accumulation count's steps (`fit_loaders`)
-    metric_log.MetricLog  `callback_metrics`, `logged_metrics`, `progress_bar_metrics`, the
-                          train log windows and the epoch's means; the loop says when to fetch
-    evaluation            what validate, test, predict and fit's validations run
-    _resume               what a checkpoint records (`ResumePoint.to_meta/from_meta`)
-    _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
-    _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
-
-Sync points (where the host waits for the device) are marked; there is none per step.
+The Trainer has no base classes: its parts, beside it in `fitjax.loop` (the package's docstring
+lists them), are built with what they need and return values; the loop (this file) is the only
+writer of what lives for a fit. Sync points (where the host waits for the device) are marked;
+there is none per step.
 """
 
 from __future__ import annotations
@@ -619,7 +597,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         feed.keep_on_devices(run.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
-            epoch_iter = self._resume_fit(run, ckpt_path)
+            epoch_iter = _resume.resume_fit(run, ckpt_path, trainer=self, progress=self._progress,
+                                            metric_log=self._metric_log, hooks=self._hooks, callbacks=self.callbacks,
+                                            loggers=self.loggers, precision=self.precision)
         if self._runs is not None:  # which runs train (a resumed state keeps its stopped runs stopped)
             self._run_results.stops.begin_fit(runs_lib.active_runs(run.state), last_row=self.global_step - 1)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
@@ -648,23 +628,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         else:
             self._sync_module(module, run.state)
         self._hooks.call("on_fit_end", self, module)
-
-    def _resume_fit(self, run: FitRun, path) -> Iterable:
-        """Restores the train state, the progress, callbacks and loggers from checkpoint `path`;
-        returns the batches of the epoch it stopped in, from the first one not yet stepped."""
-        meta = checkpoint.read_meta(path)
-        if self.is_global_zero:  # Lightning's line, with where the run stood
-            log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
-        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision},
-                                             trains=run.module.trainable_mask(run.state.params))
-        point = _resume.ResumePoint.from_meta(meta)
-        point.restore(self._progress)
-        run.resume_at = point.batches_done
-        self._metric_log.start_epoch(point.epoch_accumulators())
-        _resume.call_load_hooks(self, run.module, meta, self._hooks.overriding("on_load_checkpoint"))
-        _resume.load_states(meta, self.callbacks, self.loggers)
-        _resume.warn_unpositioned(path, point, run.feed.loader)
-        return run.feed.epoch_batches(self._progress.epoch, start=point.batches_done, state=point.loader)
 
     def _epoch_options(self, epoch: int, module: LitModule) -> step_lib.StepOptions:
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
