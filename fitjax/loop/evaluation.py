@@ -38,7 +38,7 @@ from fitjax.strategies import Strategy, gather_rows
 
 __all__ = ["EvalParts", "Evaluated", "build_for", "eval_batches", "evaluate", "hooked", "load_weights",
            "predict_batches", "run_predict", "run_stage", "run_validation", "stage_loaders", "val_batch_counts",
-           "warn_unfitted"]
+           "warn_unfitted", "with_weights"]
 
 log = logging.getLogger("fitjax")
 
@@ -217,6 +217,18 @@ def load_weights(trainer, module, variables, ckpt_path, load_hooks) -> tuple:
     _resume.call_load_hooks(trainer, module, meta, load_hooks)
     if jax.process_index() == 0:
         log.info(f"Loaded model weights from the checkpoint at {ckpt_path} {_resume.stood_at(meta)}")
+    return variables
+
+
+def with_weights(trainer, hooks: HostHooks, module, variables: tuple, stage: str, ckpt_path) -> tuple:
+    """The variables built for an evaluation, with checkpoint `ckpt_path`'s weights (its load
+    hooks called) or, without one, a warning when nobody fitted the module; the module holds
+    them after (later stages see the same weights)."""
+    if ckpt_path is not None:
+        variables = load_weights(trainer, module, variables, ckpt_path, hooks.overriding("on_load_checkpoint"))
+    else:
+        warn_unfitted(module, stage)
+    module_lib.set_variables(module, *variables[:2])
     return variables
 
 

@@ -748,20 +748,17 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
         # status line per compilation, as in fit (its times not logged: no fit's window to join)
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
-            return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
-
-    def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
-        loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
-        check_dataloader_idx(module, stage, several=len(loaders) > 1)
-        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
-        with self._set_up(module, Stage(name, verbose=verbose)):
-            variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
-            if stage == "val":
-                self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
-            logged = evaluation.run_stage(self._eval_parts(), module, self._in_use, loaders, variables, stage=stage)
-        for logger in self.loggers:
-            logger.save()
-        return logged
+            loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
+            check_dataloader_idx(module, stage, several=len(loaders) > 1)
+            ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
+            with self._set_up(module, Stage(name, verbose=verbose)):
+                variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
+                if stage == "val":
+                    self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
+                logged = evaluation.run_stage(self._eval_parts(), module, self._in_use, loaders, variables, stage=stage)
+            for logger in self.loggers:
+                logger.save()
+            return logged
 
     @contextlib.contextmanager
     def _set_up(self, module: LitModule, stage: Stage) -> Iterator[None]:
@@ -792,7 +789,13 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._lightning_module = module
         # Ctrl-C as in fit; eval mode; a status line per compilation
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
-            host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
+            loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
+                                              several=False)[0]
+            ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+            with self._set_up(module, Stage("predict")):
+                variables = self._eval_variables(module, loader, "predict", ckpt_path)
+                host = evaluation.run_predict(self._eval_parts(), module, self._in_use, loader, variables,
+                                              keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
@@ -849,14 +852,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             return generation.generate(module, prompts, options, variables=variables, strategy=self.strategy,
                                        policy=self.step_options.precision)
 
-    def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
-        loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
-                                          several=False)[0]
-        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
-        with self._set_up(module, Stage("predict")):
-            variables = self._eval_variables(module, loader, "predict", ckpt_path)
-            return evaluation.run_predict(self._eval_parts(), module, self._in_use, loader, variables, keep=keep)
-
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None) -> tuple:
         """Sharded `(params, model_state, rng)` for eval: the last fit's when it fitted `module`,
         else built from the stage's first batch (from `ckpt_path` when given)."""
@@ -867,13 +862,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy,
                                                           seed=self.seed, options=self.step_options,
                                                           limit=self.limits[stage])
-        if ckpt_path is not None:
-            variables = evaluation.load_weights(self, module, variables, ckpt_path,
-                                                self._hooks.overriding("on_load_checkpoint"))
-        else:
-            evaluation.warn_unfitted(module, stage)
-        module_lib.set_variables(module, *variables[:2])  # later stages see the same (initialised) weights
-        return variables
+        return evaluation.with_weights(self, self._hooks, module, variables, stage, ckpt_path)
 
     def _sanity_check(self, run: FitRun) -> None:
         """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
