@@ -20,8 +20,8 @@ from fitjax import module as module_lib
 from fitjax.data import DataModule
 from fitjax.loop._checks import check_module
 
-__all__ = ["CheckedArguments", "UnknownArgumentError", "check_names", "either", "fit_arguments", "is_datamodule", "lightning_flags",
-           "module_loader", "prepare_module", "stage_arguments", "stage_module"]
+__all__ = ["CheckedArguments", "UnknownArgumentError", "check_names", "either", "fit_arguments", "is_datamodule",
+           "lightning_flags", "module_loader", "prepare_module", "stage_arguments", "stage_module"]
 
 log = logging.getLogger("fitjax")
 

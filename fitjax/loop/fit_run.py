@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from fitjax import runs as runs_lib
 from fitjax import step as step_lib
 from fitjax.loop._checks import BuiltFrom
 from fitjax.loop._pieces import PieceRunner
@@ -18,7 +19,7 @@ from fitjax.module import LitModule
 from fitjax.state import TrainState
 from fitjax.strategies import StopAgreement
 
-__all__ = ["Built", "FitRun", "step_flops"]
+__all__ = ["Built", "FitRun", "step_flops", "trained_variables"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,16 @@ class FitRun:
         if self.compiled is None:
             return None
         return Built(self.module, self.compiled, self.built_from, self.state, self.feed.positions)
+
+
+def trained_variables(state: TrainState, pieces, *, runs: bool) -> tuple:
+    """`(params, model_state)` a fit hands back to its module: the parameters its state pieces
+    leave for it (`pieces.module_params`) and, with several runs, the first run's."""
+    params = step_lib.pieces.module_params(state, pieces)
+    model_state = state.model_state
+    if runs:  # the module holds one run's weights: the first's
+        params, model_state = runs_lib.member((params, model_state), 0)
+    return params, model_state
 
 
 def step_flops(compiled: step_lib.Compiled, remat: str) -> float | None:

@@ -36,14 +36,13 @@ from fitjax.loop.config import LoopConfig
 from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation, generation
-from fitjax.loop.fit_run import Built, FitRun, step_flops
-from fitjax.loop.train_feed import FitLoaders, TrainFeed, fit_loaders
+from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
+from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
-from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
-from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule, check_fit_data
+from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint
+from fitjax.data import DataModule
 from fitjax.loggers import Logger, resolve_loggers, split_by_run
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.planner import Plan, planned_strategy
@@ -157,22 +156,19 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self.default_root_dir = checks.root_dir(default_root_dir)
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
-        callbacks = with_defaults(checks.callback_list(callbacks), progress_bar=enable_progress_bar,
-                                  model_summary=enable_model_summary)
-        callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
-        if self._config.fast_dev_run:  # a smoke test leaves no checkpoints behind
-            callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
-        self.callbacks: list[Callback] = callbacks
+        self.callbacks: list[Callback] = checks.trainer_callbacks(
+            callbacks, progress_bar=enable_progress_bar, model_summary=enable_model_summary,
+            checkpointing=enable_checkpointing, max_time=max_time, fast_dev_run=self._config.fast_dev_run)
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
-            [piece for cb in callbacks for piece in cb.step_pieces()]))
+            [piece for cb in self.callbacks for piece in cb.step_pieces()]))
         self._runs = Runs.create(runs, seed=self.seed)  # several runs side by side, or None
         if self._runs is not None:
             self._runs.check_options(self.strategy, self.step_options)
             if self._planned is not None:
                 check_no_runs(self._runs, "Trainer(strategy='plan')")
         # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
-        self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
+        self._accumulation = checks.accumulation_schedule(self.callbacks, accumulate_grad_batches)
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -189,7 +185,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                      on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
         # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
-        self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
+        self._hooks = HostHooks(CallbackList(self.callbacks), self._host_variables, self._metric_log.log_hook,
                                 muted=lambda: self.sanity_checking)
         self.num_val_batches: list[int | None] = []
         self._step_flops: dict[str, float | None] = {}  # remat -> flops, once `train_step_flops` compiled them
@@ -567,13 +563,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                         self.cluster_environment))
         loaders = self._run_loaders(fit_loaders(module, train_data, val_data, datamodule,
                                                 overfit=bool(self.overfit_batches)))
-        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
-                       processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                       accumulate=self.step_options.accumulate_grad_batches, resuming=resuming)
-        if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
-            for loader in loaders.val:
-                checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+        check_fit_loaders(loaders, module, shards=self.strategy.num_batch_shards, limits=self.limits,
+                          max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches,
+                          resuming=resuming, validates=schedule.validation_enabled(self._config, loaders.val))
         return loaders
 
     def _fit(self, run: FitRun, ckpt_path=None) -> None:
@@ -698,11 +690,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
-        params = step_lib.pieces.module_params(state, self.step_options.pieces)
-        model_state = state.model_state
-        if self._runs is not None:  # the module holds one run's weights: the first's
-            params, model_state = runs_lib.member((params, model_state), 0)
-        module_lib.set_variables(module, params, model_state)
+        variables = trained_variables(state, self.step_options.pieces, runs=self._runs is not None)
+        module_lib.set_variables(module, *variables)
 
     # ------------------------------------------------------------------ evaluation stages
 
