@@ -576,15 +576,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"), \
                 _status.phase("initialising the state", "initialised the state"):
-            if self._runs is None:
-                run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
-                                                         options=feed.options)
-            else:  # every run's state stacked, one program training them all
-                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options,
-                                                           per_run_data=isinstance(feed.loader, runs_lib.RunOrders))
+            run.build(first, strategy=self.strategy, seed=self.seed, runs=self._runs)
         self._step_flops = {}
         self._metric_log.begin_fit(run.compiled.log_specs)
-        run.built_from = checks.BuiltFrom.of(first, "the first train batch")
         run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)
         feed.keep_on_devices(run.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
