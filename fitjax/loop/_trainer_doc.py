@@ -1,19 +1,31 @@
-"""The reference of `Trainer`'s arguments: the Args section of its docstring, put into the
-class's own text when the class is made (`with_arguments`), so `help(fj.Trainer)`, `fitjax fit
---help` (jsonargparse) and the API page (`docs/hooks/class_docs.py`) show it while `trainer.py`
-keeps to the loop.
+"""The Args sections of the Trainer's reference, its constructor's, `plan`'s and `generate`'s:
+each is put into its docstring when the class is made (`with_arguments`), so `help(...)`,
+`fitjax fit --help` (jsonargparse) and the API page (`docs/hooks/imported_docs.py`) show them while
+`trainer.py` keeps to the loop.
 """
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
 
 __all__ = ["ARGUMENTS", "with_arguments"]
 
+T = TypeVar("T")
 
-def with_arguments(doc: str) -> str:
-    """`doc` (the Trainer's docstring, as written) with `ARGUMENTS` before its Example section."""
-    head, example, tail = doc.partition("\n    Example:")
-    return head + ARGUMENTS + example + tail
+_NEXT_SECTION = re.compile(r"\n(?=[ ]*(?:Returns|Example):\n)")  # the section the Args section goes before
 
 
-ARGUMENTS = """
+def with_arguments(obj: T) -> T:
+    """`obj` (the `Trainer` or one of its methods) with its Args section, `ARGUMENTS[qualified
+    name]`, in its docstring before its Returns or Example section."""
+    head, rest = _NEXT_SECTION.split(obj.__doc__, maxsplit=1)
+    obj.__doc__ = f"{head}\n{ARGUMENTS[obj.__qualname__]}\n{rest}"
+    return obj
+
+
+ARGUMENTS = {
+    "Trainer": """\
     Args:
         max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
             -1: no limit; 0: fit trains nothing).
@@ -125,4 +137,35 @@ ARGUMENTS = """
             and `configure_optimizer` (values that differ are traced arrays; one used as a shape
             is refused). Every logged value is per run: `train/loss/run_<i>`. See
             docs/guides/many_runs.md.
-"""
+""",
+    "Trainer.plan": """\
+        Args:
+            module: the `LitModule`, as for `fit` (left as it was).
+            train_data: as for `fit` (only the first batch's shapes and dtypes are used).
+            datamodule: or a `DataModule`, as for `fit`.
+            target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
+                "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
+                'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
+            sweep: False: the trainer as configured; True: also other strategies and meshes,
+                remat and micro-batches with accumulation; or `{axis: [values]}` (axes
+                "strategy", "accumulate", "precision", "remat").
+            memory_bytes: memory per device to fit in (default: the device's, or the device
+                kind's from the table; none on CPU).
+            headroom: the fraction of the memory kept free (fragmentation, the runtime).
+""",
+    "Trainer.generate": """\
+        Args:
+            module: the `LitModule` whose model generates.
+            prompts: see above; prompts of different lengths are left-padded together.
+            max_new_tokens: tokens generated per prompt at most.
+            temperature: 0 picks the most likely token (greedy); otherwise the logits are
+                divided by it and a token drawn.
+            top_k: draw among the k most likely tokens only (None: all).
+            top_p: draw among the most likely tokens holding this probability mass (None: all).
+            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
+            eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
+                model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
+            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
+                sequence for each token (slower, the same tokens).
+""",
+}

@@ -58,6 +58,7 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
+@_trainer_doc.with_arguments  # the Args sections of the class's, `plan`'s and `generate`'s docstrings
 class Trainer(metaclass=_arguments.CheckedArguments):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
@@ -68,7 +69,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         >>> trainer = fj.Trainer(max_epochs=3, strategy="dp", log_every_n_steps=10)
         >>> # trainer.fit(MyModule(), fj.DataLoader(train, batch_size=64, shuffle=True), val_loader)
     """
-    __doc__ = _trainer_doc.with_arguments(__doc__)  # the arguments' reference: `_trainer_doc`
 
     def __init__(
         self,
@@ -514,6 +514,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
             self._metric_log.finalize("success")
 
+    @_trainer_doc.with_arguments
     def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
              target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
              headroom: float = 0.1) -> Plan:
@@ -527,20 +528,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
-
-        Args:
-            module: the `LitModule`, as for `fit` (left as it was).
-            train_data: as for `fit` (only the first batch's shapes and dtypes are used).
-            datamodule: or a `DataModule`, as for `fit`.
-            target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
-                "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
-                'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
-            sweep: False: the trainer as configured; True: also other strategies and meshes,
-                remat and micro-batches with accumulation; or `{axis: [values]}` (axes
-                "strategy", "accumulate", "precision", "remat").
-            memory_bytes: memory per device to fit in (default: the device's, or the device
-                kind's from the table; none on CPU).
-            headroom: the fraction of the memory kept free (fragmentation, the runtime).
 
         Returns:
             A `fitjax.planner.Plan`: `print(plan)` shows the table, `plan.as_dict()` the figures,
@@ -784,6 +771,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
     @in_precision
+    @_trainer_doc.with_arguments
     def generate(self, module: LitModule, prompts: Any, *, max_new_tokens: int = 64, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                  eos_token_id: int | Sequence[int] | None = None, use_cache: bool | None = None) -> Any:
@@ -800,20 +788,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         One compiled program per prompt-length bucket (16, 24, 32, 48, 64, ... tokens) runs the
         whole generation with the model's KV cache (`fitjax.loop.generation`), batched, each row
         stopping at its end-of-sequence token. `module.generate_step` is the traced forward pass.
-
-        Args:
-            module: the `LitModule` whose model generates.
-            prompts: see above; prompts of different lengths are left-padded together.
-            max_new_tokens: tokens generated per prompt at most.
-            temperature: 0 picks the most likely token (greedy); otherwise the logits are
-                divided by it and a token drawn.
-            top_k: draw among the k most likely tokens only (None: all).
-            top_p: draw among the most likely tokens holding this probability mass (None: all).
-            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
-            eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
-                model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
-            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
-                sequence for each token (slower, the same tokens).
 
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
