@@ -30,7 +30,7 @@ from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.loop._host_hooks import with_transfer_hooks
 from fitjax.module import check_dataloader_idx
 
-__all__ = ["BatchPositions", "FitLoaders", "TrainFeed", "check_fit_loaders", "fit_loaders"]
+__all__ = ["BatchPositions", "FitLoaders", "TrainFeed", "check_fit_loaders", "epoch_options", "fit_loaders"]
 
 _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
 _KEEP = 8  # loader states kept behind the newest drawn batch (the prefetch depth is 2)
@@ -100,6 +100,18 @@ def fit_loaders(module, train_data, val_data, datamodule, *, overfit: bool) -> F
                       train_hook=getattr(source, "train_dataloader", None) if from_hooks[0] else None,
                       val_hook=(getattr(source, "val_dataloader", None)
                                 if from_hooks[1] and val_data is not None else None))
+
+
+def epoch_options(options: step_lib.StepOptions, accumulation, epoch: int, *, hook_outputs: bool
+                  ) -> step_lib.StepOptions:
+    """The step options of train epoch `epoch`: the count of an accumulation schedule
+    (`GradientAccumulationScheduler`, or None) then; `hook_outputs`: the step returns what
+    `training_step` returned (a batch-end hook may read it)."""
+    if hook_outputs:
+        options = dataclasses.replace(options, hook_outputs=True)
+    if accumulation is None:
+        return options
+    return dataclasses.replace(options, accumulate_grad_batches=accumulation.get_accumulate_grad_batches(epoch))
 
 
 def check_fit_loaders(loaders: FitLoaders, module, *, shards: int, limits, max_steps: int | None, accumulate: int,

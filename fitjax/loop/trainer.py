@@ -37,7 +37,7 @@ from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
-from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, fit_loaders
+from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
@@ -588,7 +588,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             self._hooks.call("on_train_start", self, module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
             while not schedule.done_training(self._config, self.progress, should_stop=self.should_stop):
-                if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
+                if schedule.reload_due(self._config, self.progress, loaded_at) and run.loaders.reloadable:
                     self._reload_loaders(run)
                     loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(run, epoch_iter)
@@ -605,21 +605,12 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def _epoch_options(self, epoch: int, module: LitModule) -> step_lib.StepOptions:
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
-        options = self.step_options
-        if self._hooks.reads_outputs("on_train_batch_end", module):
-            options = dataclasses.replace(options, hook_outputs=True)
-        if self._accumulation is None:
-            return options
-        k = self._accumulation.get_accumulate_grad_batches(epoch)
-        return dataclasses.replace(options, accumulate_grad_batches=k)
+        return epoch_options(self.step_options, self._accumulation, epoch,
+                             hook_outputs=self._hooks.reads_outputs("on_train_batch_end", module))
 
     def _run_loaders(self, loaders: FitLoaders) -> FitLoaders:
         """With runs, a `DataLoader(shuffle="per_run")` gives each run its own order."""
         return loaders if self._runs is None else dataclasses.replace(loaders, train=self._runs.train_loader(loaders.train))
-
-    def _reload_due(self, loaded_at: int) -> bool:
-        n = self.reload_dataloaders_every_n_epochs
-        return bool(n) and self.current_epoch - loaded_at >= n and self._run.loaders.reloadable
 
     def _reload_loaders(self, run: FitRun) -> None:
         """The loaders asked for again from the hooks they came from (Lightning's
