@@ -65,6 +65,7 @@ import gpt  # noqa: E402
 
 import fitjax as fj  # noqa: E402
 from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never reads the batch)
+from fitjax.step import xla_tpu  # noqa: E402
 
 import _results  # noqa: E402
 from _trace import idle_share, op_times  # noqa: E402
@@ -261,6 +262,9 @@ def main(argv=None) -> None:
                              "fit (default: all; the others: fitjax alone, for its MFU)")
     parser.add_argument("--ckpt-every", type=int, default=None,
                         help="with --device: the defaults-on fit also saves every N steps")
+    parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
+                        help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
+                             "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak bf16 TFLOP/s, for the MFU columns (default: the device kind's "
                              "peak in fitjax's table; none on CPU, which has no standard one)")
@@ -341,6 +345,10 @@ def main(argv=None) -> None:
                 if full:
                     print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x",
                           flush=True)
+            if args.device and shape_name == shapes[0]:
+                for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it
+                    rows.append(_with_options(spec, shape_name, shape, data, root, args, fit, flops, peak))
+                    save()
         idle = idle_share(os.path.join(root, "trace")) if args.device and args.trace else None
         if idle is not None:  # where each program spends the device's time, op by op, side by side
             idle["ops"] = {"fitjax": op_times(os.path.join(root, "trace")),
@@ -356,6 +364,28 @@ def main(argv=None) -> None:
         with open(args.trace, "w") as file:
             json.dump(idle, file, indent=1)
     save(idle)
+
+
+def _with_options(spec: str, shape_name: str, shape: dict, data: np.ndarray, root: str, args, default: list,
+                  flops: int, peak: float | None) -> dict:
+    """One fitjax fit of the single mesh compiled with `FITJAX_XLA_TPU_OPTIONS=spec`, against the
+    default fits just measured (`default`, tokens/s)."""
+    saved = os.environ.get(xla_tpu.OPTIONS_ENV)
+    os.environ[xla_tpu.OPTIONS_ENV] = spec  # read when each program is built
+    try:
+        speed, _ = with_fitjax("single", shape, data, root, warmup=args.warmup, steps=args.steps)
+    finally:
+        if saved is None:
+            os.environ.pop(xla_tpu.OPTIONS_ENV)
+        else:
+            os.environ[xla_tpu.OPTIONS_ENV] = saved
+    row = {"shape": shape_name, "mesh": "single", "tpu_options": spec, "fitjax_tokens_per_s": [speed],
+           "ratio_to_default": speed / max(default), "flops_per_token": flops}
+    if peak:
+        row["fitjax_mfu"] = speed * flops / (peak * 1e12)
+    print(f"{shape_name:<12} {'options':<12} {'':>11} {speed:>13.0f} {row['ratio_to_default']:>5.2f}x  "
+          f"(FITJAX_XLA_TPU_OPTIONS={spec!r} against the default fit)", flush=True)
+    return row
 
 
 def _mfu(hand: float, fit: float, flops: int, peak_tflops: float, devices: int) -> str:
