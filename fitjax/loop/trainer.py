@@ -27,7 +27,7 @@ from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
-from fitjax.loop._host_hooks import HostHooks, edited_params
+from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
 from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
