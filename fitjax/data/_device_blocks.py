@@ -19,9 +19,9 @@ step computes the same numbers. With one step per call, an epoch's last accumula
 fewer than `accumulate_grad_batches` batches is one more call of the same program, masked as the
 host path masks it: a fit compiles one train step, not a second one for that group (~40 s for
 GPT-2 small on a TPU chip). A short last batch (`drop_last=False`: another shape) and, with
-`steps_per_execution > 1`, an epoch's leftover steps take the host path (one more program). On CPU this is done only for small steps
-(`CPU_STEP_FLOPS`): a larger step hides the host's per-batch work behind its own compute, and
-there the step that picks from a block ran slower.
+`steps_per_execution > 1`, an epoch's leftover steps take the host path (one more program).
+On CPU this is done only for small steps (`CPU_STEP_FLOPS`): a larger step hides the host's
+per-batch work behind its own compute, and there the step that picks from a block ran slower.
 """
 
 from __future__ import annotations
@@ -131,9 +131,12 @@ class Feed:
         for counts, rows in self._blocks(stretch):
             last = (stretch.block, rows, self._block(rows, stretch.block))
             base = self._base(current_step())
-            for j, count in enumerate(counts):
-                yield StepInputs((last[2], base, self._counts[count]), count, self._steps(count), full=True,
-                                 rows=rows[j * call_rows:(j + 1) * call_rows], on_device=True)
+            # what each call takes, made before its steps: no Python call per step
+            # (`tests/loop/test_host_cost.py` counts them)
+            calls = [((last[2], base, self._counts[count]), count, self._steps(count)) for count in counts]
+            for j, (inputs, count, steps) in enumerate(calls):
+                yield StepInputs(inputs, count, steps, full=True, rows=rows[j * call_rows:(j + 1) * call_rows],
+                                 on_device=True)
         if last is not None:  # every call of the epoch's blocks is dispatched
             self._prefetch(stop, last)
         if steps_left is not None:
@@ -153,8 +156,8 @@ class Feed:
         A block's size depends only on the epoch's length, never on where the stretch starts or
         stops: the block is an input of the train step, so a stretch cut short (`max_steps`, a
         resume mid-epoch) that gathered a smaller block would compile the step again."""
-        size, k, spe = self.loader.batch_size, self.options.accumulate_grad_batches, self.options.steps_per_execution
-        per_call = self.options.batches_per_call
+        size, per_call = self.loader.batch_size, self.options.batches_per_call
+        k, spe = self.options.accumulate_grad_batches, self.options.steps_per_execution
         epoch_batches = len(order) // size  # whole batches
         batches = max(min(stop, epoch_batches) - start, 0)
         calls = batches // per_call
