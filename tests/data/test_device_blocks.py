@@ -119,7 +119,7 @@ def test_an_epochs_last_accumulation_group_runs_in_the_block_step(n, strategy):
 
 
 def test_a_fit_resumed_before_an_epochs_last_group_keeps_one_block_shape(tmp_path):
-    """Stopped after 3 optimizer steps (the second epoch's first) and resumed from its checkpoint:
+    """Stopped after 4 optimizer steps (the second epoch's first) and resumed from its checkpoint:
     the resumed stretch (batches 2-4 of an epoch of 5) gathers blocks the epoch's size, so the
     resumed fit compiles its one block step, and ends as the uninterrupted fit did."""
     data = regression_data(n=160)
