@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 
-def _lane(events: list[dict]) -> list[tuple[float, float]]:
+def _device_events(events: list[dict], lane: str) -> list[dict]:
+    """The complete events of the first device's thread named `lane` ("XLA Modules", "XLA Ops")."""
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
@@ -23,9 +24,33 @@ def _lane(events: list[dict]) -> list[tuple[float, float]]:
                    if name.startswith(("/device:TPU:0", "/device:GPU:0"))), None)
     if device is None:
         return []
-    modules = {key for key, name in threads.items() if key[0] == device and name == "XLA Modules"}
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                  if e.get("ph") == "X" and e.get("pid") == device and (not modules or (e["pid"], e["tid"]) in modules))
+    wanted = {key for key, name in threads.items() if key[0] == device and name == lane}
+    return [e for e in events if e.get("ph") == "X" and e.get("pid") == device
+            and (not wanted or (e["pid"], e["tid"]) in wanted)]
+
+
+def op_times(folder: str, top: int = 40) -> list[dict[str, Any]] | None:
+    """The device's time per operation over a trace, largest first: what a step spends where.
+
+    Each entry: the op's name, its total microseconds and count in the window, and the HLO text
+    the trace gives for it (`long_name`, cut short), so two programs' traces can be set side by
+    side (their fusion names differ; their HLO does not)."""
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+    if not files:
+        return None
+    with gzip.open(files[-1]) as file:
+        ops = _device_events(json.load(file)["traceEvents"], "XLA Ops")
+    totals: dict[str, dict[str, Any]] = {}
+    for e in ops:
+        entry = totals.setdefault(e["name"], {"name": e["name"], "us": 0.0, "count": 0,
+                                              "hlo": str(e.get("args", {}).get("long_name", ""))[:300]})
+        entry["us"] += e["dur"]
+        entry["count"] += 1
+    return sorted(totals.values(), key=lambda entry: -entry["us"])[:top]
+
+
+def _lane(events: list[dict]) -> list[tuple[float, float]]:
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in _device_events(events, "XLA Modules"))
 
 
 def idle_share(folder: str) -> dict[str, Any] | None:

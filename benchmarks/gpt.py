@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import io
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,9 +65,10 @@ import gpt  # noqa: E402
 
 import fitjax as fj  # noqa: E402
 from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never reads the batch)
+from fitjax.step import xla_tpu  # noqa: E402
 
 import _results  # noqa: E402
-from _trace import idle_share  # noqa: E402
+from _trace import idle_share, op_times  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 1.0
 SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens per optimizer step
@@ -109,7 +112,8 @@ def hand_written_step(model: gpt.GPT, tx: optax.GradientTransformation):
     return step
 
 
-def hand_written(mesh_name: str, shape: dict, data: np.ndarray, *, warmup: int, steps: int):
+def hand_written(mesh_name: str, shape: dict, data: np.ndarray, *, warmup: int, steps: int,
+                 trace: str | None = None):
     """Returns (tokens/s, compiled memory stats) of the hand-written loop on `mesh_name`'s mesh."""
     count, data_axis, fsdp, tensor = MESHES[mesh_name]
     devices = np.asarray(jax.devices()[:count])
@@ -146,10 +150,10 @@ def hand_written(mesh_name: str, shape: dict, data: np.ndarray, *, warmup: int, 
         context.enter_context(jax.set_mesh(mesh))
         context.enter_context(nn.logical_axis_rules(rules))
     with context:
-        return _time_hand_written(step, params, opt_state, data, batch, shape["context"], warmup, steps)
+        return _time_hand_written(step, params, opt_state, data, batch, shape["context"], warmup, steps, trace)
 
 
-def _time_hand_written(step, params, opt_state, data, batch, context, warmup, steps):
+def _time_hand_written(step, params, opt_state, data, batch, context, warmup, steps, trace=None):
     per_step = ACCUMULATE * batch
     memory = step.lower(params, opt_state, np.zeros((ACCUMULATE, batch, context + 1), np.int32)
                         ).compile().memory_analysis()
@@ -161,6 +165,9 @@ def _time_hand_written(step, params, opt_state, data, batch, context, warmup, st
         if i == warmup:
             jax.block_until_ready(params)
             start = time.perf_counter()
+        if trace and i in (warmup + 2, warmup + 7):  # 5 steady steps, as fitjax's Profile
+            jax.block_until_ready(params)
+            (jax.profiler.start_trace(trace) if i == warmup + 2 else jax.profiler.stop_trace())
         rows = order[(i * per_step) % (len(order) - per_step):][:per_step]
         params, opt_state, loss = step(params, opt_state, data[rows].reshape(ACCUMULATE, batch, -1))
     jax.block_until_ready(params)
@@ -255,12 +262,17 @@ def main(argv=None) -> None:
                              "fit (default: all; the others: fitjax alone, for its MFU)")
     parser.add_argument("--ckpt-every", type=int, default=None,
                         help="with --device: the defaults-on fit also saves every N steps")
+    parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
+                        help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
+                             "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's peak bf16 TFLOP/s, for the MFU columns (default: the device kind's "
                              "peak in fitjax's table; none on CPU, which has no standard one)")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
     parser.add_argument("--trace", default=None, help="with --device: profile 5 steps of the first shape's "
-                                                      "defaults-on fit; the idle share as JSON here")
+                                                      "defaults-on fit and of its hand-written loop; the idle "
+                                                      "share and each side's time per op as JSON here, the "
+                                                      "traces beside it")
     parser.add_argument("--smoke", action="store_true",
                         help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
     args = parser.parse_args(argv)
@@ -296,7 +308,9 @@ def main(argv=None) -> None:
                 compared = not args.device or args.smoke or not args.hand_shapes or shape_name in args.hand_shapes
                 for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
                     if compared:
-                        speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps)
+                        hand_trace = os.path.join(root, "trace-hand") if args.trace and not rows else None
+                        speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps,
+                                                     trace=hand_trace)
                         hand.append(speed)
                     speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
                     fit.append(speed)
@@ -331,13 +345,47 @@ def main(argv=None) -> None:
                 if full:
                     print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x",
                           flush=True)
+            if args.device and shape_name == shapes[0]:
+                for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it
+                    rows.append(_with_options(spec, shape_name, shape, data, root, args, fit, flops, peak))
+                    save()
         idle = idle_share(os.path.join(root, "trace")) if args.device and args.trace else None
+        if idle is not None:  # where each program spends the device's time, op by op, side by side
+            idle["ops"] = {"fitjax": op_times(os.path.join(root, "trace")),
+                           "hand": op_times(os.path.join(root, "trace-hand"))}
+            raw = os.path.splitext(args.trace)[0] + "-raw"
+            for side in ("trace", "trace-hand"):  # the traces themselves, for a profiler's viewer
+                for found in glob.glob(os.path.join(root, side, "**", "*.xplane.pb"), recursive=True):
+                    os.makedirs(os.path.join(raw, side), exist_ok=True)
+                    shutil.copy(found, os.path.join(raw, side))
     if idle is not None:
         print(f"device idle in {idle['window_s'] * 1e3:.1f} ms of steady fitjax steps (defaults on): "
               f"{idle['idle_share']:.2%} ({idle['programs']} programs ran)", flush=True)
         with open(args.trace, "w") as file:
             json.dump(idle, file, indent=1)
     save(idle)
+
+
+def _with_options(spec: str, shape_name: str, shape: dict, data: np.ndarray, root: str, args, default: list,
+                  flops: int, peak: float | None) -> dict:
+    """One fitjax fit of the single mesh compiled with `FITJAX_XLA_TPU_OPTIONS=spec`, against the
+    default fits just measured (`default`, tokens/s)."""
+    saved = os.environ.get(xla_tpu.OPTIONS_ENV)
+    os.environ[xla_tpu.OPTIONS_ENV] = spec  # read when each program is built
+    try:
+        speed, _ = with_fitjax("single", shape, data, root, warmup=args.warmup, steps=args.steps)
+    finally:
+        if saved is None:
+            os.environ.pop(xla_tpu.OPTIONS_ENV)
+        else:
+            os.environ[xla_tpu.OPTIONS_ENV] = saved
+    row = {"shape": shape_name, "mesh": "single", "tpu_options": spec, "fitjax_tokens_per_s": [speed],
+           "ratio_to_default": speed / max(default), "flops_per_token": flops}
+    if peak:
+        row["fitjax_mfu"] = speed * flops / (peak * 1e12)
+    print(f"{shape_name:<12} {'options':<12} {'':>11} {speed:>13.0f} {row['ratio_to_default']:>5.2f}x  "
+          f"(FITJAX_XLA_TPU_OPTIONS={spec!r} against the default fit)", flush=True)
+    return row
 
 
 def _mfu(hand: float, fit: float, flops: int, peak_tflops: float, devices: int) -> str:

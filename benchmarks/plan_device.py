@@ -1,13 +1,14 @@
-"""The planner against real fits on the GPU it runs on: is its estimate what the device then does?
+"""The planner against real fits on the device it runs on: is its estimate what the device then does?
 
-    python benchmarks/plan_gpu.py            # on a GPU machine: GPT-2 small's shape (~3 min on an H200)
-    python benchmarks/plan_gpu.py --smoke    # a tiny GPT on whatever JAX sees: checks it runs
+    python benchmarks/plan_device.py         # on a TPU chip or a GPU: GPT-2 small's shape (~3 min on an H200)
+    python benchmarks/plan_device.py --smoke # a tiny GPT on whatever JAX sees: checks it runs
 
 GPT-2 small's shape (`examples/gpt.py`: 12 blocks of width 768, 12 heads, context 1024), 16 rows a
 step, bf16-mixed, one device. The plan sweeps activation rematerialization (none, full) for the
 local device (`target="local"`); then each candidate is fitted for `--steps` optimizer steps after
 `--warmup` ones, each fit in a process of its own so that the device's high-water mark is that
-fit's. Printed per candidate:
+fit's (the plan, too, runs in a process of its own: one process at a time may hold a TPU chip,
+so the parent never starts JAX's backends). Printed per candidate:
 
 - memory: the plan's per-device peak (XLA's memory analysis of the step: arguments, outputs and
   scratch) against the allocator's peak bytes in use during the fit (`memory_stats()`: the step's
@@ -17,7 +18,7 @@ fit's. Printed per candidate:
 - MFU: model FLOPs (6N + attention, the module's `transformer_shape`) over each time at the
   device kind's peak (`fitjax/planner/_devices.py`).
 
-Last, `--too-big` rows a step (default 4x `--rows`) with no remat: planned, and where the plan says
+Last, `--too-big` rows a step (default 6x `--rows`) with no remat: planned, and where the plan says
 it does not fit, fitted anyway in a child process to show the device refuses it too.
 """
 
@@ -83,10 +84,30 @@ def fit_one(shape: dict, rows: int, remat: str, warmup: int, steps: int) -> dict
             "device_kind": trainer.devices[0].device_kind}
 
 
-def _child(args, rows: int, remat: str, steps: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, __file__, "--fit", remat, "--warmup", str(args.warmup), "--steps",
-                           str(steps), "--rows", str(rows)] + (["--smoke"] if args.smoke else []),
-                          capture_output=True, text=True)
+def plan_one(shape: dict, rows: int, remats: list[str] | None) -> dict:
+    """The plan of `rows` a step (each remat of `remats`; None: as configured) for this machine's
+    device, as JSON: the device, the candidates (`Measured.as_dict()`) and the recommended one."""
+    sweep = {"remat": remats} if remats else None
+    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, rows), sweep=sweep)
+    device = jax.devices()[0]
+    return {"jax": jax.__version__, "device_kind": device.device_kind, "platform": device.platform,
+            "candidates": [measured.as_dict() for measured in plan.candidates],
+            "recommended": plan.recommended.name if plan.recommended else None}
+
+
+def _child(args, *extra: str) -> subprocess.CompletedProcess:
+    """This script in a process of its own (one plan, or one fit): a TPU chip is held by one
+    process at a time, so the parent never starts JAX's backends."""
+    return subprocess.run([sys.executable, __file__, "--warmup", str(args.warmup)] + list(extra)
+                          + (["--smoke"] if args.smoke else []), capture_output=True, text=True)
+
+
+def _planned(args, rows: int, remats: list[str] | None) -> dict:
+    child = _child(args, "--plan-child", str(rows), *(f"--remat={r}" for r in remats or []))
+    if child.returncode != 0:
+        raise SystemExit(f"plan_device.py: planning {rows} rows failed (exit {child.returncode}):\n"
+                         f"{child.stderr[-3000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
@@ -95,74 +116,82 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per fit")
     parser.add_argument("--too-big", type=int, default=None, help="rows a step for the does-not-fit case "
-                                                                 "(default 4x --rows; 0: skip it)")
+                                                                 "(default 6x --rows; 0: skip it)")
     parser.add_argument("--remat", action="append", choices=["none", "full", "dots"],
                         help="the candidates' remat (repeatable; default: none and full)")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
     parser.add_argument("--smoke", action="store_true", help="a tiny GPT, 2 rows, 2 timed steps: checks it runs")
     parser.add_argument("--fit", metavar="REMAT", help=argparse.SUPPRESS)  # one fit, in a child process
+    parser.add_argument("--plan-child", type=int, metavar="ROWS", help=argparse.SUPPRESS)  # one plan, likewise
     args = parser.parse_args(argv)
     shape, rows = (TINY, 2) if args.smoke else (GPT2_SMALL, args.rows)
     steps = 2 if args.smoke else args.steps
     if args.fit:
         print(json.dumps(fit_one(shape, rows, args.fit, args.warmup, steps)), flush=True)
         return
-    device = jax.devices()[0]
-    print(f"jax {jax.__version__} on {device.device_kind} ({device.platform}); GPT {shape}, {rows} rows a step, "
-          f"bf16-mixed, one device; {steps} timed steps after {args.warmup}", flush=True)
+    if args.plan_child is not None:
+        print(json.dumps(plan_one(shape, args.plan_child, args.remat)), flush=True)
+        return
     started = time.perf_counter()
-    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, rows), sweep={"remat": args.remat or ["none", "full"]})
-    print(f"planned {len(plan.candidates)} candidates in {time.perf_counter() - started:.1f} s", flush=True)
+    plan = _planned(args, rows, args.remat or ["none", "full"])
+    print(f"jax {plan['jax']} on {plan['device_kind']} ({plan['platform']}); GPT {shape}, {rows} rows a step, "
+          f"bf16-mixed, one device; {steps} timed steps after {args.warmup}", flush=True)
+    print(f"planned {len(plan['candidates'])} candidates in {time.perf_counter() - started:.1f} s", flush=True)
     print(f"{'remat':<6}{'peak plan':>11}{'peak fit':>11}{'ratio':>7}{'step plan':>11}{'step fit':>11}"
           f"{'ratio':>7}{'MFU plan':>10}{'MFU fit':>9}", flush=True)
     tokens = rows * shape["context"]
     rows_out = []
-    for measured in plan.candidates:
-        child = _child(args, rows, measured.remat, args.steps)
+    for measured in plan["candidates"]:
+        remat = measured["remat"]
+        child = _child(args, "--fit", remat, "--steps", str(args.steps), "--rows", str(rows))
         if child.returncode != 0:
-            print(f"{measured.remat:<6} the fit failed (exit {child.returncode}):\n{child.stderr[-2000:]}", flush=True)
-            rows_out.append({"plan": measured.as_dict(), "fit_error": child.stderr[-2000:]})
+            print(f"{remat:<6} the fit failed (exit {child.returncode}):\n{child.stderr[-2000:]}", flush=True)
+            rows_out.append({"plan": measured, "fit_error": child.stderr[-2000:]})
             continue
         fit = json.loads(child.stdout.strip().splitlines()[-1])
-        planned_peak, fit_peak = measured.memory["peak"], fit["peak_bytes"]
+        planned_peak, fit_peak = measured["memory"]["peak"], fit["peak_bytes"]
         peak_ratio = f"{fit_peak / planned_peak:.2f}" if fit_peak and planned_peak else "-"
-        step_plan = measured.step_time_s
+        step_plan = measured["step_time_s"]
         step_ratio = f"{fit['step_s'] / step_plan:.2f}" if step_plan else "-"
         spec = spec_for(fit["device_kind"])
-        mfu_fit = (measured.model_flops / (fit["step_s"] * spec.peak_flops)
-                   if spec is not None and measured.model_flops else None)
-        rows_out.append({"plan": measured.as_dict(), "fit": fit, "mfu_fit": mfu_fit,
+        mfu_fit = (measured["model_flops"] / (fit["step_s"] * spec.peak_flops)
+                   if spec is not None and measured["model_flops"] else None)
+        rows_out.append({"plan": measured, "fit": fit, "mfu_fit": mfu_fit,
                          "peak_fit_over_plan": fit_peak / planned_peak if fit_peak and planned_peak else None,
                          "step_fit_over_plan": fit["step_s"] / step_plan if step_plan else None})
-        print(f"{measured.remat:<6}{human_bytes(planned_peak) if planned_peak else '-':>11}"
+        mfu_plan = measured["mfu"]
+        print(f"{remat:<6}{human_bytes(planned_peak) if planned_peak else '-':>11}"
               f"{human_bytes(fit_peak) if fit_peak else '-':>11}{peak_ratio:>7}"
               f"{(f'{step_plan * 1e3:.1f} ms' if step_plan else '-'):>11}{fit['step_s'] * 1e3:>8.1f} ms"
-              f"{step_ratio:>7}{(f'{measured.mfu:.0%}' if measured.mfu else '-'):>10}"
+              f"{step_ratio:>7}{(f'{mfu_plan:.0%}' if mfu_plan else '-'):>10}"
               f"{(f'{mfu_fit:.0%}' if mfu_fit else '-'):>9}", flush=True)
-    print(f"model FLOPs a step (6N + attention): {plan.candidates[0].model_flops:.3g} "
-          f"({tokens} tokens); recommended: {plan.recommended.name if plan.recommended else 'none'}", flush=True)
+    print(f"model FLOPs a step (6N + attention): {plan['candidates'][0]['model_flops']:.3g} "
+          f"({tokens} tokens); recommended: {plan['recommended'] or 'none'}", flush=True)
     too_big = _too_big(args, shape, rows)
     _results.record(args.json, {"shape": shape, "rows": rows, "candidates": rows_out, "too_big": too_big})
 
 
 def _too_big(args, shape: dict, rows: int) -> dict | None:
     """Plans `--too-big` rows with no remat; where the plan says it does not fit, fits it anyway."""
-    big = args.too_big if args.too_big is not None else 4 * rows
+    big = args.too_big if args.too_big is not None else 6 * rows
     if not big:
         return None
-    plan = _trainer().plan(gpt.GPTModule(**shape), _batch(shape, big))
-    measured = plan.candidates[0]
-    out = {"rows": big, "plan": measured.as_dict(), "fits_planned": measured.fits}
-    if measured.fits is False:
-        child = _child(args, big, "none", 1)
+    measured = _planned(args, big, None)["candidates"][0]
+    out = {"rows": big, "plan": measured, "fits_planned": measured["fits"]}
+    ran = ""
+    if measured["fits"] is False:
+        child = _child(args, "--fit", "none", "--steps", "1", "--rows", str(big))
         refused = child.returncode != 0 and "RESOURCE_EXHAUSTED" in child.stderr
         out.update(fit_returncode=child.returncode, device_refused=refused,
                    fit_said=next((line for line in child.stderr.splitlines() if "RESOURCE_EXHAUSTED" in line), None))
-    said = {True: "fits", False: "does not fit", None: "has no memory limit to check"}[measured.fits]
-    peak = measured.memory["peak"]
-    print(f"{big} rows, no remat: planned peak {human_bytes(peak) if peak else '?'}, the plan says it {said}"
-          + (f"; the device {'refused it too' if out['device_refused'] else 'ran it (exit 0)'}"
-             if "device_refused" in out else ""), flush=True)
+        last = (child.stderr.strip().splitlines() or [""])[-1]
+        ran = ("; the device refused it too (out of memory)" if refused else
+               "; the device ran it (exit 0)" if child.returncode == 0 else
+               f"; the fit failed otherwise (exit {child.returncode}): {last}")
+    said = {True: "fits", False: "does not fit", None: "has no memory limit to check"}[measured["fits"]]
+    peak = measured["memory"]["peak"]
+    print(f"{big} rows, no remat: planned peak {human_bytes(peak) if peak else '?'}, the plan says it {said}{ran}",
+          flush=True)
     return out
 
 

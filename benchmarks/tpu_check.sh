@@ -1,29 +1,31 @@
 #!/usr/bin/env bash
-# The TPU check: what the docs' TPU figures quote, measured on one TPU chip, in two parts that
-# each fit one 10-minute command.
+# The TPU check: what the docs' TPU figures quote, measured on one TPU chip, in parts that each
+# fit one 10-minute command (run them one after the other on a warm machine).
 #
 #   bash benchmarks/tpu_check.sh --part 1     # GPT-2 small and medium: fitjax against the hand-written
-#                                             # loop, MFU, defaults on, the device's idle time in a trace
-#   bash benchmarks/tpu_check.sh --part 2     # the accelerator tests, the loop's small workloads, the
-#                                             # planner against fits
-#   bash benchmarks/tpu_check.sh              # parts 1 and 2 in one command (~9 minutes)
-#   bash benchmarks/tpu_check.sh --part 3     # the profile-first sweep and generation
+#                                             # loop, MFU, defaults on, the device's idle time and both
+#                                             # sides' op times in traces, a compiler option measured
+#   bash benchmarks/tpu_check.sh --part 2     # the accelerator tests, the loop's small workloads
+#   bash benchmarks/tpu_check.sh --part 3     # the planner against fits, and a plan that does not fit
+#   bash benchmarks/tpu_check.sh --part 4     # the profile-first sweep and generation
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
-# Parts (each under its own time limit; a failure is reported and the rest still runs):
+# What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
 #   1. benchmarks/gpt.py --device   GPT-2 small's shape (124 M, context 1024) and GPT-2 medium's (355 M):
 #                                   tokens/s and MFU (6N + attention over the chip's peak) of fitjax
 #                                   against the hand-written loop on the same model and step,
-#                                   fitjax with its defaults on (bar, logger, checkpoint), and the share
-#                                   of each step the device sat idle in a profiler trace of the fit
-#   2. benchmarks/tpu_sweep.py      the profile-first table: the same step by hand with XLA's
-#                                   attention and with the Pallas kernel (what each choice is worth)
-#   3. benchmarks/overhead.py       the tiny MLP, MNIST MLP and small CNN against their naive hand
+#                                   fitjax with its defaults on (bar, logger, checkpoints), the share
+#                                   of each step the device sat idle in a profiler trace of the fit,
+#                                   each side's time per op, and the fit compiled with a candidate
+#                                   XLA:TPU option (fitjax.step.xla_tpu)
+#   2. tests/accelerator            the tests that run on whatever JAX finds, here on the chip
+#      benchmarks/overhead.py       the tiny MLP, MNIST MLP and small CNN against their naive hand
 #                                   loops, with and without steps_per_execution
-#   4. benchmarks/plan_device.py    the planner's memory and step time against fits on the chip, and a
+#   3. benchmarks/plan_device.py    the planner's memory and step time against fits on the chip, and a
 #                                   configuration planned not to fit, run to show it does not
-#   5. tests/accelerator            the tests that run on whatever JAX finds, here on the chip
-#   6. benchmarks/generation.py     generation tokens/s with the KV cache against without
+#   4. benchmarks/tpu_sweep.py      the profile-first table: the same step by hand with XLA's
+#                                   attention and with the Pallas kernel (what each choice is worth)
+#      benchmarks/generation.py     generation tokens/s with the KV cache against without
 # Each part writes JSON (the command, the commit, JAX and libtpu versions, the device kind, raw
 # timings, derived ratios) under $FITJAX_RESULTS (default benchmarks/results/tpu-v5e), which are
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
@@ -35,7 +37,7 @@ set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 python="${PYTHON:-python3}"
-part=all
+part=
 smoke=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,7 +48,11 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case "$part" in 1|2|3|all) ;; *) echo "tpu_check.sh: --part must be 1, 2 or 3, got ${part@Q}" >&2; exit 2 ;; esac
+case "$part" in
+  1|2|3|4) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1, 2, 3 or 4 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1, 2, 3 or 4, got ${part@Q}" >&2; exit 2 ;;
+esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -97,28 +103,34 @@ if [ "$alone" != "$found" ]; then echo "== fitjax hides this machine's devices: 
 
 out="$FITJAX_RESULTS"
 if [ "$smoke" -eq 1 ]; then
-  step 120 gpt "$python" "$here/gpt.py" --smoke --device --json "$out/gpt.json" --trace "$out/gpt_trace.json"
+  step 120 gpt "$python" "$here/gpt.py" --smoke --device --json "$out/gpt.json" --trace "$out/gpt_trace.json" \
+    --tpu-options xla_tpu_scoped_vmem_limit_kib=98304
   step 120 tpu_sweep "$python" "$here/tpu_sweep.py" --smoke --out "$out/sweep.json"
   step 120 overhead "$python" "$here/overhead.py" --smoke --only defaults --json "$out/overhead.json"
   step 150 plan_device "$python" "$here/plan_device.py" --smoke --json "$out/plan.json"
   step 150 accelerator "$python" -m pytest -q -x "$root/tests/accelerator" -k "not slow_on_cpu"
   step 120 generation "$python" "$here/generation.py" --smoke
 else
-  # limits from the first full run on one v5e chip (JAX 0.10.2): the whole under 10 minutes
-  if [ "$part" = 1 ] || [ "$part" = all ]; then
-    step 290 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
-      --hand-shapes gpt2-small --json "$out/gpt.json" --trace "$out/gpt_trace.json"
+  # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
+  # GPT-2 small's step takes ~40 s there, medium's longer)
+  if [ "$part" = 1 ]; then
+    step 540 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
+      --hand-shapes gpt2-small --tpu-options xla_tpu_scoped_vmem_limit_kib=98304 \
+      --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
-  if [ "$part" = 2 ] || [ "$part" = all ]; then
+  if [ "$part" = 2 ]; then
     step 90 accelerator "$python" -m pytest -q -p no:cacheprovider "$root/tests/accelerator" \
       --junit-xml "$out/accelerator.xml"
-    step 60 overhead "$python" "$here/overhead.py" --device --only defaults --repeats 1 --json "$out/overhead.json"
-    step 120 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
+    step 240 overhead "$python" "$here/overhead.py" --device --only defaults --only spe --repeats 1 \
+      --json "$out/overhead.json"
   fi
-  if [ "$part" = 3 ]; then  # on a second call: the profile-first table and generation
-    step 150 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
+  if [ "$part" = 3 ]; then  # each plan and each fit in a process of its own (one holds the chip at a time)
+    step 540 plan_device "$python" "$here/plan_device.py" --remat none --steps 5 --warmup 3 --json "$out/plan.json"
+  fi
+  if [ "$part" = 4 ]; then
+    step 300 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
       --config small:attn=xla,batch=8 --config small:attn=splash,batch=8 --config small:attn=fj,batch=8
-    step 90 generation "$python" "$here/generation.py" --device --json "$out/generation.json"
+    step 200 generation "$python" "$here/generation.py" --device --json "$out/generation.json"
   fi
 fi
 echo

@@ -35,3 +35,28 @@ def test_docstring_examples_run():
                  "fitjax.models._pretrained", "fitjax.data._text"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name
+
+
+@pytest.mark.parametrize("name, first, after", [
+    ("Trainer", "Trains a `LitModule`", "Example:\n    >>> import fitjax as fj"),
+    ("Trainer.plan", "Will it fit, and how fast", "Returns:\n    A `fitjax.planner.Plan`"),
+    ("Trainer.generate", "Continues each prompt", "Example:\n    >>> # trainer.generate("),
+])
+def test_help_documents_every_trainer_argument(name, first, after):
+    """`help(fj.Trainer)`, `help(trainer.plan)` and `help(trainer.generate)` show each argument's
+    reference (kept in `fitjax/loop/_trainer_doc.py`, joined to the docstrings when the class is
+    made) between the summary and the next section."""
+    import inspect
+    import pydoc
+    import re
+
+    import fitjax as fj
+
+    obj = fj.Trainer if name == "Trainer" else getattr(fj.Trainer, name.split(".")[1])
+    head, _, rest = inspect.getdoc(obj).partition("\nArgs:\n")
+    arguments, _, tail = rest.partition("\n\n")
+    assert head.startswith(first) and tail.startswith(after)
+    names = set(inspect.signature(obj).parameters) - {"self"}
+    assert set(re.findall(r"^    (\w+): ", arguments, re.M)) == names
+    described = re.search(r"^    (\w+): (.+)$", arguments, re.M).group(2)  # the first argument's description
+    assert described in pydoc.render_doc(obj, renderer=pydoc.plaintext)

@@ -18,8 +18,10 @@ from typing import Any
 
 from fitjax import module as module_lib
 from fitjax.data import DataModule
+from fitjax.loop._checks import check_module
 
-__all__ = ["CheckedArguments", "UnknownArgumentError", "check_names", "either", "fit_arguments", "is_datamodule", "lightning_flags", "module_loader", "prepare_module", "stage_module"]
+__all__ = ["CheckedArguments", "UnknownArgumentError", "check_names", "either", "fit_arguments", "is_datamodule",
+           "lightning_flags", "module_loader", "prepare_module", "stage_arguments", "stage_module"]
 
 log = logging.getLogger("fitjax")
 
@@ -52,6 +54,21 @@ def fit_arguments(module: Any, model: Any, train_data: Any, train_dataloaders: A
 def is_datamodule(value: Any) -> bool:
     """Whether `value`, passed where data goes, is a datamodule (Lightning's `fit(model, dm)`)."""
     return isinstance(value, DataModule)
+
+
+def stage_arguments(trainer: Any, method: str, module: Any, model: Any, data: Any, dataloaders: Any,
+                    datamodule: Any, ckpt_path: Any) -> tuple[Any, Any, Any, Any]:
+    """`validate`/`test`/`predict`'s `(module, data, datamodule, ckpt_path)` from fitjax's or
+    Lightning's spellings (`model=`, `dataloaders=`, a datamodule as `data`, no module after a
+    fit), the module checked and given the trainer (Lightning's `self.trainer`)."""
+    module = either(method, "module", module, "model", model)
+    data = either(method, "data", data, "dataloaders", dataloaders)
+    if is_datamodule(data) and datamodule is None:
+        datamodule, data = data, None
+    module, ckpt_path = stage_module(trainer, method, module, ckpt_path)
+    check_module(module, method)
+    module.trainer = trainer
+    return module, data, datamodule, ckpt_path
 
 
 def stage_module(trainer: Any, method: str, module: Any, ckpt_path: Any) -> tuple[Any, Any]:

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from fitjax.strategies import accelerator_devices, check_devices_match
-from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint
-from fitjax.callbacks.timer import parse_duration
+from fitjax.callbacks import Callback, DefaultCheckpoint, GradientAccumulationScheduler, ModelCheckpoint, with_defaults
+from fitjax.callbacks.timer import parse_duration, with_timer
 from fitjax import checkpoint
 from fitjax import module as module_lib
 from fitjax.module import LitModule
@@ -114,6 +114,18 @@ def accumulation_schedule(callbacks: list[Callback], accumulate_grad_batches: in
             f"callback (Trainer(accumulate_grad_batches={accumulate_grad_batches!r})). Either remove "
             "`accumulate_grad_batches` from the Trainer or remove the callback.")
     return schedulers[0]
+
+
+def trainer_callbacks(callbacks: Any, *, progress_bar: bool, model_summary: bool, checkpointing: bool, max_time: Any,
+                      fast_dev_run: int) -> list[Callback]:
+    """`Trainer(callbacks=...)` with what its other arguments add: a progress bar, a model
+    summary, a `Timer` for `max_time`, the default checkpoint (checkpoint callbacks last); no
+    checkpoint callback in a `fast_dev_run` smoke test (it leaves no checkpoints behind)."""
+    callbacks = with_defaults(callback_list(callbacks), progress_bar=progress_bar, model_summary=model_summary)
+    callbacks = with_checkpointing(with_timer(callbacks, max_time), checkpointing)
+    if fast_dev_run:
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+    return callbacks
 
 
 def with_checkpointing(callbacks: list[Callback], enabled: bool) -> list[Callback]:

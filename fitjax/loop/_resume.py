@@ -11,16 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
 
 from fitjax import _stack, checkpoint
-from fitjax.loop.metric_log import EpochAccumulators
+from fitjax.loop._host_hooks import HostHooks
+from fitjax.loop.fit_run import FitRun
+from fitjax.loop.metric_log import EpochAccumulators, MetricLog
+from fitjax.loop.progress import Progress
 from fitjax.step import pieces as pieces_lib
 
-__all__ = ["Preempted", "ResumePoint", "call_load_hooks", "fit_meta", "load_states", "resolve_ckpt_path", "stood_at",
-           "warn_changed_hparams", "warn_unpositioned"]
+__all__ = ["Preempted", "ResumePoint", "call_load_hooks", "fit_meta", "load_states", "resolve_ckpt_path", "resume_fit",
+           "stood_at", "warn_changed_hparams", "warn_unpositioned"]
+
+log = logging.getLogger("fitjax")
 
 
 class Preempted(Exception):
@@ -120,6 +128,26 @@ def _check_plain(meta: dict[str, Any], module) -> None:
             f"(added by an on_save_checkpoint hook of {type(module).__name__} or a callback?): store "
             "numbers, strings, lists and dicts there (`array.tolist()` for a small array); arrays "
             "that belong to the run go in the train state.")
+
+
+def resume_fit(run: FitRun, path, *, trainer, progress: Progress, metric_log: MetricLog, hooks: HostHooks,
+               callbacks, loggers, precision: str) -> Iterable:
+    """Restores `run`'s train state, the progress, the epoch's means, callbacks and loggers from
+    checkpoint `path` (the load hooks called with `trainer`); returns the batches of the epoch
+    it stopped in, from the first one not yet stepped."""
+    meta = checkpoint.read_meta(path)
+    if jax.process_index() == 0:  # Lightning's line, with where the run stood
+        log.info(f"Restoring states from the checkpoint path at {path} {stood_at(meta)}")
+    run.state = checkpoint.restore_state(path, run.state, options={"precision": precision},
+                                         trains=run.module.trainable_mask(run.state.params))
+    point = ResumePoint.from_meta(meta)
+    point.restore(progress)
+    run.resume_at = point.batches_done
+    metric_log.start_epoch(point.epoch_accumulators())
+    call_load_hooks(trainer, run.module, meta, hooks.overriding("on_load_checkpoint"))
+    load_states(meta, callbacks, loggers)
+    warn_unpositioned(path, point, run.feed.loader)
+    return run.feed.epoch_batches(progress.epoch, start=point.batches_done, state=point.loader)
 
 
 def call_load_hooks(trainer, module, meta: dict[str, Any], load_hooks: Sequence[Any]) -> None:

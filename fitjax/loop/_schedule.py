@@ -23,8 +23,9 @@ from fitjax.loop.config import LoopConfig
 from fitjax.loop.progress import ProgressView
 from fitjax.strategies import agree
 
-__all__ = ["agreed_stop", "can_stop_early", "done_training", "epoch_exhausted", "max_steps_reached", "skip_training",
-           "stepping_batches", "time_based", "val_check_batches", "val_due", "val_epoch_due", "validation_enabled"]
+__all__ = ["agreed_stop", "can_stop_early", "done_training", "epoch_exhausted", "max_steps_reached", "reload_due",
+           "skip_training", "stepping_batches", "time_based", "val_check_batches", "val_due", "val_epoch_due",
+           "validation_enabled"]
 
 
 def max_steps_reached(config: LoopConfig, progress: ProgressView) -> bool:
@@ -58,6 +59,13 @@ def skip_training(config: LoopConfig, progress: ProgressView, *, should_stop: bo
     limit_train_batches=0); fit still builds, sanity-checks and calls on_fit_start/end."""
     return (progress.batches_in_epoch == 0 or config.limits["train"] == 0
             or done_training(config, progress, should_stop=should_stop))
+
+
+def reload_due(config: LoopConfig, progress: ProgressView, loaded_at: int) -> bool:
+    """Whether fit asks the loader hooks again at this epoch's start (`reload_dataloaders_every_n_epochs`
+    epochs after epoch `loaded_at`, when they were last asked)."""
+    n = config.reload_dataloaders_every_n_epochs
+    return bool(n) and progress.epoch - loaded_at >= n
 
 
 def validation_enabled(config: LoopConfig, val_loaders: Sequence) -> bool:

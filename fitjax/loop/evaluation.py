@@ -1,6 +1,10 @@
 """Evaluation: what `Trainer.validate`, `test`, `predict` and fit's validations run, as functions
 of what they need (the compiled programs, the strategy, the hooks, the loaders) that return
 values (`Evaluated`, host predictions, the programs built for a module); the Trainer records them.
+
+`run_stage`, `run_predict` and `run_validation` are a whole evaluation with its hooks and logs,
+given `EvalParts` (what every evaluation uses) and the programs in use (`Built`); they never
+read or write the Trainer, which they only hand on to the hooks.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import math
 import os
 import sys
 import warnings
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import jax
 import numpy as np
@@ -26,12 +30,15 @@ from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
 from fitjax.loop import _resume, _step_outputs
-from fitjax.loop._host_hooks import with_transfer_hooks
-from fitjax.loop.fit_run import Built
-from fitjax.strategies import gather_rows
+from fitjax.loop._host_hooks import HostHooks, with_transfer_hooks
+from fitjax.loop.fit_run import Built, FitRun
+from fitjax.loop.metric_log import MetricLog
+from fitjax.loop.progress import Progress
+from fitjax.strategies import Strategy, gather_rows
 
-__all__ = ["Evaluated", "build_for", "eval_batches", "evaluate", "hooked", "load_weights", "predict_batches",
-           "stage_loaders", "val_batch_counts", "warn_unfitted"]
+__all__ = ["EvalParts", "Evaluated", "build_for", "eval_batches", "evaluate", "hooked", "load_weights",
+           "predict_batches", "run_predict", "run_stage", "run_validation", "stage_loaders", "val_batch_counts",
+           "warn_unfitted", "with_weights"]
 
 log = logging.getLogger("fitjax")
 
@@ -41,6 +48,67 @@ _METHOD = {"val": "validate", "test": "test", "predict": "predict"}  # the Train
 
 
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParts:
+    """What an evaluation is given, the same for all of its batches.
+
+    Attributes:
+        trainer: handed on to the hooks as their first argument; never read here.
+        hooks: the loop's one way to call a hook (`HostHooks`; fit's are the profiler's wrapped ones).
+        metric_log: where the evaluation's values are logged (`callback_metrics`, the loggers).
+        strategy: places the batches and variables on the devices.
+        limits: each stage's batch limit (`Trainer.limits`).
+    """
+
+    trainer: Any
+    hooks: HostHooks
+    metric_log: MetricLog
+    strategy: Strategy
+    limits: Mapping[str, int | float | None]
+
+
+def run_stage(parts: EvalParts, module, built: Built, loaders, variables, *, stage: str) -> list[HostMetrics]:
+    """`validate`'s or `test`'s evaluation of `loaders` with its hooks, its values logged;
+    returns what it logged (`callback_metrics` that changed), one dict per loader."""
+    earlier = dict(parts.metric_log.callback_metrics)
+
+    def run() -> None:
+        evaluated = evaluate(parts.trainer, module, built.compiled, built.built_from, parts.hooks, loaders, *variables,
+                             stage=stage, limit=parts.limits[stage], strategy=parts.strategy)
+        parts.metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
+
+    hooked(parts.hooks, parts.trainer, module, {"val": "validation", "test": "test"}[stage], run)
+    logged = {k: v for k, v in parts.metric_log.callback_metrics.items() if earlier.get(k) is not v}
+    if len(loaders) == 1:
+        return [logged]
+    return [_logged.of_loader(logged, i) for i in range(len(loaders))]
+
+
+def run_predict(parts: EvalParts, module, built: Built, loader, variables, *, keep: bool) -> list:
+    """`predict`'s batches with their hooks: every batch's outputs on the host (none with `keep=False`)."""
+    return hooked(parts.hooks, parts.trainer, module, "predict", lambda: predict_batches(
+        parts.trainer, module, built.compiled, built.built_from, parts.hooks, loader, variables,
+        limit=parts.limits["predict"], strategy=parts.strategy, keep=keep))
+
+
+def run_validation(parts: EvalParts, run: FitRun, pieces, *, limit, progress: Progress | None = None) -> None:
+    """A validation inside fit of `run`'s validation data, with its hooks, on its train state's
+    eval parameters (`pieces`: an EMA's copy where one asks) as they are once the start hooks
+    ran. With `progress` (fit's validations): `on_validation_model_zero_grad` first, the values
+    logged (with the progress bar's) and the position marked validated; without (the sanity
+    check): nothing logged."""
+    def validation() -> None:
+        evaluated = evaluate(parts.trainer, run.module, run.compiled, run.built_from, parts.hooks, run.loaders.val,
+                             step_lib.pieces.eval_params(run.state, pieces), run.state.model_state, run.state.rng,
+                             stage="val", limit=limit, strategy=parts.strategy)
+        if progress is not None:
+            parts.metric_log.log(evaluated.values, aliases=evaluated.aliases, progress_bar=evaluated.progress_bar,
+                                 pictures=evaluated.pictures)
+            progress.last_validated = progress.position
+
+    hooked(parts.hooks, parts.trainer, run.module, "validation", validation, zero_grad=progress is not None)
 
 
 def hooked(hooks, trainer, module, hook: str, run: Callable[[], T], *, zero_grad: bool = False) -> T:
@@ -149,6 +217,18 @@ def load_weights(trainer, module, variables, ckpt_path, load_hooks) -> tuple:
     _resume.call_load_hooks(trainer, module, meta, load_hooks)
     if jax.process_index() == 0:
         log.info(f"Loaded model weights from the checkpoint at {ckpt_path} {_resume.stood_at(meta)}")
+    return variables
+
+
+def with_weights(trainer, hooks: HostHooks, module, variables: tuple, stage: str, ckpt_path) -> tuple:
+    """The variables built for an evaluation, with checkpoint `ckpt_path`'s weights (its load
+    hooks called) or, without one, a warning when nobody fitted the module; the module holds
+    them after (later stages see the same weights)."""
+    if ckpt_path is not None:
+        variables = load_weights(trainer, module, variables, ckpt_path, hooks.overriding("on_load_checkpoint"))
+    else:
+        warn_unfitted(module, stage)
+    module_lib.set_variables(module, *variables[:2])
     return variables
 
 

@@ -1,8 +1,9 @@
 """What lives for one `Trainer.fit` and dies with it (`FitRun`), and what fit, validate, test
 or predict built for a module and leave behind for the next call (`Built`).
 
-The loop is the only writer of both: `trainer.py`, and `_epoch` for the train state it steps;
-the other parts of `fitjax.loop` take what they need as arguments and return values.
+The loop is the only writer of both: `trainer.py` (through `FitRun.build` for the state and
+programs), `_epoch` for the train state it steps and `_resume` for a restored one; the other
+parts of `fitjax.loop` take what they need as arguments and return values.
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from fitjax import runs as runs_lib
 from fitjax import step as step_lib
+from fitjax._typing import Batch
 from fitjax.loop._checks import BuiltFrom
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop.train_feed import BatchPositions, FitLoaders, TrainFeed
 from fitjax.module import LitModule
+from fitjax.runs import Runs
 from fitjax.state import TrainState
-from fitjax.strategies import StopAgreement
+from fitjax.strategies import StopAgreement, Strategy
 
-__all__ = ["Built", "FitRun", "step_flops"]
+__all__ = ["Built", "FitRun", "step_flops", "trained_variables"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +73,32 @@ class FitRun:
     resume_at: int = 0
     requeue_from: Path | None = None
 
+    def build(self, first: Batch, *, strategy: Strategy, seed: int, runs: Runs | None) -> None:
+        """The train state and compiled programs, from the first train batch (with `runs`: every
+        run's state stacked, one program training them all)."""
+        if runs is None:
+            self.state, self.compiled = step_lib.build(self.module.step_spec(), strategy, first, seed=seed,
+                                                       options=self.feed.options)
+        else:
+            self.state, self.compiled = runs.build(self.module, strategy, first, options=self.feed.options,
+                                                   per_run_data=isinstance(self.feed.loader, runs_lib.RunOrders))
+        self.built_from = BuiltFrom.of(first, "the first train batch")
+
     def built(self) -> Built | None:
         """What this fit leaves behind for the calls after it (None: it built nothing)."""
         if self.compiled is None:
             return None
         return Built(self.module, self.compiled, self.built_from, self.state, self.feed.positions)
+
+
+def trained_variables(state: TrainState, pieces, *, runs: bool) -> tuple:
+    """`(params, model_state)` a fit hands back to its module: the parameters its state pieces
+    leave for it (`pieces.module_params`) and, with several runs, the first run's."""
+    params = step_lib.pieces.module_params(state, pieces)
+    model_state = state.model_state
+    if runs:  # the module holds one run's weights: the first's
+        params, model_state = runs_lib.member((params, model_state), 0)
+    return params, model_state
 
 
 def step_flops(compiled: step_lib.Compiled, remat: str) -> float | None:

@@ -22,13 +22,15 @@ import jax
 
 from fitjax import step as step_lib
 from fitjax._typing import Batch
-from fitjax.data import Feed, as_loader, batch_size_of, checked_batches, each_loader, feed_for, unshuffled
+from fitjax.data import (Feed, as_loader, batch_size_of, check_fit_data, checked_batches, each_loader, feed_for,
+                         unshuffled)
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.loop._host_hooks import with_transfer_hooks
+from fitjax.module import check_dataloader_idx
 
-__all__ = ["BatchPositions", "FitLoaders", "TrainFeed", "fit_loaders"]
+__all__ = ["BatchPositions", "FitLoaders", "TrainFeed", "check_fit_loaders", "epoch_options", "fit_loaders"]
 
 _PREFETCH = 2  # batches sharded onto devices ahead of the step that consumes them
 _KEEP = 8  # loader states kept behind the newest drawn batch (the prefetch depth is 2)
@@ -98,6 +100,30 @@ def fit_loaders(module, train_data, val_data, datamodule, *, overfit: bool) -> F
                       train_hook=getattr(source, "train_dataloader", None) if from_hooks[0] else None,
                       val_hook=(getattr(source, "val_dataloader", None)
                                 if from_hooks[1] and val_data is not None else None))
+
+
+def epoch_options(options: step_lib.StepOptions, accumulation, epoch: int, *, hook_outputs: bool
+                  ) -> step_lib.StepOptions:
+    """The step options of train epoch `epoch`: the count of an accumulation schedule
+    (`GradientAccumulationScheduler`, or None) then; `hook_outputs`: the step returns what
+    `training_step` returned (a batch-end hook may read it)."""
+    if hook_outputs:
+        options = dataclasses.replace(options, hook_outputs=True)
+    if accumulation is None:
+        return options
+    return dataclasses.replace(options, accumulate_grad_batches=accumulation.get_accumulate_grad_batches(epoch))
+
+
+def check_fit_loaders(loaders: FitLoaders, module, *, shards: int, limits, max_steps: int | None, accumulate: int,
+                      resuming: bool, validates: bool) -> None:
+    """Fit's loaders checked against the strategy's batch shards and the limits before anything
+    runs; with validation on, a `limit_val_batches` fraction keeping no batch is an error now."""
+    check_fit_data(loaders.train, loaders.val, shards=shards, processes=jax.process_count(), limit=limits["train"],
+                   max_steps=max_steps, accumulate=accumulate, resuming=resuming)
+    if validates:
+        for loader in loaders.val:
+            checks.apply_limit(limits["val"], checks.maybe_len(loader), stage="val")
+        check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
 
 
 def _as_fit_loaders(train_data, val_data, overfit: bool, module):

@@ -1,54 +1,33 @@
 """`Trainer`: its public surface and the loop's outline. `fit` reads top to bottom: build, then
 epochs of steps, logs and validation.
 
-The Trainer has no base classes: its parts, beside it in `fitjax.loop`, are built with what
-they need and return values; the loop (this file) is the only writer of what lives for a fit.
-
-    config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
-                          through the Lightning-named attributes (`_checks`, `_arguments`)
-    _reads                `config_value()`, `reads(path)`: the attributes that only read a part
-    progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
-    _schedule             functions of (configuration, progress): when training ends, a stop is
-                          obeyed, validation is due
-    _epoch                an epoch's batches (each step with its hooks, logs, validations and
-                          stop checks) and its end work, on the `FitRun` and `EpochParts`
-    _stop.StopRequest     `should_stop` and the last signal stop; `_stop` agrees on a request
-                          and pauses an epoch a stop cut short
-    fit_run.FitRun        what one fit holds (module, loaders, feed, train state, compiled
-                          programs, validation counters, stop agreement); dies with the fit
-    fit_run.Built         what fit/validate/test/predict built for a module, kept for the next call
-    train_feed.TrainFeed  an epoch's batches and chunks (on the devices or prefetched), the
-                          loader's positions, each accumulation count's steps (`fit_loaders`)
-    metric_log.MetricLog  `callback_metrics`, `logged_metrics`, `progress_bar_metrics`, the
-                          train log windows and the epoch's means; the loop says when to fetch
-    evaluation            what validate, test, predict and fit's validations run
-    _resume               what a checkpoint records (`ResumePoint.to_meta/from_meta`)
-    _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
-    _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
-
-Sync points (where the host waits for the device) are marked; there is none per step.
+The Trainer has no base classes: its parts, beside it in `fitjax.loop` (the package's docstring
+lists them), are built with what they need and return values; the loop (this file) is the only
+writer of what lives for a fit. Sync points (where the host waits for the device) are marked;
+there is none per step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import itertools
 import logging
 import os
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from fitjax import _logged, _seed, _status, checkpoint
+from fitjax import _seed, _status, checkpoint
 from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop
-from fitjax.loop._host_hooks import HostHooks, edited_params
+from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
+from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
 from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
@@ -57,14 +36,13 @@ from fitjax.loop.config import LoopConfig
 from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation, generation
-from fitjax.loop.fit_run import Built, FitRun, step_flops
-from fitjax.loop.train_feed import FitLoaders, TrainFeed, fit_loaders
+from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
+from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
 from fitjax.loop.stage import Stage, in_precision
 from fitjax._typing import HostMetrics
-from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint, with_defaults
-from fitjax.callbacks.timer import with_timer
-from fitjax.data import DataModule, check_fit_data
+from fitjax.callbacks import Callback, CallbackList, ModelCheckpoint
+from fitjax.data import DataModule
 from fitjax.loggers import Logger, resolve_loggers, split_by_run
 from fitjax.module import LitModule, check_dataloader_idx
 from fitjax.planner import Plan, planned_strategy
@@ -80,122 +58,11 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
+@_trainer_doc.with_arguments  # the Args sections of the class's, `plan`'s and `generate`'s docstrings
 class Trainer(metaclass=_arguments.CheckedArguments):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
-
-    Args:
-        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
-            -1: no limit; 0: fit trains nothing).
-        max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
-        max_time: stop once this much training time has passed: "DD:HH:MM:SS", a
-            `datetime.timedelta` or a dict of its arguments (a `fj.Timer` is added, unless
-            `callbacks` has one); the stop saves a checkpoint as an epoch's end does.
-        min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
-            many epochs are done.
-        min_steps: a stop request waits until this many optimizer steps are done.
-        accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
-            "tpu"; a missing backend is an error naming those present. Fit starts with one line
-            saying the platform, devices used of available, processes, strategy, mesh and precision
-            (the "fitjax" logger at INFO).
-        strategy: "auto", "single", "dp", "zero1", "fsdp" or a `fitjax.strategies.Strategy`; or
-            "plan" (a `fitjax.planner.PlannedStrategy`, which takes a memory budget): each fit
-            plans every strategy on these devices (then with remat if none fits) and runs the
-            fastest estimate that fits, said in one line before the banner (docs/guides/plan.md).
-        devices: "auto" (all, on every process), a count, or a list of `jax.Device`. With several
-            processes a count is one machine's devices (Lightning's meaning), checked.
-        num_nodes: machines to run on (Lightning's meaning), checked against the cluster
-            environment; None takes its count. Several processes start `jax.distributed` once,
-            with the environment's numbers (`fitjax.strategies.initialize_distributed`). Only
-            process 0 logs and draws progress.
-        plugins: a `fj.plugins.environments.ClusterEnvironment` (in a list or alone) instead of
-            the detected one (SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, `fitjax launch`).
-        callbacks: extra `Callback`s, a list or one (a progress bar is added when
-            `enable_progress_bar`).
-        logger: True (TensorBoard), False, a `Logger` or a list of them.
-        default_root_dir: where logs (and checkpoints) go; the working directory by default.
-        log_every_n_steps: log and display the train metrics' means every this many steps. The
-            loop does not wait for them: they are fetched while the next steps run and reach
-            the loggers (as Lightning, at row `global_step - 1`: the first row of n is at n-1) and
-            the progress bar a step or two later; reading `callback_metrics` waits for them.
-        val_check_interval: validate every this many train batches (int) or fraction of an epoch
-            (float, rounded down to batches: an epoch may end without one); default once per
-            epoch, at its end. Lightning's rules and errors (see docs/porting.md). Or a duration
-            ("DD:HH:MM:SS", a `datetime.timedelta` or a dict of its arguments, Lightning 2.6):
-            validate after the first train step that ends that long after the last validation
-            ended (or training started), and not at epoch ends.
-        check_val_every_n_epoch: validate in every n-th epoch; None: an int `val_check_interval`
-            counts batches over the whole run.
-        limit_train_batches: train batches per epoch: an int number or a float fraction.
-        limit_val_batches: validation batches per run: an int number or a float fraction.
-        limit_test_batches: test batches: an int number or a float fraction.
-        limit_predict_batches: predict batches: an int number or a float fraction.
-        overfit_batches: train on the same first n batches every epoch (an int, or a float
-            fraction of the train batches) and validate on the first n of the validation data,
-            both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
-            to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
-            place of `limit_train_batches` and `limit_val_batches`). 0: off.
-        reload_dataloaders_every_n_epochs: ask the datamodule's (or the module's)
-            `train_dataloader()` and `val_dataloader()` again every n epochs, at the start of the
-            epoch (Lightning's); loaders passed to `fit` directly are kept. 0: never.
-        num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
-            validation that fails does so before the first epoch; nothing is logged.
-        fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
-            or sanity check — a smoke test of the code.
-        enable_progress_bar: show a `RichProgressBar`.
-        enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
-        enable_checkpointing: add a `DefaultCheckpoint()` (under `<logger.log_dir>/checkpoints`:
-            the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
-            unless `callbacks` has a `ModelCheckpoint`.
-        seed: the run's base random key (parameter init and every rng stream); default 0. When
-            given, also seeds Python's `random`, numpy's and torch's (when imported) global
-            generators, as `fj.seed_everything(seed)` (a torch `DataLoader(shuffle=True)`'s order).
-        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true" or a
-            `fitjax.Precision` (see `fitjax.precision`); "16-mixed" logs `loss_scale` and
-            `skipped_steps`; "64-true" runs fit, validate, test and predict with JAX's x64 on.
-        accumulate_grad_batches: micro-batches per optimizer step (their gradients summed, each
-            loss divided by k, inside one jitted step). `global_step`, `max_steps`, schedules and
-            `log_every_n_steps` count optimizer steps; `limit_train_batches` and
-            `val_check_interval` count batches. Like Lightning, an epoch whose batch count is not
-            a multiple of k ends with a step over the m < k batches left (still divided by k).
-            Per-batch hooks fire once per optimizer step (Lightning: per micro-batch).
-        gradient_clip_val: clip the (accumulated, unscaled) gradients at this value before the
-            optimizer.
-        gradient_clip_algorithm: by global norm ("norm") or elementwise ("value").
-        log_grad_norm: log `train/grad_norm`, the global gradient norm before clipping.
-        steps_per_execution: run this many optimizer steps per dispatch (a `lax.scan` over stacked
-            batches): the same numbers, less Python and dispatch overhead for small models. Per-batch
-            hooks fire once per k steps with the last step's outputs and the stacked batch; logging
-            and validation happen at the first k-step boundary at or after their interval. An epoch's
-            leftover steps (fewer than k) run one at a time (a second, smaller compilation).
-        remat: activation rematerialization of a Linen model's layers (the submodules its root
-            calls): "none", "full" (keep only each layer's inputs, recompute the rest in the
-            backward pass), "dots" (also keep the weight products) or "offload" (keep those in
-            host memory). Less activation memory for more FLOPs or transfers, the same numbers
-            (`fitjax.step.remat`; `trainer.plan` shows both).
-        detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
-            naming the step and the quantity (a host sync per step: for debugging).
-        profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
-            `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
-            `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
-            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`
-            (TensorBoard: a table in its Text tab).
-        deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
-        benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
-            accepted so Lightning configs run. This and the next three log one line saying what
-            JAX does instead when set to other than Lightning's default.
-        inference_mode: Lightning's flag, no JAX meaning (eval computes no gradients).
-        sync_batchnorm: Lightning's flag, no JAX meaning (BatchNorm over a batch sharded on the
-            devices is global already).
-        use_distributed_sampler: Lightning's flag, no JAX meaning (the strategy splits batches).
-        runs: train several runs side by side in one program (one jitted step vmapped over them,
-            on the same batches): a count (`runs=5`: run i from seed `seed + i`) or a list of
-            hyperparameter dicts (`runs=[{"lr": 1e-3}, {"lr": 3e-3}]`, each from `seed` unless
-            it has a "seed"), which the module reads through `self.hparams` in `loss`, `metrics`
-            and `configure_optimizer` (values that differ are traced arrays; one used as a shape
-            is refused). Every logged value is per run: `train/loss/run_<i>`. See
-            docs/guides/many_runs.md.
 
     Example:
         >>> import fitjax as fj
@@ -289,22 +156,19 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self.default_root_dir = checks.root_dir(default_root_dir)
         self.loggers: list[Logger] = resolve_loggers(logger, default_root_dir=self.default_root_dir)
 
-        callbacks = with_defaults(checks.callback_list(callbacks), progress_bar=enable_progress_bar,
-                                  model_summary=enable_model_summary)
-        callbacks = checks.with_checkpointing(with_timer(callbacks, max_time), enable_checkpointing)
-        if self._config.fast_dev_run:  # a smoke test leaves no checkpoints behind
-            callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
-        self.callbacks: list[Callback] = callbacks
+        self.callbacks: list[Callback] = checks.trainer_callbacks(
+            callbacks, progress_bar=enable_progress_bar, model_summary=enable_model_summary,
+            checkpointing=enable_checkpointing, max_time=max_time, fast_dev_run=self._config.fast_dev_run)
         # pieces the callbacks add around the step (an EMA): one more entry of the state each
         self.step_options = dataclasses.replace(self.step_options, pieces=step_lib.pieces.check_pieces(
-            [piece for cb in callbacks for piece in cb.step_pieces()]))
+            [piece for cb in self.callbacks for piece in cb.step_pieces()]))
         self._runs = Runs.create(runs, seed=self.seed)  # several runs side by side, or None
         if self._runs is not None:
             self._runs.check_options(self.strategy, self.step_options)
             if self._planned is not None:
                 check_no_runs(self._runs, "Trainer(strategy='plan')")
         # accumulate_grad_batches by epoch (a GradientAccumulationScheduler), or None
-        self._accumulation = checks.accumulation_schedule(callbacks, accumulate_grad_batches)
+        self._accumulation = checks.accumulation_schedule(self.callbacks, accumulate_grad_batches)
 
         # The loop's position: one object, read by callbacks through `trainer.progress`.
         self._progress = Progress()
@@ -321,7 +185,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                      on_timed=self._progress.timed,
                                      log_every_n_steps=self.log_every_n_steps)
         # the one way hooks are called; what they log goes to the metric log (not in the sanity check)
-        self._hooks = HostHooks(CallbackList(callbacks), self._host_variables, self._metric_log.log_hook,
+        self._hooks = HostHooks(CallbackList(self.callbacks), self._host_variables, self._metric_log.log_hook,
                                 muted=lambda: self.sanity_checking)
         self.num_val_batches: list[int | None] = []
         self._step_flops: dict[str, float | None] = {}  # remat -> flops, once `train_step_flops` compiled them
@@ -650,6 +514,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
             self._metric_log.finalize("success")
 
+    @_trainer_doc.with_arguments
     def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
              target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
              headroom: float = 0.1) -> Plan:
@@ -663,20 +528,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
-
-        Args:
-            module: the `LitModule`, as for `fit` (left as it was).
-            train_data: as for `fit` (only the first batch's shapes and dtypes are used).
-            datamodule: or a `DataModule`, as for `fit`.
-            target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
-                "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
-                'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
-            sweep: False: the trainer as configured; True: also other strategies and meshes,
-                remat and micro-batches with accumulation; or `{axis: [values]}` (axes
-                "strategy", "accumulate", "precision", "remat").
-            memory_bytes: memory per device to fit in (default: the device's, or the device
-                kind's from the table; none on CPU).
-            headroom: the fraction of the memory kept free (fragmentation, the runtime).
 
         Returns:
             A `fitjax.planner.Plan`: `print(plan)` shows the table, `plan.as_dict()` the figures,
@@ -699,13 +550,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                         self.cluster_environment))
         loaders = self._run_loaders(fit_loaders(module, train_data, val_data, datamodule,
                                                 overfit=bool(self.overfit_batches)))
-        check_fit_data(loaders.train, loaders.val, shards=self.strategy.num_batch_shards,
-                       processes=jax.process_count(), limit=self.limits["train"], max_steps=self.max_steps,
-                       accumulate=self.step_options.accumulate_grad_batches, resuming=resuming)
-        if schedule.validation_enabled(self._config, loaders.val):  # a fraction keeping no batch: an error now
-            for loader in loaders.val:
-                checks.apply_limit(self.limits["val"], checks.maybe_len(loader), stage="val")
-            check_dataloader_idx(module, "val", several=len(loaders.val) > 1)
+        check_fit_loaders(loaders, module, shards=self.strategy.num_batch_shards, limits=self.limits,
+                          max_steps=self.max_steps, accumulate=self.step_options.accumulate_grad_batches,
+                          resuming=resuming, validates=schedule.validation_enabled(self._config, loaders.val))
         return loaders
 
     def _fit(self, run: FitRun, ckpt_path=None) -> None:
@@ -716,20 +563,16 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"), \
                 _status.phase("initialising the state", "initialised the state"):
-            if self._runs is None:
-                run.state, run.compiled = step_lib.build(module.step_spec(), self.strategy, first, seed=self.seed,
-                                                         options=feed.options)
-            else:  # every run's state stacked, one program training them all
-                run.state, run.compiled = self._runs.build(module, self.strategy, first, options=feed.options,
-                                                           per_run_data=isinstance(feed.loader, runs_lib.RunOrders))
+            run.build(first, strategy=self.strategy, seed=self.seed, runs=self._runs)
         self._step_flops = {}
         self._metric_log.begin_fit(run.compiled.log_specs)
-        run.built_from = checks.BuiltFrom.of(first, "the first train batch")
         run.pieces = PieceRunner(self.step_options.pieces, self.strategy, run.compiled.state_shardings)
         feed.keep_on_devices(run.state.params)
         epoch_iter = itertools.chain([first], epoch_iter)
         if ckpt_path is not None:  # state, progress, data position, callback and logger states
-            epoch_iter = self._resume_fit(run, ckpt_path)
+            epoch_iter = _resume.resume_fit(run, ckpt_path, trainer=self, progress=self._progress,
+                                            metric_log=self._metric_log, hooks=self._hooks, callbacks=self.callbacks,
+                                            loggers=self.loggers, precision=self.precision)
         if self._runs is not None:  # which runs train (a resumed state keeps its stopped runs stopped)
             self._run_results.stops.begin_fit(runs_lib.active_runs(run.state), last_row=self.global_step - 1)
         # a resumed run with other hyperparameters: its version's hparams.yaml stays as it was
@@ -745,7 +588,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             self._hooks.call("on_train_start", self, module)
             loaded_at = self.current_epoch  # when the loaders were last asked for
             while not schedule.done_training(self._config, self.progress, should_stop=self.should_stop):
-                if self._reload_due(loaded_at):  # reload_dataloaders_every_n_epochs
+                if schedule.reload_due(self._config, self.progress, loaded_at) and run.loaders.reloadable:
                     self._reload_loaders(run)
                     loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(run, epoch_iter)
@@ -759,41 +602,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             self._sync_module(module, run.state)
         self._hooks.call("on_fit_end", self, module)
 
-    def _resume_fit(self, run: FitRun, path) -> Iterable:
-        """Restores the train state, the progress, callbacks and loggers from checkpoint `path`;
-        returns the batches of the epoch it stopped in, from the first one not yet stepped."""
-        meta = checkpoint.read_meta(path)
-        if self.is_global_zero:  # Lightning's line, with where the run stood
-            log.info(f"Restoring states from the checkpoint path at {path} {_resume.stood_at(meta)}")
-        run.state = checkpoint.restore_state(path, run.state, options={"precision": self.precision},
-                                             trains=run.module.trainable_mask(run.state.params))
-        point = _resume.ResumePoint.from_meta(meta)
-        point.restore(self._progress)
-        run.resume_at = point.batches_done
-        self._metric_log.start_epoch(point.epoch_accumulators())
-        _resume.call_load_hooks(self, run.module, meta, self._hooks.overriding("on_load_checkpoint"))
-        _resume.load_states(meta, self.callbacks, self.loggers)
-        _resume.warn_unpositioned(path, point, run.feed.loader)
-        return run.feed.epoch_batches(self._progress.epoch, start=point.batches_done, state=point.loader)
-
     def _epoch_options(self, epoch: int, module: LitModule) -> step_lib.StepOptions:
         """The step options of train epoch `epoch`: an accumulation schedule's count then; the
         step returns what `training_step` returned when a batch-end hook may read it."""
-        options = self.step_options
-        if self._hooks.reads_outputs("on_train_batch_end", module):
-            options = dataclasses.replace(options, hook_outputs=True)
-        if self._accumulation is None:
-            return options
-        k = self._accumulation.get_accumulate_grad_batches(epoch)
-        return dataclasses.replace(options, accumulate_grad_batches=k)
+        return epoch_options(self.step_options, self._accumulation, epoch,
+                             hook_outputs=self._hooks.reads_outputs("on_train_batch_end", module))
 
     def _run_loaders(self, loaders: FitLoaders) -> FitLoaders:
         """With runs, a `DataLoader(shuffle="per_run")` gives each run its own order."""
         return loaders if self._runs is None else dataclasses.replace(loaders, train=self._runs.train_loader(loaders.train))
-
-    def _reload_due(self, loaded_at: int) -> bool:
-        n = self.reload_dataloaders_every_n_epochs
-        return bool(n) and self.current_epoch - loaded_at >= n and self._run.loaders.reloadable
 
     def _reload_loaders(self, run: FitRun) -> None:
         """The loaders asked for again from the hooks they came from (Lightning's
@@ -845,11 +662,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     def _sync_module(self, module: LitModule, state: TrainState) -> None:
         """Hands the trained variables back to the module (and into an NNX model object)."""
-        params = step_lib.pieces.module_params(state, self.step_options.pieces)
-        model_state = state.model_state
-        if self._runs is not None:  # the module holds one run's weights: the first's
-            params, model_state = runs_lib.member((params, model_state), 0)
-        module_lib.set_variables(module, params, model_state)
+        variables = trained_variables(state, self.step_options.pieces, runs=self._runs is not None)
+        module_lib.set_variables(module, *variables)
 
     # ------------------------------------------------------------------ evaluation stages
 
@@ -887,43 +701,39 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def _run_eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str,
                         model=None, dataloaders=None) -> list[HostMetrics]:
         name = {"val": "validate", "test": "test"}[stage]
-        module, data, datamodule, ckpt_path = self._stage_arguments(name, module, model, data, dataloaders,
-                                                                    datamodule, ckpt_path)
+        module, data, datamodule, ckpt_path = _arguments.stage_arguments(self, name, module, model, data, dataloaders,
+                                                                         datamodule, ckpt_path)
+        self._lightning_module = module
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
         # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
         # status line per compilation, as in fit (its times not logged: no fit's window to join)
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
-            return self._eval_stage(module, data, datamodule, ckpt_path, verbose, stage=stage, name=name)
+            loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
+            check_dataloader_idx(module, stage, several=len(loaders) > 1)
+            ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
+            with self._set_up(module, Stage(name, verbose=verbose)):
+                variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
+                if stage == "val":
+                    self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
+                logged = evaluation.run_stage(self._eval_parts(), module, self._in_use, loaders, variables, stage=stage)
+            for logger in self.loggers:
+                logger.save()
+            return logged
 
-    def _eval_stage(self, module, data, datamodule, ckpt_path, verbose, *, stage: str, name: str):
-        loaders = evaluation.stage_loaders(module, data, datamodule, stage=stage, method=name)
-        check_dataloader_idx(module, stage, several=len(loaders) > 1)
-        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where=f"Trainer.{name}(ckpt_path=...)")
-        hook = {"val": "validation", "test": "test"}[stage]
-        before, self._stage = self._stage, Stage(name, verbose=verbose)
-        self._hooks.call("setup", self, module, name)
+    @contextlib.contextmanager
+    def _set_up(self, module: LitModule, stage: Stage) -> Iterator[None]:
+        """`stage` for the hooks (`trainer.stage`) between its `setup` and `teardown` hooks."""
+        before, self._stage = self._stage, stage
+        self._hooks.call("setup", self, module, stage.name)
         try:
-            variables = self._eval_variables(module, loaders[0], stage, ckpt_path)
-            if stage == "val":
-                self.num_val_batches = evaluation.val_batch_counts(loaders, self.limits["val"])
-            earlier, built = dict(self._metric_log.callback_metrics), self._in_use
-
-            def run() -> None:
-                evaluated = evaluation.evaluate(self, module, built.compiled, built.built_from, self._hooks, loaders,
-                                                *variables, stage=stage, limit=self.limits[stage], strategy=self.strategy)
-                self._metric_log.log(evaluated.values, aliases=evaluated.aliases, pictures=evaluated.pictures)
-
-            evaluation.hooked(self._hooks, self, module, hook, run)
-            logged = {k: v for k, v in self._metric_log.callback_metrics.items() if earlier.get(k) is not v}
+            yield
         finally:
-            self._hooks.call("teardown", self, module, name)
+            self._hooks.call("teardown", self, module, stage.name)
             self._stage = before
-        for logger in self.loggers:
-            logger.save()
-        if len(loaders) == 1:
-            return [logged]
-        return [_logged.of_loader(logged, i) for i in range(len(loaders))]
+
+    def _eval_parts(self) -> evaluation.EvalParts:
+        return evaluation.EvalParts(self, self._hooks, self._metric_log, self.strategy, self.limits)
 
     @in_precision
     def predict(self, module: LitModule | None = None, data: Any = None, *, datamodule: DataModule | None = None,
@@ -935,16 +745,24 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
         Lightning's spellings work as in `validate` (`predict_dataloader()` on the module);
         `return_predictions=False` returns None."""
-        module, data, datamodule, ckpt_path = self._stage_arguments("predict", module, model, data, dataloaders,
-                                                                    datamodule, ckpt_path)
+        module, data, datamodule, ckpt_path = _arguments.stage_arguments(self, "predict", module, model, data,
+                                                                         dataloaders, datamodule, ckpt_path)
+        self._lightning_module = module
         # Ctrl-C as in fit; eval mode; a status line per compilation
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
-            host = self._predict(module, data, datamodule, ckpt_path, keep=return_predictions is not False)
+            loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
+                                              several=False)[0]
+            ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
+            with self._set_up(module, Stage("predict")):
+                variables = self._eval_variables(module, loader, "predict", ckpt_path)
+                host = evaluation.run_predict(self._eval_parts(), module, self._in_use, loader, variables,
+                                              keep=return_predictions is not False)
         if not host or return_predictions is False:
             return None
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
     @in_precision
+    @_trainer_doc.with_arguments
     def generate(self, module: LitModule, prompts: Any, *, max_new_tokens: int = 64, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                  eos_token_id: int | Sequence[int] | None = None, use_cache: bool | None = None) -> Any:
@@ -961,20 +779,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         One compiled program per prompt-length bucket (16, 24, 32, 48, 64, ... tokens) runs the
         whole generation with the model's KV cache (`fitjax.loop.generation`), batched, each row
         stopping at its end-of-sequence token. `module.generate_step` is the traced forward pass.
-
-        Args:
-            module: the `LitModule` whose model generates.
-            prompts: see above; prompts of different lengths are left-padded together.
-            max_new_tokens: tokens generated per prompt at most.
-            temperature: 0 picks the most likely token (greedy); otherwise the logits are
-                divided by it and a token drawn.
-            top_k: draw among the k most likely tokens only (None: all).
-            top_p: draw among the most likely tokens holding this probability mass (None: all).
-            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
-            eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
-                model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
-            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
-                sequence for each token (slower, the same tokens).
 
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
@@ -996,35 +800,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             return generation.generate(module, prompts, options, variables=variables, strategy=self.strategy,
                                        policy=self.step_options.precision)
 
-    def _predict(self, module, data, datamodule, ckpt_path, *, keep: bool = True) -> list:
-        loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
-                                          several=False)[0]
-        ckpt_path = _resume.resolve_ckpt_path(self, ckpt_path, where="Trainer.predict(ckpt_path=...)")
-        before, self._stage = self._stage, Stage("predict")
-        self._hooks.call("setup", self, module, "predict")
-        try:
-            variables = self._eval_variables(module, loader, "predict", ckpt_path)
-            built = self._in_use
-            host = evaluation.hooked(self._hooks, self, module, "predict", lambda: evaluation.predict_batches(
-                self, module, built.compiled, built.built_from, self._hooks, loader, variables,
-                limit=self.limits["predict"], strategy=self.strategy, keep=keep))
-        finally:
-            self._hooks.call("teardown", self, module, "predict")
-            self._stage = before
-        return host
-
-    def _stage_arguments(self, method: str, module, model, data, dataloaders, datamodule, ckpt_path):
-        """`(module, data, datamodule, ckpt_path)` from fitjax's or Lightning's spellings."""
-        module = _arguments.either(method, "module", module, "model", model)
-        data = _arguments.either(method, "data", data, "dataloaders", dataloaders)
-        if _arguments.is_datamodule(data) and datamodule is None:
-            datamodule, data = data, None
-        module, ckpt_path = _arguments.stage_module(self, method, module, ckpt_path)
-        checks.check_module(module, method)
-        self._lightning_module = module
-        module.trainer = self
-        return module, data, datamodule, ckpt_path
-
     def _eval_variables(self, module: LitModule, loader, stage: str, ckpt_path=None) -> tuple:
         """Sharded `(params, model_state, rng)` for eval: the last fit's when it fitted `module`,
         else built from the stage's first batch (from `ckpt_path` when given)."""
@@ -1035,13 +810,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             variables, self._built = evaluation.build_for(module, loader, stage, strategy=self.strategy,
                                                           seed=self.seed, options=self.step_options,
                                                           limit=self.limits[stage])
-        if ckpt_path is not None:
-            variables = evaluation.load_weights(self, module, variables, ckpt_path,
-                                                self._hooks.overriding("on_load_checkpoint"))
-        else:
-            evaluation.warn_unfitted(module, stage)
-        module_lib.set_variables(module, *variables[:2])  # later stages see the same (initialised) weights
-        return variables
+        return evaluation.with_weights(self, self._hooks, module, variables, stage, ckpt_path)
 
     def _sanity_check(self, run: FitRun) -> None:
         """Lightning's sanity check: `num_sanity_val_steps` validation batches (of each loader)
@@ -1050,38 +819,25 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         module, val_loaders = run.module, run.loaders.val
         if not self.num_sanity_val_steps or not schedule.validation_enabled(self._config, val_loaders):
             return
-        limit = None if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
+        limit = self.limits["val"] if self.num_sanity_val_steps == -1 else self.num_sanity_val_steps
         before, self._stage = self._stage, dataclasses.replace(self._stage, sanity_checking=True)
         try:
             with module_lib.hook_mode(module, False):  # Lightning's eval mode
                 self._hooks.call("on_sanity_check_start", self, module)
-                self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit or self.limits["val"])
-                evaluation.hooked(self._hooks, self, module, "validation", lambda: evaluation.evaluate(
-                    self, module, run.compiled, run.built_from, self._hooks, val_loaders, self._eval_params(),
-                    run.state.model_state, run.state.rng, stage="val", limit=limit or self.limits["val"],
-                    strategy=self.strategy))
+                self.num_val_batches = evaluation.val_batch_counts(val_loaders, limit)
+                evaluation.run_validation(self._eval_parts(), run, self.step_options.pieces, limit=limit)
         finally:
             self._stage = before
         self._hooks.call("on_sanity_check_end", self, module)
 
     def _validate_during_fit(self, run: FitRun) -> None:
         """A validation inside fit (Lightning's eval mode during it, train mode after it)."""
-        module = run.module
         self._metric_log.finish_windows()  # callbacks of validation see every train value up to now
         self._metric_log.time_finished(run.state.step)  # it/s: the steps before it (it waits for them)
-        with self.profiler.profile("[loop] validation"), module_lib.hook_mode(module, False):
+        with self.profiler.profile("[loop] validation"), module_lib.hook_mode(run.module, False):
             self.num_val_batches = evaluation.val_batch_counts(run.loaders.val, self.limits["val"])
-
-            def run_validation() -> None:
-                evaluated = evaluation.evaluate(self, module, run.compiled, run.built_from, self._hooks,
-                                                run.loaders.val, self._eval_params(), run.state.model_state,
-                                                run.state.rng, stage="val", limit=self.limits["val"],
-                                                strategy=self.strategy)
-                self._metric_log.log(evaluated.values, aliases=evaluated.aliases,
-                                     progress_bar=evaluated.progress_bar, pictures=evaluated.pictures)
-                self._progress.last_validated = self._progress.position
-
-            evaluation.hooked(self._hooks, self, module, "validation", run_validation, zero_grad=True)
+            evaluation.run_validation(self._eval_parts(), run, self.step_options.pieces, limit=self.limits["val"],
+                                      progress=self._progress)
         run.last_val_time = time.monotonic()  # a duration counts from here (Lightning's: after the hooks)
         self._metric_log.restart_speed()  # it/s leaves the validation out
 

@@ -20,23 +20,26 @@ The choice can be changed without touching code, to measure it on a chip:
     FITJAX_TPU_ATTENTION_BLOCK=256      # the largest block tried (a multiple of 128)
 
 **Compiler options (`compiler_options`).** Each program fitjax compiles for a TPU (the train
-step, the state's init, the evaluation and predict steps) is given these XLA:TPU options as
-per-program compile options (not `LIBTPU_INIT_ARGS`, which is read once per process), so a fit
-can be measured with and without each one:
-
-- `xla_tpu_scoped_vmem_limit_kib=98304`: the on-chip vector memory (VMEM: 128 MiB on v5e and
-  v6e) one fused operation may use as scratch, from XLA's default of 16-32 MiB to 96 MiB. Larger
-  tiles for the matrix products and the fusions around them; MaxText's dense models on v5e/v6e
-  and AXLearn's v6e defaults set this value. The one option here that matters on one chip:
-  everything else in MaxText's v5e scripts overlaps collectives (all-gathers, all-reduces)
-  across chips, which one chip does not run.
+step, the state's init, the evaluation and predict steps) is given the options of
+`DEFAULT_OPTIONS` as per-program compile options (not `LIBTPU_INIT_ARGS`, which is read once per
+process), so a fit can be measured with and without each one. The set is empty: an option is
+on by default only once a measurement on the chip shows it helps. The candidate measured next is
+`xla_tpu_scoped_vmem_limit_kib=98304`, the on-chip vector memory (VMEM: 128 MiB on v5e and v6e)
+one fused operation may use as scratch, from XLA's 16-32 MiB to 96 MiB, which MaxText's dense
+models on v5e/v6e set. It does change the program (GPT-2 small's MLP block compiled for a v5e
+chip plans 126 MB of scratch with it instead of 201 MB, different fusions), but with it on,
+fitjax's GPT-2 small step ran at 0.91x the same step written by hand without it
+(`benchmarks/results/tpu-v5e/gpt-62246e5.json`), the device never idle between steps: the
+one compiler difference between the two programs is off until a run shows it is worth it
+(`benchmarks/tpu_check.sh --part 2` measures the step with it). Everything else in MaxText's v5e
+scripts overlaps collectives (all-gathers, all-reduces) across chips, which one chip does not run.
 
 The set is read from `FITJAX_XLA_TPU_OPTIONS` when a program is built, so each option can be
 switched for one run:
 
-    FITJAX_XLA_TPU_OPTIONS=none                                   # fitjax adds no option
+    FITJAX_XLA_TPU_OPTIONS=xla_tpu_scoped_vmem_limit_kib=98304    # one added (or a default changed)
     FITJAX_XLA_TPU_OPTIONS=-xla_tpu_scoped_vmem_limit_kib         # the defaults less one
-    FITJAX_XLA_TPU_OPTIONS=xla_tpu_scoped_vmem_limit_kib=65536    # a default changed
+    FITJAX_XLA_TPU_OPTIONS=none                                   # fitjax adds no option
     FITJAX_XLA_TPU_OPTIONS="none,xla_tpu_enable_latency_hiding_scheduler=true"   # only this one
 
 Entries are separated by commas or spaces; `none` drops the defaults, `-name` drops one,
@@ -89,10 +92,8 @@ OPTIONS_ENV = "FITJAX_XLA_TPU_OPTIONS"
 ATTENTION_ENV = "FITJAX_TPU_ATTENTION"
 BLOCK_ENV = "FITJAX_TPU_ATTENTION_BLOCK"
 
-# (name, value): the module docstring says why each is on
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "xla_tpu_scoped_vmem_limit_kib": 98304,
-}
+# (name, value): the module docstring says why each is on; none yet (measured first)
+DEFAULT_OPTIONS: dict[str, Any] = {}
 
 _KERNELS = ("splash", "splash-fused", "xla")
 

@@ -108,3 +108,12 @@ def test_a_long_signature_is_shown_one_parameter_a_line(site):
     signature = html[html.index("doc-signature"):]
     code = re.sub(r"<[^>]+>", "", signature[signature.index("<code>"):signature.index("</code>")])
     assert code.startswith("Trainer(\n    *,\n    max_epochs: int | None = None,\n    max_steps:"), code[:300]
+
+
+def test_the_trainer_page_shows_the_arguments_reference(site):
+    # fitjax/loop/_trainer_doc.py joins it to the docstring at import; docs/hooks/imported_docs.py reads that
+    text = re.sub(r"<[^>]+>", "", (site / "reference" / "fitjax.Trainer.html").read_text())
+    assert "stop after this many epochs" in text and "train several runs side by side" in text
+    assert "the fraction of the memory kept free" in text  # plan's
+    assert "tokens generated per prompt at most" in text  # generate's
+    assert text.index("stop after this many epochs") < text.index("trainer = fj.Trainer(max_epochs=3")

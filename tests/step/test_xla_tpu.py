@@ -21,7 +21,7 @@ from fitjax.step import jitted, xla_tpu
 
 def test_tpu_programs_get_the_defaults_and_a_programs_own_options_win(monkeypatch):
     monkeypatch.delenv(xla_tpu.OPTIONS_ENV, raising=False)
-    assert jitted.compiler_options("tpu") == xla_tpu.DEFAULT_OPTIONS
+    assert (jitted.compiler_options("tpu") or {}) == xla_tpu.DEFAULT_OPTIONS
     assert jitted.compiler_options("tpu", {"xla_tpu_scoped_vmem_limit_kib": 1})["xla_tpu_scoped_vmem_limit_kib"] == 1
     assert jitted.compiler_options("gpu") is None
     assert not any(name.startswith("xla_tpu") for name in jitted.compiler_options("cpu"))
@@ -32,7 +32,7 @@ def test_tpu_programs_get_the_defaults_and_a_programs_own_options_win(monkeypatc
     ("-xla_tpu_scoped_vmem_limit_kib", {}),
     ("xla_tpu_scoped_vmem_limit_kib=65536", {"xla_tpu_scoped_vmem_limit_kib": "65536"}),
     ("none, xla_a=true --xla_b=1", {"xla_a": "true", "xla_b": "1"}),
-    ("", {"xla_tpu_scoped_vmem_limit_kib": 98304}),
+    ("", xla_tpu.DEFAULT_OPTIONS),
 ])
 def test_the_environment_switches_each_option(monkeypatch, spec, expected):
     monkeypatch.setenv(xla_tpu.OPTIONS_ENV, spec)
