@@ -9,22 +9,25 @@ the trainer instead
 2. per block of up to `BLOCK_BYTES` of an epoch's full batches, sends that stretch of the epoch's
    order (row numbers) and gathers the block `[n, batch, ...]` on device in one call, sharded
    like the batch;
-3. runs the train step on `(block, base)`: the step picks its batches (one, or the
+3. runs the train step on `(block, base, count)`: the step picks its batches (one, or the
    `accumulate_grad_batches * steps_per_execution` of a full call) from the block with a dynamic
    slice at `state.step - base` (`fitjax.step.train.picking`), so the host does no per-step
-   gather or transfer.
+   gather or transfer; `count` of them are real (all but in an epoch's last accumulation group).
 
 The batches and their order are the loader's own (same rows, same shuffle per epoch) and the
-step computes the same numbers. What does not fill a whole call at an epoch's end, and a short
-last batch (`drop_last=False`), take the host path. On CPU this is done only for small steps
-(`CPU_STEP_FLOPS`): a larger step hides the host's per-batch work behind its own compute, and
-there the step that picks from a block ran slower.
+step computes the same numbers. With one step per call, an epoch's last accumulation group of
+fewer than `accumulate_grad_batches` batches is one more call of the same program, masked as the
+host path masks it: a fit compiles one train step, not a second one for that group (~40 s for
+GPT-2 small on a TPU chip). A short last batch (`drop_last=False`: another shape) and, with
+`steps_per_execution > 1`, an epoch's leftover steps take the host path (one more program).
+On CPU this is done only for small steps (`CPU_STEP_FLOPS`): a larger step hides the host's
+per-batch work behind its own compute, and there the step that picks from a block ran slower.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +83,14 @@ def feed_for(loader: Any, strategy, *, options: StepOptions, params: Any) -> "Fe
     return Feed(loader, strategy, options)
 
 
+class _Stretch(NamedTuple):
+    """The calls of a stretch of an epoch that run on device blocks."""
+
+    rows: np.ndarray  # their rows, call after call (a last accumulation group's padded to k batches)
+    counts: list[int]  # real batches per call: `batches_per_call`, or fewer in the last group
+    block: int  # batches per block (whole calls), the same for every stretch of the epoch
+
+
 class Feed:
     """The loader's data on the devices, and the per-epoch blocks gathered from it."""
 
@@ -100,51 +111,83 @@ class Feed:
         self._gather = jax.jit(gather, out_shardings=block_sharding(strategy))
         # a fresh buffer holding the state's step (never the step array itself: that is donated)
         self._base = jax.jit(lambda step: step + jnp.zeros_like(step), out_shardings=strategy.replicated)
+        # each call's count of real batches, put on the devices once (at most k + 1 values a fit)
+        self._counts = _Counts(strategy.replicated)
         self._next: tuple[int, np.ndarray, Any] | None = None  # `(k, rows, block)` gathered ahead
 
     def chunks(self, *, start: int, stop: int, steps_left: int | None,
                current_step: Callable[[], jax.Array]) -> Iterator[StepInputs]:
         """Batches `start..stop-1` of the loader's selected epoch, at most `steps_left` optimizer
-        steps: whole calls picked from device blocks (`StepInputs.on_device`), the rest (and a
-        short last batch) as host batches. `current_step()` is the state's step counter when a
-        block's first call is about to run."""
+        steps: whole calls picked from device blocks (`StepInputs.on_device`), and with
+        `steps_per_execution == 1` the epoch's last accumulation group of fewer than k full
+        batches too; the rest (a short last batch, leftover steps of several-step calls) as
+        host batches. `current_step()` is the state's step counter when a block's first call is
+        about to run."""
         epoch_order = self.loader._order()
-        size, per_call = self.loader.batch_size, self.options.batches_per_call
-        calls, k = self._calls(len(epoch_order), start=start, stop=stop, steps_left=steps_left)
-        device_stop = start + calls * per_call
+        size, options = self.loader.batch_size, self.options
+        stretch = self._stretch(epoch_order, start=start, stop=stop, steps_left=steps_left)
+        call_rows = options.batches_per_call * size
         last = None
-        for first in range(start, device_stop, max(k, 1)):
-            n = min(k, device_stop - first)
-            rows = epoch_order[first * size:(first + n) * size]
-            last = (k, rows, self._block(rows, k))
+        for counts, rows in self._blocks(stretch):
+            last = (stretch.block, rows, self._block(rows, stretch.block))
             base = self._base(current_step())
-            call_rows = per_call * size
-            for j in range(n // per_call):
-                yield StepInputs((last[2], base), per_call, self.options.steps_per_execution, full=True,
-                                 rows=rows[j * call_rows:(j + 1) * call_rows], on_device=True)
+            # what each call takes, made before its steps: no Python call per step
+            # (`tests/loop/test_host_cost.py` counts them)
+            calls = [((last[2], base, self._counts[count]), count, self._steps(count)) for count in counts]
+            for j, (inputs, count, steps) in enumerate(calls):
+                yield StepInputs(inputs, count, steps, full=True, rows=rows[j * call_rows:(j + 1) * call_rows],
+                                 on_device=True)
         if last is not None:  # every call of the epoch's blocks is dispatched
             self._prefetch(stop, last)
         if steps_left is not None:
-            steps_left -= calls * self.options.steps_per_execution
-        rest = epoch_order[device_stop * size:stop * size]
+            steps_left -= sum(map(self._steps, stretch.counts))
+        rest = epoch_order[(start + sum(stretch.counts)) * size:stop * size]
         host = (self.loader._rows(rest[i:i + size]) for i in range(0, len(rest), size))
-        yield from group_batches(host, self.options, steps_left=steps_left)
+        yield from group_batches(host, options, steps_left=steps_left)
 
-    def _calls(self, rows: int, *, start: int, stop: int, steps_left: int | None) -> tuple[int, int]:
-        """`(calls, batches per block)`: the whole calls of batches `start..stop-1` (of an epoch of
-        `rows` rows) that run on device blocks, whole calls each. A block's size depends only on
-        the epoch's length, never on where the stretch starts or stops: the block is an input of
-        the train step, so a stretch cut short (`max_steps`, a resume mid-epoch) that gathered a
-        smaller block would compile the step again (~40 s for GPT-2 small on a TPU chip)."""
-        per_call = self.options.batches_per_call
-        epoch_calls = (rows // self.loader.batch_size) // per_call
-        calls = max(min(stop, rows // self.loader.batch_size) - start, 0) // per_call
+    def _stretch(self, order: np.ndarray, *, start: int, stop: int, steps_left: int | None) -> _Stretch:
+        """The calls of batches `start..stop-1` (of an epoch ordered `order`) that run on device
+        blocks: its whole calls, then (one step a call) a last group of fewer than k batches,
+        padded as `group_batches` pads it (its last batch repeated, never stepped), so that it
+        runs in the block step too instead of compiling the host step (~40 s for GPT-2 small on
+        a TPU chip). With several steps per call, the leftover steps keep the host's one-step
+        program: a block call always takes `steps_per_execution` steps.
+
+        A block's size depends only on the epoch's length, never on where the stretch starts or
+        stops: the block is an input of the train step, so a stretch cut short (`max_steps`, a
+        resume mid-epoch) that gathered a smaller block would compile the step again."""
+        size, per_call = self.loader.batch_size, self.options.batches_per_call
+        k, spe = self.options.accumulate_grad_batches, self.options.steps_per_execution
+        epoch_batches = len(order) // size  # whole batches
+        batches = max(min(stop, epoch_batches) - start, 0)
+        calls = batches // per_call
         if steps_left is not None:
-            calls = min(calls, steps_left // self.options.steps_per_execution)
-        if not calls:
-            return 0, 0
-        blocks = math.ceil(epoch_calls * per_call / self.block_batches)  # an epoch's, in equal blocks
-        return calls, math.ceil(epoch_calls / blocks) * per_call
+            calls = min(calls, steps_left // spe)
+        group = batches - calls * per_call if spe == 1 and (steps_left is None or steps_left > calls) else 0
+        counts = [per_call] * calls + ([group] if group else [])
+        if not counts:
+            return _Stretch(order[:0], [], 0)
+        end = start + calls * per_call
+        rows = order[start * size:end * size]
+        if group:
+            last = order[(end + group - 1) * size:(end + group) * size]
+            rows = np.concatenate([rows, order[end * size:(end + group) * size], np.tile(last, k - group)])
+        # the epoch's calls, a last group's included, in equal blocks
+        epoch_calls = math.ceil(epoch_batches / k) if spe == 1 else epoch_batches // per_call
+        blocks = math.ceil(epoch_calls * per_call / self.block_batches)
+        return _Stretch(rows, counts, math.ceil(epoch_calls / blocks) * per_call)
+
+    def _steps(self, count: int) -> int:
+        """Optimizer steps of a call of `count` batches: a full call's, or a last group's one."""
+        return self.options.steps_per_execution if count == self.options.batches_per_call else 1
+
+    def _blocks(self, stretch: _Stretch) -> Iterator[tuple[list[int], np.ndarray]]:
+        """Each block's `(counts, rows)`: up to `stretch.block` batches of whole calls."""
+        per_block = stretch.block // max(self.options.batches_per_call, 1)
+        call_rows = self.options.batches_per_call * self.loader.batch_size
+        for first in range(0, len(stretch.counts), max(per_block, 1)):
+            counts = stretch.counts[first:first + per_block]
+            yield counts, stretch.rows[first * call_rows:(first + len(counts)) * call_rows]
 
     def _block(self, rows: np.ndarray, k: int) -> Any:
         """The block `[k, batch, ...]` of `rows` (padded by repeating them: those are never
@@ -164,15 +207,15 @@ class Feed:
         gather (devices run their programs in order). `last` (`(k, rows, block)`, this epoch's
         last block) is reused when it holds the same rows (no shuffle). A prefetch the next
         epoch does not ask for (`max_steps`, a resumed position, the end of training) is dropped."""
-        order = self.loader._order(self.loader._epoch + 1)
-        calls, k = self._calls(len(order), start=0, stop=stop, steps_left=None)
-        if not calls:
+        stretch = self._stretch(self.loader._order(self.loader._epoch + 1), start=0, stop=stop, steps_left=None)
+        first = next(self._blocks(stretch), None)
+        if first is None:
             return
-        rows = order[:min(k, calls * self.options.batches_per_call) * self.loader.batch_size]
-        if last[0] == k and np.array_equal(last[1], rows):
+        rows = first[1]
+        if last[0] == stretch.block and np.array_equal(last[1], rows):
             self._next = last
         else:
-            self._next = (k, rows, self._gather_rows(rows, k))
+            self._next = (stretch.block, rows, self._gather_rows(rows, stretch.block))
 
     def host_inputs(self, inputs: StepInputs) -> Any:
         """On-device inputs as the host path would have given them (for hooks that read the batch)."""
@@ -180,4 +223,17 @@ class Feed:
         k, spe = self.options.accumulate_grad_batches, self.options.steps_per_execution
         lead = ((spe,) if spe > 1 else ()) + ((k,) if k > 1 else ())
         stacked = jax.tree.map(lambda x: x.reshape(*lead, -1, *x.shape[1:]), batch)
-        return (stacked, np.ones(lead, bool)) if k > 1 else stacked
+        mask = np.arange(k * spe).reshape(lead) < inputs.num_batches  # a last group's: its real batches
+        return (stacked, mask) if k > 1 else stacked
+
+
+class _Counts(dict):
+    """`{count: the int32 scalar on the devices}`, each put there when first asked for."""
+
+    def __init__(self, sharding) -> None:
+        super().__init__()
+        self._sharding = sharding
+
+    def __missing__(self, count: int) -> jax.Array:
+        self[count] = value = jax.device_put(np.int32(count), self._sharding)
+        return value

@@ -27,8 +27,9 @@ class StepInputs:
     `inputs` is the batch itself (plain), `(batches [k, ...], mask [k])` with accumulation, with
     an extra leading `[steps]` dimension when several steps run per call (`full`). Inputs that are
     not `full` are run by the one-step function (leftovers of an epoch or of `max_steps`).
-    `on_device` inputs are `(block, base)`, a block of batches already on the devices, from which
-    the step picks its own (`fitjax.step.train.picking`); `rows` are then their row numbers.
+    `on_device` inputs are `(block, base, count)`, a block of batches already on the devices, from
+    which the step picks its own (`fitjax.step.train.picking`), `count` of them real; `rows` are
+    then their row numbers (an epoch's last accumulation group's padded like `group_batches`').
     """
 
     inputs: Any

@@ -70,7 +70,8 @@ class Compiled:
     #: one optimizer step per call, for an epoch's leftovers (`train_step` itself when
     #: `steps_per_execution == 1`)
     train_tail_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
-    #: one full call on `(block, base)`, its batches picked from a block on the device
+    #: one call on `(block, base, count)`, its batches picked from a block on the device: a
+    #: full call, or an epoch's last accumulation group (`count` real micro-batches)
     block_step: Callable[[TrainState, Any], tuple[TrainState, dict]] | None = None
     #: host step inputs -> device (`StepInputs.inputs`, `full` or not)
     shard_inputs: Callable[[Any, bool], Any] | None = None
@@ -371,7 +372,8 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     tail_step = (jit_train(make(single=True, unrolled=unrolled), host_sharding(0), single=True) if spe > 1
                  else train_step)
     # compiled only if used (a block step runs only when the data is kept on the devices)
-    block_step = jit_train(train.picking(full, options), (block_sharding(strategy), replicated), single=False)
+    block_step = jit_train(train.picking(full, options), (block_sharding(strategy), replicated, replicated),
+                           single=False)
 
     def shard_inputs(inputs, is_full: bool):
         target = host_sharding(full_leading if is_full else 0)

@@ -23,7 +23,7 @@ adds nothing: the plain step is the same program as before.
 
 The step's inputs are a batch, `(stacked micro-batches [k, ...], mask [k])` with accumulation,
 stacked again `[steps, ...]` for several steps per call; or a block of batches already on the
-device, `(block [n, batch, ...], base)`, from which the step slices its own (`picking`).
+device, `(block [n, batch, ...], base, count)`, from which the step slices its own (`picking`).
 
 Accumulation scans over micro-batches inside one jitted step rather than composing
 `optax.MultiSteps`: one dispatch per optimizer step instead of k, no accumulator buffer in the
@@ -297,15 +297,20 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
 
 
 def picking(step_fn: Callable, options: StepOptions, *, single: bool = False) -> Callable:
-    """`step_fn(state, inputs)` as `train_step(state, (block, base))`: the inputs are the
+    """`step_fn(state, inputs)` as `train_step(state, (block, base, count))`: the inputs are the
     `batches_per_call` batches of the block (`[n, batch, ...]`, on the device) from row
     `(state.step - base) * accumulate_grad_batches`, shaped as `step_fn` takes them (`single`:
-    one optimizer step's). The host sends no batch: only which block, once per block."""
+    one optimizer step's). The host sends no batch: only which block, once per block.
+
+    `count` (an int32 scalar) is how many of the call's micro-batches are real: all of them in a
+    full call; fewer in an epoch's last accumulation group, whose missing micro-batches (the
+    block holds its last one repeated there) are masked as the host path's `group_batches` masks
+    them, so that group runs in this same program instead of compiling the host step."""
     k = options.accumulate_grad_batches
     steps = 1 if single else options.steps_per_execution
 
     def train_step(state, inputs):
-        block, base = inputs
+        block, base, count = inputs
         first = (state.step - base) * k
 
         lead = ((steps,) if steps > 1 else ()) + ((k,) if k > 1 else ())
@@ -315,7 +320,7 @@ def picking(step_fn: Callable, options: StepOptions, *, single: bool = False) ->
 
         picked = jax.tree.map(pick, block)
         if k > 1:
-            picked = (picked, jnp.ones(lead, bool))
+            picked = (picked, jnp.arange(k * steps).reshape(lead) < count)
         return step_fn(state, picked)
 
     train_step.__name__ = getattr(step_fn, "__name__", "train_step")
