@@ -8,7 +8,8 @@ them at once. `implementation="auto"` picks per platform (the choice lives in
 [batch, heads, query length, key length], which every platform runs and every kernel is tested
 against.
 
-What "auto" runs, by `jax.default_backend()` when the call is traced:
+What "auto" runs, by the platform the call is traced for (`fitjax._platform.traced_platform()`:
+the devices of the strategy compiling the program, else `jax.default_backend()`):
 - TPU: JAX's Pallas splash attention kernel (`fitjax.nn._splash`) where its constraints hold
   (`xla_tpu.splash_blocks`: lengths multiples of 128, head_dim a multiple of 64, one segment-id
   array, no `positions`); `FITJAX_TPU_ATTENTION=xla` turns it off. The kernel keeps no
@@ -16,8 +17,9 @@ What "auto" runs, by `jax.default_backend()` when the call is traced:
   square).
 - GPU (CUDA): cuDNN's fused attention where it takes the arguments (`xla_gpu.cudnn_attention`).
 - Anything else, or outside those constraints: the plain path.
-A program traced on a TPU host for its CPU devices should pass `implementation="xla"`: the
-platform is the process's default one, not the program's.
+So a TPU program compiled on a CPU machine (the planner's `--target tpu-...`) traces the
+kernel, as the chip will run it. A user's own `jax.jit` outside fitjax's strategies is traced for
+the default backend: one for other devices of the process should pass `implementation="xla"`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from fitjax._platform import traced_platform
 from fitjax.nn._splash import splash_attention
 from fitjax.step import xla_gpu, xla_tpu
 
@@ -113,7 +116,7 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
         ids = segment_ids[0] if isinstance(segment_ids, tuple) else segment_ids
         return splash_attention(query, key, value, causal=causal, segment_ids=ids, sliding_window=sliding_window,
                                 logit_softcap=logit_softcap, scale=scale, blocks=chosen,
-                                interpret=jax.default_backend() != "tpu")
+                                interpret=traced_platform() != "tpu")
     if chosen == "cudnn":
         window = None if sliding_window is None else (sliding_window - 1, 0)  # causal only (`xla_gpu`)
         return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal,
@@ -127,7 +130,7 @@ def _choose(implementation: str, query: jax.Array, key: jax.Array, *, causal, se
     """The splash kernel's blocks, "cudnn" or "xla": what computes this call."""
     if implementation == "xla":
         return "xla"
-    platform = jax.default_backend()
+    platform = traced_platform()
     if implementation in ("auto", "pallas"):
         kernel = xla_tpu.attention_kernel() if implementation == "auto" else "splash"
         unsupported, blocks = _splash_unsupported(query, key, segment_ids, positions, kernel)

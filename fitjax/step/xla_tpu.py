@@ -240,8 +240,12 @@ def deviceless_topology(topology_name: str) -> Any:
     # libtpu takes a machine-wide lock file for the TPU chips it drives, so a second process
     # (another plan, a test run) would fail; a deviceless compile drives no chip.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # one chip is its own host: libtpu's default host of 2x2x1 chips does not divide a 1x1 slice
+    # (the libtpu jax pins, 0.0.42, refuses it; later ones assume it)
+    dims = [int(d) for d in topology_name.split(":", 1)[-1].split("x")]
+    single = {"chips_per_host_bounds": (1, 1, 1)} if all(d == 1 for d in dims) else {}
     with _plugin_profiler_not_registered():
-        return topologies.get_topology_desc(topology_name=topology_name, platform="tpu")
+        return topologies.get_topology_desc(topology_name=topology_name, platform="tpu", **single)
 
 
 @contextlib.contextmanager

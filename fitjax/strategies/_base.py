@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fitjax._platform import traced_for
 from fitjax._typing import Batch, PyTree
 
 __all__ = ["Strategy"]
@@ -110,8 +111,10 @@ class Strategy(abc.ABC):
     def jit(self, fn: Callable, *, in_shardings: Any, out_shardings: Any,
             donate_argnums: tuple[int, ...] = (), compiler_options: dict[str, Any] | None = None
             ) -> Callable:
-        """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation."""
-        return jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+        """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation. `fn` is
+        traced for this mesh's platform (`fitjax._platform`), which is not the process's default
+        one when the planner compiles for a TPU slice from a CPU machine."""
+        return jax.jit(traced_for(fn, self.platform), in_shardings=in_shardings, out_shardings=out_shardings,
                        donate_argnums=donate_argnums, compiler_options=compiler_options)
 
     def __repr__(self) -> str:

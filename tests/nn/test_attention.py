@@ -136,3 +136,20 @@ def test_the_tpu_kernel_lowers_for_a_tpu_at_gpt2s_shape():
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     text = jax.export.export(grads, platforms=["tpu"])(qkv, qkv, qkv, segments).mlir_module()
     assert text.count("tpu_custom_call") == 3  # the forward, dq and dkv kernels; no plain scores
+
+
+def test_a_strategys_program_for_a_tpu_traces_the_tpu_kernel_on_any_machine():
+    """`fitjax plan --target tpu-...` compiles on a CPU machine for a TPU it does not have:
+    `implementation="auto"` inside a strategy's program follows the program's devices (the splash
+    kernel, as the chip runs it), not the process's backend; outside one, the process's choice."""
+    from fitjax.step import xla_tpu
+
+    strategy = fj.strategies.SingleDevice()
+    strategy.setup(list(xla_tpu.deviceless_topology("v5e:1x1").devices))
+    assert strategy.platform == "tpu"
+    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16, sharding=strategy.replicated)
+    for_tpu = strategy.jit(lambda q: fj.nn.attention(q, q, q), in_shardings=strategy.replicated,
+                           out_shardings=strategy.replicated)
+    assert "tpu_custom_call" in for_tpu.lower(q).as_text()
+    here = jax.jit(lambda q: fj.nn.attention(q, q, q)).lower(jnp.zeros((1, 256, 2, 64), jnp.bfloat16))
+    assert "tpu_custom_call" not in here.as_text()

@@ -1,0 +1,52 @@
+"""The platform a program is traced for, which may not be the process's.
+
+A choice made while tracing (which attention kernel `fj.nn.attention` runs, whether a Pallas
+kernel is interpreted) must follow the devices the program is compiled for. Usually those are
+the process's default backend's; the planner's TPU targets are not: `fitjax plan --target
+tpu-v5e-1` compiles on a CPU machine for a TPU topology without a TPU (`xla_tpu.deviceless_topology`),
+and a model traced there by `jax.default_backend()` ("cpu") would plan XLA's attention, whose
+[batch, heads, length, length] scores the chip never holds (GPT-2 medium, 8 rows: 19.8 GB of
+temporaries planned for a step that runs on a 16 GB chip).
+
+`Strategy.jit`, through which every program fitjax compiles goes, traces its function under
+`tracing_for(strategy.platform)`; `traced_platform()` reads it, and is the default backend
+outside any program of a strategy (a user's own `jax.jit`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from typing import Callable, Iterator
+
+import jax
+
+__all__ = ["traced_for", "traced_platform", "tracing_for"]
+
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("fitjax_traced_platform", default=None)
+
+
+@contextlib.contextmanager
+def tracing_for(platform: str) -> Iterator[None]:
+    """Inside: `traced_platform()` is `platform` ("cpu", "gpu", "tpu")."""
+    token = _PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+
+
+def traced_platform() -> str:
+    """The platform of the program being traced: its strategy's, else JAX's default backend."""
+    return _PLATFORM.get() or jax.default_backend()
+
+
+def traced_for(fn: Callable, platform: str) -> Callable:
+    """`fn` traced under `tracing_for(platform)` (its name kept: compile logs show it)."""
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with tracing_for(platform):
+            return fn(*args, **kwargs)
+
+    return traced
