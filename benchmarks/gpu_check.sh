@@ -73,7 +73,8 @@ EOF
 
 if [ "$smoke" -eq 1 ]; then
   step 120 many_runs "$python" "$here/many_runs.py" --smoke
-  step 150 plan_device "$python" "$here/plan_device.py" --smoke
+  # plan_device.py --smoke runs in tpu_check.sh --smoke, the same command: here its arguments only
+  step 150 plan_device "$python" "$here/plan_device.py" --steps 10 --help
   step 120 gpt "$python" "$here/gpt.py" --smoke
   step 60 init_compile "$python" "$here/init_compile.py" --smoke
   step 120 peers "$python" "$here/peers.py" --smoke
