@@ -27,30 +27,13 @@ _SESSION_FIXTURES = ("slurm", "site", "s3_server", "gcs_server")
 _STORE_SERVERS = {"s3": "s3_server", "gs": "gcs_server"}
 
 
-# The longest first, so that two workers end together (longest-first scheduling): the groups
-# above (each runs as one unit, on one worker), then the files of the longest tests (the checks'
-# smokes, runs of several processes); the rest, short, fills in. The order changes no result.
-_LONG_FILES = ("tests/test_benchmarks.py", "tests/storage/test_kill_each_object.py", "tests/integrations/test_ray.py",
-               "tests/strategies/test_multiprocess.py", "tests/cli/test_launch.py", "tests/test_gpt.py",
-               "tests/step/test_remat.py")
-
-
 def pytest_collection_modifyitems(items):
-    grouped = set()
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         shared = [_STORE_SERVERS[value] for value in params.values() if isinstance(value, str) and value in _STORE_SERVERS]
         shared += [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
-            grouped.add(item.nodeid)
-
-    def order(item) -> int:
-        if item.nodeid in grouped:
-            return 0
-        return 1 if item.nodeid.split("::")[0] in _LONG_FILES else 2
-
-    items.sort(key=order)  # stable: each file's tests keep their order
 
 
 @pytest.fixture(scope="module")
