@@ -31,7 +31,7 @@ chip plans 126 MB of scratch with it instead of 201 MB, different fusions), but 
 fitjax's GPT-2 small step ran at 0.91x the same step written by hand without it
 (`benchmarks/results/tpu-v5e/gpt-62246e5.json`), the device never idle between steps: the
 one compiler difference between the two programs is off until a run shows it is worth it
-(`benchmarks/tpu_check.sh --part 2` measures the step with it). Everything else in MaxText's v5e
+(`benchmarks/tpu_check.sh --part 1` fits the step with it too). Everything else in MaxText's v5e
 scripts overlaps collectives (all-gathers, all-reduces) across chips, which one chip does not run.
 
 The set is read from `FITJAX_XLA_TPU_OPTIONS` when a program is built, so each option can be
