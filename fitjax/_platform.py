@@ -8,9 +8,11 @@ and a model traced there by `jax.default_backend()` ("cpu") would plan XLA's att
 [batch, heads, length, length] scores the chip never holds (GPT-2 medium, 8 rows: 19.8 GB of
 temporaries planned for a step that runs on a 16 GB chip).
 
-`Strategy.jit`, through which every program fitjax compiles goes, traces its function under
-`tracing_for(strategy.platform)`; `traced_platform()` reads it, and is the default backend
-outside any program of a strategy (a user's own `jax.jit`).
+`Strategy.jit`, through which the train, evaluation and predict steps are compiled (what the
+planner compiles), traces its function under `tracing_for(strategy.platform)`; `traced_platform()`
+reads it, and is the default backend elsewhere: a user's own `jax.jit`, and the state's init and
+generation programs, which run on the process's own devices (wrapping the init's function as
+well made the module's loss traced once more per fit: `tests/loop/test_setup.py` counts them).
 """
 
 from __future__ import annotations
