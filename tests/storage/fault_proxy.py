@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 Rule = Callable[[str, str], Union[str, float]]  # "pass", "drop", "dead", "truncate", or a delay in seconds
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
@@ -35,12 +35,16 @@ class FaultProxy:
         """Ends the requests left hanging (their connections closed unanswered)."""
         self._released.set()
 
-    def kill_child(self, command: list[str], env: dict[str, str], counted: Callable[[str, str], str | None],
-                   when: Callable[[list[str]], bool], timeout: float = 300) -> tuple[str, int, list[str]]:
+    def kill_child(self, command: list[str] | Callable[[], Any], env: dict[str, str] | None,
+                   counted: Callable[[str, str], str | None], when: Callable[[list[str]], bool],
+                   timeout: float = 300) -> tuple[str, int, list[str]]:
         """Runs `command` and SIGKILLs it as it sends the request that makes `when(sent)` true,
         before the store gets it (the request is dropped): a real kill at a real point of a real
         exchange. `sent` lists `counted(method, path)` of each request it counts (None: not
-        counted). Returns the child's output, its pid and `sent`; the child must have been killed."""
+        counted). `command` is a command line (run with `env`) or a function that starts the
+        process and returns it (as `subprocess.Popen` does: its `pid`, `communicate`,
+        `returncode`; tests/storage/preloaded.py's forks). Returns the child's output, its pid and
+        `sent`; the child must have been killed."""
         box, sent = [], []
 
         def rule(method, path):
@@ -53,7 +57,8 @@ class FaultProxy:
             return "pass"
 
         self.rule = rule
-        box.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
+        box.append(command() if callable(command) else
+                   subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
         out = box[0].communicate(timeout=timeout)[0]
         self.rule = lambda method, path: "pass"
         assert box[0].returncode == -signal.SIGKILL, f"{sent}\n{out[-3000:]}"

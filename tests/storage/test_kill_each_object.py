@@ -5,18 +5,20 @@ whatever the kill leaves, no name under the folder passes for a checkpoint unles
 the torn prefix and nothing else (a user's files next to it survive).
 
 The killed process is a real one running fitjax's own upload and deletion (`fitjax._storage`,
-what the checkpoint writer thread calls for a store folder) on a real Orbax checkpoint; the proxy
-kills it as it sends the k-th object, before the store gets it. tests/storage/test_s3.py kills
+what the checkpoint writer thread calls for a store folder) on a real Orbax checkpoint, forked
+from one that imported fitjax (tests/storage/preloaded.py); the proxy kills it as it sends the
+k-th object, before the store gets it. tests/storage/test_s3.py kills
 whole fits (at two points of a save) and resumes them."""
 
 from __future__ import annotations
 
 import os
-import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from helpers import Regressor, quiet_trainer, regression_data
+from preloaded import Preloaded
 from store_parts import listed
 
 import fitjax as fj
@@ -32,6 +34,14 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def forks(proxy):
+    """Children forked from one process that imported fitjax once (~20 of them here, each a fresh
+    `python -c` paid ~2.5 s of CPU for the import), with the proxy's address in their environment."""
+    with Preloaded("fitjax._storage", {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}) as forks:
+        yield forks
+
+
 def _saved(tmp_path: Path) -> list[Path]:
     """Two real checkpoints on local disk: `epoch=0-step=1`, `epoch=0-step=2`."""
     folder = tmp_path / "saved"
@@ -41,12 +51,11 @@ def _saved(tmp_path: Path) -> list[Path]:
     return sorted(folder.iterdir())
 
 
-def _killed_at(proxy, what: str, counted, k: int) -> list[str]:
+def _killed_at(proxy, forks, what: str, counted, k: int) -> list[str]:
     """Runs `_storage.<what>` in a child process and SIGKILLs it when it sends its `k`-th request
     that `counted(method, path)` counts, which the store then never gets. Returns the counted
     requests it sent (the last one dropped)."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
-    _, _, sent = proxy.kill_child([sys.executable, "-c", _CHILD.format(what=what)], env,
+    _, _, sent = proxy.kill_child(lambda: forks.start(_CHILD.format(what=what)), None,
                                   lambda method, path: f"{method} {path}" if counted(method, path) else None,
                                   lambda sent: len(sent) == k, timeout=120)
     return sent
@@ -68,7 +77,7 @@ def _only_complete_names_and_cleanup_removes_the_rest(url: str, kept: str, torn:
     assert [p.name for p in removed] == ([] if complete or torn not in before else [torn])
 
 
-def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_checkpoints(proxy, bucket,
+def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_checkpoints(proxy, forks, bucket,
                                                                                           tmp_path):
     import fsspec
 
@@ -83,7 +92,7 @@ def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_c
     upload = f"upload(Path({str(second)!r}), _storage.as_path({url + '/' + second.name!r}))"
     puts = lambda method, path: method == "PUT" and f"/{second.name}/" in path
     for k in range(1, objects + 1):
-        sent = _killed_at(proxy, upload, puts, k)
+        sent = _killed_at(proxy, forks, upload, puts, k)
         assert len(sent) == k  # killed at its k-th object, in order: claim, files, marker
         if k == 1:
             assert sent[0].endswith(f"/{_storage.CLAIM}")
@@ -100,7 +109,7 @@ def test_a_kill_at_each_object_of_an_upload_or_a_deletion_leaves_only_loadable_c
     for k in range(1, 4):
         _storage.upload(second, _storage.as_path(f"{url}/{second.name}"))
         assert checkpoint.is_checkpoint(f"{url}/{second.name}")
-        sent = _killed_at(proxy, deletion, deletes, k)
+        sent = _killed_at(proxy, forks, deletion, deletes, k)
         # the marker goes first: from the first request on the checkpoint is no longer complete
         # only when the store got that request (k > 1)
         assert checkpoint.is_checkpoint(f"{url}/{second.name}") == (k == 1), sent
