@@ -48,5 +48,11 @@ def _read_data(request_handler, query):
 
 server._read_data = _read_data
 
+# The emulator serves one request at a time on http.server's HTTPServer, whose listen backlog is 5,
+# and answers in HTTP/1.0 (a new connection per request); gcsfs sends a checkpoint's files
+# concurrently, so a burst of connections overflowed the backlog (the kernel logged SYN cookies
+# for its port) and clients waited on retransmitted handshakes. Queued connections wait their turn.
+server.server.HTTPServer.request_queue_size = 128
+
 if __name__ == "__main__":
     main()
