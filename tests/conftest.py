@@ -27,13 +27,44 @@ _SESSION_FIXTURES = ("slurm", "site", "s3_server", "gcs_server")
 _STORE_SERVERS = {"s3": "s3_server", "gs": "gcs_server"}
 
 
-def pytest_collection_modifyitems(items):
+# Likewise a module's tests that share a module-scoped fixture (a reference run, two launched
+# processes, the module's compile cache) run on one worker, which sets it up once: split over
+# both, each worker ran it (two_processes' two fits of 2 processes: ~30 s each, twice).
+
+
+def _module_scoped(item) -> bool:
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(chain[-1].scope in ("module", "package", "class") for chain in defs.values() if chain)
+
+
+def _join_group(item, group: str, loadgroup: bool) -> None:
+    """Marks `item` for xdist's group `group`. xdist's scheduler reads a test's group from its id
+    ("<id>@<group>"), which xdist 3.8's worker writes to `item._nodeid`; pytest 9 derives the id
+    from `item._id` instead, so there the worker's renaming is lost and every group was split over
+    both workers (each worker started the servers and ran the module fixtures): the id is set here."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    if loadgroup and hasattr(item, "_id") and "@" not in item.nodeid:  # pytest >= 9
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    loadgroup = bool(config.getvalue("loadgroup")) if hasattr(config.option, "loadgroup") else False
+    groups, modules = {}, {}  # a test's session fixture's group; a module's first such group
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         shared = [_STORE_SERVERS[value] for value in params.values() if isinstance(value, str) and value in _STORE_SERVERS]
         shared += [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
+            groups[item] = shared[0]
+            modules.setdefault(item.nodeid.split("::")[0], shared[0])
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        group = groups.get(item) or (modules.get(module, module) if _module_scoped(item) else None)
+        if group:  # a module fixture's tests go where the module's session-fixture tests go
+            _join_group(item, group, loadgroup)
 
 
 @pytest.fixture(scope="module")
