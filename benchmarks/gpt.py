@@ -20,7 +20,9 @@ On a device (`--device`; `--gpu` is the same) one chip runs GPT-2 small's shape 
 12 blocks of width 768, context 1024, GPT-2's vocabulary padded to 50304) and GPT-2 medium's (355 M:
 24 blocks of width 1024), the single mesh, and a third run per shape: fitjax with its defaults on
 (the progress bar drawn into a discarded stream, the TensorBoard logger, the default checkpoint at
-each epoch's end, with `--ckpt-every` steps more), against the same hand-written loop. MFU is model
+each epoch's end: `--epoch-steps N` cuts its data to epochs of N optimizer steps so that the timed
+steps cross epoch ends, where `DefaultCheckpoint` saves or skips by its budget; `--ckpt-every` adds a
+save every N steps), against the same hand-written loop. MFU is model
 FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles
 5 steady steps of the defaults-on fit of the first shape and reports the share of that window the
 device sat idle (no program running): what the host loop costs a fast device.
@@ -183,6 +185,9 @@ class Timer(fj.Callback):
     def __init__(self, warmup: int):
         self.warmup = warmup
 
+    def on_fit_start(self, trainer, module):
+        self.fit_start = time.perf_counter()
+
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step == self.warmup:
@@ -218,9 +223,12 @@ class Profile(fj.Callback):
 
 
 def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, warmup: int, steps: int,
-                defaults: bool = False, trace: str | None = None, ckpt_every: int | None = None):
-    """Returns (tokens/s, params + optimizer state bytes per device) of `Trainer.fit`; `defaults`:
-    the progress bar (drawn into a discarded stream), the logger and the default checkpoint on."""
+                defaults: bool = False, trace: str | None = None, ckpt_every: int | None = None,
+                epoch_steps: int | None = None):
+    """Returns (tokens/s, params + optimizer state bytes per device, the default checkpoint's
+    saves or None) of `Trainer.fit`; `defaults`: the progress bar (drawn into a discarded stream),
+    the logger and the default checkpoint on; `epoch_steps`: the data cut to epochs of that many
+    optimizer steps."""
     count, data_axis, fsdp, tensor = MESHES[mesh_name]
     if fsdp is None:
         strategy = "single" if count == 1 else "dp"
@@ -239,11 +247,18 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
     trainer = fj.Trainer(max_steps=warmup + steps, strategy=strategy, devices=count, precision="bf16-mixed",
                          accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=callbacks,
                          default_root_dir=root, **off)
+    if epoch_steps:
+        data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
     loader = fj.DataLoader({"tokens": data}, batch_size=shape["batch_size"], shuffle=True, drop_last=True)
     with contextlib.redirect_stdout(sink):
         trainer.fit(module, loader)
     held = fj.strategies.bytes_per_device((trainer.state.params, trainer.state.opt_state))
-    return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held
+    saved = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, fj.callbacks.DefaultCheckpoint) \
+        else None
+    saves = None if saved is None else {  # the whole fit's, the save after the last step included
+        "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds, "skipped": saved.skipped_saves, "epochs": trainer.current_epoch,
+        "fit_seconds": time.perf_counter() - timer.fit_start}
+    return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held, saves
 
 
 def main(argv=None) -> None:
@@ -258,10 +273,13 @@ def main(argv=None) -> None:
     parser.add_argument("--shape", choices=[name for name in SHAPES if name != "cpu"], action="append",
                         help="with --device: only these shapes")
     parser.add_argument("--hand-shapes", choices=[name for name in SHAPES if name != "cpu"], action="append",
-                        help="with --device: the shapes that also run the hand-written loop and the defaults-on "
-                             "fit (default: all; the others: fitjax alone, for its MFU)")
+                        help="with --device: the shapes that also run the hand-written loop (default: all; the "
+                             "others: fitjax alone, for its MFU); the first of them also the defaults-on fit")
     parser.add_argument("--ckpt-every", type=int, default=None,
                         help="with --device: the defaults-on fit also saves every N steps")
+    parser.add_argument("--epoch-steps", type=int, default=None,
+                        help="with --device: the defaults-on fit's data cut to epochs of N optimizer steps, so "
+                             "its timed steps cross epoch ends (the default checkpoint's schedule)")
     parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
                         help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
                              "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
@@ -312,12 +330,14 @@ def main(argv=None) -> None:
                         speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps,
                                                      trace=hand_trace)
                         hand.append(speed)
-                    speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
+                    speed, held, _ = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
                     fit.append(speed)
-                    if args.device and compared:
+                    if args.device and compared and shape_name == shapes[0]:  # defaults on: the first shape
                         trace = os.path.join(root, "trace") if args.trace and not rows else None
-                        full.append(with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
-                                                defaults=True, trace=trace, ckpt_every=args.ckpt_every)[0])
+                        speed, _, saves = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
+                                                      defaults=True, trace=trace, ckpt_every=args.ckpt_every,
+                                                      epoch_steps=args.epoch_steps)
+                        full.append(speed)
                 row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
                        "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit, "fitjax_state_bytes": held}
                 if not hand:  # fitjax alone: its MFU
@@ -332,7 +352,8 @@ def main(argv=None) -> None:
                            step_argument_bytes=memory.argument_size_in_bytes, step_temp_bytes=memory.temp_size_in_bytes)
                 if full:
                     row.update(fitjax_defaults_tokens_per_s=full,
-                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)))
+                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)),
+                               default_checkpoint=saves, defaults_epoch_steps=args.epoch_steps)
                 if peak:
                     row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
                                fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
@@ -343,8 +364,10 @@ def main(argv=None) -> None:
                       f"{memory.temp_size_in_bytes / mib:>14.2f} {held / mib:>17.2f}"
                       + (_mfu(max(hand), max(fit), flops, peak, MESHES[name][0]) if peak else ""), flush=True)
                 if full:
-                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x",
-                          flush=True)
+                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x"
+                          + (f"  (default checkpoint: {saves['seconds']:.2f} s of saves in a {saves['fit_seconds']:.1f}"
+                             f" s fit of {saves['epochs']} epochs, {saves['skipped']} epoch ends skipped)"
+                             if saves else ""), flush=True)
             if args.device and shape_name == shapes[0]:
                 for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it
                     rows.append(_with_options(spec, shape_name, shape, data, root, args, fit, flops, peak))
@@ -373,7 +396,7 @@ def _with_options(spec: str, shape_name: str, shape: dict, data: np.ndarray, roo
     saved = os.environ.get(xla_tpu.OPTIONS_ENV)
     os.environ[xla_tpu.OPTIONS_ENV] = spec  # read when each program is built
     try:
-        speed, _ = with_fitjax("single", shape, data, root, warmup=args.warmup, steps=args.steps)
+        speed, _, _ = with_fitjax("single", shape, data, root, warmup=args.warmup, steps=args.steps)
     finally:
         if saved is None:
             os.environ.pop(xla_tpu.OPTIONS_ENV)

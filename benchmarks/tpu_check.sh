@@ -115,8 +115,8 @@ else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
   if [ "$part" = 1 ]; then
-    step 540 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
-      --hand-shapes gpt2-small --tpu-options xla_tpu_scoped_vmem_limit_kib=98304 \
+    step 560 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --epoch-steps 8 \
+      --hand-shapes gpt2-small --hand-shapes gpt2-medium --tpu-options xla_tpu_scoped_vmem_limit_kib=98304 \
       --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ]; then

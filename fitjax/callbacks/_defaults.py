@@ -67,6 +67,7 @@ class DefaultCheckpoint(ModelCheckpoint):
         super().__init__()
         self.share = float(share)
         self.save_seconds = 0.0  # time this fit's saves took
+        self.write_wait_seconds = 0.0  # the part of it spent waiting for the writes to finish
         self.skipped_saves = 0  # epoch-end saves left out by the budget in this fit
         self._last_cost: float | None = None
         self._started = time.monotonic()
@@ -81,7 +82,7 @@ class DefaultCheckpoint(ModelCheckpoint):
 
     def on_fit_start(self, trainer, module) -> None:
         super().on_fit_start(trainer, module)
-        self.save_seconds, self.skipped_saves, self._last_cost = 0.0, 0, None
+        self.save_seconds, self.write_wait_seconds, self.skipped_saves, self._last_cost = 0.0, 0.0, 0, None
         self._started, self._skipped = time.monotonic(), None
         self._fit_step = trainer.global_step  # where this fit started (a resumed one: the checkpoint's)
 
@@ -117,9 +118,11 @@ class DefaultCheckpoint(ModelCheckpoint):
             return
         start = time.monotonic()
         super()._save(trainer, module, always=always, unscored=unscored)
+        returned = time.monotonic()  # the state is on the host; the files are being written
         if self._writer is not None:
             self._writer.wait()
         self._last_cost = time.monotonic() - start
+        self.write_wait_seconds += time.monotonic() - returned
         self.save_seconds += self._last_cost
         self._skipped = None
 
