@@ -277,6 +277,7 @@ def main(argv=None) -> None:
                              "others: fitjax alone, for its MFU); the first of them also the defaults-on fit")
     parser.add_argument("--ckpt-every", type=int, default=None,
                         help="with --device: the defaults-on fit also saves every N steps")
+    parser.add_argument("--no-defaults", action="store_true", help="with --device: no defaults-on fit")
     parser.add_argument("--epoch-steps", type=int, default=None,
                         help="with --device: the defaults-on fit's data cut to epochs of N optimizer steps, so "
                              "its timed steps cross epoch ends (the default checkpoint's schedule)")
@@ -332,7 +333,7 @@ def main(argv=None) -> None:
                         hand.append(speed)
                     speed, held, _ = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
                     fit.append(speed)
-                    if args.device and compared and shape_name == shapes[0]:  # defaults on: the first shape
+                    if args.device and compared and shape_name == shapes[0] and not args.no_defaults:
                         trace = os.path.join(root, "trace") if args.trace and not rows else None
                         speed, _, saves = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
                                                       defaults=True, trace=trace, ckpt_every=args.ckpt_every,
