@@ -24,7 +24,7 @@ each epoch's end: `--epoch-steps N` cuts its data to epochs of N optimizer steps
 steps cross epoch ends, where `DefaultCheckpoint` saves or skips by its budget; `--ckpt-every` adds a
 save every N steps), against the same hand-written loop. MFU is model
 FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles
-5 steady steps of the defaults-on fit of the first shape and reports the share of that window the
+5 steady steps after the timed ones (the profiler slows steps down) of the defaults-on fit of the first shape and reports the share of that window the
 device sat idle (no program running): what the host loop costs a fast device.
 
 Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
@@ -162,42 +162,55 @@ def _time_hand_written(step, params, opt_state, data, batch, context, warmup, st
 
     rng = np.random.default_rng(0)
     order = rng.permutation(len(data))
+
+    def micro(i: int) -> np.ndarray:
+        rows = order[(i * per_step) % (len(order) - per_step):][:per_step]
+        return data[rows].reshape(ACCUMULATE, batch, -1)
+
     start = None
     for i in range(warmup + steps):
         if i == warmup:
             jax.block_until_ready(params)
             start = time.perf_counter()
-        if trace and i in (warmup + 2, warmup + 7):  # 5 steady steps, as fitjax's Profile
-            jax.block_until_ready(params)
-            (jax.profiler.start_trace(trace) if i == warmup + 2 else jax.profiler.stop_trace())
-        rows = order[(i * per_step) % (len(order) - per_step):][:per_step]
-        params, opt_state, loss = step(params, opt_state, data[rows].reshape(ACCUMULATE, batch, -1))
+        params, opt_state, loss = step(params, opt_state, micro(i))
     jax.block_until_ready(params)
     seconds = time.perf_counter() - start
+    if trace:  # 5 more steps under the profiler, after the timed ones (tracing slows steps down)
+        jax.profiler.start_trace(trace)
+        for i in range(warmup + steps, warmup + steps + PROFILED):
+            params, opt_state, loss = step(params, opt_state, micro(i))
+        jax.block_until_ready(params)
+        jax.profiler.stop_trace()
     return steps * per_step * context / seconds, memory
 
 
 # ----------------------------------------------------------------------------------- fitjax
 
-class Timer(fj.Callback):
-    """Times optimizer steps `warmup`.. (the first ones compile); per-batch hook, no host read."""
+PROFILED = 5  # steps traced with --trace, after the timed ones
 
-    def __init__(self, warmup: int):
-        self.warmup = warmup
+
+class Timer(fj.Callback):
+    """Times optimizer steps `warmup`..`warmup + steps` (the first ones compile); per-batch
+    hook, no host read."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.last = warmup, warmup + steps
 
     def on_fit_start(self, trainer, module):
-        self.fit_start = time.perf_counter()
+        self.fit_start, self.seconds = time.perf_counter(), None
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step == self.warmup:
             jax.block_until_ready(trainer.state)
             self.start = time.perf_counter()
+        elif trainer.global_step == self.last and self.seconds is None:
+            jax.block_until_ready(trainer.state)
+            self.seconds = time.perf_counter() - self.start
+            self.steps = self.last - self.warmup
 
     def on_train_end(self, trainer, module):
-        jax.block_until_ready(trainer.state)
-        self.seconds = time.perf_counter() - self.start
-        self.steps = trainer.global_step - self.warmup
+        self.fit_seconds = time.perf_counter() - self.fit_start  # saves at the end included
 
 
 def _model_shape(shape: dict) -> dict:
@@ -235,8 +248,8 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
     else:
         strategy = fj.strategies.FSDP(data=data_axis, fsdp=fsdp, tensor=tensor, rules=gpt.GPT_RULES)
     module = gpt.GPTModule(**_model_shape(shape), lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
-    timer = Timer(warmup)
-    callbacks = [timer] + ([Profile(trace, warmup + 2)] if trace else [])
+    timer = Timer(warmup, steps)
+    callbacks = [timer] + ([Profile(trace, warmup + steps, PROFILED)] if trace else [])
     sink = io.StringIO()
     if defaults:
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
@@ -244,7 +257,8 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
             callbacks.append(fj.ModelCheckpoint(every_n_train_steps=ckpt_every))
     off = {} if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                                    logger=False)
-    trainer = fj.Trainer(max_steps=warmup + steps, strategy=strategy, devices=count, precision="bf16-mixed",
+    profiled = PROFILED + 1 if trace else 0  # traced after the timed steps
+    trainer = fj.Trainer(max_steps=warmup + steps + profiled, strategy=strategy, devices=count, precision="bf16-mixed",
                          accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=callbacks,
                          default_root_dir=root, **off)
     if epoch_steps:
@@ -257,7 +271,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
         else None
     saves = None if saved is None else {  # the whole fit's, the save after the last step included
         "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds, "skipped": saved.skipped_saves, "epochs": trainer.current_epoch,
-        "fit_seconds": time.perf_counter() - timer.fit_start}
+        "fit_seconds": timer.fit_seconds}
     return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held, saves
 
 
