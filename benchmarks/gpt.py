@@ -20,9 +20,11 @@ On a device (`--device`; `--gpu` is the same) one chip runs GPT-2 small's shape 
 12 blocks of width 768, context 1024, GPT-2's vocabulary padded to 50304) and GPT-2 medium's (355 M:
 24 blocks of width 1024), the single mesh, and a third run per shape: fitjax with its defaults on
 (the progress bar drawn into a discarded stream, the TensorBoard logger, the default checkpoint at
-each epoch's end, with `--ckpt-every` steps more), against the same hand-written loop. MFU is model
+each epoch's end: `--epoch-steps N` cuts its data to epochs of N optimizer steps so that the timed
+steps cross epoch ends, where `DefaultCheckpoint` saves or skips by its budget; `--ckpt-every` adds a
+save every N steps), against the same hand-written loop. MFU is model
 FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles
-5 steady steps of the defaults-on fit of the first shape and reports the share of that window the
+5 steady steps after the timed ones (the profiler slows steps down) of the defaults-on fit of the first shape and reports the share of that window the
 device sat idle (no program running): what the host loop costs a fast device.
 
 Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
@@ -160,39 +162,55 @@ def _time_hand_written(step, params, opt_state, data, batch, context, warmup, st
 
     rng = np.random.default_rng(0)
     order = rng.permutation(len(data))
+
+    def micro(i: int) -> np.ndarray:
+        rows = order[(i * per_step) % (len(order) - per_step):][:per_step]
+        return data[rows].reshape(ACCUMULATE, batch, -1)
+
     start = None
     for i in range(warmup + steps):
         if i == warmup:
             jax.block_until_ready(params)
             start = time.perf_counter()
-        if trace and i in (warmup + 2, warmup + 7):  # 5 steady steps, as fitjax's Profile
-            jax.block_until_ready(params)
-            (jax.profiler.start_trace(trace) if i == warmup + 2 else jax.profiler.stop_trace())
-        rows = order[(i * per_step) % (len(order) - per_step):][:per_step]
-        params, opt_state, loss = step(params, opt_state, data[rows].reshape(ACCUMULATE, batch, -1))
+        params, opt_state, loss = step(params, opt_state, micro(i))
     jax.block_until_ready(params)
     seconds = time.perf_counter() - start
+    if trace:  # 5 more steps under the profiler, after the timed ones (tracing slows steps down)
+        jax.profiler.start_trace(trace)
+        for i in range(warmup + steps, warmup + steps + PROFILED):
+            params, opt_state, loss = step(params, opt_state, micro(i))
+        jax.block_until_ready(params)
+        jax.profiler.stop_trace()
     return steps * per_step * context / seconds, memory
 
 
 # ----------------------------------------------------------------------------------- fitjax
 
-class Timer(fj.Callback):
-    """Times optimizer steps `warmup`.. (the first ones compile); per-batch hook, no host read."""
+PROFILED = 5  # steps traced with --trace, after the timed ones
 
-    def __init__(self, warmup: int):
-        self.warmup = warmup
+
+class Timer(fj.Callback):
+    """Times optimizer steps `warmup`..`warmup + steps` (the first ones compile); per-batch
+    hook, no host read."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.last = warmup, warmup + steps
+
+    def on_fit_start(self, trainer, module):
+        self.fit_start, self.seconds = time.perf_counter(), None
 
     @ignores_batch
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.global_step == self.warmup:
             jax.block_until_ready(trainer.state)
             self.start = time.perf_counter()
+        elif trainer.global_step == self.last and self.seconds is None:
+            jax.block_until_ready(trainer.state)
+            self.seconds = time.perf_counter() - self.start
+            self.steps = self.last - self.warmup
 
     def on_train_end(self, trainer, module):
-        jax.block_until_ready(trainer.state)
-        self.seconds = time.perf_counter() - self.start
-        self.steps = trainer.global_step - self.warmup
+        self.fit_seconds = time.perf_counter() - self.fit_start  # saves at the end included
 
 
 def _model_shape(shape: dict) -> dict:
@@ -218,17 +236,20 @@ class Profile(fj.Callback):
 
 
 def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, warmup: int, steps: int,
-                defaults: bool = False, trace: str | None = None, ckpt_every: int | None = None):
-    """Returns (tokens/s, params + optimizer state bytes per device) of `Trainer.fit`; `defaults`:
-    the progress bar (drawn into a discarded stream), the logger and the default checkpoint on."""
+                defaults: bool = False, trace: str | None = None, ckpt_every: int | None = None,
+                epoch_steps: int | None = None):
+    """Returns (tokens/s, params + optimizer state bytes per device, the default checkpoint's
+    saves or None) of `Trainer.fit`; `defaults`: the progress bar (drawn into a discarded stream),
+    the logger and the default checkpoint on; `epoch_steps`: the data cut to epochs of that many
+    optimizer steps."""
     count, data_axis, fsdp, tensor = MESHES[mesh_name]
     if fsdp is None:
         strategy = "single" if count == 1 else "dp"
     else:
         strategy = fj.strategies.FSDP(data=data_axis, fsdp=fsdp, tensor=tensor, rules=gpt.GPT_RULES)
     module = gpt.GPTModule(**_model_shape(shape), lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
-    timer = Timer(warmup)
-    callbacks = [timer] + ([Profile(trace, warmup + 2)] if trace else [])
+    timer = Timer(warmup, steps)
+    callbacks = [timer] + ([Profile(trace, warmup + steps, PROFILED)] if trace else [])
     sink = io.StringIO()
     if defaults:
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
@@ -236,14 +257,22 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
             callbacks.append(fj.ModelCheckpoint(every_n_train_steps=ckpt_every))
     off = {} if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                                    logger=False)
-    trainer = fj.Trainer(max_steps=warmup + steps, strategy=strategy, devices=count, precision="bf16-mixed",
+    profiled = PROFILED + 1 if trace else 0  # traced after the timed steps
+    trainer = fj.Trainer(max_steps=warmup + steps + profiled, strategy=strategy, devices=count, precision="bf16-mixed",
                          accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=callbacks,
                          default_root_dir=root, **off)
+    if epoch_steps:
+        data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
     loader = fj.DataLoader({"tokens": data}, batch_size=shape["batch_size"], shuffle=True, drop_last=True)
     with contextlib.redirect_stdout(sink):
         trainer.fit(module, loader)
     held = fj.strategies.bytes_per_device((trainer.state.params, trainer.state.opt_state))
-    return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held
+    saved = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, fj.callbacks.DefaultCheckpoint) \
+        else None
+    saves = None if saved is None else {  # the whole fit's, the save after the last step included
+        "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds, "skipped": saved.skipped_saves, "epochs": trainer.current_epoch,
+        "fit_seconds": timer.fit_seconds}
+    return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held, saves
 
 
 def main(argv=None) -> None:
@@ -258,10 +287,14 @@ def main(argv=None) -> None:
     parser.add_argument("--shape", choices=[name for name in SHAPES if name != "cpu"], action="append",
                         help="with --device: only these shapes")
     parser.add_argument("--hand-shapes", choices=[name for name in SHAPES if name != "cpu"], action="append",
-                        help="with --device: the shapes that also run the hand-written loop and the defaults-on "
-                             "fit (default: all; the others: fitjax alone, for its MFU)")
+                        help="with --device: the shapes that also run the hand-written loop (default: all; the "
+                             "others: fitjax alone, for its MFU); the first of them also the defaults-on fit")
     parser.add_argument("--ckpt-every", type=int, default=None,
                         help="with --device: the defaults-on fit also saves every N steps")
+    parser.add_argument("--no-defaults", action="store_true", help="with --device: no defaults-on fit")
+    parser.add_argument("--epoch-steps", type=int, default=None,
+                        help="with --device: the defaults-on fit's data cut to epochs of N optimizer steps, so "
+                             "its timed steps cross epoch ends (the default checkpoint's schedule)")
     parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
                         help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
                              "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
@@ -312,12 +345,14 @@ def main(argv=None) -> None:
                         speed, memory = hand_written(name, shape, data, warmup=args.warmup, steps=args.steps,
                                                      trace=hand_trace)
                         hand.append(speed)
-                    speed, held = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
+                    speed, held, _ = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps)
                     fit.append(speed)
-                    if args.device and compared:
+                    if args.device and compared and shape_name == shapes[0] and not args.no_defaults:
                         trace = os.path.join(root, "trace") if args.trace and not rows else None
-                        full.append(with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
-                                                defaults=True, trace=trace, ckpt_every=args.ckpt_every)[0])
+                        speed, _, saves = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
+                                                      defaults=True, trace=trace, ckpt_every=args.ckpt_every,
+                                                      epoch_steps=args.epoch_steps)
+                        full.append(speed)
                 row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
                        "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit, "fitjax_state_bytes": held}
                 if not hand:  # fitjax alone: its MFU
@@ -332,7 +367,8 @@ def main(argv=None) -> None:
                            step_argument_bytes=memory.argument_size_in_bytes, step_temp_bytes=memory.temp_size_in_bytes)
                 if full:
                     row.update(fitjax_defaults_tokens_per_s=full,
-                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)))
+                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)),
+                               default_checkpoint=saves, defaults_epoch_steps=args.epoch_steps)
                 if peak:
                     row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
                                fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
@@ -343,8 +379,10 @@ def main(argv=None) -> None:
                       f"{memory.temp_size_in_bytes / mib:>14.2f} {held / mib:>17.2f}"
                       + (_mfu(max(hand), max(fit), flops, peak, MESHES[name][0]) if peak else ""), flush=True)
                 if full:
-                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x",
-                          flush=True)
+                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x"
+                          + (f"  (default checkpoint: {saves['seconds']:.2f} s of saves in a {saves['fit_seconds']:.1f}"
+                             f" s fit of {saves['epochs']} epochs, {saves['skipped']} epoch ends skipped)"
+                             if saves else ""), flush=True)
             if args.device and shape_name == shapes[0]:
                 for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it
                     rows.append(_with_options(spec, shape_name, shape, data, root, args, fit, flops, peak))
@@ -373,7 +411,7 @@ def _with_options(spec: str, shape_name: str, shape: dict, data: np.ndarray, roo
     saved = os.environ.get(xla_tpu.OPTIONS_ENV)
     os.environ[xla_tpu.OPTIONS_ENV] = spec  # read when each program is built
     try:
-        speed, _ = with_fitjax("single", shape, data, root, warmup=args.warmup, steps=args.steps)
+        speed, _, _ = with_fitjax("single", shape, data, root, warmup=args.warmup, steps=args.steps)
     finally:
         if saved is None:
             os.environ.pop(xla_tpu.OPTIONS_ENV)

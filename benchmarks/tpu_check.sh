@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/tpu_check.sh --part 1     # GPT-2 small and medium: fitjax against the hand-written
 #                                             # loop, MFU, defaults on, the device's idle time and both
-#                                             # sides' op times in traces, a compiler option measured
+#                                             # sides' op times in traces
 #   bash benchmarks/tpu_check.sh --part 2     # the accelerator tests, the loop's small workloads
 #   bash benchmarks/tpu_check.sh --part 3     # the planner against fits, and a plan that does not fit
 #   bash benchmarks/tpu_check.sh --part 4     # the profile-first sweep and generation
@@ -16,8 +16,8 @@
 #                                   against the hand-written loop on the same model and step,
 #                                   fitjax with its defaults on (bar, logger, checkpoints), the share
 #                                   of each step the device sat idle in a profiler trace of the fit,
-#                                   each side's time per op, and the fit compiled with a candidate
-#                                   XLA:TPU option (fitjax.step.xla_tpu)
+#                                   and each side's time per op (`--tpu-options SPEC` adds a fit
+#                                   compiled with an XLA:TPU option, fitjax.step.xla_tpu)
 #   2. tests/accelerator            the tests that run on whatever JAX finds, here on the chip
 #      benchmarks/overhead.py       the tiny MLP, MNIST MLP and small CNN against their naive hand
 #                                   loops, with and without steps_per_execution
@@ -115,8 +115,8 @@ else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
   if [ "$part" = 1 ]; then
-    step 540 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --ckpt-every 10 \
-      --hand-shapes gpt2-small --tpu-options xla_tpu_scoped_vmem_limit_kib=98304 \
+    step 560 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --epoch-steps 8 \
+      --hand-shapes gpt2-small --hand-shapes gpt2-medium --tpu-options xla_tpu_scoped_vmem_limit_kib=98304 \
       --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ]; then

@@ -10,6 +10,7 @@ from fitjax.callbacks._base import Callback
 from fitjax.callbacks.model_checkpoint import ModelCheckpoint
 from fitjax.callbacks.progress import RichProgressBar
 from fitjax.callbacks.summary import RichModelSummary
+from fitjax.step import xla_cpu
 
 __all__ = ["DefaultCheckpoint", "with_defaults"]
 
@@ -50,9 +51,13 @@ class DefaultCheckpoint(ModelCheckpoint):
       state where fit stopped is saved (with the data position: `ckpt_path="last"` resumes from
       there exactly).
 
-    Each save is waited for, so its measured time is the time the loop lost to it (on 2 CPU
-    cores a save in the background cost the loop ~75 ms, more than the save itself). A
-    `ModelCheckpoint` you configure keeps exactly the schedule you give it.
+    What a save costs the loop depends on where the step runs (`xla_cpu.saves_compete_with_the_step`):
+    on CPU each save is waited for, so its measured time is the time the loop lost to it (on 2
+    CPU cores a save in the background cost the loop ~75 ms, more than the save itself). On an
+    accelerator the loop goes on once the state is copied to host memory and the files are
+    written beside it; an epoch end reached while the previous save is still being written is
+    skipped like one over budget (caught up the same way). `wait_for_writes` overrides the
+    choice. A `ModelCheckpoint` you configure keeps exactly the schedule you give it.
 
     Example:
         >>> import fitjax as fj
@@ -61,12 +66,17 @@ class DefaultCheckpoint(ModelCheckpoint):
         True
     """
 
-    def __init__(self, *, share: float = SAVE_SHARE) -> None:
+    def __init__(self, *, share: float = SAVE_SHARE, wait_for_writes: bool | None = None) -> None:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise ValueError(f"DefaultCheckpoint(share=...) must be a number in (0, 1], got {share!r}")
+        if wait_for_writes is not None and not isinstance(wait_for_writes, bool):
+            raise ValueError(f"DefaultCheckpoint(wait_for_writes=...) must be True, False or None (decided by "
+                             f"the platform the step runs on), got {wait_for_writes!r}")
         super().__init__()
         self.share = float(share)
+        self.wait_for_writes = wait_for_writes
         self.save_seconds = 0.0  # time this fit's saves took
+        self.write_wait_seconds = 0.0  # the part of it spent waiting for the writes to finish
         self.skipped_saves = 0  # epoch-end saves left out by the budget in this fit
         self._last_cost: float | None = None
         self._started = time.monotonic()
@@ -81,7 +91,7 @@ class DefaultCheckpoint(ModelCheckpoint):
 
     def on_fit_start(self, trainer, module) -> None:
         super().on_fit_start(trainer, module)
-        self.save_seconds, self.skipped_saves, self._last_cost = 0.0, 0, None
+        self.save_seconds, self.write_wait_seconds, self.skipped_saves, self._last_cost = 0.0, 0.0, 0, None
         self._started, self._skipped = time.monotonic(), None
         self._fit_step = trainer.global_step  # where this fit started (a resumed one: the checkpoint's)
 
@@ -117,19 +127,26 @@ class DefaultCheckpoint(ModelCheckpoint):
             return
         start = time.monotonic()
         super()._save(trainer, module, always=always, unscored=unscored)
-        if self._writer is not None:
+        returned = time.monotonic()  # the state is on the host; the files are being written
+        waits = self.wait_for_writes
+        if waits is None:
+            waits = xla_cpu.saves_compete_with_the_step(trainer.strategy.platform)
+        if self._writer is not None and waits:
             self._writer.wait()
+            self.write_wait_seconds += time.monotonic() - returned
         self._last_cost = time.monotonic() - start
         self.save_seconds += self._last_cost
         self._skipped = None
 
     def _affordable(self, trainer) -> bool:
-        """Whether saving now keeps the saves within `share` of the time since fit started; the
-        processes agree (each measures its own clock), so all of them save or none does."""
+        """Whether saving now keeps the saves within `share` of the time since fit started, with
+        no earlier save still being written; the processes agree (each measures its own clock),
+        so all of them save or none does."""
         if self._last_cost is None:
             return True  # the first save measures what one costs
         elapsed = time.monotonic() - self._started
-        return trainer.agree(self.save_seconds + self._last_cost <= self.share * elapsed)
+        writing = self._writer is not None and self._writer.busy()
+        return trainer.agree(not writing and self.save_seconds + self._last_cost <= self.share * elapsed)
 
     def _monitor_candidates(self, trainer) -> dict[str, float]:
         values = ModelCheckpoint._monitor_candidates(trainer)

@@ -126,6 +126,11 @@ class CheckpointWriter:
         self._jobs.put((path, write, doomed, on_failure))
         return path
 
+    def busy(self) -> bool:
+        """True while any save is queued or being written."""
+        with self._idle:
+            return bool(self._queued)
+
     def is_queued(self, path: str | os.PathLike) -> bool:
         """True while a save to `path` is queued or being written (its folder not there yet)."""
         with self._idle:
