@@ -33,6 +33,23 @@ import sys
 import tempfile
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8192, help="train steps per fit (one epoch)")
+    parser.add_argument("--every", type=int, default=1024,
+                        help="save every this many steps (far enough apart that a save is written "
+                             "before the next starts, as per-epoch saves are)")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating pairs of fits")
+    parser.add_argument("--smoke", action="store_true", help="seconds: 64 steps, 1 repeat, no warm-up")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -192,15 +209,7 @@ def _formats(state, repeats: int) -> dict[str, tuple[float, float]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8192, help="train steps per fit (one epoch)")
-    parser.add_argument("--every", type=int, default=1024,
-                        help="save every this many steps (far enough apart that a save is written "
-                             "before the next starts, as per-epoch saves are)")
-    parser.add_argument("--repeats", type=int, default=5, help="alternating pairs of fits")
-    parser.add_argument("--smoke", action="store_true", help="seconds: 64 steps, 1 repeat, no warm-up")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.smoke:
         args.steps, args.every, args.repeats = 64, 32, 1
     data = _data(args.steps)

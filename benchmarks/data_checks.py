@@ -29,6 +29,20 @@ import sys
 import tempfile
 import timeit
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="64-step epochs, 1 repeat: checks the script runs in seconds (its numbers mean nothing)")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import overhead  # noqa: E402
@@ -55,12 +69,7 @@ def run(data, *, checked: bool, epochs: int, root: str) -> float:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true",
-                        help="64-step epochs, 1 repeat: checks the script runs in seconds (its numbers mean nothing)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
 
     _, shape, batch_size, steps = overhead.WORKLOADS["tiny_mlp"]
     if args.smoke:

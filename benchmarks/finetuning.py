@@ -21,6 +21,18 @@ import os
 import statistics
 import sys
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--steps", type=int, default=12)
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -73,10 +85,7 @@ def run(how: str, width: int, depth: int, steps: int) -> tuple[int, float, float
 
 
 def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--steps", type=int, default=12)
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     width, depth, steps = (64, 2, 4) if args.smoke else (1024, 3, args.steps)
     runs = {how: run(how, width, depth, steps) for how in ("full", "BackboneFinetuning", "param_groups None")}
     print(f"{'':24}" + "".join(f"{name:>20}" for name in runs))

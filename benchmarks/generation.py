@@ -21,6 +21,23 @@ import sys
 import time
 import warnings
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model and 16 tokens: seconds")
+    parser.add_argument("--new", type=int, default=256, help="tokens generated per prompt")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", action="store_true", help="(the default) run where JAX finds a device")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import jax
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -45,15 +62,7 @@ def tokens_per_second(trainer: fj.Trainer, module: gpt.GPTModule, prompts: list,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a tiny model and 16 tokens: seconds")
-    parser.add_argument("--new", type=int, default=256, help="tokens generated per prompt")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", action="store_true", help="(the default) run where JAX finds a device")
-    parser.add_argument("--json", default=None, help="write the figures here as JSON")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.smoke:
         args.new, args.layers, args.width, args.repeats = 16, 1, 32, 1
     context = 16 + args.new  # the longest prompt's bucket, then the new tokens

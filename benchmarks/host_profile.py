@@ -36,6 +36,22 @@ import sys
 import tempfile
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3, help="including the warm-up epoch")
+    parser.add_argument("--top", type=int, default=12, help="functions listed per configuration")
+    parser.add_argument("--smoke", action="store_true",
+                        help="hand, all off and defaults once each, 32-step epochs, calls counted in the same "
+                             "runs: checks the script runs (its numbers mean nothing)")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import jax
 import numpy as np
 import optax
@@ -200,14 +216,7 @@ def run(name, data, steps_per_epoch, epochs, root, *, count_calls=False) -> Resu
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3, help="including the warm-up epoch")
-    parser.add_argument("--top", type=int, default=12, help="functions listed per configuration")
-    parser.add_argument("--smoke", action="store_true",
-                        help="hand, all off and defaults once each, 32-step epochs, calls counted in the same "
-                             "runs: checks the script runs (its numbers mean nothing)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     _, shape, batch_size, steps = overhead.WORKLOADS["tiny_mlp"]
     configs = list(CONFIGS)
     if args.smoke:

@@ -18,6 +18,17 @@ import sys
 import time
 from pathlib import Path
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT: checks the script runs")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 if "--smoke" in sys.argv:  # on CPU: no accelerator probe at start-up
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -47,9 +58,7 @@ def compile_and_run(model: nn.Module, tokens: jax.Array, platform: str, kernel: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="a tiny GPT: checks the script runs")
-    args = parser.parse_args()
+    args = _parser().parse_args()
     shape = dict(layers=1, width=32, heads=2, context=16) if args.smoke else dict(
         layers=12, width=768, heads=12, context=1024)
     model = gpt.GPT(**shape)

@@ -28,6 +28,21 @@ import sys
 import tempfile
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps: checks it runs")
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
+    parser.add_argument("--clip", type=float, default=None, help="gradient_clip_val")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -89,13 +104,7 @@ def folder_bytes(path: str) -> int:
 
 
 def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps: checks it runs")
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
-    parser.add_argument("--clip", type=float, default=None, help="gradient_clip_val")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     shape = dict(layers=1, width=64, heads=2, context=32) if args.smoke else dict(layers=4, width=256, heads=4,
                                                                                      context=128)
     steps = 8 if args.smoke else args.steps

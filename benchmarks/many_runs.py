@@ -21,6 +21,20 @@ import sys
 import time
 from pathlib import Path
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["mlp", "cnn", "both"], default="both")
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="the MLP, 2 runs, 2 epochs: checks it runs")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import flax.linen as nn
 import jax
 import optax
@@ -72,12 +86,7 @@ def fit(make_module, runs, seed: int, epochs: int, train, val) -> tuple[float, f
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["mlp", "cnn", "both"], default="both")
-    parser.add_argument("--runs", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="the MLP, 2 runs, 2 epochs: checks it runs")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.smoke:
         args.model, args.runs, args.epochs = "mlp", 2, 2
     train, val = digits_splits()

@@ -15,6 +15,17 @@ import argparse
 import os
 import sys
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a 2x256 MLP: checks the script runs in seconds")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -75,9 +86,7 @@ def measure(strategy: str, devices: int, width: int = WIDTH, depth: int = DEPTH)
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a 2x256 MLP: checks the script runs in seconds")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     width, depth = (256, 2) if args.smoke else (WIDTH, DEPTH)
     mib = 2**20
     results = {name: measure(name, n, width, depth) for name, n in [("single", 1), ("dp", 8), ("fsdp", 8)]}

@@ -16,6 +16,20 @@ import os
 import sys
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train", action="store_true", help="the metrics on the train step too")
+    parser.add_argument("--smoke", action="store_true", help="one short epoch, once (checks the script runs)")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import jax  # noqa: E402
@@ -63,12 +77,7 @@ def seconds(cls, epochs: int, train, val) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--train", action="store_true", help="the metrics on the train step too")
-    parser.add_argument("--smoke", action="store_true", help="one short epoch, once (checks the script runs)")
-    args = parser.parse_args()
+    args = _parser().parse_args()
     if args.smoke:
         args.epochs, args.repeats = 1, 1
     train, val = imbalanced_splits()

@@ -65,6 +65,27 @@ import sys
 import tempfile
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("tiny", "clip", "ema", "spe", "defaults", "parts"), action="append",
+                        help="run only these rows (repeatable)")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="including one warm-up epoch (the clip and spe rows run at least 6: their "
+                             "tiny-MLP epochs last ~0.1 s)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", action="store_true", help="run where JAX finds a device (a TPU, a GPU)")
+    parser.add_argument("--json", default=None, help="write every row's figures here as JSON")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny MLP only, 64-step epochs, 1 repeat: checks the script runs in seconds "
+                             "(its numbers mean nothing)")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 if "JAX_PLATFORMS" not in os.environ and "--device" not in sys.argv and not any(
         importlib.util.find_spec(plugin) for plugin in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
     os.environ["JAX_PLATFORMS"] = "cpu"  # no TPU probe at start-up (libtpu is in the dev extra)
@@ -395,19 +416,7 @@ def tiny_rows(args, workload, root, spe: int) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("tiny", "clip", "ema", "spe", "defaults", "parts"), action="append",
-                        help="run only these rows (repeatable)")
-    parser.add_argument("--epochs", type=int, default=3,
-                        help="including one warm-up epoch (the clip and spe rows run at least 6: their "
-                             "tiny-MLP epochs last ~0.1 s)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", action="store_true", help="run where JAX finds a device (a TPU, a GPU)")
-    parser.add_argument("--json", default=None, help="write every row's figures here as JSON")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the tiny MLP only, 64-step epochs, 1 repeat: checks the script runs in seconds "
-                             "(its numbers mean nothing)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     workloads = dict(WORKLOADS)
     defaults_on = (("tiny_mlp", 0.9), ("mnist_mlp", 1.0), ("small_cnn", 1.0))
     if args.smoke:  # every row's code path once, on the tiny MLP only

@@ -24,6 +24,18 @@ import sys
 import tempfile
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps: checks it runs")
+    parser.add_argument("--steps", type=int, default=36)
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -112,10 +124,7 @@ def run(path: str, *, pack: bool, steps: int, batch_size: int, shape: dict) -> t
 
 
 def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a tiny model and a few steps: checks it runs")
-    parser.add_argument("--steps", type=int, default=36)
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.smoke:
         shape, steps, batch_size, records, median = dict(seq_len=64, width=32, layers=1), 9, 4, 300, 8
     else:

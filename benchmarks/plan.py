@@ -40,6 +40,35 @@ import os
 import sys
 import time
 
+
+# name -> (the three sizes, context, rows a step)
+SIZES = {"gpt2": ({"small": dict(layers=12, width=768, heads=12), "medium": dict(layers=24, width=1024, heads=16),
+                   "large": dict(layers=36, width=1280, heads=20)}, 1024, 64),
+         "wide": ({"w1024": dict(layers=2, width=1024, heads=16), "w2048": dict(layers=2, width=2048, heads=16),
+                   "w6144": dict(layers=2, width=6144, heads=48)}, 256, 32)}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT, one TPU size, fsdp only: checks it runs")
+    parser.add_argument("--target", default="tpu-v5e-16", help="the TPU slice of part 2 (default tpu-v5e-16)")
+    parser.add_argument("--skip-cpu", action="store_true", help="only part 2")
+    parser.add_argument("--skip-tpu", action="store_true", help="only part 1")
+    parser.add_argument("--sizes", choices=sorted(SIZES), default="wide", help="part 2's three sizes")
+    parser.add_argument("--time-one", action="store_true", help="only: one GPT-2-small candidate's time, split")
+    parser.add_argument("--sweep-all", action="store_true",
+                        help="only: GPT-2 small planned with sweep=True (every candidate) for the target, timed")
+    parser.add_argument("--remat", default="none", help="part 2's remat policies, comma-separated (none,full)")
+    parser.add_argument("--scan-layers", action="store_true",
+                        help="the GPT's blocks as one nn.scan (GPTModule(scan_layers=True)): one block compiled "
+                             "(part 2 and --time-one)")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -55,11 +84,6 @@ import gpt  # noqa: E402
 from fitjax.planner import human_bytes, resolve_target  # noqa: E402
 from fitjax.planner._sweep import strategy_variants  # noqa: E402
 
-# name -> (the three sizes, context, rows a step)
-SIZES = {"gpt2": ({"small": dict(layers=12, width=768, heads=12), "medium": dict(layers=24, width=1024, heads=16),
-                   "large": dict(layers=36, width=1280, heads=20)}, 1024, 64),
-         "wide": ({"w1024": dict(layers=2, width=1024, heads=16), "w2048": dict(layers=2, width=2048, heads=16),
-                   "w6144": dict(layers=2, width=6144, heads=48)}, 256, 32)}
 STRATEGIES = ["dp", "zero1", "fsdp"]
 
 
@@ -198,20 +222,7 @@ def time_one(target: str, scan_layers: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="a tiny GPT, one TPU size, fsdp only: checks it runs")
-    parser.add_argument("--target", default="tpu-v5e-16", help="the TPU slice of part 2 (default tpu-v5e-16)")
-    parser.add_argument("--skip-cpu", action="store_true", help="only part 2")
-    parser.add_argument("--skip-tpu", action="store_true", help="only part 1")
-    parser.add_argument("--sizes", choices=sorted(SIZES), default="wide", help="part 2's three sizes")
-    parser.add_argument("--time-one", action="store_true", help="only: one GPT-2-small candidate's time, split")
-    parser.add_argument("--sweep-all", action="store_true",
-                        help="only: GPT-2 small planned with sweep=True (every candidate) for the target, timed")
-    parser.add_argument("--remat", default="none", help="part 2's remat policies, comma-separated (none,full)")
-    parser.add_argument("--scan-layers", action="store_true",
-                        help="the GPT's blocks as one nn.scan (GPTModule(scan_layers=True)): one block compiled "
-                             "(part 2 and --time-one)")
-    args = parser.parse_args()
+    args = _parser().parse_args()
     if args.time_one:
         return time_one(args.target, args.scan_layers)
     if args.sweep_all:

@@ -38,6 +38,27 @@ import subprocess
 import sys
 import time
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=16, help="rows (sequences) a step")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per fit")
+    parser.add_argument("--too-big", type=int, default=None, help="rows a step for the does-not-fit case "
+                                                                 "(default 16x --rows; 0: skip it)")
+    parser.add_argument("--remat", action="append", choices=["none", "full", "dots"],
+                        help="the candidates' remat (repeatable; default: none and full)")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT, 2 rows, no remat, 2 timed steps: checks it runs")
+    parser.add_argument("--fit", metavar="REMAT", help=argparse.SUPPRESS)  # one fit, in a child process
+    parser.add_argument("--plan-child", type=int, metavar="ROWS", help=argparse.SUPPRESS)  # one plan, likewise
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 sys.path.insert(0, ROOT)  # this checkout's fitjax
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -120,19 +141,7 @@ def _planned(args, rows: int, remats: list[str] | None) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=16, help="rows (sequences) a step")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per fit")
-    parser.add_argument("--too-big", type=int, default=None, help="rows a step for the does-not-fit case "
-                                                                 "(default 16x --rows; 0: skip it)")
-    parser.add_argument("--remat", action="append", choices=["none", "full", "dots"],
-                        help="the candidates' remat (repeatable; default: none and full)")
-    parser.add_argument("--json", default=None, help="write the figures here as JSON")
-    parser.add_argument("--smoke", action="store_true", help="a tiny GPT, 2 rows, no remat, 2 timed steps: checks it runs")
-    parser.add_argument("--fit", metavar="REMAT", help=argparse.SUPPRESS)  # one fit, in a child process
-    parser.add_argument("--plan-child", type=int, metavar="ROWS", help=argparse.SUPPRESS)  # one plan, likewise
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     shape, rows = (TINY, 2) if args.smoke else (GPT2_SMALL, args.rows)
     steps = 2 if args.smoke else args.steps
     if args.fit:

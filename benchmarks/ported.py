@@ -30,6 +30,20 @@ import tempfile
 import time
 from pathlib import Path
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tile", type=int, default=8, help="MNIST rows: the digits repeated this many times")
+    parser.add_argument("--smoke", action="store_true", help="one repeat, one epoch, tiny data: checks it runs")
+    parser.add_argument("--only", choices=("mnist", "sst2"), action="append", help="these rows only")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu in the dev extra: no TPU probe at start-up
 
 import jax
@@ -147,12 +161,7 @@ def timed(fn, *args) -> float:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tile", type=int, default=8, help="MNIST rows: the digits repeated this many times")
-    parser.add_argument("--smoke", action="store_true", help="one repeat, one epoch, tiny data: checks it runs")
-    parser.add_argument("--only", choices=("mnist", "sst2"), action="append", help="these rows only")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     repeats, tile, mnist_epochs, sst2_epochs, sentences, width = args.repeats, args.tile, 10, 6, 4000, 24
     if args.smoke:
         repeats, tile, mnist_epochs, sst2_epochs, sentences, width = 1, 1, 1, 1, 256, 8  # one width

@@ -26,6 +26,25 @@ import sys
 import time
 import traceback
 
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", default=[], help="shape:key=value,... (see Config)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--out", default=None, help="JSON file written after each configuration")
+    parser.add_argument("--trace", action="append", default=[],
+                        help="profile 3 steps of the configurations whose name contains this, into --trace-dir")
+    parser.add_argument("--trace-dir", default="traces")
+    parser.add_argument("--compile-threads", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -234,17 +253,7 @@ def run(cfg: Config, compiled, init, *, steps: int, peak: float | None, trace: s
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", action="append", default=[], help="shape:key=value,... (see Config)")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--peak-tflops", type=float, default=None)
-    parser.add_argument("--out", default=None, help="JSON file written after each configuration")
-    parser.add_argument("--trace", action="append", default=[],
-                        help="profile 3 steps of the configurations whose name contains this, into --trace-dir")
-    parser.add_argument("--trace-dir", default="traces")
-    parser.add_argument("--compile-threads", type=int, default=4)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     interpret = jax.devices()[0].platform != "tpu"
     if args.smoke:
         args.config = ["tiny:attn=xla,batch=2", "tiny:attn=splash,batch=2,loss=chunked,chunk=64",

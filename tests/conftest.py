@@ -42,7 +42,8 @@ def _join_group(item, group: str, loadgroup: bool) -> None:
     ("<id>@<group>"), which xdist 3.8's worker writes to `item._nodeid`; pytest 9 derives the id
     from `item._id` instead, so there the worker's renaming is lost and every group was split over
     both workers (each worker started the servers and ran the module fixtures): the id is set here."""
-    item.add_marker(pytest.mark.xdist_group(group))
+    if item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(group))
     if loadgroup and hasattr(item, "_id") and "@" not in item.nodeid:  # pytest >= 9
         from _pytest.nodeid import coerce_node_id
 
@@ -57,6 +58,9 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         shared = [_STORE_SERVERS[value] for value in params.values() if isinstance(value, str) and value in _STORE_SERVERS]
         shared += [name for name in _SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+        marked = item.get_closest_marker("xdist_group")  # a test module's own group
+        if marked:
+            shared.insert(0, marked.args[0] if marked.args else marked.kwargs.get("name", "default"))
         if shared:
             groups[item] = shared[0]
             modules.setdefault(item.nodeid.split("::")[0], shared[0])

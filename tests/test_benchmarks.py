@@ -51,6 +51,9 @@ def test_help_and_smoke(script, env):
     assert smoke.stdout.strip(), "a smoke run prints its table"
 
 
+# both check scripts run gpt.py and overhead.py: on one worker, the second finds their programs
+# in the worker's cache (and xdist starts the two long tests first, before the single tests)
+@pytest.mark.xdist_group("check_scripts")
 def test_gpu_check_smoke(env):
     """`benchmarks/gpu_check.sh --smoke` runs every step of the GPU check on CPU: the GPT table,
     the spe rows, the peers' table (the peers that are installed), the many-runs table, and says
@@ -68,6 +71,7 @@ def test_gpu_check_smoke(env):
     assert out.rstrip().splitlines()[-1].startswith("== gpu_check: ok")
 
 
+@pytest.mark.xdist_group("check_scripts")
 def test_tpu_check_smoke(env, tmp_path):
     """`benchmarks/tpu_check.sh --smoke` runs every part of the TPU check on CPU: the GPT table with
     the defaults-on row, the profile-first sweep, the loop's rows, the planner against a fit and a
