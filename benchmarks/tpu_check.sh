@@ -2,16 +2,17 @@
 # The TPU check: what the docs' TPU figures quote, measured on one TPU chip, in parts that each
 # fit one 10-minute command (run them one after the other on a warm machine).
 #
-#   bash benchmarks/tpu_check.sh --part 1     # GPT-2 small and medium: fitjax against the hand-written
-#                                             # loop, MFU, defaults on, the device's idle time and both
-#                                             # sides' op times in traces
+#   bash benchmarks/tpu_check.sh --part 1     # GPT-2 small: fitjax against the hand-written loop, MFU,
+#                                             # defaults on across epoch ends, the device's idle time
+#                                             # and both sides' op times in traces
 #   bash benchmarks/tpu_check.sh --part 2     # the accelerator tests, the loop's small workloads
 #   bash benchmarks/tpu_check.sh --part 3     # the planner against fits, and a plan that does not fit
 #   bash benchmarks/tpu_check.sh --part 4     # the profile-first sweep and generation
+#   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
 # What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
-#   1. benchmarks/gpt.py --device   GPT-2 small's shape (124 M, context 1024) and GPT-2 medium's (355 M):
+#   1. benchmarks/gpt.py --device   GPT-2 small's shape (124 M, context 1024; part 5: GPT-2 medium's, 355 M):
 #                                   tokens/s and MFU (6N + attention over the chip's peak) of fitjax
 #                                   against the hand-written loop on the same model and step,
 #                                   fitjax with its defaults on (bar, logger, checkpoints), the share
@@ -44,14 +45,14 @@ while [ $# -gt 0 ]; do
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
     -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1, --part 2 or --smoke (--help)" >&2; exit 2 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 5 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1, 2, 3 or 4 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1, 2, 3 or 4, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1, 2, 3, 4 or 5 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1, 2, 3, 4 or 5, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -115,9 +116,8 @@ else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
   if [ "$part" = 1 ]; then
-    step 560 gpt "$python" "$here/gpt.py" --device --repeats 1 --warmup 3 --steps 20 --epoch-steps 8 \
-      --hand-shapes gpt2-small --hand-shapes gpt2-medium --tpu-options xla_tpu_scoped_vmem_limit_kib=98304 \
-      --json "$out/gpt.json" --trace "$out/gpt_trace.json"
+    step 540 gpt "$python" "$here/gpt.py" --device --shape gpt2-small --repeats 1 --warmup 3 --steps 20 \
+      --epoch-steps 8 --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ]; then
     step 90 accelerator "$python" -m pytest -q -p no:cacheprovider "$root/tests/accelerator" \
@@ -132,6 +132,10 @@ else
     step 300 tpu_sweep "$python" "$here/tpu_sweep.py" --peak-tflops 197 --out "$out/sweep.json" \
       --config small:attn=xla,batch=8 --config small:attn=splash,batch=8 --config small:attn=fj,batch=8
     step 200 generation "$python" "$here/generation.py" --device --json "$out/generation.json"
+  fi
+  if [ "$part" = 5 ]; then  # ~160 s on the chip (gpt-medium-9bd78d2.json)
+    step 400 gpt_medium "$python" "$here/gpt.py" --device --shape gpt2-medium --no-defaults --repeats 1 \
+      --warmup 3 --steps 20 --json "$out/gpt-medium.json"
   fi
 fi
 echo

@@ -96,3 +96,15 @@ def test_a_checkpoint_from_the_device_continues_on_cpu_and_back(fits, tmp_path):
     assert back["start"].devices == {DEVICE} and back["trainer"].global_step == 12
     jax.tree.map(np.testing.assert_array_equal, back["start"].params, cpu_state)
     assert all(np.isfinite(loss) for loss in back["losses"])
+
+
+def test_the_default_checkpoint_waits_for_its_writes_only_where_the_host_runs_the_step(fits):
+    """On CPU each epoch-end save is waited for (a write beside the loop slows the step there);
+    on an accelerator the loop goes on while the state it copied to the host is written."""
+    device, cpu = (fit["trainer"].checkpoint_callback for fit in fits)
+    assert cpu.save_seconds > 0 and cpu.write_wait_seconds > 0
+    assert device.save_seconds > 0
+    if DEVICE.platform == "cpu":
+        assert device.write_wait_seconds > 0
+    else:
+        assert device.write_wait_seconds == 0
