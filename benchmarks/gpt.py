@@ -20,9 +20,10 @@ On a device (`--device`; `--gpu` is the same) one chip runs GPT-2 small's shape 
 12 blocks of width 768, context 1024, GPT-2's vocabulary padded to 50304) and GPT-2 medium's (355 M:
 24 blocks of width 1024), the single mesh, and a third run per shape: fitjax with its defaults on
 (the progress bar drawn into a discarded stream, the TensorBoard logger, the default checkpoint at
-each epoch's end: `--epoch-steps N` cuts its data to epochs of N optimizer steps so that the timed
-steps cross epoch ends, where `DefaultCheckpoint` saves or skips by its budget; `--ckpt-every` adds a
-save every N steps), against the same hand-written loop. MFU is model
+each epoch's end; `--ckpt-every` adds a save every N steps), against the same hand-written loop;
+`--epoch-steps N` adds a fourth: defaults on with the data cut to epochs of N optimizer steps, so
+that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips by its budget (its
+saves' share of the fit is reported). MFU is model
 FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles
 5 steady steps after the timed ones (the profiler slows steps down) of the defaults-on fit of the first shape and reports the share of that window the
 device sat idle (no program running): what the host loop costs a fast device.
@@ -270,8 +271,8 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
     saved = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, fj.callbacks.DefaultCheckpoint) \
         else None
     saves = None if saved is None else {  # the whole fit's, the save after the last step included
-        "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds, "skipped": saved.skipped_saves, "epochs": trainer.current_epoch,
-        "fit_seconds": timer.fit_seconds}
+        "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds,
+        "skipped": saved.skipped_saves, "epochs": trainer.current_epoch, "fit_seconds": timer.fit_seconds}
     return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held, saves
 
 
@@ -293,8 +294,8 @@ def main(argv=None) -> None:
                         help="with --device: the defaults-on fit also saves every N steps")
     parser.add_argument("--no-defaults", action="store_true", help="with --device: no defaults-on fit")
     parser.add_argument("--epoch-steps", type=int, default=None,
-                        help="with --device: the defaults-on fit's data cut to epochs of N optimizer steps, so "
-                             "its timed steps cross epoch ends (the default checkpoint's schedule)")
+                        help="with --device: one more defaults-on fit, its data cut to epochs of N optimizer "
+                             "steps so that its timed steps cross epoch ends (the default checkpoint's schedule)")
     parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
                         help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
                              "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
@@ -337,7 +338,7 @@ def main(argv=None) -> None:
             data = train["tokens"]
             flops = gpt.flops_per_token(**shape)
             for name in names:
-                hand, fit, full = [], [], []
+                hand, fit, full, crossing, saves = [], [], [], [], None
                 compared = not args.device or args.smoke or not args.hand_shapes or shape_name in args.hand_shapes
                 for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
                     if compared:
@@ -349,10 +350,13 @@ def main(argv=None) -> None:
                     fit.append(speed)
                     if args.device and compared and shape_name == shapes[0] and not args.no_defaults:
                         trace = os.path.join(root, "trace") if args.trace and not rows else None
-                        speed, _, saves = with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
-                                                      defaults=True, trace=trace, ckpt_every=args.ckpt_every,
-                                                      epoch_steps=args.epoch_steps)
-                        full.append(speed)
+                        full.append(with_fitjax(name, shape, data, root, warmup=args.warmup, steps=args.steps,
+                                                defaults=True, trace=trace, ckpt_every=args.ckpt_every)[0])
+                        if args.epoch_steps:  # the same across epoch ends: the default checkpoint's saves
+                            speed, _, saves = with_fitjax(name, shape, data, root, warmup=args.warmup,
+                                                          steps=args.steps, defaults=True,
+                                                          epoch_steps=args.epoch_steps)
+                            crossing.append(speed)
                 row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
                        "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit, "fitjax_state_bytes": held}
                 if not hand:  # fitjax alone: its MFU
@@ -367,8 +371,12 @@ def main(argv=None) -> None:
                            step_argument_bytes=memory.argument_size_in_bytes, step_temp_bytes=memory.temp_size_in_bytes)
                 if full:
                     row.update(fitjax_defaults_tokens_per_s=full,
-                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)),
-                               default_checkpoint=saves, defaults_epoch_steps=args.epoch_steps)
+                               defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)))
+                if crossing:
+                    saves["share"] = saves["seconds"] / saves["fit_seconds"]
+                    row.update(epoch_ends_tokens_per_s=crossing, epoch_steps=args.epoch_steps,
+                               epoch_ends_ratio=statistics.median(f / h for f, h in zip(crossing, hand)),
+                               default_checkpoint=saves)
                 if peak:
                     row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
                                fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
@@ -379,10 +387,14 @@ def main(argv=None) -> None:
                       f"{memory.temp_size_in_bytes / mib:>14.2f} {held / mib:>17.2f}"
                       + (_mfu(max(hand), max(fit), flops, peak, MESHES[name][0]) if peak else ""), flush=True)
                 if full:
-                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x"
-                          + (f"  (default checkpoint: {saves['seconds']:.2f} s of saves in a {saves['fit_seconds']:.1f}"
-                             f" s fit of {saves['epochs']} epochs, {saves['skipped']} epoch ends skipped)"
-                             if saves else ""), flush=True)
+                    print(f"{'':<12} {'defaults on':<12} {'':>11} {max(full):>13.0f} {row['defaults_ratio']:>5.2f}x",
+                          flush=True)
+                if crossing:
+                    print(f"{'':<12} {'epoch ends':<12} {'':>11} {max(crossing):>13.0f} {row['epoch_ends_ratio']:>5.2f}x"
+                          f"  (defaults on, {args.epoch_steps}-step epochs: the default checkpoint's saves took "
+                          f"{saves['seconds']:.2f} s of the {saves['fit_seconds']:.1f} s fit ({saves['share']:.1%}), "
+                          f"{saves['write_wait_seconds']:.2f} s of it waiting for writes; {saves['skipped']} "
+                          f"epoch ends skipped)", flush=True)
             if args.device and shape_name == shapes[0]:
                 for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it
                     rows.append(_with_options(spec, shape_name, shape, data, root, args, fit, flops, peak))

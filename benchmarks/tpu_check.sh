@@ -105,7 +105,7 @@ if [ "$alone" != "$found" ]; then echo "== fitjax hides this machine's devices: 
 out="$FITJAX_RESULTS"
 if [ "$smoke" -eq 1 ]; then
   step 120 gpt "$python" "$here/gpt.py" --smoke --device --json "$out/gpt.json" --trace "$out/gpt_trace.json" \
-    --tpu-options xla_tpu_scoped_vmem_limit_kib=98304
+    --epoch-steps 1 --tpu-options xla_tpu_scoped_vmem_limit_kib=98304
   step 120 tpu_sweep "$python" "$here/tpu_sweep.py" --smoke --out "$out/sweep.json"
   step 120 overhead "$python" "$here/overhead.py" --smoke --only defaults --json "$out/overhead.json"
   step 150 plan_device "$python" "$here/plan_device.py" --smoke --json "$out/plan.json"
