@@ -121,6 +121,8 @@ class DefaultCheckpoint(ModelCheckpoint):
         super().teardown(trainer, module, stage)
 
     def _save(self, trainer, module, *, always: bool = False, unscored: bool = False) -> None:
+        if self._writer is not None:  # a write left to run beside the loop that failed: raised now,
+            self._writer.raise_failure()  # at the next epoch end (this callback has no per-step hook)
         if not always and not self._affordable(trainer):
             self._skipped = (trainer.current_epoch, trainer.global_step)
             self.skipped_saves += 1
