@@ -18,15 +18,16 @@ the model summary and checkpoints (the hand-written loop prints and saves nothin
 
 On a device (`--device`; `--gpu` is the same) one chip runs GPT-2 small's shape (124 M parameters:
 12 blocks of width 768, context 1024, GPT-2's vocabulary padded to 50304) and GPT-2 medium's (355 M:
-24 blocks of width 1024), the single mesh, and a third run per shape: fitjax with its defaults on
-(the progress bar drawn into a discarded stream, the TensorBoard logger, the default checkpoint at
-each epoch's end; `--ckpt-every` adds a save every N steps), against the same hand-written loop;
-`--epoch-steps N` adds a fourth: defaults on with the data cut to epochs of N optimizer steps, so
-that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips by its budget (its
-saves' share of the fit is reported). MFU is model
-FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles
-5 steady steps after the timed ones (the profiler slows steps down) of the defaults-on fit of the first shape and reports the share of that window the
-device sat idle (no program running): what the host loop costs a fast device.
+24 blocks of width 1024), the single mesh, and for the first shape a third run: fitjax with its
+defaults on (the progress bar drawn into a discarded stream, the TensorBoard logger, the default
+checkpoint at each epoch's end; `--ckpt-every` adds a save every N steps), against the same
+hand-written loop; `--epoch-steps N` adds a fourth: defaults on with the data cut to epochs of N
+optimizer steps, so that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips
+by its budget (its saves' share of the fit is reported). MFU is model FLOPs (6N + attention) over
+the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles 5 steady steps after the
+timed ones (the profiler slows steps down) of the first shape's defaults-on fit and of its
+hand-written loop, and reports the share of the fit's traced window the device sat idle (no
+program running): what the host loop costs a fast device.
 
 Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
 `fsdp_tensor` (fsdp 4 × tensor 2: heads and MLP units split over `tensor`). Each is timed after a

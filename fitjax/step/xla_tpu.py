@@ -23,16 +23,15 @@ The choice can be changed without touching code, to measure it on a chip:
 step, the state's init, the evaluation and predict steps) is given the options of
 `DEFAULT_OPTIONS` as per-program compile options (not `LIBTPU_INIT_ARGS`, which is read once per
 process), so a fit can be measured with and without each one. The set is empty: an option is
-on by default only once a measurement on the chip shows it helps. The candidate measured next is
-`xla_tpu_scoped_vmem_limit_kib=98304`, the on-chip vector memory (VMEM: 128 MiB on v5e and v6e)
+on by default only once a measurement on the chip shows it helps. The one measured,
+`xla_tpu_scoped_vmem_limit_kib=98304` (the on-chip vector memory, VMEM: 128 MiB on v5e and v6e,
 one fused operation may use as scratch, from XLA's 16-32 MiB to 96 MiB, which MaxText's dense
-models on v5e/v6e set. It does change the program (GPT-2 small's MLP block compiled for a v5e
-chip plans 126 MB of scratch with it instead of 201 MB, different fusions), but with it on,
-fitjax's GPT-2 small step ran at 0.91x the same step written by hand without it
-(`benchmarks/results/tpu-v5e/gpt-62246e5.json`), the device never idle between steps: the
-one compiler difference between the two programs is off until a run shows it is worth it
-(`benchmarks/tpu_check.sh --part 1` fits the step with it too). Everything else in MaxText's v5e
-scripts overlaps collectives (all-gathers, all-reduces) across chips, which one chip does not run.
+models on v5e/v6e set), changes the program (GPT-2 small's MLP block compiled for a v5e chip
+plans 126 MB of scratch with it instead of 201 MB, different fusions) and cost fitjax's GPT-2
+small step 9%: 0.91x the same fit without it (`benchmarks/results/tpu-v5e/gpt-bf9c4ab.json`,
+`benchmarks/gpt.py --tpu-options SPEC` measures an option); without it fitjax's step is the
+hand-written loop's program. Everything else in MaxText's v5e scripts overlaps collectives
+(all-gathers, all-reduces) across chips, which one chip does not run.
 
 The set is read from `FITJAX_XLA_TPU_OPTIONS` when a program is built, so each option can be
 switched for one run:
