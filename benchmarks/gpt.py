@@ -25,7 +25,7 @@ hand-written loop; `--epoch-steps N` adds a fourth: defaults on with the data cu
 optimizer steps, so that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips
 by its budget (its saves' share of the fit is reported). MFU is model FLOPs (6N + attention) over
 the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles 5 steady steps after the
-timed ones (the profiler slows steps down) of the first shape's defaults-on fit and of its
+timed ones (none across an epoch end; the profiler slows steps down) of the first shape's defaults-on fit and of its
 hand-written loop, and reports the share of the fit's traced window the device sat idle (no
 program running): what the host loop costs a fast device.
 
@@ -219,6 +219,14 @@ def _model_shape(shape: dict) -> dict:
     return {key: value for key, value in shape.items() if key != "batch_size"}
 
 
+def _steady_window(first: int, per_epoch: int) -> int:
+    """The first step of `PROFILED` traced steps from `first` on that hold no epoch end (an epoch
+    end's work is not a steady step's: the default checkpoint's copy to host memory, the next
+    epoch's first batches); `first` itself where epochs are too short to hold the window."""
+    ends_inside = (first + PROFILED - 1) // per_epoch * per_epoch >= first
+    return (first // per_epoch + 1) * per_epoch + 1 if ends_inside and per_epoch > PROFILED + 1 else first
+
+
 class Profile(fj.Callback):
     """A profiler trace of optimizer steps `warmup`..`warmup + steps` into `folder`."""
 
@@ -251,7 +259,10 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
         strategy = fj.strategies.FSDP(data=data_axis, fsdp=fsdp, tensor=tensor, rules=gpt.GPT_RULES)
     module = gpt.GPTModule(**_model_shape(shape), lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
     timer = Timer(warmup, steps)
-    callbacks = [timer] + ([Profile(trace, warmup + steps, PROFILED)] if trace else [])
+    if epoch_steps:
+        data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
+    first = _steady_window(warmup + steps, len(data) // (ACCUMULATE * shape["batch_size"]))
+    callbacks = [timer] + ([Profile(trace, first, PROFILED)] if trace else [])
     sink = io.StringIO()
     if defaults:
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
@@ -259,12 +270,10 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
             callbacks.append(fj.ModelCheckpoint(every_n_train_steps=ckpt_every))
     off = {} if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                                    logger=False)
-    profiled = PROFILED + 1 if trace else 0  # traced after the timed steps
+    profiled = first - warmup - steps + PROFILED + 1 if trace else 0  # traced after the timed steps
     trainer = fj.Trainer(max_steps=warmup + steps + profiled, strategy=strategy, devices=count, precision="bf16-mixed",
                          accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=callbacks,
                          default_root_dir=root, **off)
-    if epoch_steps:
-        data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
     loader = fj.DataLoader({"tokens": data}, batch_size=shape["batch_size"], shuffle=True, drop_last=True)
     with contextlib.redirect_stdout(sink):
         trainer.fit(module, loader)
@@ -273,6 +282,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
         else None
     saves = None if saved is None else {  # the whole fit's, the save after the last step included
         "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds,
+        "write_cpu_seconds": saved.write_cpu_seconds,
         "skipped": saved.skipped_saves, "epochs": trainer.current_epoch, "fit_seconds": timer.fit_seconds}
     return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held, saves
 
@@ -394,7 +404,8 @@ def main(argv=None) -> None:
                     print(f"{'':<12} {'epoch ends':<12} {'':>11} {max(crossing):>13.0f} {row['epoch_ends_ratio']:>5.2f}x"
                           f"  (defaults on, {args.epoch_steps}-step epochs: the default checkpoint's saves took "
                           f"{saves['seconds']:.2f} s of the {saves['fit_seconds']:.1f} s fit ({saves['share']:.1%}), "
-                          f"{saves['write_wait_seconds']:.2f} s of it waiting for writes; {saves['skipped']} "
+                          f"{saves['write_wait_seconds']:.2f} s of it waiting for writes, and the writes beside "
+                          f"the loop {saves['write_cpu_seconds']:.2f} s of CPU; {saves['skipped']} "
                           f"epoch ends skipped)", flush=True)
             if args.device and shape_name == shapes[0]:
                 for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it

@@ -77,6 +77,7 @@ class CheckpointWriter:
         self._signal: str | None = None  # a stop signal received during this fit (`signalled`)
         self._host: tuple[Any, Any, dict[str, str]] | None = None  # (state, host tree, key impls)
         self._sharded_saves = 0  # multi-process saves so far: names their barriers (same on every process)
+        self.write_cpu_seconds = 0.0  # CPU time the writer's thread spent on finished writes (`_work`)
 
     # ------------------------------------------------------------------------------ saving
 
@@ -139,6 +140,7 @@ class CheckpointWriter:
     def _work(self) -> None:
         while True:
             path, write, doomed, on_failure = self._jobs.get()
+            started = time.thread_time()  # this thread's own CPU: the Python of a write holds the GIL
             try:
                 write()
             except BaseException as error:  # noqa: BLE001 - reported on the loop's thread
@@ -153,6 +155,7 @@ class CheckpointWriter:
                             self._undeleted.append((str(old), error))
             finally:
                 with self._idle:
+                    self.write_cpu_seconds += time.thread_time() - started
                     self._queued[str(path)] -= 1
                     if not self._queued[str(path)]:
                         del self._queued[str(path)]
