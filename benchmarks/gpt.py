@@ -261,7 +261,8 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
     timer = Timer(warmup, steps)
     if epoch_steps:
         data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
-    first = _steady_window(warmup + steps, len(data) // (ACCUMULATE * shape["batch_size"]))
+    batches = len(data) // shape["batch_size"]  # an epoch's last group of fewer batches is a step too
+    first = _steady_window(warmup + steps, -(-batches // ACCUMULATE))
     callbacks = [timer] + ([Profile(trace, first, PROFILED)] if trace else [])
     sink = io.StringIO()
     if defaults:
