@@ -3,7 +3,9 @@
 `idle_share(folder)` reads the Chrome trace (`*.trace.json.gz`) that `jax.profiler` writes, takes
 the device's lane of program executions ("XLA Modules" of `/device:TPU:0` or `/device:GPU:0`),
 merges overlapping intervals, and returns the window (first program start to last program end),
-the busy time and the idle share. A CPU run has no device lane: None.
+the busy time, the idle share, and each idle stretch over a millisecond as [start, length] in ms
+from the window's start (an epoch end's checkpoint copy is one such stretch, steady steps leave
+none). A CPU run has no device lane: None.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def _lane(events: list[dict]) -> list[tuple[float, float]]:
     return sorted((e["ts"], e["ts"] + e["dur"]) for e in _device_events(events, "XLA Modules"))
 
 
+GAP_US = 1000  # idle stretches longer than this are listed: where in the window the device waited
+
+
 def idle_share(folder: str) -> dict[str, Any] | None:
     files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
     if not files:
@@ -61,14 +66,16 @@ def idle_share(folder: str) -> dict[str, Any] | None:
         intervals = _lane(json.load(file)["traceEvents"])
     if not intervals:
         return None
-    busy, (start, end) = 0.0, intervals[0]
+    busy, (start, end), gaps = 0.0, intervals[0], []
     for begin, finish in intervals[1:]:
         if begin > end:
             busy += end - start
+            if begin - end > GAP_US:
+                gaps.append([round((end - intervals[0][0]) / 1e3, 3), round((begin - end) / 1e3, 3)])
             start, end = begin, finish
         else:
             end = max(end, finish)
     busy += end - start
     window = intervals[-1][1] - intervals[0][0]
     return {"window_s": window / 1e6, "busy_s": busy / 1e6, "idle_share": 1 - busy / window if window else 0.0,
-            "programs": len(intervals)}
+            "programs": len(intervals), "gaps_ms": gaps}

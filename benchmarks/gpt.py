@@ -423,7 +423,8 @@ def main(argv=None) -> None:
                     shutil.copy(found, os.path.join(raw, side))
     if idle is not None:
         print(f"device idle in {idle['window_s'] * 1e3:.1f} ms of steady fitjax steps (defaults on): "
-              f"{idle['idle_share']:.2%} ({idle['programs']} programs ran)", flush=True)
+              f"{idle['idle_share']:.2%} ({idle['programs']} programs ran; idle stretches over 1 ms, "
+              f"[start, length] in ms: {idle['gaps_ms']})", flush=True)
         with open(args.trace, "w") as file:
             json.dump(idle, file, indent=1)
     save(idle)
