@@ -37,7 +37,8 @@ columns are the medians over the repeats, so they agree with the ratio up to the
   per epoch) against the naive hand-written loop the Flax docs teach (`@jax.jit` step, numpy
   batches sliced from a shuffled array): the tiny MLP with 1024-step epochs (target >= 0.9), an
   MNIST-sized MLP 784-256-256-10 with batches of 128 and a small CNN (targets >= 1.0). The
-  `no defaults` column is the same fit with all of them off.
+  `no defaults` column is the same fit with all of them off. With `--device` these rows time at
+  least 300 steps (the small CNN's 30-step epochs take ~25 ms on a TPU chip).
 - `parts` (only with `--only parts`, and in `--smoke`): each default alone (the progress bar, the
   model summary, the TensorBoard logger, the default checkpoint: rows `+bar`, `+summary`, `+tb`,
   `+ckpt`) against the fit with none of them, on the tiny and the MNIST-sized MLP: which default
@@ -255,6 +256,19 @@ def with_fitjax(model, data, batch_size, epochs, root, *, module_cls=Classifier,
     return timer.timing
 
 
+DEVICE_TIMED_STEPS = 300  # with --device: the defaults rows time at least this many steps
+
+
+def _defaults_epochs(args, steps_per_epoch: int) -> int:
+    """The defaults rows' epochs, the warm-up one included: `--epochs`, and with `--device` enough
+    to time `DEVICE_TIMED_STEPS` steps. On a TPU chip the small CNN's 30-step epoch takes ~25 ms,
+    so two timed epochs were one save's write long, and every epoch end is a default
+    checkpoint's decision to time."""
+    if args.smoke or not args.device:
+        return args.epochs
+    return max(args.epochs, 1 - (-DEVICE_TIMED_STEPS // steps_per_epoch))
+
+
 def hand_written_scan(model, data, batch_size, epochs, k):
     """Steady-state steps/s of a hand-written loop running `k` steps per call (`lax.scan`), the
     data on the device and each call's batches gathered there from the epoch's permutation."""
@@ -435,7 +449,8 @@ def main(argv=None):
     tiny = args.epochs if args.smoke else max(args.epochs, 5)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
           f"{args.repeats} repeats; timed epochs after a warm-up one: {tiny - 1} (tiny), {short - 1} (clip, spe), "
-          f"{args.epochs - 1} (defaults); load average {_load()}", flush=True)
+          f"{args.epochs - 1}{f' or {DEVICE_TIMED_STEPS}+ steps' if args.device and not args.smoke else ''} "
+          f"(defaults); load average {_load()}", flush=True)
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory() as root:
         def data_for(name):
@@ -487,11 +502,12 @@ def main(argv=None):
         if "defaults" in rows:
             for name, target in defaults_on:
                 factory, data, batch_size = data_for(name)
+                epochs = _defaults_epochs(args, workloads[name][3])
                 hand, bare, full = [], [], []
                 for _ in range(args.repeats):
-                    hand.append(hand_written(factory(), data, batch_size, args.epochs))
-                    bare.append(with_fitjax(factory(), data, batch_size, args.epochs, root, defaults=False))
-                    full.append(with_fitjax(factory(), data, batch_size, args.epochs, root))
+                    hand.append(hand_written(factory(), data, batch_size, epochs))
+                    bare.append(with_fitjax(factory(), data, batch_size, epochs, root, defaults=False))
+                    full.append(with_fitjax(factory(), data, batch_size, epochs, root))
                 print(_row("defaults", name, full, hand, "hand-written naive", target), flush=True)
                 print(_row("no dflts", name, bare, hand, "hand-written naive", target), flush=True)
         if "parts" in rows:  # each default alone against none of them, alternating

@@ -59,7 +59,8 @@ class DefaultCheckpoint(ModelCheckpoint):
     skipped like one over budget (caught up the same way), and the CPU time the writer's thread
     spent on a write is charged to the budget too: a loop bound by the host loses about that
     (the write's Python holds the GIL; on the chip a 30-step epoch of a small CNN ran at 0.45x
-    while a write went on beside it). `wait_for_writes` overrides the choice. A `ModelCheckpoint` you configure keeps exactly the schedule you give it.
+    while a write went on beside it). `wait_for_writes` overrides the choice. A `ModelCheckpoint`
+    you configure keeps exactly the schedule you give it.
 
     Example:
         >>> import fitjax as fj
