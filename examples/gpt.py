@@ -171,6 +171,11 @@ class GPT(nn.Module):
     attention: str = "auto"  # fj.nn.attention's implementation
     loss_chunk: int = 256  # positions per chunk of the loss (`targets`)
 
+    @property
+    def max_positions(self) -> int:
+        """The learned position table's rows: `Trainer.generate` refuses prompts that run past it."""
+        return self.context
+
     def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> dict:
         """An empty KV cache: every layer's keys and values [batch, max_length, heads, head_dim]
         (stacked on a leading layer axis with `scan_layers`), and the slots' segment ids (0: empty)."""

@@ -245,6 +245,10 @@ class TinyLM(nn.Module):
     layers: int = 2
     context: int = 128
 
+    @property
+    def max_positions(self):  # learned positions: `Trainer.generate` refuses prompts past the table
+        return self.context
+
     def init_cache(self, batch, max_length, dtype):
         shape = (batch, max_length, self.heads, self.width // self.heads)
         return {"segment_ids": jnp.zeros((batch, max_length), jnp.int32),

@@ -22,7 +22,10 @@ cache=None)` returns logits [batch, length, vocab]; with `cache=` a cache that
 `model.init_cache(batch, max_length, dtype)` made it returns `(logits, new_cache)`, the chunk's
 keys and values written, and masks attention by the (query, key) positions and segment ids
 (`fitjax.nn.attention`'s pairs). A model without `init_cache` generates without a cache: each
-new token re-runs the whole sequence (the reference the cache is tested against).
+new token re-runs the whole sequence (the reference the cache is tested against). A model whose
+positions end (a table of learned positions: GPT-2's 1024) says where with an int
+`max_positions`; a prompt that would run past it is refused before anything is compiled, where
+`transformers` fails inside GPT-2's position lookup (rotary models have no such end: None).
 """
 
 from __future__ import annotations
@@ -198,6 +201,7 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     tokenizer = getattr(module, "tokenizer", None)
     read = read_prompts(prompts, tokenizer)
     longest = max(len(p) for p in read.tokens)
+    _check_positions(module.step_spec().binding.model, longest, options.max_new_tokens)
     shards = strategy.num_batch_shards
     rows = math.ceil(len(read.tokens) / shards) * shards
     batch = layout(read.tokens, rows=rows, length=bucket(longest))
@@ -215,6 +219,22 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     if read.text:
         results = [_decode(tokenizer, ids) for ids in results]
     return results[0] if read.single else results
+
+
+def _check_positions(model: Any, longest: int, max_new: int) -> None:
+    """Refuses a generation that would place tokens past the model's `max_positions` (a learned
+    position table's size), where every later position would read the table's last row."""
+    limit = getattr(model, "max_positions", None)
+    if isinstance(limit, bool) or not isinstance(limit, int) or longest + max_new <= limit:
+        return
+    name = f"{type(model).__name__}.max_positions"
+    if longest >= limit:
+        fix = f"shorten the prompt to at most {limit - max_new} tokens (keep its end), or generate fewer"
+    else:
+        fix = f"pass max_new_tokens <= {limit - longest}, or shorten the prompt to {limit - max_new} tokens"
+    raise ValueError(f"Trainer.generate: the longest prompt ({longest} tokens) and max_new_tokens={max_new} "
+                     f"need {longest + max_new} positions; the model has {limit} ({name}: its table of learned "
+                     f"positions ends there). {fix[0].upper()}{fix[1:]}.")
 
 
 def _program(module: Any, options: GenerateOptions, policy: precision_lib.Precision, strategy: Any) -> Callable:

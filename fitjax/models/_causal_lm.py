@@ -83,6 +83,13 @@ class CausalLM(nn.Module):
 
     config: ModelConfig
 
+    @property
+    def max_positions(self) -> int | None:
+        """The positions the model has: its learned table's size (GPT-2's layout); None with rotary
+        positions, which have no table (past `max_position_embeddings` the quality is the
+        model's own, as in `transformers`). `Trainer.generate` refuses prompts that run past it."""
+        return self.config.max_position_embeddings if self.config.gpt2_layout else None
+
     def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> KVCache:
         """An empty `KVCache` (needs no parameters: callable on the unbound model)."""
         return init_cache(self.config, batch, max_length, dtype)

@@ -121,6 +121,21 @@ def test_text_prompts_go_through_the_modules_tokenizer(built, single):
     assert all(isinstance(t, str) and t for t in texts)
 
 
+def test_a_generation_past_the_models_positions_is_refused_before_compiling(built, single):
+    """TinyLM has 128 learned positions: 120 prompt tokens and 8 new ones fit exactly; one more
+    token is refused with what to pass instead, and nothing is compiled for it."""
+    prompt = list(np.arange(120) % 50 + 1)
+    assert len(single.generate(built, [prompt], max_new_tokens=8, eos_token_id=None)[0]) == 8
+    with count_compiles() as compiles:
+        with pytest.raises(ValueError, match=r"the longest prompt \(120 tokens\) and max_new_tokens=9 need 129 "
+                                             r"positions; the model has 128 \(TinyLM.max_positions.*Pass "
+                                             r"max_new_tokens <= 8, or shorten the prompt to 119 tokens"):
+            single.generate(built, [[1, 2], prompt], max_new_tokens=9)
+        with pytest.raises(ValueError, match=r"Shorten the prompt to at most 120 tokens"):
+            single.generate(built, [prompt * 2], max_new_tokens=8)
+    assert sum(compiles.values()) == 0
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_new_tokens=0), r"max_new_tokens=\.\.\.\) must be a positive int"),
     (dict(temperature=-1), r"temperature=\.\.\.\) must be a number >= 0"),
