@@ -55,6 +55,16 @@ def _lane(events: list[dict]) -> list[tuple[float, float]]:
     return sorted((e["ts"], e["ts"] + e["dur"]) for e in _device_events(events, "XLA Modules"))
 
 
+def steady_window(first: int, per_epoch: int, steps: int) -> int:
+    """The first of `steps` optimizer steps to trace, from `first` on, whose window holds no epoch
+    end (an epoch end's work is not a steady step's: the default checkpoint's copy to host memory,
+    the next epoch's first batches); `first` itself where epochs are too short to hold the window.
+    The window runs from the end of step `first` to the end of step `first + steps`; the epoch
+    ends after steps `per_epoch`, `2 * per_epoch`, ..."""
+    ends_inside = (first + steps - 1) // per_epoch * per_epoch >= first
+    return (first // per_epoch + 1) * per_epoch + 1 if ends_inside and per_epoch > steps + 1 else first
+
+
 GAP_US = 1000  # idle stretches longer than this are listed: where in the window the device waited
 
 

@@ -72,7 +72,7 @@ from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never
 from fitjax.step import xla_tpu  # noqa: E402
 
 import _results  # noqa: E402
-from _trace import idle_share, op_times  # noqa: E402
+from _trace import idle_share, op_times, steady_window  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 1.0
 SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens per optimizer step
@@ -219,14 +219,6 @@ def _model_shape(shape: dict) -> dict:
     return {key: value for key, value in shape.items() if key != "batch_size"}
 
 
-def _steady_window(first: int, per_epoch: int) -> int:
-    """The first step of `PROFILED` traced steps from `first` on that hold no epoch end (an epoch
-    end's work is not a steady step's: the default checkpoint's copy to host memory, the next
-    epoch's first batches); `first` itself where epochs are too short to hold the window."""
-    ends_inside = (first + PROFILED - 1) // per_epoch * per_epoch >= first
-    return (first // per_epoch + 1) * per_epoch + 1 if ends_inside and per_epoch > PROFILED + 1 else first
-
-
 class Profile(fj.Callback):
     """A profiler trace of optimizer steps `warmup`..`warmup + steps` into `folder`."""
 
@@ -262,7 +254,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
     if epoch_steps:
         data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
     batches = len(data) // shape["batch_size"]  # an epoch's last group of fewer batches is a step too
-    first = _steady_window(warmup + steps, -(-batches // ACCUMULATE))
+    first = steady_window(warmup + steps, -(-batches // ACCUMULATE), PROFILED)
     callbacks = [timer] + ([Profile(trace, first, PROFILED)] if trace else [])
     sink = io.StringIO()
     if defaults:

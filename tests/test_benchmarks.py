@@ -93,3 +93,31 @@ def test_tpu_check_smoke(env, tmp_path):
     for name in ("machine.json", "gpt.json", "overhead.json", "plan.json", "sweep.json"):
         payload = json.loads((Path(results) / name).read_text())
         assert payload["command"] and payload.get("commit", "") != "", name
+
+
+def test_the_trace_window_avoids_epoch_ends_and_names_its_idle_stretches(tmp_path):
+    """`gpt.py --trace` profiles steady steps: a window that would hold an epoch end starts after
+    it (818 rows of 16 with 2 micro-batches: 26 steps an epoch, the last of one batch); the idle
+    share lists each stretch over 1 ms, as a checkpoint's copy at an epoch end makes one."""
+    import gzip
+    import json
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from _trace import idle_share, steady_window
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert steady_window(23, 26, 5) == 27  # steps 24..28 would cross the end after step 26
+    assert steady_window(20, 26, 5) == 20  # 21..25: inside epoch 0
+    assert steady_window(21, 26, 5) == 21  # 22..26: the epoch's end comes after the window's
+    assert steady_window(23, 4, 5) == 23  # epochs shorter than the window: as asked
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:TPU:0"}},
+              {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "XLA Modules"}}]
+    for start in (0, 258_310, 900_000):  # three 258.3 ms steps, 383.4 ms idle before the third
+        events.append({"ph": "X", "pid": 1, "tid": 2, "ts": start, "dur": 258_300, "name": "jit_train_step"})
+    (tmp_path / "host").mkdir()
+    with gzip.open(tmp_path / "host" / "t.trace.json.gz", "wt") as file:
+        json.dump({"traceEvents": events}, file)
+    idle = idle_share(str(tmp_path))
+    assert idle["programs"] == 3 and idle["gaps_ms"] == [[516.61, 383.39]]
+    assert abs(idle["idle_share"] - (1 - 774.9 / 1158.3)) < 1e-9
