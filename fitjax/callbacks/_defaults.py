@@ -54,8 +54,8 @@ class DefaultCheckpoint(ModelCheckpoint):
     What a save costs the loop depends on where the step runs (`xla_cpu.saves_compete_with_the_step`):
     on CPU each save is waited for, so its measured time is the time the loop lost to it (on 2
     CPU cores a save in the background cost the loop ~75 ms, more than the save itself). On an
-    accelerator the loop goes on once the state is copied to host memory and the files are
-    written beside it; an epoch end reached while the previous save is still being written is
+    accelerator the loop goes on once the state is copied (within the devices' memory where they
+    have room, `fitjax.checkpoint.CheckpointWriter`) and the files are written beside it; an epoch end reached while the previous save is still being written is
     skipped like one over budget (caught up the same way), and the CPU time the writer's thread
     spent on a write is charged to the budget too: a loop bound by the host loses about that
     (the write's Python holds the GIL; on the chip a 30-step epoch of a small CNN ran at 0.45x
