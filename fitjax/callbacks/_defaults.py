@@ -55,8 +55,9 @@ class DefaultCheckpoint(ModelCheckpoint):
     on CPU each save is waited for, so its measured time is the time the loop lost to it (on 2
     CPU cores a save in the background cost the loop ~75 ms, more than the save itself). On an
     accelerator the loop goes on once the state is copied (within the devices' memory where they
-    have room, `fitjax.checkpoint.CheckpointWriter`) and the files are written beside it; an epoch end reached while the previous save is still being written is
-    skipped like one over budget (caught up the same way), and the CPU time the writer's thread
+    have room, `fitjax.checkpoint.CheckpointWriter`) and the files are written beside it; an
+    epoch end reached while the previous save is still being written is skipped like one over
+    budget (caught up the same way), and the CPU time the writer's thread
     spent on a write is charged to the budget too: a loop bound by the host loses about that
     (the write's Python holds the GIL; on the chip a 30-step epoch of a small CNN ran at 0.45x
     while a write went on beside it). `wait_for_writes` overrides the choice. A `ModelCheckpoint`
