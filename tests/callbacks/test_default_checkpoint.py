@@ -160,15 +160,16 @@ def test_on_an_accelerator_the_loop_goes_on_while_the_state_is_written(tmp_path)
 def test_a_write_beside_the_loop_is_charged_its_cpu_time(tmp_path):
     """A loop bound by the host loses about the CPU time a write beside it takes (its Python
     holds the GIL), so the budget counts it: each finished write's CPU time, read from the
-    writer's thread at the next epoch end. Epochs of 0.6 s outlast a write: none is skipped, and
-    every write but the last (finished after the last epoch end looked) is charged."""
+    writer's thread at the next epoch end that finds it done. Epochs of 1 s outlast a write (a
+    write still going on a loaded machine only skips that epoch end), and every write but the
+    last (finished after the last epoch end looked) is charged."""
     trainer = quiet_trainer(max_epochs=3, enable_checkpointing=True, default_root_dir=tmp_path,
-                            callbacks=[SlowSteps(0.3)])
+                            callbacks=[SlowSteps(0.5)])
     default = trainer.checkpoint_callback
     default.share, default.wait_for_writes = 1.0, False
     before = checkpoint.writer().write_cpu_seconds
     trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=32))
-    assert default.skipped_saves == 0 and default.write_wait_seconds == 0.0
+    assert default.write_wait_seconds == 0.0
     assert 0 < default.write_cpu_seconds < checkpoint.writer().write_cpu_seconds - before
     assert _folders(tmp_path) == ["epoch=2-step=6"]
 
