@@ -177,11 +177,26 @@ def _on_sigint(signum: int, frame: Any) -> None:
             _exit_now()
         _Import.held = True
         return
+    if _Exit.registered and _in_shutdown(frame):  # the exit began, its hooks not run yet: quiet now
+        _ignore_ctrl_c()
+        return
     if held(frame):
         return
     if debugging():
         traceback.print_stack(frame)  # where it landed
     raise interrupted()
+
+
+def _in_shutdown(frame: Any) -> bool:
+    """Whether `frame` runs in the interpreter's exit, in `threading._shutdown` before its exit
+    hooks (where `_ignore_ctrl_c` is registered) have run: a Ctrl-C every 50 ms landed there once,
+    under load, and was printed as "Exception ignored" with status -2."""
+    shutdown = getattr(getattr(threading, "_shutdown", None), "__code__", None)
+    while frame is not None:
+        if frame.f_code is shutdown:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _exit_now() -> None:
