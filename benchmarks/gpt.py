@@ -25,9 +25,10 @@ hand-written loop; `--epoch-steps N` adds a fourth: defaults on with the data cu
 optimizer steps, so that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips
 by its budget (its saves' share of the fit is reported). MFU is model FLOPs (6N + attention) over
 the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles 5 steady steps after the
-timed ones (none across an epoch end; the profiler slows steps down) of the first shape's defaults-on fit and of its
-hand-written loop, and reports the share of the fit's traced window the device sat idle (no
-program running): what the host loop costs a fast device.
+timed ones (none across an epoch end; the profiler slows steps down) of the first shape's
+defaults-on fit and of its hand-written loop, and reports the share of the fit's traced window
+the device sat idle (no program running), with each idle stretch over 1 ms: what the host loop
+costs a fast device.
 
 Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
 `fsdp_tensor` (fsdp 4 × tensor 2: heads and MLP units split over `tensor`). Each is timed after a
