@@ -56,7 +56,7 @@ from fitjax import _stack, _storage
 from fitjax.checkpoint import _format
 from fitjax.checkpoint._format import SaveFailed
 from fitjax.step import xla_cpu
-from fitjax.strategies import bytes_per_device
+from fitjax.strategies import bytes_per_device, peak_bytes
 from fitjax._lazy import LazyModule
 
 ocp = LazyModule("orbax.checkpoint")  # imported at the first save
@@ -243,16 +243,16 @@ COPY_HEADROOM = 0.1  # of the device's memory kept free beside a save's copy on 
 
 
 def _room_for_copy(needed: int, stats: list[dict[str, int] | None]) -> bool:
-    """Whether every device has `needed` bytes free beside the largest peak seen so far (the
-    runtime's `peak_bytes_in_use`, plus `peak_bytes_reserved` where the TPU runtime reserves a
-    program's temporaries apart from its arrays), keeping `COPY_HEADROOM` of its memory free; no
-    where a device does not report its memory."""
+    """Whether every device has `needed` bytes free beside the largest peak seen so far
+    (`fitjax.strategies.peak_bytes`; the bytes in use where no peak is reported), keeping
+    `COPY_HEADROOM` of its memory free; no where a device does not report its memory."""
     for stat in stats:
         if not stat or "bytes_limit" not in stat:
             return False
-        limit = stat["bytes_limit"]
-        peak = stat.get("peak_bytes_in_use", stat.get("bytes_in_use", 0)) + stat.get("peak_bytes_reserved", 0)
-        if peak + needed > (1 - COPY_HEADROOM) * limit:
+        peak = peak_bytes(stat)
+        if peak is None:
+            peak = stat.get("bytes_in_use", 0) + stat.get("peak_bytes_reserved", 0)
+        if peak + needed > (1 - COPY_HEADROOM) * stat["bytes_limit"]:
             return False
     return True
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fitjax.strategies._base import Strategy
-from fitjax.strategies._describe import LeafSharding, bytes_per_device, describe_sharding
+from fitjax.strategies._describe import LeafSharding, bytes_per_device, describe_sharding, peak_bytes
 from fitjax.strategies._distributed import initialize_distributed
 from fitjax.strategies.dp import DataParallel
 from fitjax.strategies.fsdp import FSDP
@@ -37,6 +37,7 @@ __all__ = [
     "bytes_per_device",
     "describe_sharding",
     "initialize_distributed",
+    "peak_bytes",
     "register",
     "resolve",
 ]
