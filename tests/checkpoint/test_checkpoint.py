@@ -223,7 +223,7 @@ def _wide_data():
 
 
 _KILLED_CHILD = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, time
     from pathlib import Path
     sys.path[:0] = [{here!r}, {tests!r}]  # this file's folder, and tests/ for helpers
     import fitjax as fj
@@ -232,11 +232,17 @@ _KILLED_CHILD = textwrap.dedent("""
     folder = Path({folder!r})
 
     class KillDuringSave(fj.Callback):
+        # looks for the save in progress for up to 0.5 s (sleeping, so the writer's thread runs):
+        # a single look right after a save is queued missed its folder for 200 steps on a loaded
+        # machine, the writer not yet scheduled
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            writing = [p for p in folder.iterdir() if "orbax-checkpoint-tmp" in p.name]
-            if trainer.global_step >= 3 and writing:
-                print("killing at", trainer.global_step, writing[0].name, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+            deadline = time.monotonic() + 0.5
+            while trainer.global_step >= 3 and time.monotonic() < deadline:
+                writing = [p for p in folder.iterdir() if "orbax-checkpoint-tmp" in p.name]
+                if writing:
+                    print("killing at", trainer.global_step, writing[0].name, flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.001)
 
     trainer = fj.Trainer(max_steps=200, strategy="single", logger=False, enable_progress_bar=False,
                          callbacks=[KillDuringSave(),
