@@ -23,7 +23,8 @@ defaults on (the progress bar drawn into a discarded stream, the TensorBoard log
 checkpoint at each epoch's end; `--ckpt-every` adds a save every N steps), against the same
 hand-written loop; `--epoch-steps N` adds a fourth: defaults on with the data cut to epochs of N
 optimizer steps, so that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips
-by its budget (its saves' share of the fit is reported). MFU is model FLOPs (6N + attention) over
+by its budget (its saves' share of the fit is reported), and a fifth: the same epochs with
+checkpointing off, so that the ratio of the two is what the checkpoint costs the step. MFU is model FLOPs (6N + attention) over
 the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles 5 steady steps after the
 timed ones (none across an epoch end; the profiler slows steps down) of the first shape's
 defaults-on fit and of its hand-written loop, and reports the share of the fit's traced window
@@ -240,11 +241,11 @@ class Profile(fj.Callback):
 
 def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, warmup: int, steps: int,
                 defaults: bool = False, trace: str | None = None, ckpt_every: int | None = None,
-                epoch_steps: int | None = None):
+                epoch_steps: int | None = None, checkpoint: bool = True):
     """Returns (tokens/s, params + optimizer state bytes per device, the default checkpoint's
     saves or None) of `Trainer.fit`; `defaults`: the progress bar (drawn into a discarded stream),
-    the logger and the default checkpoint on; `epoch_steps`: the data cut to epochs of that many
-    optimizer steps."""
+    the logger and (unless `checkpoint` is False) the default checkpoint on; `epoch_steps`: the data
+    cut to epochs of that many optimizer steps."""
     count, data_axis, fsdp, tensor = MESHES[mesh_name]
     if fsdp is None:
         strategy = "single" if count == 1 else "dp"
@@ -262,7 +263,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
         if ckpt_every:
             callbacks.append(fj.ModelCheckpoint(every_n_train_steps=ckpt_every))
-    off = {} if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+    off = ({} if checkpoint else dict(enable_checkpointing=False)) if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                                    logger=False)
     profiled = first - warmup - steps + PROFILED + 1 if trace else 0  # traced after the timed steps
     trainer = fj.Trainer(max_steps=warmup + steps + profiled, strategy=strategy, devices=count, precision="bf16-mixed",
@@ -343,7 +344,7 @@ def main(argv=None) -> None:
             data = train["tokens"]
             flops = gpt.flops_per_token(**shape)
             for name in names:
-                hand, fit, full, crossing, saves = [], [], [], [], None
+                hand, fit, full, crossing, unsaved, saves = [], [], [], [], [], None
                 compared = not args.device or args.smoke or not args.hand_shapes or shape_name in args.hand_shapes
                 for _ in range(args.repeats):  # alternate, so drifts in machine load hit both
                     if compared:
@@ -362,6 +363,9 @@ def main(argv=None) -> None:
                                                           steps=args.steps, defaults=True,
                                                           epoch_steps=args.epoch_steps)
                             crossing.append(speed)
+                            unsaved.append(with_fitjax(name, shape, data, root, warmup=args.warmup,
+                                                       steps=args.steps, defaults=True, epoch_steps=args.epoch_steps,
+                                                       checkpoint=False)[0])
                 row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
                        "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit, "fitjax_state_bytes": held}
                 if not hand:  # fitjax alone: its MFU
@@ -381,7 +385,8 @@ def main(argv=None) -> None:
                     saves["share"] = saves["seconds"] / saves["fit_seconds"]
                     row.update(epoch_ends_tokens_per_s=crossing, epoch_steps=args.epoch_steps,
                                epoch_ends_ratio=statistics.median(f / h for f, h in zip(crossing, hand)),
-                               default_checkpoint=saves)
+                               default_checkpoint=saves, epoch_ends_no_checkpoint_tokens_per_s=unsaved,
+                               checkpoint_ratio=statistics.median(f / u for f, u in zip(crossing, unsaved)))
                 if peak:
                     row.update(peak_tflops=peak, hand_mfu=max(hand) * flops / (peak * 1e12 * MESHES[name][0]),
                                fitjax_mfu=max(fit) * flops / (peak * 1e12 * MESHES[name][0]))
@@ -401,6 +406,10 @@ def main(argv=None) -> None:
                           f"{saves['write_wait_seconds']:.2f} s of it waiting for writes, and the writes beside "
                           f"the loop {saves['write_cpu_seconds']:.2f} s of CPU; {saves['skipped']} "
                           f"epoch ends skipped)", flush=True)
+                    print(f"{'':<12} {'no ckpt':<12} {'':>11} {max(unsaved):>13.0f} "
+                          f"{statistics.median(u / h for u, h in zip(unsaved, hand)):>5.2f}x  (the same epochs, "
+                          f"checkpointing off: the checkpoint costs the step {1 - row['checkpoint_ratio']:.1%})",
+                          flush=True)
             if args.device and shape_name == shapes[0]:
                 for spec in args.tpu_options:  # a compiler option measured: the same fit compiled with it
                     rows.append(_with_options(spec, shape_name, shape, data, root, args, fit, flops, peak))

@@ -116,7 +116,7 @@ else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
   if [ "$part" = 1 ]; then
-    step 540 gpt "$python" "$here/gpt.py" --device --shape gpt2-small --repeats 1 --warmup 3 --steps 20 \
+    step 540 gpt "$python" "$here/gpt.py" --device --shape gpt2-small --repeats 1 --warmup 3 --steps 40 \
       --epoch-steps 8 --json "$out/gpt.json" --trace "$out/gpt_trace.json"
   fi
   if [ "$part" = 2 ]; then
