@@ -57,10 +57,15 @@ class DefaultCheckpoint(ModelCheckpoint):
     accelerator the loop goes on once the state is copied (within the devices' memory where they
     have room, `fitjax.checkpoint.CheckpointWriter`) and the files are written beside it; an
     epoch end reached while the previous save is still being written is skipped like one over
-    budget (caught up the same way), and the CPU time the writer's thread
-    spent on a write is charged to the budget too: a loop bound by the host loses about that
-    (the write's Python holds the GIL; on the chip a 30-step epoch of a small CNN ran at 0.45x
-    while a write went on beside it). `wait_for_writes` overrides the choice. A `ModelCheckpoint`
+    budget (caught up the same way), and two costs of a write beside the loop are charged to
+    the budget too: the CPU time the writer's thread spent on it, which a loop bound by the host
+    loses about all of (the write's Python holds the GIL; on the chip a 30-step epoch of a small
+    CNN ran at 0.45x while a write went on beside it), and the time the state's copy took to
+    move from the devices to the host, which slows a TPU's steps about as long (GPT-2 small's
+    1.42 GiB copy cost the twelve steps queued beside it ~0.2 s on a v5e chip,
+    `benchmarks/save_probe.py`; with 8-step epochs the default checkpoint cost the step 4.1%
+    while its loop-side time was 0.1% of the fit, `benchmarks/gpt.py`). `wait_for_writes`
+    overrides the choice. A `ModelCheckpoint`
     you configure keeps exactly the schedule you give it.
 
     Example:
@@ -83,6 +88,8 @@ class DefaultCheckpoint(ModelCheckpoint):
         self.write_wait_seconds = 0.0  # the part of it spent waiting for the writes to finish
         self.write_cpu_seconds = 0.0  # CPU time of this fit's writes left to run beside the loop
         self._cpu_seen = 0.0  # the writer's `write_cpu_seconds` already charged
+        self.transfer_seconds = 0.0  # the devices' time moving this fit's copies to the host (a TPU's steps slow)
+        self._moved_seen = 0.0  # the writer's `transfer_seconds` already charged
         self.skipped_saves = 0  # epoch-end saves left out by the budget in this fit
         self._last_cost: float | None = None
         self._started = time.monotonic()
@@ -99,6 +106,7 @@ class DefaultCheckpoint(ModelCheckpoint):
         super().on_fit_start(trainer, module)
         self.save_seconds, self.write_wait_seconds, self.skipped_saves, self._last_cost = 0.0, 0.0, 0, None
         self.write_cpu_seconds, self._cpu_seen = 0.0, self._writer.write_cpu_seconds
+        self.transfer_seconds, self._moved_seen = 0.0, self._writer.transfer_seconds
         self._started, self._skipped = time.monotonic(), None
         self._fit_step = trainer.global_step  # where this fit started (a resumed one: the checkpoint's)
 
@@ -111,6 +119,11 @@ class DefaultCheckpoint(ModelCheckpoint):
                     self._save(trainer, module, always=True)
                 finally:
                     self._name_epoch = None
+
+    def on_fit_end(self, trainer, module) -> None:
+        super().on_fit_end(trainer, module)  # the last write done: the fit's figures hold every write
+        if self._writer is not None:
+            self._charge_writes()
 
     def on_exception(self, trainer, module, exception: BaseException) -> None:
         # Ctrl-C: the state where fit stopped, once a step ran (Lightning's default saves nothing)
@@ -140,7 +153,8 @@ class DefaultCheckpoint(ModelCheckpoint):
         if self._writer is not None and self._waits(trainer):
             self._writer.wait()
             self.write_wait_seconds += time.monotonic() - returned
-            self._cpu_seen = self._writer.write_cpu_seconds  # in the wait already
+            # in the wait already
+            self._cpu_seen, self._moved_seen = self._writer.write_cpu_seconds, self._writer.transfer_seconds
         self._last_cost = time.monotonic() - start
         self.save_seconds += self._last_cost
         self._skipped = None
@@ -153,13 +167,21 @@ class DefaultCheckpoint(ModelCheckpoint):
             return True  # the first save measures what one costs
         elapsed = time.monotonic() - self._started
         writing = self._writer is not None and self._writer.busy()
-        if self._writer is not None and not writing:  # the writes beside the loop are done: CPU known
-            spent = self._writer.write_cpu_seconds - self._cpu_seen
-            self._cpu_seen += spent
-            self.write_cpu_seconds += spent
-            self._last_cost += spent  # the next save is expected to cost what the last one did
-        spent = self.save_seconds + self.write_cpu_seconds
+        if self._writer is not None and not writing:  # the writes beside the loop are done: their costs known
+            self._charge_writes()
+        spent = self.save_seconds + self.write_cpu_seconds + self.transfer_seconds
         return trainer.agree(not writing and spent + self._last_cost <= self.share * elapsed)
+
+    def _charge_writes(self) -> None:
+        """Charges what the writes beside the loop cost since the last look (all of them done):
+        the writer thread's CPU time and its transfers of copies made on the devices."""
+        cpu = self._writer.write_cpu_seconds - self._cpu_seen
+        moved = self._writer.transfer_seconds - self._moved_seen
+        self._cpu_seen, self._moved_seen = self._cpu_seen + cpu, self._moved_seen + moved
+        self.write_cpu_seconds += cpu
+        self.transfer_seconds += moved
+        if self._last_cost is not None:  # the next save is expected to cost what the last one did
+            self._last_cost += cpu + moved
 
     def _waits(self, trainer) -> bool:
         if self.wait_for_writes is not None:

@@ -15,7 +15,10 @@ asynchronous checkpointer blocks the caller ~9-13 ms per save on this project's 
 the synchronous one ~70-100 ms: both over the 15 ms budget for a state under 1 MB. On an
 accelerator with room for it the copy is made within the devices' memory instead, and brought
 to the host on the writer's thread while the loop goes on (`_HostCopy`): the host transfer of
-GPT-2 small's 1.42 GiB state held a TPU v5e chip idle 383 ms a save. The thread
+GPT-2 small's 1.42 GiB state held a TPU v5e chip idle 383 ms a save. The copy's own transfer
+still slows the chip's steps while it runs (~0.2 s over the steps beside it for that state,
+`benchmarks/save_probe.py`), so the writer counts its time (`transfer_seconds`) for the default
+checkpoint to charge to its budget. The thread
 runs Orbax's synchronous `Checkpointer`, which keeps Orbax's atomic finalisation: a checkpoint is
 written under `<name>.orbax-checkpoint-tmp-<n>` and renamed to `<name>` once complete.
 
@@ -87,6 +90,9 @@ class CheckpointWriter:
         self._host: tuple[Any, _HostCopy, dict[str, str]] | None = None  # (state, its copy, key impls)
         self._sharded_saves = 0  # multi-process saves so far: names their barriers (same on every process)
         self.write_cpu_seconds = 0.0  # CPU time the writer's thread spent on finished writes (`_work`)
+        # wall time of finished writes' transfers of copies made on the device, less their CPU time
+        # (in `write_cpu_seconds` already): a TPU's steps run slower while its copy moves
+        self.transfer_seconds = 0.0
 
     # ------------------------------------------------------------------------------ saving
 
@@ -158,8 +164,9 @@ class CheckpointWriter:
         while True:
             path, write, doomed, on_failure = self._jobs.get()
             started = time.thread_time()  # this thread's own CPU: the Python of a write holds the GIL
+            moved = 0.0
             try:
-                write()
+                moved = write() or 0.0
             except BaseException as error:  # noqa: BLE001 - reported on the loop's thread
                 with self._idle:
                     self._failures.append((str(path), error, on_failure))
@@ -173,6 +180,7 @@ class CheckpointWriter:
             finally:
                 with self._idle:
                     self.write_cpu_seconds += time.thread_time() - started
+                    self.transfer_seconds += moved
                     self._queued[str(path)] -= 1
                     if not self._queued[str(path)]:
                         del self._queued[str(path)]
@@ -280,13 +288,18 @@ class _HostCopy:
         else:
             self._tree, self._host = None, jax.tree.map(_owned, jax.device_get(tree))
 
-    def host(self) -> Any:
-        """The copy in host memory (on the writer's thread: the first save to write it waits for
-        the transfer)."""
+    def host(self) -> tuple[Any, float]:
+        """The copy in host memory, and the seconds this call spent moving it there beyond its
+        CPU time (on the writer's thread: the first save to write it makes the transfer; the
+        others find it made, 0.0). The clock starts once the copy is made on the device, which
+        waits for the steps queued before it: their time is the loop's, not the save's."""
         with self._lock:
-            if self._host is None:
-                self._host, self._tree = jax.tree.map(_owned, jax.device_get(self._tree)), None
-            return self._host
+            if self._host is not None:
+                return self._host, 0.0
+            jax.block_until_ready(self._tree)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            self._host, self._tree = jax.tree.map(_owned, jax.device_get(self._tree)), None
+            return self._host, max(0.0, time.perf_counter() - wall - (time.thread_time() - cpu))
 
 
 class _Owned(np.ndarray):
@@ -334,8 +347,11 @@ def _finish_saves() -> None:
 
 # ------------------------------------------------------------------------------ folders
 
-def _write_copy(path: _storage.AnyPath, copy: _HostCopy, impls: dict[str, str], meta: dict[str, Any]) -> None:
-    _write(path, _format.composite_args(copy.host(), impls, meta))
+def _write_copy(path: _storage.AnyPath, copy: _HostCopy, impls: dict[str, str], meta: dict[str, Any]) -> float:
+    """Writes the copy's checkpoint; returns the seconds its transfer to the host took (`_HostCopy.host`)."""
+    tree, moved = copy.host()
+    _write(path, _format.composite_args(tree, impls, meta))
+    return moved
 
 
 def _write(path: _storage.AnyPath, args: Any) -> None:

@@ -80,5 +80,6 @@ def test_the_copy_is_made_on_the_device_only_where_it_has_room():
     assert checkpoint.CheckpointWriter(copy_on_device=True)._copies_on_device(tree)
     copy = _writer._HostCopy({**tree, "n": np.int32(3)}, on_device=True)
     assert copy.on_device
-    host = copy.host()
-    assert isinstance(host["w"], np.ndarray) and host["n"] == 3 and copy.host() is host
+    host, moved = copy.host()
+    assert isinstance(host["w"], np.ndarray) and host["n"] == 3 and moved >= 0.0
+    assert copy.host() == (host, 0.0)  # the later saves of the step find it moved: no second charge
