@@ -277,7 +277,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
         else None
     saves = None if saved is None else {  # the whole fit's, the save after the last step included
         "seconds": saved.save_seconds, "write_wait_seconds": saved.write_wait_seconds,
-        "write_cpu_seconds": saved.write_cpu_seconds,
+        "write_cpu_seconds": saved.write_cpu_seconds, "transfer_seconds": saved.transfer_seconds,
         "skipped": saved.skipped_saves, "epochs": trainer.current_epoch, "fit_seconds": timer.fit_seconds}
     return timer.steps * ACCUMULATE * shape["batch_size"] * shape["context"] / timer.seconds, held, saves
 
@@ -404,7 +404,8 @@ def main(argv=None) -> None:
                           f"  (defaults on, {args.epoch_steps}-step epochs: the default checkpoint's saves took "
                           f"{saves['seconds']:.2f} s of the {saves['fit_seconds']:.1f} s fit ({saves['share']:.1%}), "
                           f"{saves['write_wait_seconds']:.2f} s of it waiting for writes, and the writes beside "
-                          f"the loop {saves['write_cpu_seconds']:.2f} s of CPU; {saves['skipped']} "
+                          f"the loop {saves['write_cpu_seconds']:.2f} s of CPU and their copies' transfers to "
+                          f"the host {saves['transfer_seconds']:.2f} s; {saves['skipped']} "
                           f"epoch ends skipped)", flush=True)
                     print(f"{'':<12} {'no ckpt':<12} {'':>11} {max(unsaved):>13.0f} "
                           f"{statistics.median(u / h for u, h in zip(unsaved, hand)):>5.2f}x  (the same epochs, "

@@ -9,6 +9,7 @@
 #   bash benchmarks/tpu_check.sh --part 3     # the planner against fits, and a plan that does not fit
 #   bash benchmarks/tpu_check.sh --part 4     # the profile-first sweep and generation
 #   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
+#   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
 # What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
@@ -27,6 +28,8 @@
 #   4. benchmarks/tpu_sweep.py      the profile-first table: the same step by hand with XLA's
 #                                   attention and with the Pallas kernel (what each choice is worth)
 #      benchmarks/generation.py     generation tokens/s with the KV cache against without
+#   6. benchmarks/save_probe.py     GPT-2 small's step beside a save's copy and its transfer to the
+#                                   host, and a fit traced across epoch ends with its saves' timings
 # Each part writes JSON (the command, the commit, JAX and libtpu versions, the device kind, raw
 # timings, derived ratios) under $FITJAX_RESULTS (default benchmarks/results/tpu-v5e), which are
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
@@ -44,15 +47,15 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 5 or --smoke (--help)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 6 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1, 2, 3, 4 or 5 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1, 2, 3, 4 or 5, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5|6) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1, 2, 3, 4, 5 or 6 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1, 2, 3, 4, 5 or 6, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -112,6 +115,7 @@ if [ "$smoke" -eq 1 ]; then
   # collected only: the suite runs tests/accelerator itself on CPU; on the chip part 2 runs them
   step 150 accelerator "$python" -m pytest -q --collect-only -p no:cacheprovider "$root/tests/accelerator"
   step 120 generation "$python" "$here/generation.py" --smoke
+  step 120 save_probe "$python" "$here/save_probe.py" --smoke --json "$out/save_probe.json"
 else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
@@ -136,6 +140,9 @@ else
   if [ "$part" = 5 ]; then  # ~160 s on the chip (gpt-medium-9bd78d2.json)
     step 400 gpt_medium "$python" "$here/gpt.py" --device --shape gpt2-medium --no-defaults --repeats 1 \
       --warmup 3 --steps 20 --json "$out/gpt-medium.json"
+  fi
+  if [ "$part" = 6 ]; then  # ~200 s on the chip (save-probe-66be6e3.json)
+    step 400 save_probe "$python" "$here/save_probe.py" --device --json "$out/save-probe.json"
   fi
 fi
 echo
