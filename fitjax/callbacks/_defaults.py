@@ -64,8 +64,8 @@ class DefaultCheckpoint(ModelCheckpoint):
     move from the devices to the host, which slows a TPU's steps about as long (GPT-2 small's
     1.42 GiB copy cost the twelve steps queued beside it ~0.2 s on a v5e chip,
     `benchmarks/save_probe.py`; with 8-step epochs the default checkpoint cost the step 4.1%
-    while its loop-side time was 0.1% of the fit, `benchmarks/gpt.py`). `wait_for_writes`
-    overrides the choice. A `ModelCheckpoint`
+    while its loop-side time was 0.1% of the fit, `benchmarks/gpt.py`; charged on a GPU too, where
+    it is not measured and may overlap the steps). `wait_for_writes` overrides the choice. A `ModelCheckpoint`
     you configure keeps exactly the schedule you give it.
 
     Example:
