@@ -24,12 +24,12 @@ checkpoint at each epoch's end; `--ckpt-every` adds a save every N steps), again
 hand-written loop; `--epoch-steps N` adds a fourth: defaults on with the data cut to epochs of N
 optimizer steps, so that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips
 by its budget (its saves' share of the fit is reported), and a fifth: the same epochs with
-checkpointing off, so that the ratio of the two is what the checkpoint costs the step. MFU is model FLOPs (6N + attention) over
-the device kind's peak (`fitjax.planner.spec_for`). `--trace` profiles 5 steady steps after the
-timed ones (none across an epoch end; the profiler slows steps down) of the first shape's
-defaults-on fit and of its hand-written loop, and reports the share of the fit's traced window
-the device sat idle (no program running), with each idle stretch over 1 ms: what the host loop
-costs a fast device.
+checkpointing off, so that the ratio of the two is what the checkpoint costs the step. MFU is
+model FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace`
+profiles 5 steady steps after the timed ones (none across an epoch end; the profiler slows steps
+down) of the first shape's defaults-on fit and of its hand-written loop, and reports the share of
+the fit's traced window the device sat idle (no program running), with each idle stretch over
+1 ms: what the host loop costs a fast device.
 
 Meshes: `single` (1 device), `dp` (8: batch split, state replicated), `fsdp` (8: state sharded),
 `fsdp_tensor` (fsdp 4 × tensor 2: heads and MLP units split over `tensor`). Each is timed after a
@@ -263,8 +263,10 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
         callbacks.append(fj.RichProgressBar(file=sink, force_terminal=True))
         if ckpt_every:
             callbacks.append(fj.ModelCheckpoint(every_n_train_steps=ckpt_every))
-    off = ({} if checkpoint else dict(enable_checkpointing=False)) if defaults else dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                                   logger=False)
+    if defaults:
+        off = {} if checkpoint else dict(enable_checkpointing=False)
+    else:
+        off = dict(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False, logger=False)
     profiled = first - warmup - steps + PROFILED + 1 if trace else 0  # traced after the timed steps
     trainer = fj.Trainer(max_steps=warmup + steps + profiled, strategy=strategy, devices=count, precision="bf16-mixed",
                          accumulate_grad_batches=ACCUMULATE, gradient_clip_val=CLIP, callbacks=callbacks,
