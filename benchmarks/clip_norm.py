@@ -26,11 +26,31 @@ import statistics
 import sys
 import time
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
+SIZES = {  # name: (hidden width, input width, batch)
+    "tiny": (64, 64, 32),  # overhead.py's tiny MLP: ~9k parameters
+    "mnist": (256, 784, 128),  # overhead.py's MNIST-sized MLP: ~270k parameters
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--smoke", action="store_true", help="1 repeat of 20 steps: checks the script runs")
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
+                        help="the tiny MLP (default) or the MNIST-sized one of overhead.py")
+    parser.add_argument("--child", choices=("true", "false"), help=argparse.SUPPRESS)
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 _SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
@@ -47,12 +67,6 @@ class MLP(nn.Module):
         x = nn.relu(nn.Dense(self.width)(x))
         x = nn.relu(nn.Dense(self.width)(x))
         return nn.Dense(10)(x)
-
-
-SIZES = {  # name: (hidden width, input width, batch)
-    "tiny": (64, 64, 32),  # overhead.py's tiny MLP: ~9k parameters
-    "mnist": (256, 784, 128),  # overhead.py's MNIST-sized MLP: ~270k parameters
-}
 
 
 def _transform(update) -> optax.GradientTransformation:
@@ -99,14 +113,7 @@ def _stepper(model, tx):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--smoke", action="store_true", help="1 repeat of 20 steps: checks the script runs")
-    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
-                        help="the tiny MLP (default) or the MNIST-sized one of overhead.py")
-    parser.add_argument("--child", choices=("true", "false"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.child is None:  # one process per scheduler
         import subprocess
 

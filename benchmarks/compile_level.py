@@ -32,6 +32,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+NAMES = ("tiny_mlp", "mnist_mlp", "small_cnn", "mnist_port", "sst2_port", "gpt")  # WORKLOADS' names, for --help
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", choices=sorted(NAMES), action="append")
+    parser.add_argument("--smoke", action="store_true", help="one repeat of two tiny fits: checks it runs")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu in the dev extra: no TPU probe at start-up
 
 import jax  # noqa: E402
@@ -102,6 +116,7 @@ WORKLOADS = {
     "sst2_port": _sst2,
     "gpt": _gpt,
 }
+assert tuple(WORKLOADS) == NAMES
 
 
 def fit_at(level: int, module_fn, loader_fn, trainer_kwargs: dict):
@@ -125,11 +140,7 @@ def same_bits(a, b) -> bool:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
-    parser.add_argument("--smoke", action="store_true", help="one repeat of two tiny fits: checks it runs")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     repeats = 1 if args.smoke else args.repeats
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; {repeats} repeat(s), levels alternated; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)

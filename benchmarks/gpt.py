@@ -54,6 +54,58 @@ import sys
 import tempfile
 import time
 
+SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens per optimizer step
+    "cpu": dict(layers=2, width=128, heads=4, context=128, batch_size=16),
+    "gpt2-small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304, batch_size=16),
+    "gpt2-medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304, batch_size=8),
+}
+MESHES = {  # name: (devices, data, fsdp, tensor); None: a plain data-parallel mesh
+    "single": (1, None, None, None),
+    "dp": (8, None, None, None),
+    "fsdp": (8, 1, 8, 1),
+    "fsdp_tensor": (8, 1, 4, 2),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=sorted(MESHES), action="append")
+    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", "--gpu", dest="device", action="store_true",
+                        help="one accelerator (TPU chip, GPU): GPT-2 small's and medium's shapes, single mesh, "
+                             "and fitjax with its defaults on")
+    parser.add_argument("--shape", choices=[name for name in SHAPES if name != "cpu"], action="append",
+                        help="with --device: only these shapes")
+    parser.add_argument("--hand-shapes", choices=[name for name in SHAPES if name != "cpu"], action="append",
+                        help="with --device: the shapes that also run the hand-written loop (default: all; the "
+                             "others: fitjax alone, for its MFU); the first of them also the defaults-on fit")
+    parser.add_argument("--ckpt-every", type=int, default=None,
+                        help="with --device: the defaults-on fit also saves every N steps")
+    parser.add_argument("--no-defaults", action="store_true", help="with --device: no defaults-on fit")
+    parser.add_argument("--epoch-steps", type=int, default=None,
+                        help="with --device: one more defaults-on fit, its data cut to epochs of N optimizer "
+                             "steps so that its timed steps cross epoch ends (the default checkpoint's schedule)")
+    parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
+                        help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
+                             "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's peak bf16 TFLOP/s, for the MFU columns (default: the device kind's "
+                             "peak in fitjax's table; none on CPU, which has no standard one)")
+    parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    parser.add_argument("--trace", default=None, help="with --device: profile 5 steps of the first shape's "
+                                                      "defaults-on fit and of its hand-written loop; the idle "
+                                                      "share and each side's time per op as JSON here, the "
+                                                      "traces beside it")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
 if "--gpu" not in sys.argv and "--device" not in sys.argv:  # 8 virtual CPU devices, before JAX is imported
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -77,17 +129,6 @@ import _results  # noqa: E402
 from _trace import idle_share, op_times, steady_window  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 1.0
-SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens per optimizer step
-    "cpu": dict(layers=2, width=128, heads=4, context=128, batch_size=16),
-    "gpt2-small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304, batch_size=16),
-    "gpt2-medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304, batch_size=8),
-}
-MESHES = {  # name: (devices, data, fsdp, tensor); None: a plain data-parallel mesh
-    "single": (1, None, None, None),
-    "dp": (8, None, None, None),
-    "fsdp": (8, 1, 8, 1),
-    "fsdp_tensor": (8, 1, 4, 2),
-}
 
 
 def optimizer(lr: float, total: int) -> optax.GradientTransformation:
@@ -285,39 +326,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=sorted(MESHES), action="append")
-    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per run")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--device", "--gpu", dest="device", action="store_true",
-                        help="one accelerator (TPU chip, GPU): GPT-2 small's and medium's shapes, single mesh, "
-                             "and fitjax with its defaults on")
-    parser.add_argument("--shape", choices=[name for name in SHAPES if name != "cpu"], action="append",
-                        help="with --device: only these shapes")
-    parser.add_argument("--hand-shapes", choices=[name for name in SHAPES if name != "cpu"], action="append",
-                        help="with --device: the shapes that also run the hand-written loop (default: all; the "
-                             "others: fitjax alone, for its MFU); the first of them also the defaults-on fit")
-    parser.add_argument("--ckpt-every", type=int, default=None,
-                        help="with --device: the defaults-on fit also saves every N steps")
-    parser.add_argument("--no-defaults", action="store_true", help="with --device: no defaults-on fit")
-    parser.add_argument("--epoch-steps", type=int, default=None,
-                        help="with --device: one more defaults-on fit, its data cut to epochs of N optimizer "
-                             "steps so that its timed steps cross epoch ends (the default checkpoint's schedule)")
-    parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
-                        help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
-                             "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
-    parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="the device's peak bf16 TFLOP/s, for the MFU columns (default: the device kind's "
-                             "peak in fitjax's table; none on CPU, which has no standard one)")
-    parser.add_argument("--json", default=None, help="write the figures here as JSON")
-    parser.add_argument("--trace", default=None, help="with --device: profile 5 steps of the first shape's "
-                                                      "defaults-on fit and of its hand-written loop; the idle "
-                                                      "share and each side's time per op as JSON here, the "
-                                                      "traces beside it")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     spec = fj.planner.spec_for(jax.devices()[0].device_kind)
     peak = args.peak_tflops or (spec.peak_flops / 1e12 if spec is not None else None)
     if args.smoke:

@@ -39,12 +39,32 @@ import sys
 import tempfile
 import time
 
+WORKLOAD_NAMES = ("mnist_mlp", "small_cnn", "tiny_mlp")  # overhead.WORKLOADS' names, for --help before JAX
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("keras", "lightning"), action="append", help="these peers only")
+    parser.add_argument("--workload", choices=WORKLOAD_NAMES, action="append",
+                        help="these workloads only (repeatable)")
+    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gpu", action="store_true", help="Lightning on CUDA (JAX uses its default device)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny MLP only, 64-step epochs, 1 repeat: checks it runs (numbers mean nothing)")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras is imported (it is, lazily, below)
 
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import overhead  # noqa: E402  (the workloads, the data and the fitjax side)
+assert tuple(sorted(overhead.WORKLOADS)) == WORKLOAD_NAMES
 
 SPE = 32
 
@@ -184,16 +204,7 @@ def _ratio_row(config: str, workload: str, fit: list[float], peer: list[float], 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("keras", "lightning"), action="append", help="these peers only")
-    parser.add_argument("--workload", choices=sorted(overhead.WORKLOADS), action="append",
-                        help="these workloads only (repeatable)")
-    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpu", action="store_true", help="Lightning on CUDA (JAX uses its default device)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="the tiny MLP only, 64-step epochs, 1 repeat: checks it runs (numbers mean nothing)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     peers = [p for p in (args.only or ["keras", "lightning"])]
     for name in list(peers):
         if not _installed(name):

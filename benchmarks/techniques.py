@@ -17,11 +17,28 @@ import os
 import sys
 import tempfile
 
-import jax
-import optax
+WORKLOAD_NAMES = ("mnist_mlp", "small_cnn", "tiny_mlp")  # overhead.WORKLOADS' names, for --help before JAX
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=WORKLOAD_NAMES, action="append")
+    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny MLP, 64-step epochs, 1 repeat: checks the script runs in seconds")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+import jax  # noqa: E402
+import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from overhead import WORKLOADS, Classifier, make_data, with_fitjax  # noqa: E402
+assert tuple(sorted(WORKLOADS)) == WORKLOAD_NAMES
 
 import fitjax as fj  # noqa: E402,F401  (overhead put the worktree on the path)
 
@@ -34,13 +51,7 @@ class MultiStepsClassifier(Classifier):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
-    parser.add_argument("--epochs", type=int, default=3, help="including one warm-up epoch")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true",
-                        help="the tiny MLP, 64-step epochs, 1 repeat: checks the script runs in seconds")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     workloads = dict(WORKLOADS)
     if args.smoke:
         args.only, args.repeats, args.epochs = ["tiny_mlp"], 1, 2

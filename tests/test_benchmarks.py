@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,9 +42,12 @@ IN_TPU_CHECK = {"tpu_sweep.py", "generation.py", "save_probe.py"}
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_and_smoke(script, env):
-    helped = _run(script, "--help", env=env, timeout=120)
+    """`--help` answers before JAX is imported (a tenth of a second, not seconds), and `--smoke` runs."""
+    helped = subprocess.run([sys.executable, "-X", "importtime", str(BENCHMARKS / script), "--help"],
+                            capture_output=True, text=True, timeout=120, cwd=BENCHMARKS.parent, env=env)
     assert helped.returncode == 0, helped.stderr[-2000:]
     assert "--smoke" in helped.stdout
+    assert not re.search(r"\|\s*jax$", helped.stderr, re.M), f"{script} --help imports JAX"
     if script in IN_GPU_CHECK | IN_TPU_CHECK:
         return
     smoke = _run(script, "--smoke", env=env, timeout=300)
