@@ -66,6 +66,8 @@ import sys
 import tempfile
 import time
 
+from _workload_names import WORKLOAD_NAMES
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,6 +135,7 @@ WORKLOADS = {
     "mnist_mlp": (lambda: MLP((256, 256, 10)), (784,), 128, 300),
     "small_cnn": (lambda: CNN(), (28, 28, 1), 128, 30),
 }
+assert tuple(sorted(WORKLOADS)) == WORKLOAD_NAMES  # what peers.py and techniques.py offer
 
 
 def make_data(shape, n, seed=0):

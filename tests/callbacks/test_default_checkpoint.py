@@ -176,7 +176,7 @@ def test_a_write_beside_the_loop_is_charged_its_cpu_time(tmp_path):
 
 def test_a_copy_made_on_the_device_is_charged_its_transfer_to_the_host(tmp_path, monkeypatch):
     """Where the state is copied within the devices' memory, the writer's thread moves the copy
-    to the host, and a TPU's steps slow down about as long (GPT-2 small's copy cost the steps
+    to the host, and a TPU's steps slow down while it lasts (GPT-2 small's copy cost the steps
     beside it ~0.2 s on a v5e chip), so the budget charges that transfer's time, as the writer measured it,
     beside the write's CPU time. Here the copy is made on the (CPU) device by the writer's own
     switch; when fit returns, the default checkpoint has charged every second of both that the
