@@ -24,7 +24,8 @@ checkpoint at each epoch's end; `--ckpt-every` adds a save every N steps), again
 hand-written loop; `--epoch-steps N` adds a fourth: defaults on with the data cut to epochs of N
 optimizer steps, so that the timed steps cross epoch ends, where `DefaultCheckpoint` saves or skips
 by its budget (its saves' share of the fit is reported), and a fifth: the same epochs with
-checkpointing off, so that the ratio of the two is what the checkpoint costs the step. MFU is
+checkpointing off, so that the ratio of the two is what the checkpoint costs the step (both
+timed over `--epoch-ends-steps`, long enough to hold several of the budget's saves). MFU is
 model FLOPs (6N + attention) over the device kind's peak (`fitjax.planner.spec_for`). `--trace`
 profiles 5 steady steps after the timed ones (none across an epoch end; the profiler slows steps
 down) of the first shape's defaults-on fit and of its hand-written loop, and reports the share of
@@ -87,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--epoch-steps", type=int, default=None,
                         help="with --device: one more defaults-on fit, its data cut to epochs of N optimizer "
                              "steps so that its timed steps cross epoch ends (the default checkpoint's schedule)")
+    parser.add_argument("--epoch-ends-steps", type=int, default=None,
+                        help="with --epoch-steps: the timed optimizer steps of the two epoch-end fits (default: "
+                             "--steps); enough of them to hold several of the checkpoint's budgeted saves")
     parser.add_argument("--tpu-options", action="append", default=[], metavar="SPEC",
                         help="with --device: one more fitjax fit of the first shape per SPEC, compiled with "
                              "FITJAX_XLA_TPU_OPTIONS=SPEC (fitjax.step.xla_tpu), against the default fit")
@@ -331,6 +335,8 @@ def main(argv=None) -> None:
     peak = args.peak_tflops or (spec.peak_flops / 1e12 if spec is not None else None)
     if args.smoke:
         args.only, args.warmup, args.steps, args.repeats = ["single"], 1, 1, 1
+        args.epoch_ends_steps = None
+    crossed = args.epoch_ends_steps or args.steps  # the epoch-end fits' timed steps
     if args.device:  # with --smoke: the device runs' code paths on the CPU-sized model
         shapes = ["cpu"] if args.smoke else args.shape or ["gpt2-small", "gpt2-medium"]
         names = ["single"]
@@ -371,11 +377,11 @@ def main(argv=None) -> None:
                                                 defaults=True, trace=trace, ckpt_every=args.ckpt_every)[0])
                         if args.epoch_steps:  # the same across epoch ends: the default checkpoint's saves
                             speed, _, saves = with_fitjax(name, shape, data, root, warmup=args.warmup,
-                                                          steps=args.steps, defaults=True,
+                                                          steps=crossed, defaults=True,
                                                           epoch_steps=args.epoch_steps)
                             crossing.append(speed)
                             unsaved.append(with_fitjax(name, shape, data, root, warmup=args.warmup,
-                                                       steps=args.steps, defaults=True, epoch_steps=args.epoch_steps,
+                                                       steps=crossed, defaults=True, epoch_steps=args.epoch_steps,
                                                        checkpoint=False)[0])
                 row = {"shape": shape_name, "model": shape, "mesh": name, "flops_per_token": flops,
                        "hand_tokens_per_s": hand, "fitjax_tokens_per_s": fit, "fitjax_state_bytes": held}
@@ -394,7 +400,7 @@ def main(argv=None) -> None:
                                defaults_ratio=statistics.median(f / h for f, h in zip(full, hand)))
                 if crossing:
                     saves["share"] = saves["seconds"] / saves["fit_seconds"]
-                    row.update(epoch_ends_tokens_per_s=crossing, epoch_steps=args.epoch_steps,
+                    row.update(epoch_ends_tokens_per_s=crossing, epoch_steps=args.epoch_steps, epoch_ends_steps=crossed,
                                epoch_ends_ratio=statistics.median(f / h for f, h in zip(crossing, hand)),
                                default_checkpoint=saves, epoch_ends_no_checkpoint_tokens_per_s=unsaved,
                                checkpoint_ratio=statistics.median(f / u for f, u in zip(crossing, unsaved)))
@@ -412,7 +418,7 @@ def main(argv=None) -> None:
                           flush=True)
                 if crossing:
                     print(f"{'':<12} {'epoch ends':<12} {'':>11} {max(crossing):>13.0f} {row['epoch_ends_ratio']:>5.2f}x"
-                          f"  (defaults on, {args.epoch_steps}-step epochs: the default checkpoint's saves took "
+                          f"  (defaults on, {crossed} steps in {args.epoch_steps}-step epochs: the default checkpoint's saves took "
                           f"{saves['seconds']:.2f} s of the {saves['fit_seconds']:.1f} s fit ({saves['share']:.1%}), "
                           f"{saves['write_wait_seconds']:.2f} s of it waiting for writes, and the writes beside "
                           f"the loop {saves['write_cpu_seconds']:.2f} s of CPU and their copies' transfers to "
