@@ -18,11 +18,7 @@ to the host on the writer's thread while the loop goes on (`_HostCopy`): the hos
 GPT-2 small's 1.42 GiB state held a TPU v5e chip idle 383 ms a save. The copy's own transfer
 still slows the chip's steps while it runs (~0.2 s over the steps beside it for that state,
 `benchmarks/save_probe.py`), so the writer counts its time (`transfer_seconds`) for the default
-checkpoint to charge to its budget. A save's write beside the loop starts once the loop has
-queued its next train step (`stepped`; at most `STEP_WAIT` seconds later, at once when someone
-waits for it): an epoch's end drains the devices, and the write's Python, which holds the GIL,
-slowed the loop's next dispatch ~25x (1 ms to 25 ms for the first step of an epoch with a write
-beside it on this project's 2 cores) while the devices sat waiting for it. The thread
+checkpoint to charge to its budget. The thread
 runs Orbax's synchronous `Checkpointer`, which keeps Orbax's atomic finalisation: a checkpoint is
 written under `<name>.orbax-checkpoint-tmp-<n>` and renamed to `<name>` once complete.
 
@@ -72,7 +68,6 @@ __all__ = ["CheckpointWriter", "cleanup", "import_orbax_soon", "is_donated", "pr
 
 _DELETING = _format.TMP_MARK + "-deleting"  # an old checkpoint on its way out
 SIGNAL_GRACE = 5.0  # seconds a store operation may go unanswered after SIGTERM before the wait ends
-STEP_WAIT = 2.0  # seconds a write beside the loop waits for the loop's next train step at most
 log = logging.getLogger("fitjax")
 
 
@@ -98,10 +93,6 @@ class CheckpointWriter:
         # wall time of finished writes' transfers of copies made on the device, less their CPU time
         # (in `write_cpu_seconds` already): a TPU's steps run slower while its copy moves
         self.transfer_seconds = 0.0
-        # a write of a copy starts once the loop has queued a step after its save (`stepped`)
-        self._stepped = threading.Event()
-        self._stepped.set()
-        self.waits_for_step = False  # read by the loop after each train step: a plain attribute
 
     # ------------------------------------------------------------------------------ saving
 
@@ -136,8 +127,6 @@ class CheckpointWriter:
                 tree, impls = _format.saveable_tree(state)
                 self._host = (state, _HostCopy(tree, self._copies_on_device(tree)), impls)
             write = functools.partial(_write_copy, path, self._host[1], self._host[2], meta)
-            self._stepped.clear()  # the loop goes on first (see the module's docstring)
-            self.waits_for_step = True
         else:
             self.wait()  # Orbax's multi-process save starts here, on this thread: alone
             write = _save_shards(path, _format.save_args(state, meta), self._sharded_saves)
@@ -151,11 +140,6 @@ class CheckpointWriter:
             self._worker.start()
         self._jobs.put((path, write, doomed, on_failure))
         return path
-
-    def stepped(self) -> None:
-        """The loop queued a train step: a write waiting for one may start."""
-        self.waits_for_step = False
-        self._stepped.set()
 
     def _copies_on_device(self, tree: Any) -> bool:
         if self.copy_on_device is not None:
@@ -179,7 +163,6 @@ class CheckpointWriter:
     def _work(self) -> None:
         while True:
             path, write, doomed, on_failure = self._jobs.get()
-            self._stepped.wait(timeout=STEP_WAIT)
             started = time.thread_time()  # this thread's own CPU: the Python of a write holds the GIL
             moved = 0.0
             try:
@@ -238,7 +221,6 @@ class CheckpointWriter:
 
         Polls (Ctrl-C is raised here at once); after `signalled`, a store operation of the thread
         that has not answered for `SIGNAL_GRACE` seconds ends the wait with `SaveFailed`."""
-        self.stepped()  # no step comes while the loop waits here
         with self._idle:
             while self._queued:
                 try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable, Literal
 
-from fitjax import checkpoint
 from fitjax import module as module_lib
 from fitjax import step as step_lib
 from fitjax.loop import _schedule as schedule
@@ -96,7 +95,6 @@ def train_batches(parts: EpochParts, run: FitRun, chunks: Iterable[step_lib.Step
     validates = schedule.val_epoch_due(config, view, run.loaders.val)  # check_val_every_n_epoch
     has_max_steps = config.max_steps is not None
     batch_idx = offset - 1
-    saves = checkpoint.writer()  # a save's write beside the loop starts after the next step
     metric_log.restart_speed()  # it/s: the epoch's steps are timed from here
     for chunk in chunks:
         batch_idx += chunk.num_batches
@@ -116,8 +114,6 @@ def train_batches(parts: EpochParts, run: FitRun, chunks: Iterable[step_lib.Step
         except Exception as err:
             explain_failure(run, err, chunk, batch_idx, epoch=position.epoch)
             raise
-        if saves.waits_for_step:
-            saves.stepped()
         returned = None  # what training_step returned, when a batch-end hook may read it
         if feed.options.hook_outputs:
             outputs, returned = _step_outputs.train_returned(outputs, chunk, feed.options.accumulate_grad_batches)

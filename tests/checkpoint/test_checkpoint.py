@@ -232,10 +232,10 @@ _KILLED_CHILD = textwrap.dedent("""
     folder = Path({folder!r})
 
     class KillDuringSave(fj.Callback):
-        # looks for the save in progress for up to 0.5 s (sleeping, so the writer's thread runs)
-        # once the step after a save is queued (the write starts then): a single look missed its
-        # folder for 200 steps on a loaded machine, the writer not yet scheduled
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        # looks for the save in progress for up to 0.5 s (sleeping, so the writer's thread runs):
+        # a single look right after a save is queued missed its folder for 200 steps on a loaded
+        # machine, the writer not yet scheduled
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
             deadline = time.monotonic() + 0.5
             while trainer.global_step >= 3 and time.monotonic() < deadline:
                 writing = [p for p in folder.iterdir() if "orbax-checkpoint-tmp" in p.name]

@@ -67,15 +67,15 @@ def test_an_unwritable_folder_fails_before_the_first_step(tmp_path):
 
 
 class _DiskFullDuringSave(fj.Callback):
-    """Once the step after `step` is queued (the save at `step` is written from then on:
-    ModelCheckpoint's hooks run last, as Lightning's), files can hold no byte (RLIMIT_FSIZE = 0,
-    as a full disk) until the writer thread has failed; then the limit is lifted again."""
+    """Before the step after `step` (the save at `step` has started: ModelCheckpoint's hooks run
+    last, as Lightning's), files can hold no byte (RLIMIT_FSIZE = 0, as a full disk) until the
+    writer thread has failed; then the limit is lifted again."""
 
     def __init__(self, step: int):
         self.step = step
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.global_step != self.step + 1:
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.global_step != self.step:
             return
         limits = resource.getrlimit(resource.RLIMIT_FSIZE)
         handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill

@@ -1,12 +1,9 @@
 """The state's copy a save writes: made on the host at the save (CPU), or within the devices'
 memory and brought to the host on the writer's thread while the loop goes on (accelerators with
 room for it). Both write the same checkpoints, bitwise, though the steps after a save donate the
-state's buffers; the room is judged from the runtime's own memory figures. The write starts once
-the loop has queued its next step."""
+state's buffers; the room is judged from the runtime's own memory figures."""
 
 from __future__ import annotations
-
-import time
 
 import jax
 import numpy as np
@@ -58,35 +55,6 @@ def test_a_copy_on_the_device_writes_what_a_host_copy_writes(tmp_path, strategy)
         host = checkpoint.restore_state(tmp_path / "host" / name, trainer.state)
         assert_trees_close(device.params, kept.params[step], rtol=0, atol=0)
         assert_trees_close(device.params, host.params, rtol=0, atol=0)
-
-
-def test_a_save_is_written_once_the_loop_has_queued_its_next_step(tmp_path, monkeypatch):
-    """An epoch's end drains the devices, and the write's Python holds the GIL: the loop's next
-    dispatch goes first. Whatever waits for the write (a newer save, fit's end,
-    `save_checkpoint`) starts it at once rather than after `STEP_WAIT`."""
-    monkeypatch.setattr(_writer, "STEP_WAIT", 60.0)  # a wait that did not start the write would show
-
-    class Look(fj.Callback):
-        def __init__(self):
-            self.before_next_step = []
-
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            if trainer.global_step in (2, 4):  # saves queued at the ends of steps 2 and 4
-                time.sleep(0.3)  # time for a write that did not wait
-                self.before_next_step.append(sorted(p.name for p in tmp_path.iterdir() if "step=" in p.name))
-
-    look = Look()
-    start = time.monotonic()
-    trainer = quiet_trainer(max_epochs=3, enable_checkpointing=True, callbacks=[
-        look, fj.ModelCheckpoint(tmp_path, every_n_train_steps=2, save_top_k=-1)])
-    trainer.fit(Regressor(batchnorm=False), fj.DataLoader(DATA, batch_size=32))  # 6 steps
-    trainer.save_checkpoint(tmp_path / "after")
-    assert time.monotonic() - start < 30
-    # the save at step 4 waited for step 2's, written once step 3 was queued
-    assert look.before_next_step == [[], ["epoch=0-step=2"]]
-    assert sorted(p.name for p in tmp_path.iterdir() if "step=" in p.name) == [
-        "epoch=0-step=2", "epoch=1-step=4", "epoch=2-step=6"]
-    assert checkpoint.is_checkpoint(tmp_path / "after")
 
 
 # the counters a TPU v5e chip reported after GPT-2 small's fit (`benchmarks/results/tpu-v5e/plan-b5437c5.json`)
