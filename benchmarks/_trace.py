@@ -31,17 +31,25 @@ def _device_events(events: list[dict], lane: str) -> list[dict]:
             and (not wanted or (e["pid"], e["tid"]) in wanted)]
 
 
+def _newest_events(folder: str) -> list[dict] | None:
+    """The events of the newest Chrome trace under `folder`, or None when there is none."""
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+    if not files:
+        return None
+    with gzip.open(files[-1]) as file:
+        return json.load(file)["traceEvents"]
+
+
 def op_times(folder: str, top: int = 40) -> list[dict[str, Any]] | None:
     """The device's time per operation over a trace, largest first: what a step spends where.
 
     Each entry: the op's name, its total microseconds and count in the window, and the HLO text
     the trace gives for it (`long_name`, cut short), so two programs' traces can be set side by
     side (their fusion names differ; their HLO does not)."""
-    files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
-    if not files:
+    events = _newest_events(folder)
+    if events is None:
         return None
-    with gzip.open(files[-1]) as file:
-        ops = _device_events(json.load(file)["traceEvents"], "XLA Ops")
+    ops = _device_events(events, "XLA Ops")
     totals: dict[str, dict[str, Any]] = {}
     for e in ops:
         entry = totals.setdefault(e["name"], {"name": e["name"], "us": 0.0, "count": 0,
@@ -51,8 +59,12 @@ def op_times(folder: str, top: int = 40) -> list[dict[str, Any]] | None:
     return sorted(totals.values(), key=lambda entry: -entry["us"])[:top]
 
 
-def _lane(events: list[dict]) -> list[tuple[float, float]]:
-    return sorted((e["ts"], e["ts"] + e["dur"]) for e in _device_events(events, "XLA Modules"))
+def device_lane(folder: str) -> list[tuple[float, float]]:
+    """The device's program executions in the newest trace under `folder`, as sorted [start, end]
+    in µs; empty without a trace or a device lane (a CPU run)."""
+    events = _newest_events(folder)
+    return [] if events is None else sorted((e["ts"], e["ts"] + e["dur"])
+                                            for e in _device_events(events, "XLA Modules"))
 
 
 def steady_window(first: int, per_epoch: int, steps: int) -> int:
@@ -69,11 +81,11 @@ GAP_US = 1000  # idle stretches longer than this are listed: where in the window
 
 
 def idle_share(folder: str) -> dict[str, Any] | None:
-    files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
-    if not files:
-        return None
-    with gzip.open(files[-1]) as file:
-        intervals = _lane(json.load(file)["traceEvents"])
+    return idle_of(device_lane(folder))
+
+
+def idle_of(intervals: list[tuple[float, float]]) -> dict[str, Any] | None:
+    """`idle_share` of a device lane already read (`device_lane`)."""
     if not intervals:
         return None
     busy, (start, end), gaps = 0.0, intervals[0], []

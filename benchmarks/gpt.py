@@ -418,8 +418,9 @@ def main(argv=None) -> None:
                           flush=True)
                 if crossing:
                     print(f"{'':<12} {'epoch ends':<12} {'':>11} {max(crossing):>13.0f} {row['epoch_ends_ratio']:>5.2f}x"
-                          f"  (defaults on, {crossed} steps in {args.epoch_steps}-step epochs: the default checkpoint's saves took "
-                          f"{saves['seconds']:.2f} s of the {saves['fit_seconds']:.1f} s fit ({saves['share']:.1%}), "
+                          f"  (defaults on, {crossed} steps in {args.epoch_steps}-step epochs: the default "
+                          f"checkpoint's saves took {saves['seconds']:.2f} s of the {saves['fit_seconds']:.1f} s "
+                          f"fit ({saves['share']:.1%}), "
                           f"{saves['write_wait_seconds']:.2f} s of it waiting for writes, and the writes beside "
                           f"the loop {saves['write_cpu_seconds']:.2f} s of CPU and their copies' transfers to "
                           f"the host {saves['transfer_seconds']:.2f} s; {saves['skipped']} "

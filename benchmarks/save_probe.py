@@ -22,10 +22,7 @@ Two parts, in one process:
 from __future__ import annotations
 
 import argparse
-import gzip
-import glob
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -38,8 +35,8 @@ if __name__ == "__main__":  # --help before JAX is imported
     _HELP.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, seconds: checks the script runs")
     _HELP.add_argument("--json", default=None, help="write the figures here as JSON")
     ARGS = _HELP.parse_args()
-    if ARGS.device:
-        sys.argv.append("--device")  # benchmarks/gpt.py keeps JAX's own devices (no 8 virtual CPUs)
+    if ARGS.device and "--device" not in sys.argv:  # given abbreviated: benchmarks/gpt.py looks for the word
+        sys.argv.append("--device")  # to keep JAX's own devices (no 8 virtual CPUs)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
@@ -57,7 +54,7 @@ from fitjax.callbacks._base import ignores_batch  # noqa: E402
 from fitjax.checkpoint import _writer  # noqa: E402  (its copies timed where they are made and moved)
 
 import _results  # noqa: E402
-from _trace import _lane, idle_share  # noqa: E402
+from _trace import device_lane, idle_of  # noqa: E402
 
 
 def beside(shape: dict, data: np.ndarray, steps: int) -> dict[str, list]:
@@ -173,13 +170,10 @@ def fit(shape: dict, data: np.ndarray, *, epoch_steps: int, first: int, traced: 
            "default_checkpoint": {k: getattr(default, k) for k in ("save_seconds", "write_wait_seconds",
                                                                    "write_cpu_seconds", "transfer_seconds",
                                                                    "skipped_saves")}}
-    files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
-    if files:
-        with gzip.open(files[-1]) as file:
-            lane = _lane(json.load(file)["traceEvents"])
-        if lane:
-            out["programs_ms"] = [[round((a - lane[0][0]) / 1e3, 2), round((b - a) / 1e3, 2)] for a, b in lane]
-        out["idle"] = idle_share(folder)
+    lane = device_lane(folder)
+    if lane:
+        out["programs_ms"] = [[round((a - lane[0][0]) / 1e3, 2), round((b - a) / 1e3, 2)] for a, b in lane]
+    out["idle"] = idle_of(lane)  # None on CPU: no device lane
     return out
 
 
