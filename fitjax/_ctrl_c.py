@@ -13,6 +13,10 @@ is set, in the main thread of a script: an interactive session or a notebook kee
   second Ctrl-C there ends the process at once, status 130);
 - inside a garbage-collector callback, a `__del__` or anything a collection runs, sends it again,
   from a thread, until it lands outside such code;
+- inside a host callback that XLA runs (`jax.debug.callback`), the same;
+- inside XLA's compilation, holds it until the compilation returns (sent again, as above), and
+  says so after a second; a second Ctrl-C there ends the process at once, status 130 (see
+  `compiling`);
 - anywhere else raises `Interrupted`: a `SystemExit` with status 130 (the program ends quietly
   unless something catches it) and a `KeyboardInterrupt` (code that catches Ctrl-C still does).
 
@@ -38,8 +42,8 @@ import time
 import traceback
 from typing import Any
 
-__all__ = ["DEBUG_VAR", "STATUS", "Interrupted", "debugging", "held", "imported", "install", "interrupted",
-           "track_collections", "tracking_collections", "untrack_collections"]
+__all__ = ["DEBUG_VAR", "STATUS", "Interrupted", "compiling", "debugging", "held", "imported", "in_host_callback",
+           "install", "interrupted", "track_collections", "tracking_collections", "untrack_collections"]
 
 STATUS = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
 DEBUG_VAR = "FITJAX_DEBUG"
@@ -134,17 +138,86 @@ def swallowing(frame: Any) -> bool:
     return False
 
 
+# Where JAX waits for XLA to compile (`jax._src.compiler`; matched by name, not imported: this
+# module runs before JAX is imported). Checked with jax 0.10.2; tests/loop/test_ctrl_c_phases.py
+# fails if the name moves.
+_COMPILE_FILE = os.path.join("jax", "_src", "compiler.py")
+_COMPILE_FUNCTIONS = frozenset({"backend_compile_and_load", "backend_compile"})
+COMPILE_NOTICE_S = 1.0  # a Ctrl-C that a compilation holds this long is announced
+COMPILE_NOTICE = ("fitjax: Ctrl-C: stopping once XLA has finished compiling (leaving a compilation would "
+                  "crash the exit); Ctrl-C again quits at once, without the shutdown's save")
+
+
+# Where XLA's runtime runs a host callback (`jax.debug.callback`, `io_callback`, `pure_callback`)
+_CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
+_CALLBACK_FUNCTION = "_wrapped_callback"
+
+
+def _compile_code(code: Any) -> bool:
+    return code.co_name in _COMPILE_FUNCTIONS and code.co_filename.endswith(_COMPILE_FILE)
+
+
+def in_host_callback(frame: Any) -> bool:
+    """True when `frame` runs inside a host callback that XLA's runtime called: an exception
+    raised there becomes a `JaxRuntimeError` ("CpuCallback error") with a traceback, not a
+    Ctrl-C, so it is sent again until it lands outside (`held`)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == _CALLBACK_FUNCTION and code.co_filename.endswith(_CALLBACK_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def compiling(frame: Any) -> bool:
+    """True when `frame` runs inside JAX's call to XLA's compiler.
+
+    jaxlib (0.10 on) checks for Ctrl-C while it waits for a compilation and, when the handler
+    raises, returns at once and leaves the compilation running on the client's thread pool. If
+    the program then ends, the interpreter's exit frees the client (its devices) under that
+    compilation, which crashes with a segmentation fault (status -11: 6 times in 6 for a Ctrl-C
+    while `examples/digits.py` compiled). So a Ctrl-C there waits for the compilation to return
+    (seconds for most programs) and is raised then (`held`).
+    """
+    while frame is not None:
+        if _compile_code(frame.f_code):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Held:
-    """A Ctrl-C that landed where Python drops exceptions, and is being sent again."""
+    """A Ctrl-C that landed where it cannot be raised: sent again from a thread (in code whose
+    exceptions Python drops), or raised when a compilation returns (`compile`)."""
     pending = False
     sender: threading.Thread | None = None
+    compile = False  # a compilation holds one
+    released = False  # the compilation that held one returned: raise it wherever it lands
 
 
 def held(frame: Any) -> bool:
-    """Whether a Ctrl-C that landed in `frame` must wait: inside code whose exceptions Python
-    drops (`swallowing`) it is sent again, from a thread (sent from the handler, it would run the
-    handler again inside itself), until it lands elsewhere; False: the handler raises it now."""
-    if not swallowing(frame):
+    """Whether a Ctrl-C that landed in `frame` must wait; False: the handler raises it now.
+
+    - Inside XLA's compilation (`compiling`): it is sent again as the compilation returns (a
+      profile function sees the return), announced if that takes over a second; a new Ctrl-C
+      meanwhile ends the process at once, status 130 (that exit skips the interpreter's clean-up,
+      which is what crashes beside a compilation). With a profiler set (it owns the profile
+      function) it is raised now, as before jaxlib 0.10.
+    - Inside code whose exceptions Python drops (`swallowing`) or JAX turns into its own
+      (`in_host_callback`): it is sent again, from a thread
+      (sent from the handler, it would run the handler again inside itself), until it lands
+      elsewhere.
+    """
+    if _Held.released:  # (it may land in `_after_compile`, the compilation still on the stack)
+        _Held.released = False
+        return False
+    if compiling(frame):
+        if _Held.compile:
+            _exit_now()
+        if sys.getprofile() is None:
+            _hold_until_compiled()
+            return True
+    if not swallowing(frame) and not in_host_callback(frame):
         _Held.pending = False
         return False
     _Held.pending = True
@@ -162,6 +235,31 @@ def _send_again() -> None:
         time.sleep(RESEND_S)
         if _Held.pending and not _Collection.running:
             _thread.interrupt_main()
+
+
+def _hold_until_compiled() -> None:
+    # the handler runs in the main thread: the profile function is that thread's, and costs
+    # nothing while the thread waits in XLA (no Python runs there)
+    _Held.compile = True
+    sys.setprofile(_after_compile)
+    notice = threading.Timer(COMPILE_NOTICE_S, _announce_compiling)
+    notice.daemon = True
+    with contextlib.suppress(RuntimeError):  # at the interpreter's exit: no notice
+        notice.start()
+
+
+def _after_compile(frame: Any, event: str, arg: Any) -> None:
+    if event == "return" and _compile_code(frame.f_code):
+        sys.setprofile(None)
+        _Held.compile = False
+        _Held.released = True
+        _thread.interrupt_main()  # the handler runs again as the compilation returns, and raises
+
+
+def _announce_compiling() -> None:
+    if _Held.compile and not _Exit.begun:
+        with contextlib.suppress(Exception):
+            print(COMPILE_NOTICE, file=sys.stderr, flush=True)
 
 
 class _Import:
