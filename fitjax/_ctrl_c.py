@@ -56,11 +56,14 @@ class Interrupted(SystemExit, KeyboardInterrupt):
     and a `KeyboardInterrupt`, so `except KeyboardInterrupt:` still catches it.
 
     `announced`: whether Lightning's line ("Detected KeyboardInterrupt, ...") was said for it
-    (a fit says it; a Ctrl-C outside a fit says nothing)."""
+    (a fit says it; a Ctrl-C outside a fit says nothing). `generated`: from `Trainer.generate`,
+    the tokens it had made (what it returns, each row cut where the Ctrl-C stopped it); else
+    None."""
 
-    def __init__(self, *, announced: bool = False) -> None:
+    def __init__(self, *, announced: bool = False, generated: Any = None) -> None:
         super().__init__(STATUS)
         self.announced = announced
+        self.generated = generated
 
 
 def debugging() -> bool:
@@ -68,10 +71,10 @@ def debugging() -> bool:
     return os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def interrupted(*, announced: bool = False) -> Interrupted:
+def interrupted(*, announced: bool = False, generated: Any = None) -> Interrupted:
     """The `Interrupted` to raise now. If it ends the program, the exit ignores further Ctrl-C."""
     _quiet_exit()
-    return Interrupted(announced=announced)
+    return Interrupted(announced=announced, generated=generated)
 
 
 class _Exit:

@@ -97,7 +97,7 @@ def graceful() -> Iterator[None]:
         raise
     except KeyboardInterrupt as exc:
         begin(exc)  # before fit's own handling: the line is said here
-        raise interrupted(announced=True) from None
+        raise interrupted(announced=True, generated=getattr(exc, "generated", None)) from None
     finally:
         _Shutdown.begun = False
         if tracking:

@@ -157,7 +157,8 @@ ARGUMENTS = {
         Args:
             module: the `LitModule` whose model generates.
             prompts: see above; prompts of different lengths are left-padded together.
-            max_new_tokens: tokens generated per prompt at most.
+            max_new_tokens: tokens generated per prompt at most; with the longest prompt within
+                the model's `max_positions` (if it has one) and int32's positions.
             temperature: 0 picks the most likely token (greedy); otherwise the logits are
                 divided by it and a token drawn.
             top_k: draw among the k most likely tokens only (None: all).

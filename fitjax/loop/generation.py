@@ -1,10 +1,15 @@
 """Generation: what `Trainer.generate` runs, an evaluation program beside validate, test and
 predict. Prompts in (token ids, or text through the module's tokenizer), continuations out.
 
-One jitted program per prompt-length bucket does the whole generation on the devices: a
-prefill of the prompts that fills the model's KV cache, then a `lax.while_loop` of one-token
-steps, each reading the cache instead of re-running the sequence, until every row has produced
-an end-of-sequence token or `max_new_tokens`. The host waits once, for the result.
+Two jitted programs per prompt-length bucket run the generation on the devices: a prefill of
+the prompts that fills the model's KV cache, then a `lax.while_loop` of one-token steps, each
+reading the cache instead of re-running the sequence, called again for the next chunk of tokens
+until every row has produced an end-of-sequence token or `max_new_tokens`. Between chunks the
+host reads two numbers (the tokens made, whether all rows stopped) and sees Ctrl-C: a chunk lasts
+about `CHUNK_S` (its length, an input of the program, is sized from the tokens per second so
+far), so Ctrl-C stops a generation within about a second, where one program for the whole
+generation ran to its end (103 s for a 100 s generation). The chunks' host round trips cost
+under 1% of a generation's time.
 
 The batch layout (`layout`): prompts are left-padded to the bucket's length (16, 24, 32, 48,
 64, 96, ... tokens), so a second call whose longest prompt falls in the same bucket reuses the
@@ -30,10 +35,14 @@ positions end (a table of learned positions: GPT-2's 1024) says where with an in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import signal
+import threading
+import time
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +51,7 @@ import numpy as np
 from fitjax import module as module_lib
 from fitjax import precision as precision_lib
 from fitjax import step as step_lib
+from fitjax.loop import _interrupt
 from fitjax.loop._sampling import next_tokens
 
 __all__ = ["GenerateOptions", "Prompts", "bucket", "generate", "layout", "read_prompts", "default_eos",
@@ -51,6 +61,10 @@ _FLOOR = 16  # the smallest prompt bucket: a few tokens of padding cost nothing 
 _KEY_SALT = 0x6E7  # the dropout streams a generation step may draw apart from the sampling's
 _EOS_SLOTS = 4  # end-of-sequence ids are an input of this size (more: one more compilation)
 _KEPT = 8  # compiled programs kept per module (option sets x strategies)
+INT32_MAX = 2**31 - 1  # token ids and positions are int32 on the devices
+CHUNK_S = 0.25  # a chunk of generated tokens lasts about this long: Ctrl-C waits for at most one
+_FIRST_CHUNK = 16  # tokens of the first chunk, before any speed is measured
+_GROWTH = 8  # a chunk is at most this many times its predecessor (a first measure can be off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,10 @@ class GenerateOptions:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"{where}(max_new_tokens=...) must be a positive int (tokens generated per "
                              f"prompt at most); got {max_new_tokens!r}.")
+        if max_new_tokens > INT32_MAX - _FLOOR:
+            raise ValueError(f"{where}(max_new_tokens=...) must be at most {INT32_MAX - _FLOOR:,} (positions "
+                             f"are int32 on the devices, and the KV cache holds them all); got "
+                             f"{max_new_tokens!r}. Pass the tokens you need.")
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise ValueError(f"{where}(temperature=...) must be a number >= 0 (0: greedy, the most likely "
                              f"token each step; 1: the model's distribution); got {temperature!r}.")
@@ -103,9 +121,9 @@ def default_eos(tokenizer: Any, config: Any) -> Any:
 
 def _token_ids(value: Any) -> tuple[int, ...]:
     values = () if value is None else (value,) if isinstance(value, (int, np.integer)) else tuple(value)
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 for v in values):
-        raise ValueError(f"Trainer.generate(eos_token_id=...) must be None, a token id or a list of them; "
-                         f"got {value!r}.")
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= INT32_MAX for v in values):
+        raise ValueError(f"Trainer.generate(eos_token_id=...) must be None, a token id (an int from 0 to "
+                         f"{INT32_MAX:,}: ids are int32 on the devices) or a list of them; got {value!r}.")
     return tuple(int(v) for v in values)
 
 
@@ -151,7 +169,7 @@ def read_prompts(prompts: Any, tokenizer: Any) -> Prompts:
             if not _is_ids(p):
                 raise ValueError(f"Trainer.generate(prompts=...): prompt {i} is {p!r}; a prompt is a list or "
                                  "1-D array of token ids (ints), or text with `module.tokenizer` set.")
-            ids.append(np.asarray(p, dtype=np.int32))
+            ids.append(_int32_ids(p, i))
     for i, p in enumerate(ids):
         if p.size == 0:
             raise ValueError(f"Trainer.generate(prompts=...): prompt {i} has no tokens; every prompt needs one.")
@@ -164,6 +182,18 @@ def _is_ids(p: Any) -> bool:
         return p.ndim == 1 and p.dtype.kind in "iu"
     return isinstance(p, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
                                                 for t in p)
+
+
+def _int32_ids(prompt: Any, i: int) -> np.ndarray:
+    """Prompt `i`'s ids as int32, refusing an id int32 cannot hold (NumPy raises an OverflowError
+    for a list, and wraps an int64 array's ids around silently)."""
+    values = list(prompt) if isinstance(prompt, (list, tuple)) else np.asarray(prompt).tolist()
+    for j, v in enumerate(values):
+        if not -INT32_MAX - 1 <= v <= INT32_MAX:
+            raise ValueError(f"Trainer.generate(prompts=...): prompt {i} has token id {v!r} at position {j}, "
+                             "which int32 cannot hold (token ids are int32 on the devices; a vocabulary's ids run "
+                             "from 0 to its size - 1). Pass the tokenizer's ids.")
+    return np.asarray(values, dtype=np.int32)
 
 
 def _encode(tokenizer: Any, text: str) -> np.ndarray:
@@ -197,28 +227,93 @@ def layout(prompts: Sequence[np.ndarray], *, rows: int, length: int) -> dict[str
 def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: tuple, strategy: Any,
              policy: precision_lib.Precision) -> Any:
     """The continuations of `prompts` (see `Trainer.generate`), generated with `variables`
-    (`(params, model_state)` placed in `strategy`'s shardings)."""
+    (`(params, model_state)` placed in `strategy`'s shardings).
+
+    A Ctrl-C stops the generation after the chunk of tokens in flight (about `CHUNK_S`) and
+    raises `KeyboardInterrupt` whose `generated` holds the tokens made so far, in the form this
+    returns (`Trainer.generate` raises it as `Interrupted`); a second Ctrl-C raises at once."""
     tokenizer = getattr(module, "tokenizer", None)
     read = read_prompts(prompts, tokenizer)
     longest = max(len(p) for p in read.tokens)
     _check_positions(module.step_spec().binding.model, longest, options.max_new_tokens)
+    length = bucket(longest)
+    if length + options.max_new_tokens > INT32_MAX:
+        raise ValueError(f"Trainer.generate: the prompts' {length} positions (the longest prompt's bucket) and "
+                         f"max_new_tokens={options.max_new_tokens:,} pass int32's {INT32_MAX:,} (positions are "
+                         f"int32 on the devices). Pass max_new_tokens <= {INT32_MAX - length:,}.")
     shards = strategy.num_batch_shards
     rows = math.ceil(len(read.tokens) / shards) * shards
-    batch = layout(read.tokens, rows=rows, length=bucket(longest))
-    program = _program(module, options, policy, strategy)
+    batch = layout(read.tokens, rows=rows, length=length)
+    prefill, decode = _programs(module, options, policy, strategy)
     inputs = strategy.put(batch, strategy.batch_sharding)
     eos = np.full(max(_EOS_SLOTS, len(options.eos)), -1, np.int32)  # -1: no token stops a row
     eos[:len(options.eos)] = options.eos
-    scalars = strategy.put({"temperature": np.float32(options.temperature), "top_k": np.int32(options.top_k or 0),
+    scalars = strategy.put({"temperature": np.float32(options.temperature),
+                            "top_k": np.int32(min(options.top_k or 0, INT32_MAX)),  # past the vocabulary: all
                             "top_p": np.float32(1.0 if options.top_p is None else options.top_p),
                             "eos": eos, "seed": np.uint32(options.seed % 2**32)}, strategy.replicated)
-    new, counts = program(*variables, inputs, scalars)
-    # sync point: the one wait of a generation (replicated: every process reads the whole result)
-    new, counts = np.asarray(new.addressable_data(0)), np.asarray(counts.addressable_data(0))
-    results = [new[i, :counts[i]].tolist() for i in range(len(read.tokens))]
-    if read.text:
-        results = [_decode(tokenizer, ids) for ids in results]
-    return results[0] if read.single else results
+    with _stop_on_ctrl_c() as ctrl_c:
+        carry = prefill(*variables, inputs, scalars)
+        made, chunk, out = 0, _FIRST_CHUNK, None
+        while made < options.max_new_tokens and not ctrl_c.requested:
+            before, began = made, time.monotonic()
+            carry, out, status = decode(*variables, carry, inputs, scalars, np.int32(min(options.max_new_tokens,
+                                                                                         made + chunk)))
+            # sync point, once a chunk: the tokens made and whether every row has stopped
+            made, finished = (int(v) for v in np.asarray(status.addressable_data(0)))
+            if finished:
+                break
+            rate = (made - before) / max(time.monotonic() - began, 1e-6)  # tokens a second (the first: with compiling)
+            chunk = max(1, min(_GROWTH * chunk, int(rate * CHUNK_S)))
+        # replicated: every process reads the whole result
+        new = np.zeros((rows, 0), np.int32) if out is None else np.asarray(out.addressable_data(0))
+        results = _results(new[:len(read.tokens), :made], options.eos)
+        if read.text:
+            results = [_decode(tokenizer, ids) for ids in results]
+        results = results[0] if read.single else results
+        if ctrl_c.requested:
+            stopped = KeyboardInterrupt()
+            stopped.generated = results
+            raise stopped
+    return results
+
+
+def _results(new: np.ndarray, eos: tuple[int, ...]) -> list[list[int]]:
+    """Each row's tokens up to and including its first end-of-sequence token (a stopped row's
+    later tokens are 0s)."""
+    results = []
+    for row in new:
+        stops = np.flatnonzero(np.isin(row, eos)) if eos else ()
+        results.append(row[:stops[0] + 1 if len(stops) else len(row)].tolist())
+    return results
+
+
+class _CtrlC:
+    requested = False
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c() -> Iterator[_CtrlC]:
+    """While a generation runs, a Ctrl-C asks it to stop after the chunk in flight (the handler
+    only records it: raised inside a dispatch it could leave the donated cache half-used); a
+    second one is the handler's from before (`Trainer.generate`'s: raised at once). From the main
+    thread only (Python's rule); the previous handler is back after."""
+    ctrl_c = _CtrlC()
+    if threading.current_thread() is not threading.main_thread():
+        yield ctrl_c
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        if ctrl_c.requested and callable(previous):
+            previous(signum, frame)
+        ctrl_c.requested = True
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield ctrl_c
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _check_positions(model: Any, longest: int, max_new: int) -> None:
@@ -237,7 +332,8 @@ def _check_positions(model: Any, longest: int, max_new: int) -> None:
                      f"positions ends there). {fix[0].upper()}{fix[1:]}.")
 
 
-def _program(module: Any, options: GenerateOptions, policy: precision_lib.Precision, strategy: Any) -> Callable:
+def _programs(module: Any, options: GenerateOptions, policy: precision_lib.Precision, strategy: Any
+              ) -> tuple[Callable, Callable]:
     spec = module.step_spec()
     key = (spec.binding, type(module).generate_step, policy, options.max_new_tokens, options.use_cache,
            strategy.replicated)
@@ -247,24 +343,26 @@ def _program(module: Any, options: GenerateOptions, policy: precision_lib.Precis
     if key not in programs:
         if len(programs) >= _KEPT:  # the oldest goes (a new binding after `apply_lora` makes all old)
             programs.pop(next(iter(programs)))
-        run = _make_program(spec, module.generate_step, policy, options)
-        # the inputs arrive placed (jit follows their shardings); every process reads the whole result
-        programs[key] = jax.jit(run, out_shardings=strategy.replicated)
+        prefill, decode = _make_programs(spec, module.generate_step, policy, options, strategy.replicated)
+        # the inputs arrive placed (jit follows their shardings); the carry (the KV cache) is
+        # donated from chunk to chunk
+        programs[key] = jax.jit(prefill), jax.jit(decode, donate_argnums=2)
     return programs[key]
 
 
-def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: precision_lib.Precision,
-                  options: GenerateOptions) -> Callable:
+def _make_programs(spec: step_lib.ModuleSpec, generate_step: Callable, policy: precision_lib.Precision,
+                   options: GenerateOptions, replicated: Any) -> tuple[Callable, Callable]:
+    """`prefill(params, model_state, batch, scalars) -> carry` and `decode(params, model_state,
+    carry, batch, scalars, stop) -> (carry, tokens, status)`: the tokens up to index `stop`
+    (or until every row stopped), `tokens` [rows, max_new_tokens] and `status` [made, all
+    stopped] replicated (every process reads them)."""
     max_new = options.max_new_tokens
 
-    def run(params, model_state, batch, scalars):
+    def parts(params, model_state, batch, scalars):
         tokens, positions, segment_ids, lengths = (batch[k] for k in ("tokens", "positions", "segment_ids",
                                                                       "lengths"))
-        rows, length = tokens.shape
-        eos, key = scalars["eos"], jax.random.key(scalars["seed"])
-        total = length + max_new
         params = policy.cast_compute(params)
-        rng = jax.random.fold_in(key, _KEY_SALT)
+        rng = jax.random.fold_in(jax.random.key(scalars["seed"]), _KEY_SALT)
 
         def call(fn, *args):
             with spec.mode(False):
@@ -277,8 +375,13 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
             return call(fn, tokens, positions, segment_ids, cache)
 
         cached = call(lambda model: hasattr(model, "init_cache")) if options.use_cache is None else options.use_cache
+        return tokens, positions, segment_ids, lengths, call, forward, cached
+
+    def prefill(params, model_state, batch, scalars):
+        tokens, positions, segment_ids, lengths, call, forward, cached = parts(params, model_state, batch, scalars)
+        rows, length = tokens.shape
         if cached:
-            cache = call(lambda model: _init_cache(model, rows, total, policy.compute_dtype))
+            cache = call(lambda model: _init_cache(model, rows, length + max_new, policy.compute_dtype))
             logits, memory = forward(tokens, positions, segment_ids, cache)
             logits = logits[:, -1]
         else:  # the whole sequence each step: the prompt, then the generated tokens as they come
@@ -287,6 +390,12 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
                       jnp.concatenate([positions, ahead], axis=1),
                       jnp.concatenate([segment_ids, jnp.ones((rows, max_new), jnp.int32)], axis=1))
             logits = forward(*memory, None)[0][:, length - 1]
+        return jnp.int32(0), logits, memory, jnp.zeros((rows, max_new), jnp.int32), lengths == 0
+
+    def chunk(params, model_state, carry, batch, scalars, stop):
+        tokens, positions, segment_ids, lengths, call, forward, cached = parts(params, model_state, batch, scalars)
+        rows, length = tokens.shape
+        eos, key = scalars["eos"], jax.random.key(scalars["seed"])
 
         def step(state):
             t, logits, memory, out, done = state
@@ -309,17 +418,18 @@ def _make_program(spec: step_lib.ModuleSpec, generate_step: Callable, policy: pr
 
         def going(state):
             t, _, _, _, done = state
-            return (t < max_new) & ~jnp.all(done)
+            return (t < stop) & ~jnp.all(done)
 
-        out = jnp.zeros((rows, max_new), jnp.int32)
-        start = (jnp.int32(0), logits, memory, out, lengths == 0)
-        _, _, _, out, _ = jax.lax.while_loop(going, step, start)
-        # a row's tokens up to and including its first end-of-sequence token
-        stops = jnp.isin(out, eos)
-        first = jnp.where(stops.any(axis=1), jnp.argmax(stops, axis=1) + 1, max_new)
-        return out, jnp.where(lengths > 0, first, 0).astype(jnp.int32)
+        carry = jax.lax.while_loop(going, step, carry)
+        t, _, _, out, done = carry
+        status = jnp.stack([t, jnp.all(done).astype(jnp.int32)])
+        return carry, jax.lax.with_sharding_constraint((out, status), replicated)
 
-    return run
+    def decode(params, model_state, carry, batch, scalars, stop):
+        carry, (out, status) = chunk(params, model_state, carry, batch, scalars, stop)
+        return carry, out, status
+
+    return prefill, decode
 
 
 def _init_cache(model: Any, rows: int, total: int, dtype: Any) -> Any:

@@ -776,13 +776,22 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         last fit's (its evaluation copy: `EMA(use_for_eval=True)`'s), else the module's own,
         else those `load_weights` names, placed as this trainer's strategy shards the model.
 
-        One compiled program per prompt-length bucket (16, 24, 32, 48, 64, ... tokens) runs the
-        whole generation with the model's KV cache (`fitjax.loop.generation`), batched, each row
-        stopping at its end-of-sequence token. `module.generate_step` is the traced forward pass.
+        Two compiled programs per prompt-length bucket (16, 24, 32, 48, 64, ... tokens) run the
+        generation with the model's KV cache (`fitjax.loop.generation`), batched, each row
+        stopping at its end-of-sequence token: the prompts' pass, then chunks of about a quarter
+        of a second of tokens. `module.generate_step` is the traced forward pass.
+
+        Ctrl-C stops a generation after the chunk in flight (within about a second) and raises
+        `Interrupted` (status 130 if uncaught, Lightning's line said) whose `generated` holds
+        the tokens made so far, in the form this returns; a second Ctrl-C raises at once.
 
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
             >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
+            >>> # try:
+            >>> #     text = trainer.generate(module, "Once", max_new_tokens=2000)
+            >>> # except KeyboardInterrupt as stopped:  # Ctrl-C: the text so far
+            >>> #     text = stopped.generated
         """
         checks.check_module(module, "generate")
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
