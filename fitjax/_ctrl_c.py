@@ -14,9 +14,9 @@ is set, in the main thread of a script: an interactive session or a notebook kee
 - inside a garbage-collector callback, a `__del__` or anything a collection runs, sends it again,
   from a thread, until it lands outside such code;
 - inside a host callback that XLA runs (`jax.debug.callback`), the same;
-- inside XLA's compilation, holds it until the compilation returns (sent again, as above), and
-  says so after a second; a second Ctrl-C there ends the process at once, status 130 (see
-  `compiling`);
+- inside XLA's compilation, holds it until the compilation returns and raises it then, saying
+  so after a second; a second Ctrl-C there ends the process at once, status 130 (see
+  `compiling`: a compilation left running crashes the interpreter's exit);
 - anywhere else raises `Interrupted`: a `SystemExit` with status 130 (the program ends quietly
   unless something catches it) and a `KeyboardInterrupt` (code that catches Ctrl-C still does).
 
@@ -178,9 +178,10 @@ def compiling(frame: Any) -> bool:
     jaxlib (0.10 on) checks for Ctrl-C while it waits for a compilation and, when the handler
     raises, returns at once and leaves the compilation running on the client's thread pool. If
     the program then ends, the interpreter's exit frees the client (its devices) under that
-    compilation, which crashes with a segmentation fault (status -11: 6 times in 6 for a Ctrl-C
-    while `examples/digits.py` compiled). So a Ctrl-C there waits for the compilation to return
-    (seconds for most programs) and is raised then (`held`).
+    compilation, which crashes with a segmentation fault (status -11: `examples/digits.py`
+    Ctrl-C'd while compiling its train step; a script's 10 s `jax.jit` every time). So a Ctrl-C
+    there waits for the compilation to return (seconds for most programs) and is raised then
+    (`held`).
     """
     while frame is not None:
         if _compile_code(frame.f_code):
