@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["DEBUG_VAR", "STATUS", "Interrupted", "compiling", "debugging", "held", "imported", "in_host_callback",
            "install", "interrupted", "track_collections", "tracking_collections", "untrack_collections"]
@@ -199,8 +199,9 @@ class _Held:
     released = False  # the compilation that held one returned: raise it wherever it lands
 
 
-def held(frame: Any) -> bool:
+def held(frame: Any, *, quitting: Callable[[], None] | None = None) -> bool:
     """Whether a Ctrl-C that landed in `frame` must wait; False: the handler raises it now.
+    `quitting` runs before a Ctrl-C during a held one ends the process (a fit's line).
 
     - Inside XLA's compilation (`compiling`): it is sent again as the compilation returns (a
       profile function sees the return), announced if that takes over a second; a new Ctrl-C
@@ -217,6 +218,9 @@ def held(frame: Any) -> bool:
         return False
     if compiling(frame):
         if _Held.compile:
+            if quitting is not None:
+                with contextlib.suppress(Exception):
+                    quitting()
             _exit_now()
         if sys.getprofile() is None:
             _hold_until_compiled()

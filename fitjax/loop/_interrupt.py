@@ -70,9 +70,16 @@ def on_sigint(signum, frame) -> None:
     it as "Exception ignored" and go on (JAX runs a callback at every collection: Ctrl-C during
     set-up was lost 1 time in 7): there the signal is sent again until it lands outside such code
     (`fitjax._ctrl_c.held`)."""
-    if held(frame):
+    if held(frame, quitting=_quitting):
         return
     raise KeyboardInterrupt
+
+
+def _quitting() -> None:
+    """A second Ctrl-C during a compilation that holds the first quits at once: Lightning's
+    line is said (the shutdown that would say it does not run)."""
+    if jax.process_index() == 0:
+        log.info(MESSAGE)
 
 
 def _still_saving(signum, frame) -> None:

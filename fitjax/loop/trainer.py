@@ -781,17 +781,13 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         stopping at its end-of-sequence token: the prompts' pass, then chunks of about a quarter
         of a second of tokens. `module.generate_step` is the traced forward pass.
 
-        Ctrl-C stops a generation after the chunk in flight (within about a second) and raises
-        `Interrupted` (status 130 if uncaught, Lightning's line said) whose `generated` holds
-        the tokens made so far, in the form this returns; a second Ctrl-C raises at once.
+        Ctrl-C stops it after the chunk in flight (within about a second) and raises
+        `Interrupted` (status 130 if uncaught) whose `generated` holds the tokens made so far,
+        in the form this returns (docs/guides/language_models.md); a second one raises at once.
 
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
             >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
-            >>> # try:
-            >>> #     text = trainer.generate(module, "Once", max_new_tokens=2000)
-            >>> # except KeyboardInterrupt as stopped:  # Ctrl-C: the text so far
-            >>> #     text = stopped.generated
         """
         checks.check_module(module, "generate")
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
