@@ -229,9 +229,10 @@ class RichProgressBar(Callback):
         return self.console.is_terminal
 
     def _print(self, line: str) -> None:
-        """Prints `line` wrapped between its parts at the console's width (80 columns unless the
-        terminal or `COLUMNS` says otherwise)."""
-        text = "\n".join(_wrap(line, self.console.width))
+        """Prints `line`: on a terminal wrapped between its parts at its width (80 columns unless
+        the terminal or `COLUMNS` says otherwise); piped or to a file, whole: one line a record,
+        so that `grep Epoch` finds each epoch's values with it."""
+        text = "\n".join(_wrap(line, self.console.width)) if self.is_terminal else line
         if self._progress is not None or self.console.record:
             # Above the live bar, drawn by this thread (no refresh thread runs: see the module doc)
             self.console.print(text, highlight=False, soft_wrap=True, markup=False)
