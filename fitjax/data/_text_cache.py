@@ -43,6 +43,7 @@ CHUNK_BYTES = 32 << 20  # a chunk of a JSONL or text file: about 8M tokens, one 
 FOLDER = ".fitjax_tokens"
 _FORMAT = 1  # the stored layout's version: part of every key, so an old layout is never misread
 _WAIT_MS = 3_600_000  # how long a process waits for the others' shares before tokenizing them itself
+_SAY_MS = 60_000  # a wait longer than this is said, once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,10 @@ def _row_groups(path: str) -> list[int]:
     with _text_files._open(path) as file:
         metadata = pq.ParquetFile(file).metadata
         return [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+
+
+def _whole_path(path: str) -> str:
+    return path if _storage.is_url(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def _records(chunk: Chunk) -> Iterator[tuple[int, Any]]:
@@ -242,15 +247,14 @@ class TokenCache:
         if self._identity is None:
             return None
         chunk = self.chunks[k]
-        key = hashlib.sha256(f"{self._identity}|{chunk.path}|{chunk.stamp}|{chunk.start}-{chunk.end}".encode())
+        # beside the data, the folder tells the files apart (and the entries move with it); in one
+        # folder for all, the file's whole path does
+        where = os.path.basename(chunk.path) if self._cache is True else _whole_path(chunk.path)
+        key = hashlib.sha256(f"{self._identity}|{where}|{chunk.stamp}|{chunk.start}-{chunk.end}".encode())
         name = f"{os.path.basename(chunk.path)}.{chunk.start}-{chunk.end}.{key.hexdigest()[:24]}.npy"
         if self._cache is True:
-            folder = chunk.path.rsplit("/", 1)[0] if _storage.is_url(chunk.path) else os.path.dirname(
-                os.path.abspath(os.path.expanduser(chunk.path)))
-            return f"{folder}/{FOLDER}/{name}"
-        folder = os.fspath(self._cache)
-        return f"{folder.rstrip('/')}/{name}" if _storage.is_url(folder) else os.path.join(
-            os.path.expanduser(folder), name)
+            return f"{_whole_path(chunk.path).rsplit('/', 1)[0]}/{FOLDER}/{name}"
+        return f"{_whole_path(os.fspath(self._cache)).rstrip('/')}/{name}"
 
     def _exists(self, k: int) -> bool:
         """Whether chunk `k` has an entry in the cache (not read: a run over a cached corpus starts
@@ -322,9 +326,20 @@ class TokenCache:
             client.key_value_set(f"{key}/{index}", "stored")
         for other in range(count):
             if other != index:
-                try:
-                    client.blocking_key_value_get(f"{key}/{other}", _WAIT_MS)
-                except Exception:  # noqa: BLE001 - the other process is slow: its chunks are read or made below
-                    warnings.warn(f"TextLoader: process {other} did not store its share of the tokens within "
-                                  f"{_WAIT_MS // 1000} s; this process tokenizes what it does not find.",
-                                  stacklevel=_stack.user_stacklevel())
+                self._wait_for(client, f"{key}/{other}", other)
+
+    def _wait_for(self, client: Any, key: str, other: int) -> None:
+        waited = 0
+        while waited < _WAIT_MS:
+            try:
+                client.blocking_key_value_get(key, _SAY_MS)
+                return
+            except Exception:  # noqa: BLE001 - not said yet: the other process is slow, or not iterating
+                waited += _SAY_MS
+                if waited == _SAY_MS:
+                    warnings.warn(f"TextLoader: waiting for process {other} to tokenize its share of the records "
+                                  "(every process iterates a TextLoader, or calls `tokenize()`, for the shares "
+                                  "to be made).", stacklevel=_stack.user_stacklevel())
+        warnings.warn(f"TextLoader: process {other} did not store its share of the tokens within "
+                      f"{_WAIT_MS // 1000} s; this process tokenizes what it does not find.",
+                      stacklevel=_stack.user_stacklevel())

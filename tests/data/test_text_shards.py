@@ -157,6 +157,11 @@ def test_a_second_epoch_and_a_second_run_tokenize_nothing(tmp_path, tokenizer, c
     batches(make(tmp_path / "data", tokenizer))
     assert calls["records"] == 30
 
+    calls["records"] = 0  # one folder for every file's entries
+    for _ in range(2):
+        batches(make(tmp_path / "data", tokenizer, cache=tmp_path / "tokens"))
+    assert calls["records"] == 30 + 32 and len(list((tmp_path / "tokens").iterdir())) == 2
+
 
 def test_tokens_stay_in_memory_where_no_cache_can_be_written(tmp_path, tokenizer, calls):
     records = write_corpus(tmp_path / "data", files=2)
