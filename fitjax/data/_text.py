@@ -3,10 +3,11 @@ through grain and resumable at any batch.
 
 The pipeline, one grain dataset per epoch: files (in order, or shuffled per epoch) -> records
 (by their byte offset or row) -> token ids and loss weights (tokenized once, each chunk of the
-corpus by one process, and read back from a cache: `_text_cache`) -> pieces of at most `seq_len` next-token pairs -> a window shuffle of
-`buffer_size` pieces -> rows (first-fit packing of several pieces per row, or one padded piece
-per row) -> batches. Only the shuffle window and the packing window are held in memory, so a
-corpus of any size streams. grain's iterator state is the position: the file and byte offset of
+corpus by one process, and read back from a cache: `_text_cache`) -> pieces of at most
+`seq_len` next-token pairs -> a window shuffle of `buffer_size` pieces -> rows (first-fit
+packing of several pieces per row, or one padded piece per row) -> batches. Only one chunk's
+tokens, the shuffle window and the packing window are held in memory, so a corpus of any size
+streams. grain's iterator state is the position: the file and byte offset of
 the record being read, the piece within it, and the places within the shuffle and packing
 windows; restoring it re-reads at most those windows. Every process runs the same pipeline over
 the same tokens and keeps its rows of each global batch, so the position is global: a run resumed

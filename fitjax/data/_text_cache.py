@@ -41,7 +41,7 @@ from fitjax.data import _text_files, _tokenize
 
 CHUNK_BYTES = 32 << 20  # a chunk of a JSONL or text file: about 8M tokens, one chunk in memory
 FOLDER = ".fitjax_tokens"
-_FORMAT = 1  # the stored layout's version: part of every key, so an old layout is never misread
+_FORMAT = 1  # part of every key: bump it when the stored layout or the encoding of records changes
 _WAIT_MS = 3_600_000  # how long a process waits for the others' shares before tokenizing them itself
 _SAY_MS = 60_000  # a wait longer than this is said, once
 
