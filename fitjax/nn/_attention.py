@@ -14,16 +14,16 @@ the devices of the strategy compiling the program, else `jax.default_backend()`)
   (`_kernels.splash_blocks`: lengths multiples of 128, head_dim a multiple of 64, one segment-id
   array, no `positions`); `FITJAX_TPU_ATTENTION=xla` turns it off. The kernel keeps no
   [q_length, kv_length] scores in HBM, and skips the blocks its mask hides (half of a causal
-  square). Under a mesh of several devices (every strategy's `jit` traces under its mesh) it
-  runs inside `jax.shard_map`, batch split over `data`/`fsdp` and heads over `tensor`, with no
+  square). Under a mesh of several devices (a strategy's program, or the user's `jax.set_mesh`)
+  it runs inside `jax.shard_map`, batch split over `data`/`fsdp` and heads over `tensor`, with no
   collective; where the mesh cannot split it, the plain path, said once in the log.
 - GPU (CUDA): cuDNN's fused attention where it takes the arguments (`xla_gpu.cudnn_attention`).
 - Anything else, or outside those constraints: the plain path.
 So a TPU program compiled on a CPU machine (the planner's `--target tpu-...`) traces the
 kernel, as the chip will run it. A user's own `jax.jit` outside fitjax's strategies is traced for
 the default backend: one for other devices of the process should pass `implementation="xla"`,
-and one over several TPU chips should trace under its mesh (`jax.set_mesh(mesh)`), without which
-the kernel cannot be compiled for them.
+and one over several TPU chips should trace under its mesh (`with jax.set_mesh(mesh):`), without
+which the kernel cannot be compiled for them.
 """
 
 from __future__ import annotations

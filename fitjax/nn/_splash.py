@@ -12,9 +12,11 @@ for tests on CPU). The kernel's residuals are named `RESIDUALS`, so a remat poli
 
 **Over a mesh (`mesh_layout`).** XLA cannot partition a Mosaic kernel (compiling it for more than
 one device raises "Mosaic kernels cannot be automatically partitioned"), so where the program is
-traced under a mesh of several devices (`jax.sharding.get_abstract_mesh()`: every strategy's
-`jit` sets it) the kernel runs inside `jax.shard_map` over all of that mesh's axes, each device on
-its own examples and heads, with no collective:
+traced under a mesh of several devices (JAX's, `jax.sharding.get_abstract_mesh()`: the user's
+`jax.set_mesh`, FSDP's with rules; else the strategy's, `fitjax._platform.traced_mesh()`: every
+strategy's `jit`, the state's init and generation set it) the kernel runs inside `jax.shard_map`
+over every axis of that mesh JAX has not made manual already (Mosaic compiles only where all are),
+each device on its own examples and heads, with no collective:
 - query, key, value `P(batch_axes, None, "tensor", None)`; the output like the query;
 - segment ids `P(batch_axes, None)`;
 where `batch_axes` are the mesh's `data` and `fsdp` axes (`FSDP.data_axes`; `DataParallel`'s
@@ -48,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from fitjax._platform import traced_mesh
 from fitjax.nn._kernels import SplashBlocks
 
 __all__ = ["BATCH_AXES", "HEAD_AXIS", "RESIDUALS", "Layout", "mesh_layout", "splash_attention"]
@@ -66,7 +69,7 @@ class Layout(NamedTuple):
     """How the kernel is split over a mesh: `shard_map`'s manual axes, the axes the batch is split
     over, the head axis (None: heads whole), and whether grouped key/value heads are repeated."""
 
-    mesh: Any  # jax.sharding.AbstractMesh
+    mesh: Any  # jax.sharding.Mesh or AbstractMesh
     manual: frozenset[str]
     batch: tuple[str, ...]
     heads: str | None
@@ -76,10 +79,15 @@ class Layout(NamedTuple):
 def mesh_layout(batch: int, heads: int, kv_heads: int) -> tuple[Layout | None, str]:
     """(the layout over the mesh being traced under, None where the kernel is called as is (no
     mesh, one device); why the mesh cannot take the kernel, "" where it can)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    mesh = jax.sharding.get_abstract_mesh()  # the user's `jax.set_mesh`, a shard_map's, FSDP(rules=...)'s
+    if mesh.empty:
+        mesh = traced_mesh()  # the strategy's whose program this is
+        if mesh is None:
+            return None, ""
+    if mesh.size == 1:
         return None, ""
-    manual = frozenset(name for name in mesh.axis_names if name not in mesh.manual_axes)
+    already = mesh.abstract_mesh.manual_axes if isinstance(mesh, jax.sharding.Mesh) else mesh.manual_axes
+    manual = frozenset(name for name in mesh.axis_names if name not in already)
     if not manual:  # inside the user's own shard_map over every axis: a per-device call
         return None, ""
     split = tuple(name for name in BATCH_AXES if name in manual and mesh.shape[name] > 1)

@@ -8,7 +8,6 @@ jitted step serves every strategy: only its `in_shardings`/`out_shardings` diffe
 from __future__ import annotations
 
 import abc
-import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -114,23 +113,15 @@ class Strategy(abc.ABC):
             ) -> Callable:
         """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation. `fn` is
         traced for this mesh's platform (`fitjax._platform`), which is not the process's default
-        one when the planner compiles for a TPU slice from a CPU machine, and under this mesh
-        (`traced_on_mesh`)."""
-        return jax.jit(traced_for(self.traced_on_mesh(fn), self.platform), in_shardings=in_shardings,
+        one when the planner compiles for a TPU slice from a CPU machine, and with this mesh as
+        `fitjax._platform.traced_mesh()`."""
+        return jax.jit(traced_for(fn, self.platform, self.mesh), in_shardings=in_shardings,
                        out_shardings=out_shardings, donate_argnums=donate_argnums, compiler_options=compiler_options)
 
     def traced_on_mesh(self, fn: Callable) -> Callable:
-        """`fn` traced under this mesh (`jax.sharding.use_abstract_mesh`): code inside reads it with
-        `jax.sharding.get_abstract_mesh()`, as `fj.nn.attention` does to split a kernel XLA cannot
-        partition (`shard_map`), and `PartitionSpec` constraints resolve against it."""
-        mesh = self.mesh.abstract_mesh
-
-        @functools.wraps(fn)
-        def on_mesh(*args, **kwargs):
-            with jax.sharding.use_abstract_mesh(mesh):
-                return fn(*args, **kwargs)
-
-        return on_mesh
+        """`fn` traced with this mesh as `fitjax._platform.traced_mesh()` (its platform left as is):
+        `fj.nn.attention` reads it to split a kernel XLA cannot partition (`shard_map`)."""
+        return traced_for(fn, None, self.mesh)
 
     def __repr__(self) -> str:
         shape = dict(self._mesh.shape) if self._mesh is not None else "not set up"

@@ -56,8 +56,8 @@ class FSDP(Strategy):
     `sharding` metadata) follow their annotation, as do the optimizer-state arrays mirroring
     them; every other array follows the rule: its largest dimension divisible by `fsdp`.
 
-    Every strategy traces its programs under its mesh (`Strategy.traced_on_mesh`); with `rules`,
-    also under them (flax's `nn.logical_axis_rules`), so a Linen model can place its activations with
+    With `rules`, the step is traced under them and the mesh (flax's `nn.logical_axis_rules`
+    and `jax.sharding.use_abstract_mesh`), so a Linen model can place its activations with
     `nn.with_logical_constraint(x, ("batch", None, "heads", None))`: map `"batch"` to
     `("data", "fsdp")` in the rules. Without rules (and under "dp" or "single") such
     constraints do nothing. XLA otherwise picks activation layouts from the parameters alone,
@@ -138,11 +138,11 @@ class FSDP(Strategy):
         are given): `nn.with_logical_constraint` in the model then resolves through them."""
         if not self.rules:
             return super().jit(fn, **kwargs)
-        rules = tuple(self.rules.items())
+        rules, mesh = tuple(self.rules.items()), self.mesh.abstract_mesh
 
         @functools.wraps(fn)
-        def under_rules(*args):  # the mesh is set by `Strategy.jit`
-            with nn.logical_axis_rules(rules):
+        def under_rules(*args):
+            with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(rules):
                 return fn(*args)
 
         return super().jit(under_rules, **kwargs)
