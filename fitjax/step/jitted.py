@@ -180,7 +180,8 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
-    init_fn = runs.init(options.wrap_init(init_fn, tx))
+    # under the mesh: a kernel XLA cannot partition (`fj.nn.attention`'s) is split over it
+    init_fn = strategy.traced_on_mesh(runs.init(options.wrap_init(init_fn, tx)))
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, binding.annotations)
     replicated = strategy.replicated
