@@ -51,7 +51,7 @@ import numpy as np
 from fitjax import module as module_lib
 from fitjax import precision as precision_lib
 from fitjax import step as step_lib
-from fitjax.loop import _interrupt
+from fitjax import strategies
 from fitjax.loop._sampling import next_tokens
 
 __all__ = ["GenerateOptions", "Prompts", "bucket", "generate", "layout", "read_prompts", "default_eos",
@@ -346,7 +346,8 @@ def _programs(module: Any, options: GenerateOptions, policy: precision_lib.Preci
         prefill, decode = _make_programs(spec, module.generate_step, policy, options, strategy.replicated)
         # the inputs arrive placed (jit follows their shardings); the carry (the KV cache) is
         # donated from chunk to chunk
-        programs[key] = jax.jit(prefill), jax.jit(decode, donate_argnums=2)
+        programs[key] = (jax.jit(strategy.traced_on_mesh(prefill)),
+                         jax.jit(strategy.traced_on_mesh(decode), donate_argnums=2))
     return programs[key]
 
 
@@ -455,7 +456,8 @@ def variables_for(module: Any, held: tuple | None, *, strategy: Any, seed: int, 
     if spec.weights is None and spec.variables is not None:
         params, model_state = spec.variables
         abstract = jax.eval_shape(lambda: {"params": params, "model_state": model_state})
-        shardings = strategy.state_shardings(abstract, spec.binding.annotations)
+        ruled = strategies.with_model_rules(strategy, spec.axis_rules)  # as `step_lib.build` lays them out
+        shardings = ruled.state_shardings(abstract, spec.binding.annotations)
         placed = jax.device_put({"params": params, "model_state": model_state}, shardings)
         return placed["params"], placed["model_state"]
     if module_lib.is_unfitted_linen(module):
