@@ -11,8 +11,8 @@ So `import fitjax` sets, before it imports JAX, a SIGINT handler (only where Pyt
 is set, in the main thread of a script: an interactive session or a notebook keeps Python's) that:
 - during `import fitjax` itself, holds the Ctrl-C until the import is done and raises it then (a
   second Ctrl-C there ends the process at once, status 130);
-- inside a garbage-collector callback, a `__del__` or anything a collection runs, sends it again,
-  from a thread, until it lands outside such code;
+- inside a garbage-collector callback, a `__del__` or anything a collection runs, holds it and
+  raises it at the first Python event outside such code (see `held`);
 - inside a host callback that XLA runs (`jax.debug.callback`), the same;
 - inside XLA's compilation, holds it until the compilation returns and raises it then, saying
   so after a second; a second Ctrl-C there ends the process at once, status 130 (see
@@ -191,42 +191,55 @@ def compiling(frame: Any) -> bool:
 
 
 class _Held:
-    """A Ctrl-C that landed where it cannot be raised: sent again from a thread (in code whose
-    exceptions Python drops), or raised when a compilation returns (`compile`)."""
-    pending = False
+    """A Ctrl-C that landed where it cannot be raised (`held`): what holds it ("compile",
+    "swallow"), or None."""
+    waiting: str | None = None
+    pending = False  # the fallback with a profiler set: sent again from a thread
     sender: threading.Thread | None = None
-    compile = False  # a compilation holds one
-    released = False  # the compilation that held one returned: raise it wherever it lands
+
+
+def _holding(frame: Any) -> str | None:
+    if compiling(frame):
+        return "compile"
+    if swallowing(frame) or in_host_callback(frame):
+        return "swallow"
+    return None
 
 
 def held(frame: Any, *, quitting: Callable[[], None] | None = None) -> bool:
     """Whether a Ctrl-C that landed in `frame` must wait; False: the handler raises it now.
     `quitting` runs before a Ctrl-C during a held one ends the process (a fit's line).
 
-    - Inside XLA's compilation (`compiling`): it is sent again as the compilation returns (a
-      profile function sees the return), announced if that takes over a second; a new Ctrl-C
-      meanwhile ends the process at once, status 130 (that exit skips the interpreter's clean-up,
-      which is what crashes beside a compilation). With a profiler set (it owns the profile
-      function) it is raised now, as before jaxlib 0.10.
-    - Inside code whose exceptions Python drops (`swallowing`) or JAX turns into its own
-      (`in_host_callback`): it is sent again, from a thread
-      (sent from the handler, it would run the handler again inside itself), until it lands
-      elsewhere.
+    Inside XLA's compilation (`compiling`), code whose exceptions Python drops (`swallowing`) or
+    JAX turns into its own (`in_host_callback`), it waits: a profile function (this thread's)
+    calls the SIGINT handler again at the first Python event outside such code, and what the
+    handler raises there is raised in that frame. So it lands right after the compilation or
+    the garbage collection, whatever runs next (a resend timed from a thread, as before, starved
+    when a loop mostly collects: a Ctrl-C in a script's set-up of `gc.collect()` and small arrays
+    was lost 11 times in 16). A compilation's wait is announced after a second; a new Ctrl-C
+    then ends the process at once, status 130 (that exit skips the interpreter's clean-up, which
+    is what crashes beside a compilation). With another profile function set (a profiler), a
+    Ctrl-C in a compilation is raised now, and one in a collection is sent again from a thread.
     """
-    if _Held.released:  # (it may land in `_after_compile`, the compilation still on the stack)
-        _Held.released = False
+    kind = _holding(frame)
+    if kind is None:
+        _Held.waiting, _Held.pending = None, False
         return False
-    if compiling(frame):
-        if _Held.compile:
-            if quitting is not None:
-                with contextlib.suppress(Exception):
-                    quitting()
-            _exit_now()
-        if sys.getprofile() is None:
-            _hold_until_compiled()
-            return True
-    if not swallowing(frame) and not in_host_callback(frame):
-        _Held.pending = False
+    if kind == "compile" and _Held.waiting == "compile":
+        if quitting is not None:
+            with contextlib.suppress(Exception):
+                quitting()
+        _exit_now()
+    if sys.getprofile() in (None, _release):
+        _Held.waiting = kind
+        sys.setprofile(_release)
+        if kind == "compile":
+            notice = threading.Timer(COMPILE_NOTICE_S, _announce_compiling)
+            notice.daemon = True
+            with contextlib.suppress(RuntimeError):  # at the interpreter's exit: no notice
+                notice.start()
+        return True
+    if kind == "compile":
         return False
     _Held.pending = True
     if (_Held.sender is None or not _Held.sender.is_alive()) and not _Exit.begun:
@@ -236,36 +249,30 @@ def held(frame: Any, *, quitting: Callable[[], None] | None = None) -> bool:
     return True
 
 
+def _release(frame: Any, event: str, arg: Any) -> None:
+    """The profile function while a Ctrl-C is held: at the first event outside what holds it,
+    the SIGINT handler runs again here (what it raises is raised in `frame`). Nothing runs it
+    while the thread waits in XLA; a collection's callbacks are a few events."""
+    if _holding(frame) is not None:
+        return
+    sys.setprofile(None)
+    _Held.waiting = None
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+
+
 def _send_again() -> None:
-    # sent only while no collection runs (where the handler would hold it again); every
-    # millisecond, so that a loop that mostly collects still gets it in the gaps between
+    # (with a profiler set) sent only while no collection runs, where the handler would hold
+    # it again; every millisecond
     while _Held.pending and not _Exit.begun:
         time.sleep(RESEND_S)
         if _Held.pending and not _Collection.running:
             _thread.interrupt_main()
 
 
-def _hold_until_compiled() -> None:
-    # the handler runs in the main thread: the profile function is that thread's, and costs
-    # nothing while the thread waits in XLA (no Python runs there)
-    _Held.compile = True
-    sys.setprofile(_after_compile)
-    notice = threading.Timer(COMPILE_NOTICE_S, _announce_compiling)
-    notice.daemon = True
-    with contextlib.suppress(RuntimeError):  # at the interpreter's exit: no notice
-        notice.start()
-
-
-def _after_compile(frame: Any, event: str, arg: Any) -> None:
-    if event == "return" and _compile_code(frame.f_code):
-        sys.setprofile(None)
-        _Held.compile = False
-        _Held.released = True
-        _thread.interrupt_main()  # the handler runs again as the compilation returns, and raises
-
-
 def _announce_compiling() -> None:
-    if _Held.compile and not _Exit.begun:
+    if _Held.waiting == "compile" and not _Exit.begun:
         with contextlib.suppress(Exception):
             print(COMPILE_NOTICE, file=sys.stderr, flush=True)
 

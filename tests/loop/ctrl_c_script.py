@@ -17,6 +17,7 @@ print("imported", flush=True)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import Regressor, regression_data  # noqa: E402
 
+print("setting up", flush=True)
 ready = time.monotonic() + 2
 while time.monotonic() < ready:  # the set-up: device arrays, collections
     jnp.ones(8).block_until_ready()
