@@ -78,7 +78,7 @@ def choose(spec: PlannedStrategy, module: Any, batch: Any, devices, options: ste
     recommended one; an error showing the plan when none fits."""
     target = resolve_target("local", devices, memory_bytes=spec.memory_bytes)
     base = FSDP(rules=spec.rules) if spec.rules is not None else DataParallel()
-    names = list(_sweep.strategy_variants(base, devices))
+    names = list(_sweep.strategy_variants(base, devices, getattr(module, "logical_axis_rules", None)))
     plan, made = plan_with_candidates(module, batch, target, strategy=base, options=options,
                                       sweep={"strategy": names}, headroom=spec.headroom)
     if plan.recommended is None and options.remat == "none":  # remat costs FLOPs: only when nothing fits without
