@@ -250,7 +250,7 @@ def _program(module: Any, options: GenerateOptions, policy: precision_lib.Precis
             programs.pop(next(iter(programs)))
         run = _make_program(spec, module.generate_step, policy, options)
         # the inputs arrive placed (jit follows their shardings); every process reads the whole result
-        programs[key] = jax.jit(run, out_shardings=strategy.replicated)
+        programs[key] = jax.jit(strategy.traced_on_mesh(run), out_shardings=strategy.replicated)
     return programs[key]
 
 

@@ -180,7 +180,8 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
-    init_fn = runs.init(options.wrap_init(init_fn, tx))
+    # under the mesh: a kernel XLA cannot partition (`fj.nn.attention`'s) is split over it
+    init_fn = strategy.traced_on_mesh(runs.init(options.wrap_init(init_fn, tx)))
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, binding.annotations)
     replicated = strategy.replicated
@@ -408,7 +409,12 @@ def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: S
     step's own shardings and nothing donated.
     """
     leading = 1 if options.steps_per_execution > 1 else 0
-    jitted = _jit_train(step_fn, strategy, shardings, _host_sharding(strategy, options, leading), donate=False)
+
+    def train_step_flops(state, inputs):  # its own name: its compile is no second train step's
+        return step_fn(state, inputs)
+
+    jitted = _jit_train(train_step_flops, strategy, shardings, _host_sharding(strategy, options, leading),
+                        donate=False)
     inputs = step_inputs(abstract_batch, options, processes=jax.process_count())
     return cost_of(jitted.lower(abstract_state, inputs).compile())
 
