@@ -150,7 +150,9 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
             if wants_batch_start:
                 hooks.call(start_hook, trainer, module, batch, batch_idx, *extra)
             try:
-                acc, outputs, *returned = eval_step(params, model_state, rng, acc, padded, mask)
+                # the index travels as an array: one program for every batch
+                index = strategy.put(np.asarray(batch_idx, np.int32), strategy.replicated)
+                acc, outputs, *returned = eval_step(params, model_state, rng, acc, padded, mask, index)
             except Exception as err:
                 built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}{which}")
                 raise
