@@ -25,12 +25,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # user's line), `_lazy` (checkpoint, loggers),
 # `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers), `_seed` (loop,
 # cli, `fj.seed_everything`), `_status` (the set-up's status lines: loop, profilers, callbacks),
-# `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop), and `_platform` (the platform a
-# program is traced for: strategies set it, `fitjax.nn` reads it).
+# `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop), `_platform` (the platform a
+# program is traced for: strategies set it, `fitjax.nn` reads it), and `_optional` (an extra's
+# packages checked where a feature is set up: data, module, models).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names",
-                "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform"]),
+                "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform",
+                "fitjax._optional"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),

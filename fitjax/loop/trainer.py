@@ -26,7 +26,7 @@ from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
+from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _token_ids, _trainer_doc
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
@@ -559,6 +559,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         module, feed = run.module, run.feed
         self.should_stop = False
         first, epoch_iter = feed.first_batch(self.current_epoch)
+        _token_ids.check_batch(first, _token_ids.vocab_size(module), where="the first train batch")
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"), \

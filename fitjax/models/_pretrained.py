@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from fitjax.data import packing_efficiency
+from fitjax.models._batches import as_lm_batch
 from fitjax.models._causal_lm import CausalLM
 from fitjax.models._config import ModelConfig, read_config
 from fitjax.models._layers import LOGICAL_RULES
@@ -93,7 +94,10 @@ class CausalLMModule(LitModule):
     `batch["positions"]` gives each document's own positions. A batch of `fj.data.TextLoader`
     (`tokens`, `targets`, `loss_mask`, `segment_ids`, `positions`, all [batch, length]) is
     trained as it comes: the loss is over the targets `loss_mask` marks (prompts masked with
-    `completion_only`), weighted by tokens, and `train/packing_efficiency` is logged.
+    `completion_only`), weighted by tokens, and `train/packing_efficiency` is logged. A Hugging
+    Face batch (`input_ids`, optional `attention_mask` and `labels`, -100 for no loss: what
+    `transformers`' and TRL's collators make) is trained as the same thing; any other batch is
+    refused at the first step, naming the keys taken (`fitjax.models._batches`).
 
     The loss is `fj.nn.chunked_cross_entropy` (`CausalLM(targets=...)`): the output layer and its
     softmax `loss_chunk` positions at a time, never the whole float32 logits [batch, length,
@@ -129,6 +133,7 @@ class CausalLMModule(LitModule):
         self.model = CausalLM(ModelConfig.from_hf(config, scan_layers=scan_layers, attention=attention))
 
     def loss(self, model, batch):
+        batch = as_lm_batch(batch, owner=type(self).__name__)  # Hugging Face's keys as fitjax's
         chunk = self.hparams.loss_chunk
         if "targets" in batch:  # fj.data.TextLoader's rows: the next tokens and which of them count
             return model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
