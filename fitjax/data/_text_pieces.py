@@ -12,12 +12,17 @@ from fitjax.data import _text_files, _tokenize
 
 
 class _PiecesIterator(grain.DatasetIterator):
-    """The pieces of each record of each file; the state is `(file, record offset, piece)`."""
+    """The pieces of each record of each file; the state is `(file, record offset, piece)`, with
+    the file's size and the record's check (`_text_files.records`) by which a resume finds a file
+    edited since (`_text_files.check_position`)."""
 
     def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
         super().__init__()
         self._files, self._encoder, self._seq_len = files, encoder, seq_len
         self._file, self._offset, self._piece = 0, 0, 0  # the position: the record at `_offset`
+        self._check: int | None = None  # that record's check
+        self._sizes: dict[int, int] = {}  # file -> its size, asked once (a request on a store)
+        self._expect: dict | None = None  # a restored position, checked at the next read
         self._pieces: list | None = None  # that record's pieces, once read
         self._records: Iterator | None = None
 
@@ -35,22 +40,44 @@ class _PiecesIterator(grain.DatasetIterator):
         if self._records is None:
             self._records = _text_files.records(self._files[self._file], self._offset)
         try:
-            offset, record = next(self._records)
+            offset, record, check = next(self._records)
         except StopIteration:
+            offset, record, check = None, None, None
+        except ValueError:  # not JSON, not UTF-8: after a resume, an edit that moved the lines
+            if self._expect is None:
+                raise
+            offset, record, check = self._offset, None, None
+        if self._expect is not None:
+            expect, self._expect = self._expect, None
+            _text_files.check_position(self._files[self._file], self._offset, self._size(), expect,
+                                       None if offset is None else (offset, check))
+        if offset is None:
             self._file, self._offset, self._piece, self._pieces, self._records = self._file + 1, 0, 0, None, None
+            self._check = None
             return
+        self._check = check
         where = f"{self._files[self._file]!r} (record at {offset})"
         ids, weights = self._encoder(record, where)
         self._offset, self._pieces = offset, _pieces(ids, weights, self._seq_len)
         self._piece = self._piece if resuming else 0
 
-    def get_state(self) -> dict[str, int]:
-        return {"file": self._file, "offset": self._offset, "piece": self._piece}
+    def _size(self) -> int | None:
+        if self._file >= len(self._files):
+            return None
+        if self._file not in self._sizes:
+            self._sizes[self._file] = _text_files.size_of(self._files[self._file])
+        return self._sizes[self._file]
+
+    def get_state(self) -> dict[str, int | None]:
+        return {"file": self._file, "offset": self._offset, "piece": self._piece, "size": self._size(),
+                "check": self._check}
 
     def set_state(self, state: dict[str, int]) -> None:
         if self._records is not None:
             self._records.close()
         self._file, self._offset, self._piece = int(state["file"]), int(state["offset"]), int(state["piece"])
+        self._check = state.get("check")  # None at a file's start
+        self._expect = state if "size" in state else None  # without: saved before these checks
         self._pieces = self._records = None
 
 
