@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -78,12 +77,11 @@ def _open(path: str):
     return open(os.path.expanduser(path), "rb")
 
 
-def records(path: str, offset: int) -> Iterator[tuple[int, Any, int]]:
-    """`(offset of the record, record, check)` of each record of `path` from `offset` on; a
-    JSONL or Parquet record is a dict, a text record a `{"text": line}`; `check` is a CRC-32 of
-    the record's bytes, kept with a saved position so that a resume finds an edited file
-    (`check_position`). A byte that is not UTF-8 and a text field that is no string (`null`, a
-    number) are errors naming the file, the line and the key."""
+def records(path: str, offset: int) -> Iterator[tuple[int, Any]]:
+    """`(offset of the record, record)` of each record of `path` from `offset` on; a JSONL or
+    Parquet record is a dict, a text record a `{"text": line}`. A byte that is not UTF-8 and a
+    text field that is no string (`null`, a number) are errors naming the file, the line and
+    the key."""
     kind = format_of(path)
     if kind == "parquet":
         yield from _parquet_rows(path, offset)
@@ -106,7 +104,7 @@ def records(path: str, offset: int) -> Iterator[tuple[int, Any, int]]:
             if not text.strip():
                 continue
             if kind == "text":
-                yield start, {"text": text}, zlib.crc32(line)
+                yield start, {"text": text}
                 continue
             try:
                 record = json.loads(text)
@@ -114,7 +112,7 @@ def records(path: str, offset: int) -> Iterator[tuple[int, Any, int]]:
                 raise ValueError(f"{path!r}: the line at byte {start} is not JSON ({error}); each line of a "
                                  f".jsonl file must be one JSON object. Fix or drop that line.") from None
             _check_strings(record, lambda: f"{path!r}, line {_line_of(path, start)} (byte {start})")
-            yield start, record, zlib.crc32(line)
+            yield start, record
 
 
 def _check_strings(record: Any, where: Callable[[], str]) -> None:
@@ -152,8 +150,9 @@ def size_of(path: str) -> int:
 def check_position(path: str, offset: int, size: int | None, saved: dict[str, Any],
                    found: tuple[int, int] | None) -> None:
     """Raises unless a resume at the saved position `saved` (`{"offset", "size", "check"}`)
-    finds the file as it was: of the same size, the record at `offset` (`found`: its offset and
-    check; None at the end of the file) the one read then (its check None at a file's start)."""
+    finds the file as it was: of the same size, and the record at `offset` the one read then
+    (`found`: the offset of the first record at or after it and the check of its tokens; None
+    at the end of the file; `saved["check"]` None at a file's start)."""
     if size == saved["size"] and (saved["check"] is None or found == (offset, saved["check"])):
         return
     unit = "row" if format_of(path) == "parquet" else "byte"
@@ -162,7 +161,8 @@ def check_position(path: str, offset: int, size: int | None, saved: dict[str, An
     elif found is None:
         what = "it now ends before it"
     else:
-        what = f"the record there is not the one read then ({unit} {found[0]}{_line(path, found[0])})"
+        what = (f"the record there is not the one read then ({unit} {found[0]}{_line(path, found[0])}: its tokens "
+                "differ, or it starts elsewhere; another tokenizer would differ too)")
     raise ValueError(
         f"{path!r} changed since the data position was saved (at {unit} {offset}): {what}. The file was edited, "
         "replaced or cut between the save and this resume, and reading on from the old position would continue "
@@ -174,7 +174,7 @@ def _line(path: str, offset: int) -> str:
     return "" if format_of(path) == "parquet" else f", line {_line_of(path, offset)}"
 
 
-def _parquet_rows(path: str, row: int) -> Iterator[tuple[int, Any, int]]:
+def _parquet_rows(path: str, row: int) -> Iterator[tuple[int, Any]]:
     import pyarrow.parquet as pq  # noqa: PLC0415 - only for Parquet files
 
     with _open(path) as file:
@@ -186,5 +186,5 @@ def _parquet_rows(path: str, row: int) -> Iterator[tuple[int, Any, int]]:
                 table = parquet.read_row_group(group).to_pylist()
                 for index in range(max(row - first, 0), rows):
                     _check_strings(table[index], lambda: f"{path!r}, row {first + index}")
-                    yield first + index, table[index], zlib.crc32(repr(table[index]).encode())
+                    yield first + index, table[index]
             first += rows

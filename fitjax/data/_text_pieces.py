@@ -1,30 +1,34 @@
-"""The grain source of `TextLoader`: records of files, tokenized and cut into pieces, with a
-position grain saves and restores (imported only when a `TextLoader` iterates: grain is heavy)."""
+"""The grain source of `TextLoader`: the records of files, tokenized (once: `_text_cache`) and
+cut into pieces, with a position grain saves and restores (imported only when a `TextLoader`
+iterates: grain is heavy)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import zlib
 
 import grain
 import numpy as np
 
-from fitjax.data import _text_files, _tokenize
+from fitjax.data import _text_files
+from fitjax.data._text_cache import TokenCache, Tokens
 
 
 class _PiecesIterator(grain.DatasetIterator):
-    """The pieces of each record of each file; the state is `(file, record offset, piece)`, with
-    the file's size and the record's check (`_text_files.records`) by which a resume finds a file
-    edited since (`_text_files.check_position`)."""
+    """The pieces of each record of each file, from the tokens cache; the state is
+    `(file, record offset, piece)`, the same whatever the process count, with the file's size
+    and a check of the record's tokens by which a resume finds a file edited since
+    (`_text_files.check_position`)."""
 
-    def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
+    def __init__(self, files: list[str], cache: TokenCache, seq_len: int) -> None:
         super().__init__()
-        self._files, self._encoder, self._seq_len = files, encoder, seq_len
+        self._files, self._cache, self._seq_len = files, cache, seq_len
         self._file, self._offset, self._piece = 0, 0, 0  # the position: the record at `_offset`
-        self._check: int | None = None  # that record's check
+        self._pieces: list | None = None  # that record's pieces, once read
+        self._tokens: Tokens | None = None  # the tokens of the chunk holding it
+        self._chunk = self._row = 0  # that chunk's place among the file's, and the record's in it
+        self._check: int | None = None  # a CRC-32 of the record's tokens (no I/O: they are read)
         self._sizes: dict[int, int] = {}  # file -> its size, asked once (a request on a store)
         self._expect: dict | None = None  # a restored position, checked at the next read
-        self._pieces: list | None = None  # that record's pieces, once read
-        self._records: Iterator | None = None
 
     def __next__(self) -> dict[str, np.ndarray]:
         while self._pieces is None or self._piece >= len(self._pieces):
@@ -37,29 +41,34 @@ class _PiecesIterator(grain.DatasetIterator):
         if self._file >= len(self._files):
             raise StopIteration
         resuming = self._pieces is None  # the record at `_offset` is the position's, with `_piece` done
-        if self._records is None:
-            self._records = _text_files.records(self._files[self._file], self._offset)
-        try:
-            offset, record, check = next(self._records)
-        except StopIteration:
-            offset, record, check = None, None, None
-        except ValueError:  # not JSON, not UTF-8: after a resume, an edit that moved the lines
-            if self._expect is None:
-                raise
-            offset, record, check = self._offset, None, None
+        chunks = self._cache.chunks_of(self._files[self._file])
+        if self._tokens is None:  # the first record at or after `_offset`
+            self._chunk = next((c for c, k in enumerate(chunks) if self._cache.chunks[k].end > self._offset),
+                               len(chunks))
+            if self._chunk < len(chunks):
+                self._tokens = self._cache.get(chunks[self._chunk])
+                self._row = int(np.searchsorted(self._tokens.offsets, self._offset))
+        else:
+            self._row += 1
+        while self._tokens is None or self._row >= len(self._tokens.offsets):
+            self._chunk += 1
+            if self._chunk >= len(chunks):
+                self._check_resume(None)
+                self._file, self._offset, self._piece, self._pieces, self._tokens = self._file + 1, 0, 0, None, None
+                self._check = None
+                return
+            self._tokens, self._row = self._cache.get(chunks[self._chunk]), 0
+        ids, weights = self._tokens.record(self._row)
+        self._check = zlib.crc32(ids.tobytes())
+        self._check_resume((int(self._tokens.offsets[self._row]), self._check))
+        self._offset, self._pieces = int(self._tokens.offsets[self._row]), _pieces(ids, weights, self._seq_len)
+        self._piece = self._piece if resuming else 0
+
+    def _check_resume(self, found: tuple[int, int] | None) -> None:
+        """At the first read after `set_state`: raises unless the file is as it was saved."""
         if self._expect is not None:
             expect, self._expect = self._expect, None
-            _text_files.check_position(self._files[self._file], self._offset, self._size(), expect,
-                                       None if offset is None else (offset, check))
-        if offset is None:
-            self._file, self._offset, self._piece, self._pieces, self._records = self._file + 1, 0, 0, None, None
-            self._check = None
-            return
-        self._check = check
-        where = f"{self._files[self._file]!r} (record at {offset})"
-        ids, weights = self._encoder(record, where)
-        self._offset, self._pieces = offset, _pieces(ids, weights, self._seq_len)
-        self._piece = self._piece if resuming else 0
+            _text_files.check_position(self._files[self._file], self._offset, self._size(), expect, found)
 
     def _size(self) -> int | None:
         if self._file >= len(self._files):
@@ -73,20 +82,18 @@ class _PiecesIterator(grain.DatasetIterator):
                 "check": self._check}
 
     def set_state(self, state: dict[str, int]) -> None:
-        if self._records is not None:
-            self._records.close()
         self._file, self._offset, self._piece = int(state["file"]), int(state["offset"]), int(state["piece"])
         self._check = state.get("check")  # None at a file's start
         self._expect = state if "size" in state else None  # without: saved before these checks
-        self._pieces = self._records = None
+        self._pieces = self._tokens = None
 
 
 class Pieces(grain.IterDataset):
-    """A grain dataset of the pieces of every record of `files`, in order."""
+    """A grain dataset of the pieces of every record of `files`, in order, from `cache`."""
 
-    def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
+    def __init__(self, files: list[str], cache: TokenCache, seq_len: int) -> None:
         super().__init__()
-        self._args = (files, encoder, seq_len)
+        self._args = (files, cache, seq_len)
 
     def __iter__(self) -> _PiecesIterator:
         return _PiecesIterator(*self._args)
