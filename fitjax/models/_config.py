@@ -180,7 +180,8 @@ def read_config(config: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]
     path = path / "config.json" if path.is_dir() else path
     if not path.is_file():
         raise ValueError(f"config={str(config)!r}: no such config.json; pass a Hugging Face model folder, its "
-                         "config.json, or the config as a dict.")
+                         "config.json, or the config as a dict. fitjax reads local files and downloads nothing: "
+                         "`huggingface-cli download NAME --local-dir DIR` fetches a Hub model's folder.")
     try:
         loaded = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
