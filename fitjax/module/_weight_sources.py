@@ -138,11 +138,12 @@ def read_header(file: Path) -> tuple[int, dict[str, dict]]:
                 what = "is empty (0 bytes)" if size == 0 else f"holds {size} bytes, fewer than its 8-byte header length"
                 raise ValueError(f"{where} {what}: a download or copy that did not finish? Download it again.")
             (length,) = struct.unpack("<Q", head)
-            if length > min(size - 8, MAX_HEADER):
-                raise ValueError(
-                    f"{where}: its first 8 bytes give a header of {length} bytes, but the file holds {size} bytes"
-                    f"{'' if length <= size - 8 else ' in all'} (a header above {MAX_HEADER} bytes is refused): "
-                    "not a safetensors file, or a cut one. Download it again.")
+            if length > size - 8:
+                raise ValueError(f"{where}: its first 8 bytes give a header of {length} bytes, but the file holds "
+                                 f"{size} bytes in all: not a safetensors file, or a cut one. Download it again.")
+            if length > MAX_HEADER:
+                raise ValueError(f"{where}: its first 8 bytes give a header of {length} bytes, above the "
+                                 f"{MAX_HEADER} safetensors allows: not a safetensors file, or a damaged one.")
             f.seek(8)
             text = f.read(length)
     except OSError as error:
@@ -344,7 +345,10 @@ def _indexed_files(index: Path) -> list[Path]:
         raise ValueError(f"{str(index)!r} is no safetensors index ({type(error).__name__}: {error}); it must be "
                          "JSON with a 'weight_map' of tensor name -> file name. Download it again.") from None
     for name in files:
-        if not isinstance(name, str) or not (index.parent / name).is_file():
+        if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+            raise ValueError(f"{str(index)!r} lists the file {name!r}; an index names files of its own folder "
+                             "(`model-00001-of-00002.safetensors`): a damaged or crafted index.")
+        if not (index.parent / name).is_file():
             raise ValueError(f"{str(index)!r} lists the file {name!r}, which is not in the folder: a download "
                              "that did not finish? Download the folder again (`huggingface-cli download NAME "
                              "--local-dir DIR`).")

@@ -86,9 +86,13 @@ def test_a_header_that_is_not_json_is_named(tmp_path):
     _refused(tmp_path, struct.pack("<Q", 4) + b"\xff{{{" + b"\0" * 8, "not JSON")
 
 
-def test_a_sharded_index_naming_a_missing_file_is_named(tmp_path):
+def test_a_sharded_index_naming_a_missing_file_or_one_outside_its_folder_is_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(ValueError, match=r"lists the file 'model-00001-of-00002.safetensors', which is not"):
+        from_pretrained(tmp_path)
+    save_safetensors({"w": np.ones(2, np.float32)}, tmp_path.parent / "elsewhere.safetensors")
+    index.write_text(json.dumps({"weight_map": {"w": "../elsewhere.safetensors"}}))
+    with pytest.raises(ValueError, match=r"lists the file '../elsewhere.safetensors'; an index names files of its"):
         from_pretrained(tmp_path)
