@@ -23,6 +23,10 @@ import numpy as np
 from fitjax._optional import require
 
 KINDS = ("text", "prompt/completion", "messages")
+# a saved Hugging Face tokenizer's vocabulary, one of them at least (fast, sentencepiece, BPE,
+# WordPiece): without one transformers guesses a class and fails naming sentencepiece
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "vocab.txt")
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
@@ -34,6 +38,13 @@ def load_tokenizer(tokenizer: Any) -> Any:
             raise FileNotFoundError(
                 f"`tokenizer={tokenizer!r}` is not a folder; pass the folder a tokenizer was saved in "
                 "(`tokenizer.save_pretrained(folder)`, a Hugging Face model folder), or a tokenizer object.")
+        if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            held = sorted(os.listdir(path))
+            raise FileNotFoundError(
+                f"`tokenizer={tokenizer!r}` holds no tokenizer: none of {list(TOKENIZER_FILES)} is in the folder "
+                f"(it holds {held[:8] + ['...'] if len(held) > 8 else held}). Pass the folder a tokenizer was saved "
+                "in (`tokenizer.save_pretrained(folder)`), or download the model's with `huggingface-cli download "
+                "NAME --local-dir DIR`.")
         require("transformers", "tokenizers", feature=f"`tokenizer={tokenizer!r}` (a saved Hugging Face tokenizer)")
         from transformers import AutoTokenizer  # noqa: PLC0415 - only for text data
 

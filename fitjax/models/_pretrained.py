@@ -172,7 +172,7 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
         >>> # module = fitjax.models.from_pretrained("path/to/Llama-3.2-1B", lr=1e-4)
         >>> # fj.Trainer(max_steps=100, strategy="fsdp").fit(module, data)
     """
-    folder = Path(folder)
+    folder = _local_folder(folder)
     module = CausalLMModule(read_config(folder), **kwargs)
     config = module.model.config
     from_hf = {hf_name(config, name): name for name in _param_names(module.model)}
@@ -193,6 +193,27 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
         source = StackedLayers(source, config.num_layers)
     module.load_weights(source, mapping=rename, transpose=_transposed(config))
     return module
+
+
+_HUB_URL = re.compile(r"(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([\w.-]+/[\w.-]+)")
+
+
+def _local_folder(folder: str | os.PathLike) -> Path:
+    """`folder` as a path, once it is a local folder: a Hub name or a URL is answered with how
+    to download it (fitjax downloads nothing; `Path` would mangle a URL into `https:/...`)."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"from_pretrained(folder=...) takes a local folder; got {type(folder).__name__}: {folder!r}.")
+    text = os.fspath(folder)
+    path = Path(text).expanduser()
+    if path.is_dir() and "://" not in text:
+        return path
+    hub = _HUB_URL.match(text)
+    name = hub.group(1) if hub else text if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) else "NAME"
+    what = ("a URL" if "://" in text else "not a folder" if path.exists() else
+            "no local folder (a Hugging Face Hub name?)")
+    raise ValueError(f"from_pretrained(folder={text!r}): {what}. fitjax reads model folders on local disk and "
+                     f"downloads nothing: download it first, e.g. `huggingface-cli download {name} --local-dir "
+                     f"{name.rsplit('/', 1)[-1] if name != 'NAME' else 'DIR'}`, then pass that folder.")
 
 
 def save_pretrained(module: CausalLMModule, folder: str | os.PathLike, *, dtype: Any = None) -> None:
