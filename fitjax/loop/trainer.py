@@ -26,7 +26,7 @@ from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
+from fitjax.loop import _compile_cache, _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
@@ -111,6 +111,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
+        compile_cache: bool | str | os.PathLike = True,
         benchmark: bool | None = None,
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
@@ -145,6 +146,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
+        self._compile_cache = _compile_cache.check_setting(compile_cache)  # turned on at the first compile
 
         # before anything asks JAX for devices
         self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
@@ -469,6 +471,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             module, train_data, val_data, datamodule = _arguments.fit_arguments(
                 module, model, train_data, train_dataloaders, val_data, val_dataloaders, datamodule)
             checks.check_module(module)
+            _compile_cache.use(self._compile_cache)  # before the first compilation (strategy="plan"'s)
             self._lightning_module = module
             module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
             loaders = self._fit_loaders(module, train_data, val_data, datamodule, resuming=ckpt_path is not None)
@@ -533,6 +536,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             A `fitjax.planner.Plan`: `print(plan)` shows the table, `plan.as_dict()` the figures,
             `plan.recommended` the fastest candidate that fits and `plan.reason` why.
         """
+        _compile_cache.use(self._compile_cache)
         return plan_trainer(self, module, train_data, datamodule, target=target, sweep=sweep,
                             memory_bytes=memory_bytes, headroom=headroom)
 
@@ -706,6 +710,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._lightning_module = module
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
+        _compile_cache.use(self._compile_cache)
         # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
         # status line per compilation, as in fit (its times not logged: no fit's window to join)
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
@@ -748,6 +753,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         module, data, datamodule, ckpt_path = _arguments.stage_arguments(self, "predict", module, model, data,
                                                                          dataloaders, datamodule, ckpt_path)
         self._lightning_module = module
+        _compile_cache.use(self._compile_cache)
         # Ctrl-C as in fit; eval mode; a status line per compilation
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
@@ -785,6 +791,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
         """
         checks.check_module(module, "generate")
+        _compile_cache.use(self._compile_cache)
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
         if eos_token_id is None:
             eos_token_id = generation.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
