@@ -26,7 +26,7 @@ from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _compile_cache, _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
+from fitjax.loop import _compile_cache, _epoch, _interrupt, _out_of_memory, _pieces, _preemption, _resume, _stop
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
@@ -35,7 +35,7 @@ from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import evaluation, generation
+from fitjax.loop import _trainer_doc, evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -493,7 +493,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                         self._compile_times, self.step_options.precision.context(), \
                         module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
                     run = self._run = FitRun(module, loaders, feed, stopping)
-                    self._fit(run, ckpt_path)
+                    with _out_of_memory.explained(self, run):  # what fits instead, from the planner
+                        self._fit(run, ckpt_path)
             except BaseException as exc:
                 _interrupt.begin(exc)  # Ctrl-C: Lightning's line; a further Ctrl-C waits for the save
                 self._interrupted = True
@@ -536,7 +537,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             A `fitjax.planner.Plan`: `print(plan)` shows the table, `plan.as_dict()` the figures,
             `plan.recommended` the fastest candidate that fits and `plan.reason` why.
         """
-        _compile_cache.use(self._compile_cache)
         return plan_trainer(self, module, train_data, datamodule, target=target, sweep=sweep,
                             memory_bytes=memory_bytes, headroom=headroom)
 
@@ -710,7 +710,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._lightning_module = module
         if not isinstance(verbose, bool):
             raise TypeError(f"Trainer.{name}(verbose=...) takes True or False, got {verbose!r}.")
-        _compile_cache.use(self._compile_cache)
         # Ctrl-C: Lightning's line, status 130; Lightning's eval mode for what the hooks run; a
         # status line per compilation, as in fit (its times not logged: no fit's window to join)
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
@@ -730,6 +729,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def _set_up(self, module: LitModule, stage: Stage) -> Iterator[None]:
         """`stage` for the hooks (`trainer.stage`) between its `setup` and `teardown` hooks."""
         before, self._stage = self._stage, stage
+        _compile_cache.use(self._compile_cache)  # before the stage's first compilation
         self._hooks.call("setup", self, module, stage.name)
         try:
             yield
@@ -753,7 +753,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         module, data, datamodule, ckpt_path = _arguments.stage_arguments(self, "predict", module, model, data,
                                                                          dataloaders, datamodule, ckpt_path)
         self._lightning_module = module
-        _compile_cache.use(self._compile_cache)
         # Ctrl-C as in fit; eval mode; a status line per compilation
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             loader = evaluation.stage_loaders(module, data, datamodule, stage="predict", method="predict",
