@@ -11,6 +11,7 @@ hold), and MFU as model FLOPs over that time at peak.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -122,7 +123,7 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
     strategy, options = candidate.strategy, candidate.options
     started = time.perf_counter()
     k, spe = options.accumulate_grad_batches, options.steps_per_execution
-    with quiet_stderr() as said, options.precision.context():
+    with quiet_stderr() as said, options.precision.context(), _cache_for(target):
         program = jitted.abstract_train(spec, strategy, candidate.batch, options=options)
         try:
             compiled = program.train_step.lower(program.state, program.inputs).compile()
@@ -151,7 +152,8 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
     if counted_model is not None:
         model, source = counted_model.per_step / len(target.devices), counted_model.source
     elif options.remat != "none":  # XLA's count of the step without remat: the model's work, not the hardware's
-        model = plain_flops or _unrematerialized_flops(spec, strategy, candidate.batch, options)
+        with _cache_for(target):
+            model = plain_flops or _unrematerialized_flops(spec, strategy, candidate.batch, options)
         source = "xla, no remat"
     else:
         model, source = xla_flops, "xla"
@@ -162,6 +164,21 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
         accumulate=k, memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=model,
         model_flops_source=source, xla_flops=xla_flops, bytes_accessed=accessed, collectives=found,
         step_time_s=step_s, mfu=mfu, compile_s=compile_s)
+
+
+@contextlib.contextmanager
+def _cache_for(target: Target):
+    """JAX's persistent compile cache off while compiling for a topology: a program compiled for
+    devices this process has no client for cannot be read back from it (JAX warns "PjRtCompiler
+    must be constructed with a Client" at every later plan), and nothing runs it here."""
+    if not target.deviceless or not jax.config.jax_enable_compilation_cache:
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
 
 
 def _unrematerialized_flops(spec, strategy: Strategy, batch: Any, options: step_lib.StepOptions) -> float | None:

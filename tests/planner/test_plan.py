@@ -209,3 +209,22 @@ ENTRY %main () -> f32[] {
     assert found["all-reduce"].count == 4 and found["all-reduce"].bytes == 4 * 4096
     assert found["all-reduce"].wire_bytes == pytest.approx(4 * 4096 * 2 * 7 / 8)
     assert found["all-gather"] == planner.Collective("all-gather", 1, 8 * 256 * 2, 8 * 256 * 2 * 7 / 8)
+
+
+def test_a_tpu_plan_twice_with_the_compile_cache_on_reads_nothing_back_from_it(tmp_path, recwarn):
+    """A program compiled for a slice this process has no client for cannot come back from JAX's
+    persistent cache (JAX warns at every later plan): plans compile for a topology with it off."""
+    from helpers import persistent_compile_cache
+
+    class Small(Wide):
+        def __init__(self):
+            fj.LitModule.__init__(self)
+            self.model = nn.Sequential([nn.Dense(512, use_bias=False), nn.Dense(256, use_bias=False)])
+
+    data = [{"x": np.zeros((16, 256), np.float32)}]
+    with persistent_compile_cache(tmp_path / "xla"):
+        plans = [fj.plan(Small(), data, target="tpu-v5e-8", strategy="fsdp") for _ in range(2)]
+        assert jax.config.jax_enable_compilation_cache  # put back after each plan
+    assert plans[0].recommended.memory == plans[1].recommended.memory
+    assert not [w for w in recwarn if "persistent compilation cache" in str(w.message)], [str(w.message) for w in recwarn]
+    assert not list((tmp_path / "xla").glob("*")), "a topology's program was written to the cache"
