@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,7 @@ TINY_LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "inte
               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 8192}}
 ROWS, LENGTH = 16, 128
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def llama_flops_per_token(config: dict, length: int) -> int:
@@ -64,17 +66,19 @@ def test_an_explicit_mesh_plans_for_a_tpu_slice_from_a_machine_with_one_device()
 
 
 def test_a_llama_config_is_planned_for_a_slice_through_the_command_line(tmp_path, capsys):
+    # the guide's command for Llama-3.1-8B (examples/configs/plan-llama-3.1-8b.yaml), on a tiny Llama
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    args = ["plan", "--json", "--model", "fitjax.models.CausalLMModule", "--model.config", str(tmp_path),
-            "--data", "fitjax.planner.TokenBatches", "--data.batch_size", str(ROWS), "--data.length", str(LENGTH),
-            "--trainer.devices", "1", "--trainer.strategy", "FSDP", "--trainer.strategy.fsdp", "4",
-            "--trainer.strategy.tensor", "2", "--trainer.precision", "bf16-mixed", "--target", "tpu-v5e-8",
-            "--trainer.default_root_dir", str(tmp_path)]
-    LightningCLI(args=args, trainer_defaults={"enable_progress_bar": False, "enable_model_summary": False})
+    args = ["plan", "--json", "--config", EXAMPLES / "configs" / "plan-llama-3.1-8b.yaml", "--model.config", tmp_path,
+            "--data.batch_size", ROWS, "--data.length", LENGTH, "--trainer.devices", 1,
+            "--trainer.strategy", "FSDP", "--trainer.strategy.tensor", 2, "--target", "tpu-v5e-8",
+            "--trainer.default_root_dir", tmp_path]
+    LightningCLI(args=[str(a) for a in args],
+                 trainer_defaults={"enable_progress_bar": False, "enable_model_summary": False})
     out = json.loads(capsys.readouterr().out)
     assert (out["target"], out["devices"], out["recommended"]) == ("tpu-v5e-8", 8, "as configured")
     (m,) = out["candidates"]
     assert m["mesh"] == {"data": 1, "fsdp": 4, "tensor": 2} and m["precision"] == "bf16-mixed" and m["fits"]
+    assert m["remat"] == "full"  # the config's: the model's FLOPs below leave the recomputation out
     # the model's work from its config and the batch: 6N (the token table is looked up) + attention
     assert m["model_flops_source"] == "6N+attention"
     assert m["model_flops"] == pytest.approx(llama_flops_per_token(TINY_LLAMA, LENGTH) * ROWS * LENGTH / 8)
@@ -85,9 +89,8 @@ def test_a_llama_config_is_planned_for_a_slice_through_the_command_line(tmp_path
 def test_a_batch_of_shapes_is_planned_as_the_data_it_describes():
     module = CausalLMModule(TINY_LLAMA)
     shapes = {"tokens": jax.ShapeDtypeStruct((ROWS, LENGTH + 1), jnp.int32)}
-    from_shapes = fj.plan(module, shapes, target="tpu-v5e-4", strategy="fsdp", devices=1).candidates[0]
-    from_data = fj.plan(module, datamodule=TokenBatches(ROWS, LENGTH), target="tpu-v5e-4", strategy="fsdp",
-                        devices=1).candidates[0]
+    from_shapes = fj.plan(module, shapes, target="tpu-v5e-1", devices=1).candidates[0]
+    from_data = fj.plan(module, datamodule=TokenBatches(ROWS, LENGTH), target="tpu-v5e-1", devices=1).candidates[0]
     assert from_shapes.memory == from_data.memory and from_shapes.xla_flops == from_data.xla_flops
 
 
