@@ -10,6 +10,7 @@
 #   bash benchmarks/tpu_check.sh --part 4     # the profile-first sweep and generation
 #   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
+#   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
 # What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
@@ -32,12 +33,15 @@
 #      benchmarks/generation.py     generation tokens/s with the KV cache against without
 #   6. benchmarks/save_probe.py     GPT-2 small's step beside a save's copy and its transfer to the
 #                                   host, and a fit traced across epoch ends with its saves' timings
+#   7. benchmarks/lm_shapes.py      `fitjax.models` fits at published shapes with random weights, 8 x 1024
+#                                   tokens a step, bf16-mixed: Qwen2.5-0.5B full (layers unrolled and
+#                                   scanned), Llama-3.2-1B with LoRA rank 16: tokens/s, MFU, peak memory
 # Each part writes JSON (the command, the commit, JAX and libtpu versions, the device kind, raw
 # timings, derived ratios) under $FITJAX_RESULTS (default benchmarks/results/tpu-v5e), which are
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
 # git, or from $FITJAX_COMMIT where the tree travels without its .git (the device machine).
 # What the machine lacks (flax, optax, orbax, rich, pyyaml from the machine's own package index;
-# tensorboardX from benchmarks/wheels/) is installed into a scratch folder, never into the system.
+# tensorboardX and qwix from benchmarks/wheels/) is installed into a scratch folder, never into the system.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -49,15 +53,15 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 6 or --smoke (--help)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 7 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5|6) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1, 2, 3, 4, 5 or 6 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1, 2, 3, 4, 5 or 6, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5|6|7) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 7 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1 to 7, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -69,7 +73,7 @@ mkdir -p "$FITJAX_RESULTS"
 # programs compiled once per machine: a second fit of the same step is a cache hit
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/fitjax-tpu-check-cache}"
 
-if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX" 2>/dev/null; then
+if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix" 2>/dev/null; then
   site="${TMPDIR:-/tmp}/fitjax-tpu-check-site"
   if [ -d /opt/pypi/simple ]; then
     PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated -q --only-binary=:all: \
@@ -118,6 +122,7 @@ if [ "$smoke" -eq 1 ]; then
   step 150 accelerator "$python" -m pytest -q --collect-only -p no:cacheprovider "$root/tests/accelerator"
   step 120 generation "$python" "$here/generation.py" --smoke
   step 120 save_probe "$python" "$here/save_probe.py" --smoke --json "$out/save_probe.json"
+  step 120 lm_shapes "$python" "$here/lm_shapes.py" --smoke --json "$out/lm.json"
 else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
@@ -145,6 +150,13 @@ else
   fi
   if [ "$part" = 6 ]; then  # ~200 s on the chip (save-probe-66be6e3.json)
     step 400 save_probe "$python" "$here/save_probe.py" --device --json "$out/save-probe.json"
+  fi
+  if [ "$part" = 7 ]; then  # each fit in a process of its own (one holds the chip at a time)
+    step 200 lm_qwen "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --json "$out/lm-qwen.json"
+    step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --set scan_layers=true \
+      --json "$out/lm-qwen-scan.json"
+    step 200 lm_llama_lora "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --lora 16 \
+      --json "$out/lm-llama1b-lora.json"
   fi
 fi
 echo

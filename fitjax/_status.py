@@ -123,9 +123,19 @@ def phase(doing: str, done: str) -> Iterator[None]:
 
 def step_compiling(step: str) -> None:
     """The start of a step's compilation ("compiling the train step…")."""
-    _lines().start(f"compiling the {step}")
+    _lines().start(f"compiling {step}")
 
 
 def step_compiled(step: str, seconds: float) -> None:
     """The end of a step's compilation, with its trace, lowering and XLA seconds."""
-    _lines().end(f"compiled the {step} in {seconds:.1f} s")
+    _lines().end(f"compiled {step} in {seconds:.1f} s")
+
+
+def step_counting(what: str) -> None:
+    """The start of a compilation made only to count (XLA's FLOPs of the train step)."""
+    _lines().start(f"counting {what}")
+
+
+def step_counted(what: str, seconds: float) -> None:
+    """The end of such a compilation: "counted the train step's FLOPs in 1.2 s"."""
+    _lines().end(f"counted {what} in {seconds:.1f} s")

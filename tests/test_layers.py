@@ -46,12 +46,12 @@ LAYERS = [
     # several runs of one fit as one program: wraps the step's build, used by the loop
     ("runs", ["fitjax.runs"]),
     ("loop", ["fitjax.loop", "fitjax.profilers"]),
-    ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.lightning", "fitjax.cli", "fitjax"]),
+    ("top", ["fitjax.callbacks", "fitjax.loggers", "fitjax.tuner", "fitjax.cli", "fitjax.integrations", "fitjax"]),
 ]
 
-# Upward imports that exist and belong to another piece of work (issue 14: the loop builds its
-# default callbacks and loggers; to be inverted when the loop package lands). Nothing else may
-# join this list.
+# The three upward imports there are: the loop makes its default callbacks (progress bar, model
+# summary, checkpoint, timer) and loggers from what a user passes to `Trainer(...)`, Lightning's
+# flags. Nothing else may join this list.
 KNOWN = {
     ("fitjax.loop.trainer", "fitjax.callbacks"),
     ("fitjax.loop.trainer", "fitjax.loggers"),

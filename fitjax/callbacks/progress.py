@@ -113,6 +113,17 @@ def _epoch_values(trainer, val_values: dict[str, float], eval_keys: set[str]) ->
     return {**ordered, **train, **val_values}
 
 
+def _epoch_total(trainer, offset: int) -> int | None:
+    """The batches this epoch will run: the epoch's, or fewer where `max_steps` ends it first
+    (a 200-step run over 819-batch epochs counts to 200 x the accumulation, not to 819)."""
+    total = trainer.num_training_batches
+    max_steps = trainer.max_steps
+    if max_steps is None or max_steps < 0:
+        return total
+    left = offset + max(0, max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+    return left if total is None else min(total, left)
+
+
 def _eval_total(trainer, name: str, dataloader_idx: int) -> int | None:
     """The batches of a validation's loader (None: unknown, or a test)."""
     counts = trainer.num_val_batches if name != "Test" else []
@@ -218,9 +229,10 @@ class RichProgressBar(Callback):
         return self.console.is_terminal
 
     def _print(self, line: str) -> None:
-        """Prints `line` wrapped between its parts at the console's width (80 columns unless the
-        terminal or `COLUMNS` says otherwise)."""
-        text = "\n".join(_wrap(line, self.console.width))
+        """Prints `line`: on a terminal wrapped between its parts at its width (80 columns unless
+        the terminal or `COLUMNS` says otherwise); piped or to a file, whole: one line a record,
+        so that `grep Epoch` finds each epoch's values with it."""
+        text = "\n".join(_wrap(line, self.console.width)) if self.is_terminal else line
         if self._progress is not None or self.console.record:
             # Above the live bar, drawn by this thread (no refresh thread runs: see the module doc)
             self.console.print(text, highlight=False, soft_wrap=True, markup=False)
@@ -271,7 +283,7 @@ class RichProgressBar(Callback):
         self._epoch_start = time.perf_counter()
         self._epoch_first_step = trainer.global_step
         self._epoch_offset = trainer.progress.batches_done  # a resumed epoch's batches done before
-        self._epoch_batches = trainer.num_training_batches
+        self._epoch_batches = _epoch_total(trainer, self._epoch_offset)
         note = self._compile_note("train")
         if self._progress is not None and not note:
             self._quiet_until_redraw()  # the last redraw was the previous epoch's
@@ -279,7 +291,7 @@ class RichProgressBar(Callback):
             self._quiet_until, self._quiet_till = -1, (0.0 if self._progress is not None else math.inf)
         if self._progress is not None:
             of = f"/{trainer.max_epochs - 1}" if trainer.max_epochs is not None else ""
-            fields = dict(description=f"Epoch {trainer.current_epoch}{of}", total=trainer.num_training_batches,
+            fields = dict(description=f"Epoch {trainer.current_epoch}{of}", total=self._epoch_batches,
                           speed="", eta="", metrics=note)
             if self._train_task is None:
                 self._train_task = self._progress.add_task(**fields)
@@ -369,7 +381,7 @@ class RichProgressBar(Callback):
                     bar_values: dict[str, float] | None = None, rate: float | None = None) -> None:
         """A plain line: where the run stands, the speed (`rate`: the window's; the latest
         measured when not given) and the bar's values."""
-        total = trainer.num_training_batches
+        total = self._epoch_batches
         of = f"/{total}" if total is not None else ""
         shown = _bar_values(trainer) if bar_values is None else _without_train_prefix(bar_values)
         # an evaluation that ran at or after this line's step had not run when the step did

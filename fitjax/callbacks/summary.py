@@ -54,12 +54,14 @@ class LayerRow:
     other: int  # elements of the model state (BatchNorm statistics, NNX rng counters)
     nbytes: int
     device_bytes: int | None = None  # what one device holds of them, on a mesh of several
+    frozen: int = 0  # parameters the optimizer freezes (LoRA's base weights)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSummary:
     """What `RichModelSummary` shows: the arrays (`rows`), the layers they group into
-    (`layers`) and the totals of trainable and other arrays."""
+    (`layers`) and the totals of trainable and other arrays; `other_*` counts every array that
+    does not train, `frozen_*` the frozen parameters among them (LoRA's base weights)."""
 
     rows: list[SummaryRow]
     trainable_count: int
@@ -68,6 +70,8 @@ class ModelSummary:
     other_bytes: int
     sharded: bool
     layers: list[LayerRow] = dataclasses.field(default_factory=list)
+    frozen_count: int = 0
+    frozen_bytes: int = 0
 
     @property
     def total_count(self) -> int:
@@ -123,9 +127,10 @@ def _layers(rows: list[SummaryRow], depth: int) -> list[LayerRow]:
         per_device = [m.device_bytes for m in members]
         out.append(LayerRow(
             name=name, params=sum(m.count for m in members if m.collection == "params"),
-            other=sum(m.count for m in members if m.collection != "params"),
+            other=sum(m.count for m in members if m.collection not in ("params", "frozen")),
             nbytes=sum(m.nbytes for m in members),
-            device_bytes=sum(per_device) if None not in per_device else None))
+            device_bytes=sum(per_device) if None not in per_device else None,
+            frozen=sum(m.count for m in members if m.collection == "frozen")))
     return out
 
 
@@ -175,7 +180,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
             follow it (trainable arrays first); default the keys' sorted order.
         trains: a tree of bools like `params`, False where the optimizer freezes the parameter
             (`LitModule.trainable_mask`: LoRA's base, `param_groups`' frozen groups): those rows
-            are of kind `frozen` and counted with the other arrays. None: every parameter trains.
+            are of kind `frozen`, counted apart ("Frozen") and among the arrays that do not
+            train. None: every parameter trains.
 
     Example:
         >>> import jax.numpy as jnp
@@ -196,6 +202,7 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
         trainable_count=sum(r.count for r in trainable), trainable_bytes=sum(r.nbytes for r in trainable),
         other_count=sum(r.count for r in other), other_bytes=sum(r.nbytes for r in other),
         sharded=any(r.sharding is not None for r in trainable + other),
+        frozen_count=sum(r.count for r in frozen), frozen_bytes=sum(r.nbytes for r in frozen),
     )
 
 
@@ -218,10 +225,15 @@ def _bytes(n: int | None) -> str:
 
 
 def totals(summary: ModelSummary) -> list[str]:
-    """The totals printed under the table, one a line (Lightning's lines, with bytes)."""
-    return [f"{_human(summary.trainable_count):<9} Trainable params ({_bytes(summary.trainable_bytes)})",
-            f"{_human(summary.other_count):<9} Other state ({_bytes(summary.other_bytes)})",
-            f"{_human(summary.total_count):<9} Total ({_bytes(summary.total_bytes)})"]
+    """The totals printed under the table, one a line (Lightning's lines, with bytes): frozen
+    parameters (LoRA's base) on a line of their own where there are any."""
+    lines = [f"{_human(summary.trainable_count):<9} Trainable params ({_bytes(summary.trainable_bytes)})"]
+    state_count = summary.other_count - summary.frozen_count
+    if summary.frozen_count:
+        lines.append(f"{_human(summary.frozen_count):<9} Frozen params ({_bytes(summary.frozen_bytes)})")
+    if state_count or not summary.frozen_count:
+        lines.append(f"{_human(state_count):<9} Other state ({_bytes(summary.other_bytes - summary.frozen_bytes)})")
+    return lines + [f"{_human(summary.total_count):<9} Total ({_bytes(summary.total_bytes)})"]
 
 
 def _typed_shape(row: SummaryRow) -> str:
@@ -256,13 +268,16 @@ def render(summary: ModelSummary, *, title: str = "Model summary", arrays: bool 
         table.add_column("", **number)
         table.add_column("Name", overflow="fold")
         table.add_column("Params", **number)
+        if summary.frozen_count:
+            table.add_column("Frozen", **number)
         table.add_column("Other state", **number)
         table.add_column("Size", **number)
         if summary.sharded:
             table.add_column("Per device", **number)
         for i, layer in enumerate(summary.layers):
-            cells = [str(i), layer.name, _human(layer.params), _human(layer.other) if layer.other else "-",
-                     _bytes(layer.nbytes)]
+            frozen = [_human(layer.frozen) if layer.frozen else "-"] if summary.frozen_count else []
+            cells = [str(i), layer.name, _human(layer.params), *frozen,
+                     _human(layer.other) if layer.other else "-", _bytes(layer.nbytes)]
             if summary.sharded:
                 cells.append(_bytes(layer.device_bytes))
             table.add_row(*cells)

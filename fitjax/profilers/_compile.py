@@ -27,8 +27,10 @@ _NOT_IN_KEY = re.compile(r"[^A-Za-z0-9_]+")
 _WRAPPED = re.compile(r"(?:jit|pjit|pmap)\((.*)\)")  # JAX names the lowering "jit(<function>)"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 # The step programs fitjax builds (`fitjax.step`), as their status lines name them; their first
-# compilations are the slow, silent parts of a fit's start after the init.
-_STEPS = {"train_step": "train step", "eval_step": "evaluation step", "predict_step": "predict step"}
+# compilations are the slow, silent parts of a fit's start after the init. The train step compiled
+# again for XLA's FLOP count (`ThroughputMonitor`'s MFU) is said as that, not as a recompilation.
+_STEPS = {"train_step": "the train step", "eval_step": "the evaluation step", "predict_step": "the predict step"}
+_COUNTS = {"train_step_flops": "the train step's FLOPs"}
 
 
 def program_key(fun_name: str) -> str:
@@ -79,6 +81,11 @@ class CompileTimes:
                 _status.step_compiling(_STEPS[name])
             elif event == _COMPILE:
                 _status.step_compiled(_STEPS[name], seconds)
+        elif name in _COUNTS:
+            if event == _TRACE:
+                _status.step_counting(_COUNTS[name])
+            elif event == _COMPILE:
+                _status.step_counted(_COUNTS[name], seconds)
 
     def __enter__(self) -> CompileTimes:
         if not self._active:

@@ -47,7 +47,9 @@ def _joined(text: str) -> str:
 
 def test_a_non_terminal_gets_plain_lines_per_log_step_and_per_epoch():
     raw = _fit_with_bar()
-    assert max(len(line) for line in raw.splitlines()) <= 80  # broken between values
+    # one line a record, however long: no value continues on a line of its own (`grep Epoch` finds all)
+    assert not [line for line in raw.splitlines() if line.startswith("  ") and " val/" in line], raw
+    assert max(len(line) for line in raw.splitlines()) > 80, raw  # the epoch lines, whole
     text = _joined(raw)
     assert "\x1b" not in text  # no escape codes in a log file
     lines = text.splitlines()
@@ -83,6 +85,19 @@ def test_a_run_ended_by_max_steps_says_so():
     assert epochs[0].startswith("Epoch 0 done in ") and len(epochs) == 2
     assert re.match(r"Epoch 1 stopped at max_steps=11 after 3/8 batches in \S+ \(optimizer step 11\)", epochs[1])
     assert out.getvalue().splitlines()[-1] == "`Trainer.fit` stopped: `max_steps=11` reached."
+
+
+def test_the_epoch_max_steps_ends_counts_to_the_batches_left():
+    """A 200-step run over 819-batch epochs counts to 200, not to 819: here the second epoch's
+    lines count to the 3 batches `max_steps=11` leaves it of 8."""
+    out = io.StringIO()
+    trainer = quiet_trainer(max_epochs=5, max_steps=11, strategy="single", log_every_n_steps=1,
+                            callbacks=[fj.RichProgressBar(file=out)], enable_progress_bar=True)
+    trainer.fit(Marked(), fj.DataLoader(regression_data(), batch_size=32))  # 8 batches an epoch
+    steps = [re.match(r"epoch (\d) batch (\d+)/(\d+) ", line).groups() for line in out.getvalue().splitlines()
+             if line.startswith("epoch ")]
+    assert {total for epoch, _, total in steps if epoch == "0"} == {"8"}, steps
+    assert [(done, total) for epoch, done, total in steps if epoch == "1"] == [("1", "3"), ("2", "3"), ("3", "3")]
 
 
 def test_validate_and_test_with_verbose_false_print_no_results_line():

@@ -137,3 +137,15 @@ def test_validate_test_and_predict_on_their_own_say_their_set_up_as_fit_does(cap
     assert said == {"validate": ["initialised the state", "compiled the evaluation step"],
                     "test": ["initialised the state", "compiled the evaluation step"],
                     "predict": ["initialised the state", "compiled the predict step"]}
+
+
+def test_the_flop_count_is_said_as_a_count_not_as_a_second_compile(capsys):
+    """`ThroughputMonitor` compiles the train step once more for XLA's FLOP count: its line says
+    so, and "compiled the train step" stays the one line a JAX user reads as "no recompilation"."""
+    monitor = fj.ThroughputMonitor(batch_size_fn=lambda b: b["x"].shape[0], window_size=2)
+    trainer = fj.Trainer(max_steps=3, strategy="single", enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, logger=False, log_every_n_steps=1, callbacks=[monitor])
+    trainer.fit(Counted(), fj.DataLoader(regression_data(n=32), batch_size=8))
+    said = re.findall(r"^fitjax: (.*) in \d+\.\d s$", capsys.readouterr().out, re.M)
+    assert said.count("compiled the train step") == 1, said
+    assert "counted the train step's FLOPs" in said, said

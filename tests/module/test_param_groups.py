@@ -87,6 +87,9 @@ def test_a_frozen_group_holds_no_optimizer_state_and_an_unfreeze_on_top_compiles
     # the summary counts what the optimizer trains (BackboneFinetuning unfreezes the backbone later)
     assert (summary.summary.trainable_count, summary.summary.other_count) == (3 * 4 + 3 + 3 + 1, 4 * 4 + 4)
     assert {r.collection for r in summary.summary.rows if r.module == "stem"} == {"frozen"}
+    assert summary.summary.frozen_count == 4 * 4 + 4  # the stem's kernel and bias, said as frozen
+    printed = summary.console.file.getvalue()
+    assert "20        Frozen params (80 B)" in printed and "Other state (" not in printed, printed
     params, opt_state = jax.device_get((trainer.state.params, trainer.state.opt_state))
     assert np.array_equal(params["stem"]["kernel"], STEM)
     trained = sum(a.nbytes for name in ("backbone", "head") for a in jax.tree.leaves(params[name]))
