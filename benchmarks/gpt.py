@@ -6,7 +6,8 @@
     python benchmarks/gpt.py --device --json gpt.json --trace trace.json   # figures and idle time as JSON
     python benchmarks/gpt.py --smoke               # seconds: checks it runs (numbers mean nothing)
 
-Both sides train the same model (examples/gpt.py's `GPT`) on the same byte data with the same
+Both sides train the same model (examples/gpt.py's `gpt_model`: `fitjax.models.CausalLM` in GPT-2's
+layout) on the same byte data with the same
 recipe: bf16 mixed precision (float32 master weights, the parameters cast to bfloat16 in the
 step), gradient accumulation over 2 micro-batches in a `lax.scan`, clipping at global norm 1.0
 chained before AdamW with warmup-cosine, the state donated. The hand-written loop is what a JAX
@@ -126,6 +127,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import gpt  # noqa: E402
 
 import fitjax as fj  # noqa: E402
+import fitjax.models  # noqa: E402
 from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never reads the batch)
 from fitjax.step import xla_tpu  # noqa: E402
 
@@ -143,7 +145,7 @@ def optimizer(lr: float, total: int) -> optax.GradientTransformation:
 
 # ----------------------------------------------------------------------------- hand-written loop
 
-def hand_written_step(model: gpt.GPT, tx: optax.GradientTransformation):
+def hand_written_step(model: fitjax.models.CausalLM, tx: optax.GradientTransformation):
     def loss_fn(params, tokens):
         low = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)  # bf16 compute, f32 masters
         # the module's loss: the model's output layer and cross-entropy (fj.nn.chunked_cross_entropy)
@@ -173,7 +175,7 @@ def hand_written(mesh_name: str, shape: dict, data: np.ndarray, *, warmup: int, 
     else:
         mesh = Mesh(devices.reshape(data_axis, fsdp, tensor), ("data", "fsdp", "tensor"))
         batch_axes, rules = ("data", "fsdp"), list(gpt.GPT_RULES.items())
-    model = gpt.GPT(**_model_shape(shape))
+    model = gpt.gpt_model(**_model_shape(shape))
     tx = optax.chain(optax.clip_by_global_norm(CLIP), optimizer(1e-3, warmup + steps))
     batch = shape["batch_size"]
     example = jnp.zeros((batch, shape["context"]), jnp.int32)

@@ -61,7 +61,7 @@ def main() -> None:
     args = _parser().parse_args()
     shape = dict(layers=1, width=32, heads=2, context=16) if args.smoke else dict(
         layers=12, width=768, heads=12, context=1024)
-    model = gpt.GPT(**shape)
+    model = gpt.gpt_model(**shape)
     tokens = jnp.zeros((2, shape["context"]), jnp.int32)
     device = jax.devices()[0]
     platform = device.platform

@@ -2,7 +2,7 @@
 
     python benchmarks/lm_shapes.py --device --shape qwen2.5-0.5b                 # full fine-tune, bf16-mixed
     python benchmarks/lm_shapes.py --device --shape llama-3.2-1b --lora 16       # LoRA rank 16 on every projection
-    python benchmarks/lm_shapes.py --device --shape qwen2.5-0.5b --set scan_layers=true
+    python benchmarks/lm_shapes.py --device --shape qwen2.5-0.5b --scan-layers --remat dots
     python benchmarks/lm_shapes.py --smoke                                       # seconds on CPU (numbers mean nothing)
 
 Each run builds a `fitjax.models.CausalLMModule` from the architecture's `config.json` values
@@ -19,9 +19,10 @@ utilisation:
                                                          T the length: attention's scores)
     with LoRA:                       4 N + 6 N_lora + 12 L d T   (no gradient for the frozen weights)
 
-`--set key=value` adds or replaces a key of the config dict handed to `CausalLMModule` (a model
-option such as `scan_layers`, or an architecture key); `--lora RANK` applies LoRA to every
-attention and MLP projection. `--json` writes the figures with the command, commit and machine.
+`--scan-layers` and `--attention` are `CausalLMModule`'s options of those names, `--remat` the
+Trainer's; `--set key=value` adds or replaces a key of the architecture's config dict; `--lora
+RANK` applies LoRA to every attention and MLP projection. `--json` writes the figures with the
+command, commit and machine.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=8, help="rows a step")
     parser.add_argument("--length", type=int, default=1024, help="tokens a row")
     parser.add_argument("--lora", type=int, default=None, metavar="RANK", help="LoRA of this rank (base frozen)")
+    parser.add_argument("--scan-layers", action="store_true", help="the layers as one nn.scan")
+    parser.add_argument("--attention", default="auto", help="fj.nn.attention's implementation (default auto)")
+    parser.add_argument("--remat", default="none", help="Trainer(remat=...): none, full, dots or offload")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config key (JSON value: true, 4, \"x\"), e.g. scan_layers=true")
+                        help="a config.json key (JSON value: true, 4, \"x\"), e.g. num_hidden_layers=4")
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak (default: fitjax's table)")
@@ -115,7 +119,7 @@ def config_for(shape: str, settings: list[str]) -> dict:
     for setting in settings:
         key, sep, value = setting.partition("=")
         if not sep or not key:
-            raise SystemExit(f"lm_shapes.py: --set {setting!r} is not KEY=VALUE, e.g. --set scan_layers=true")
+            raise SystemExit(f"lm_shapes.py: --set {setting!r} is not KEY=VALUE, e.g. --set num_hidden_layers=4")
         try:
             config[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -141,7 +145,7 @@ def flops_per_token(module: CausalLMModule, params, length: int) -> tuple[int, i
 
 def run(args) -> dict:
     config = config_for(args.shape, args.set)
-    module = CausalLMModule(config, lr=1e-4)
+    module = CausalLMModule(config, lr=1e-4, scan_layers=args.scan_layers, attention=args.attention)
     if args.lora:
         module.apply_lora(LORA_TARGETS, rank=args.lora)
     rows = args.batch * (args.warmup + args.steps + 1)
@@ -149,7 +153,7 @@ def run(args) -> dict:
     timer = Timer(args.warmup, args.steps)
     trainer = fj.Trainer(max_steps=args.warmup + args.steps, precision="bf16-mixed", callbacks=[timer],
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                         logger=False, devices=1)
+                         logger=False, devices=1, remat=args.remat)
     started = time.perf_counter()
     trainer.fit(module, fj.DataLoader({"tokens": tokens}, batch_size=args.batch, drop_last=True))
     fit_seconds = time.perf_counter() - started
@@ -160,7 +164,8 @@ def run(args) -> dict:
     tokens_per_second = args.steps * args.batch * args.length / timer.seconds
     stats = device.memory_stats() or {}
     figures = {"shape": args.shape, "config": config, "batch": args.batch, "length": args.length,
-               "lora_rank": args.lora, "matmul_params": n, "lora_params": trainable,
+               "lora_rank": args.lora, "scan_layers": args.scan_layers, "attention": args.attention,
+               "remat": args.remat, "matmul_params": n, "lora_params": trainable,
                "flops_per_token": flops, "tokens_per_second": tokens_per_second,
                "step_seconds": timer.seconds / args.steps, "fit_seconds": fit_seconds,
                "mfu": tokens_per_second * flops / peak if peak else None, "peak_flops": peak,
@@ -177,7 +182,10 @@ def main(argv=None) -> None:
     figures = run(args)
     mfu = f", MFU {figures['mfu']:.1%}" if figures["mfu"] else ""
     memory = figures["peak_bytes_in_use"]
-    print(f"{args.shape}{f' LoRA {args.lora}' if args.lora else ''}, {args.batch} x {args.length}: "
+    options = "".join(f", {o}" for o in (f"LoRA {args.lora}" if args.lora else "",
+                                         "scan" if args.scan_layers else "",
+                                         f"remat {args.remat}" if args.remat != "none" else "") if o)
+    print(f"{args.shape}{options}, {args.batch} x {args.length}: "
           f"{figures['tokens_per_second']:,.0f} tokens/s, {figures['step_seconds'] * 1e3:.1f} ms a step{mfu}"
           + (f", peak {memory / 2**30:.2f} GiB" if memory else ""), flush=True)
     _results.record(args.json, figures)

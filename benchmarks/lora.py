@@ -108,7 +108,7 @@ def main(argv=None) -> dict[str, float]:
     shape = dict(layers=1, width=64, heads=2, context=32) if args.smoke else dict(layers=4, width=256, heads=4,
                                                                                      context=128)
     steps = 8 if args.smoke else args.steps
-    model = gpt.GPT(layers=shape["layers"], width=shape["width"], heads=shape["heads"], context=shape["context"])
+    model = gpt.gpt_model(layers=shape["layers"], width=shape["width"], heads=shape["heads"], context=shape["context"])
     tokens = np.zeros((1, shape["context"]), np.int32)
     weights = nn.meta.unbox(model.init(jax.random.key(0), tokens)["params"])  # both runs start from these
     options = dict(accumulate_grad_batches=args.accumulate, gradient_clip_val=args.clip)

@@ -58,7 +58,7 @@ from _trace import device_lane, idle_of  # noqa: E402
 
 
 def beside(shape: dict, data: np.ndarray, steps: int) -> dict[str, list]:
-    model = bench.gpt.GPT(**bench._model_shape(shape))
+    model = bench.gpt.gpt_model(**bench._model_shape(shape))
     tx = optax.chain(optax.clip_by_global_norm(bench.CLIP), bench.optimizer(1e-3, 100))
     example = jnp.zeros((shape["batch_size"], shape["context"]), jnp.int32)
     held = {"params": jax.jit(lambda k: bench.nn.unbox(model.init(k, example)["params"]))(jax.random.key(0))}

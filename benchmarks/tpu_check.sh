@@ -153,7 +153,7 @@ else
   fi
   if [ "$part" = 7 ]; then  # each fit in a process of its own (one holds the chip at a time)
     step 200 lm_qwen "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --json "$out/lm-qwen.json"
-    step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --set scan_layers=true \
+    step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
       --json "$out/lm-qwen-scan.json"
     step 200 lm_llama_lora "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --lora 16 \
       --json "$out/lm-llama1b-lora.json"

@@ -12,14 +12,14 @@
 
 The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
 code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by
-position: the first 90% trains, the last 10% validates. The model is a decoder-only transformer
-(pre-norm, causal self-attention, GELU MLP, learned positions, tied input/output embeddings) built
-on fitjax's own layers: `fj.nn.attention` (on a TPU, the Pallas splash kernel; `--attention`
-chooses) and, for the training loss, `fj.nn.chunked_cross_entropy` (the tied output layer and
-its cross-entropy a chunk of the length at a time, never the whole float32 logits). Its
-parameters carry logical axis names (`nn.with_logical_partitioning`); `GPT_RULES` maps them to the
-mesh axes of `fj.strategies.FSDP`, so the same code runs on one device, data-parallel, FSDP, or
-FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
+position: the first 90% trains, the last 10% validates. The model is `fitjax.models.CausalLM` in
+GPT-2's layout (`gpt_config`: pre-norm, causal self-attention, GELU MLP, learned positions, tied
+input/output embeddings, GPT-2's initialisation; no biases): the library's decoder, whose
+attention is `fj.nn.attention` (on a TPU, the Pallas splash kernel; `--attention` chooses) and
+whose training loss is `fj.nn.chunked_cross_entropy` (the tied output layer and its
+cross-entropy a chunk of the length at a time, never the whole float32 logits). Its parameters
+carry logical axis names and the module declares `fitjax.models.LOGICAL_RULES` for them, so the
+same code runs on one device, data-parallel, FSDP, or FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
 warmup-cosine, gradient clipping at 1.0, gradient accumulation, periodic checkpoints, exact resume.
 
 Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the validation loss) and
@@ -31,7 +31,7 @@ Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the va
 Every `--sample-every` steps a few generated lines are
 printed and written to TensorBoard's Text tab (`Samples`, a `fj.GenerationMonitor`): temperature
 sampling through `Trainer.generate`, which keeps the keys and values of every layer in a KV cache
-(`GPT.init_cache`), so each new byte is one forward pass over one token. After training:
+(`CausalLM.init_cache`, every layer's stacked), so each new byte is one forward pass over one token. After training:
 
     trainer.generate(module, ["def main("], max_new_tokens=60, temperature=0.8, top_p=0.95)
 """
@@ -42,23 +42,18 @@ import argparse
 import dataclasses
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 import fitjax as fj
+from fitjax import models
 
-# Logical axis names on the parameters -> mesh axes of fj.strategies.FSDP. "embed" (the residual
-# width) is sharded over `fsdp` (ZeRO-3 style); attention heads and the MLP's hidden units over
-# `tensor` (Megatron: the first matmul of each pair is split by columns, the second by rows, so
-# each pair needs one all-reduce); the byte vocabulary stays whole.
-# "batch" names the activations' batch dimension (`nn.with_logical_constraint` in the model): split
-# over both data-parallel axes, as the trainer splits each batch. "layers" is the leading axis of
-# the stacked parameters of `scan_layers=True`: each device keeps every layer's slice.
-GPT_RULES = {"batch": ("data", "fsdp"), "vocab": None, "embed": "fsdp", "heads": "tensor", "mlp": "tensor",
-             "length": None, "layers": None}
+# Logical axis names of the model's parameters and activations -> mesh axes of fj.strategies.FSDP:
+# the rules shipped with fitjax.models ("embed" over `fsdp`, heads and the MLP's hidden units over
+# `tensor`, "batch" over `data` and `fsdp`). GPTModule declares them, so FSDP needs none passed;
+# a hand-written loop (benchmarks/gpt.py) uses them itself.
+GPT_RULES = models.LOGICAL_RULES
 
 PRESETS: dict[str, dict[str, Any]] = {
     # CI: a few seconds of compilation, under a minute of training on 2 busy cores
@@ -88,139 +83,26 @@ VOCAB = 256  # bytes
 
 # ----------------------------------------------------------------------------------------- model
 
-def _param(init, *names):
-    return nn.with_logical_partitioning(init, names)
+def gpt_config(*, layers: int, width: int, heads: int, context: int, vocab: int = VOCAB, scan_layers: bool = False,
+               attention: str = "auto") -> models.ModelConfig:
+    """GPT-2's layout in `fitjax.models` with GPT-2's initialisation (normal(0.02), the projections
+    into the residual stream scaled by 1 / sqrt(2 x layers); the positions normal(0.01): the tiny
+    preset's validation loss is 2.65 with it, 2.81-2.91 with 0.02), tied embeddings, and no biases
+    (LayerNorm scales only). The queries, keys and values are separate projections
+    (`fused_qkv=False`), so `FSDP(tensor=...)` splits them by heads."""
+    return models.ModelConfig(
+        model_type="gpt2", vocab_size=vocab, hidden_size=width, num_layers=layers, num_heads=heads,
+        num_kv_heads=heads, head_dim=width // heads, intermediate_size=4 * width, max_position_embeddings=context,
+        norm_eps=1e-5, norm="layer", activation="gelu_new", tie_word_embeddings=True,
+        layer_types=("full_attention",) * layers, norm_bias=False, fused_qkv=False, init_std=0.02,
+        position_init_std=0.01, scale_residual_init=True, scan_layers=scan_layers, attention=attention)
 
 
-def _place(x, *names):
-    """Activation layout by logical names; a no-op unless traced under rules (fj.strategies.FSDP)."""
-    return nn.with_logical_constraint(x, names)
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
-
-    With `cache` (this layer's `{"key", "value"}`, [batch, max_length, heads, head_dim]) the new
-    keys and values are written at `positions` and the queries attend over the whole cache: a
-    slot is seen when its position is at or before the query's and its segment id (`kv_segment_ids`,
-    0: never written) is the query's. Returns `(x, new_cache)`.
-    """
-
-    heads: int
-    mlp_ratio: int = 4
-    residual_std: float = 0.02
-    attention: str = "auto"  # fj.nn.attention's implementation (a cache's chunk: always the plain path)
-
-    @nn.compact
-    def __call__(self, x: jax.Array, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 cache: dict | None = None, kv_segment_ids: jax.Array | None = None) -> tuple[jax.Array, dict | None]:
-        width = x.shape[-1]
-        head_dim = width // self.heads
-        init = nn.initializers.normal(0.02)
-        out_init = nn.initializers.normal(self.residual_std)  # GPT-2: residual writes scaled by depth
-
-        h = nn.LayerNorm(use_bias=False)(x)
-        batch, length = x.shape[:2]
-        # kernels [width, width] whose output columns are `heads` groups of `head_dim`: 2-D kernels
-        # (not DenseGeneral's 3-D ones, whose shape check trips over logical annotations under a mesh)
-        q, k, v = [_place(nn.Dense(width, use_bias=False, name=name, kernel_init=_param(init, "embed", "heads"))(h)
-                          .reshape(batch, length, self.heads, head_dim), "batch", None, "heads", None)
-                   for name in "qkv"]
-        if cache is None:  # [batch, length, heads, head_dim]; softmax in float32 even for bfloat16 inputs
-            pairs = None if positions is None else (positions, positions)
-            attn = fj.nn.attention(q, k, v, positions=pairs, segment_ids=segment_ids, implementation=self.attention)
-        else:
-            rows = jnp.arange(batch)[:, None]
-            k, v = (cache[n].at[rows, positions].set(t.astype(cache[n].dtype)) for n, t in (("key", k), ("value", v)))
-            cache = {"key": k, "value": v}
-            slots = jnp.broadcast_to(jnp.arange(k.shape[1]), kv_segment_ids.shape)
-            attn = fj.nn.attention(q, k, v, positions=(positions, slots), segment_ids=(segment_ids, kv_segment_ids))
-        attn = attn.reshape(batch, length, width)
-        x = x + nn.Dense(width, use_bias=False, name="proj", kernel_init=_param(out_init, "heads", "embed"))(attn)
-        x = _place(x, "batch", None, None)
-
-        h = nn.LayerNorm(use_bias=False)(x)
-        h = nn.Dense(self.mlp_ratio * width, use_bias=False, name="up", kernel_init=_param(init, "embed", "mlp"))(h)
-        h = _place(h, "batch", None, "mlp")
-        h = nn.Dense(width, use_bias=False, name="down", kernel_init=_param(out_init, "mlp", "embed"))(nn.gelu(h))
-        return _place(x + h, "batch", None, None), cache
-
-
-class GPT(nn.Module):
-    """Decoder-only transformer over bytes: tokens [batch, length] -> logits [batch, length, vocab],
-    or with `targets` [batch, length] the `fj.TokenLoss` of predicting them, the tied output layer
-    and its cross-entropy computed `loss_chunk` positions at a time (`fj.nn.chunked_cross_entropy`:
-    no [batch, length, vocab] logits kept).
-
-    `scan_layers=True` runs the blocks as one `nn.scan` over parameters stacked on a leading
-    "layers" axis (`params["blocks"]`, each array `[layers, ...]`) instead of `block_0` ...
-    `block_{layers-1}`: XLA then compiles one block, not `layers` copies of it (MaxText's
-    `scan_layers`). The same numbers from the same (stacked) parameters.
-
-    Generation (`Trainer.generate`): `positions` and `segment_ids` [batch, length] place each
-    token (packed or padded rows); with a `cache` from `init_cache` the call returns
-    `(logits, new_cache)`, the new keys and values written at `positions` (< `context`).
-    """
-
-    layers: int
-    width: int
-    heads: int
-    context: int
-    scan_layers: bool = False
-    vocab: int = VOCAB  # bytes; larger pads the table (GPT-2's 50257 tokens are padded to 50304)
-    attention: str = "auto"  # fj.nn.attention's implementation
-    loss_chunk: int = 256  # positions per chunk of the loss (`targets`)
-
-    @property
-    def max_positions(self) -> int:
-        """The learned position table's rows: `Trainer.generate` refuses prompts that run past it."""
-        return self.context
-
-    def init_cache(self, batch: int, max_length: int, dtype: Any = jnp.float32) -> dict:
-        """An empty KV cache: every layer's keys and values [batch, max_length, heads, head_dim]
-        (stacked on a leading layer axis with `scan_layers`), and the slots' segment ids (0: empty)."""
-        shape = (batch, max_length, self.heads, self.width // self.heads)
-        layer = lambda: {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}  # noqa: E731
-        layers = (jax.tree.map(lambda x: jnp.zeros((self.layers, *x.shape), x.dtype), layer()) if self.scan_layers
-                  else [layer() for _ in range(self.layers)])
-        return {"segment_ids": jnp.zeros((batch, max_length), jnp.int32), "layers": layers}
-
-    @nn.compact
-    def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 cache: dict | None = None, targets: jax.Array | None = None) -> Any:
-        embed = nn.Embed(self.vocab, self.width, name="embed",
-                         embedding_init=_param(nn.initializers.normal(0.02), "vocab", "embed"))
-        table = self.param("positions", _param(nn.initializers.normal(0.01), "length", "embed"),
-                           (self.context, self.width))
-        if cache is not None and positions is None:
-            raise ValueError("GPT(tokens, cache=...) needs `positions`: where the tokens' keys and values go")
-        # clipped: a padding token's position may lie past the table, which would read NaN into the masked values
-        where = table[: tokens.shape[1]] if positions is None else jnp.take(table, positions, axis=0, mode="clip")
-        x = _place(embed(tokens) + where.astype(embed.embedding.dtype), "batch", None, None)
-        if segment_ids is None and cache is not None:
-            segment_ids = jnp.ones_like(tokens)
-        kv_segments = None if cache is None else cache["segment_ids"].at[jnp.arange(tokens.shape[0])[:, None],
-                                                                         positions].set(segment_ids)
-        layer_caches = None if cache is None else cache["layers"]
-        residual_std = 0.02 / (2 * self.layers) ** 0.5
-        if self.scan_layers:
-            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                             in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=self.layers,
-                             metadata_params={nn.PARTITION_NAME: "layers"})
-            x, layer_caches = blocks(self.heads, residual_std=residual_std, attention=self.attention, name="blocks")(
-                x, positions, segment_ids, layer_caches, kv_segments)
-        else:
-            new = []
-            for i in range(self.layers):
-                x, layer = Block(self.heads, residual_std=residual_std, attention=self.attention, name=f"block_{i}")(
-                    x, positions, segment_ids, None if cache is None else layer_caches[i], kv_segments)
-                new.append(layer)
-            layer_caches = new
-        x = nn.LayerNorm(use_bias=False)(x)
-        if targets is not None:  # tied: the output layer is embed's table [vocab, width]
-            return fj.nn.chunked_cross_entropy(x, embed.embedding, targets, chunk_size=self.loss_chunk)
-        logits = _place(embed.attend(x), "batch", None, None)
-        return logits if cache is None else (logits, {"segment_ids": kv_segments, "layers": layer_caches})
+def gpt_model(**shape: Any) -> models.CausalLM:
+    """The example's decoder (`gpt_config`'s arguments): `fitjax.models.CausalLM`. Tokens [batch,
+    length] -> logits [batch, length, vocab]; with `targets` the `fj.TokenLoss` of predicting them
+    (`fj.nn.chunked_cross_entropy`); with a `cache` (`model.init_cache`) `(logits, new_cache)`."""
+    return models.CausalLM(gpt_config(**shape))
 
 
 def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4, vocab: int = VOCAB, **_: Any) -> int:
@@ -239,6 +121,8 @@ def flops_per_token(*, layers: int, width: int, context: int, mlp_ratio: int = 4
 class GPTModule(fj.LitModule):
     """Next-byte prediction: `batch["tokens"]` [batch, context + 1] int32."""
 
+    logical_axis_rules = GPT_RULES  # what fj.strategies.FSDP lays the model out by
+
     def __init__(self, layers: int = 2, width: int = 64, heads: int = 4, context: int = 64,
                  lr: float = 3e-3, warmup: int = 15, total_steps: int = 150, weight_decay: float = 0.1,
                  scan_layers: bool = False, vocab: int = VOCAB, attention: str = "auto", loss_chunk: int = 256):
@@ -251,8 +135,8 @@ class GPTModule(fj.LitModule):
         # (GPT-2 small's step compiled for a TPU slice in 36 s instead of 189 s, benchmarks/plan.py)
         if vocab < VOCAB:
             raise ValueError(f"GPTModule(vocab={vocab!r}): the data holds bytes, so at least {VOCAB}")
-        self.model = GPT(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers,
-                         vocab=vocab, attention=attention, loss_chunk=loss_chunk)
+        self.model = gpt_model(layers=layers, width=width, heads=heads, context=context, scan_layers=scan_layers,
+                               vocab=vocab, attention=attention)
         self.tokenizer = ByteTokenizer()  # text prompts for Trainer.generate
         # model FLOPs (6N + attention) for fj.ThroughputMonitor's MFU and `fitjax plan`
         self.transformer_shape = fj.TransformerShape(layers=layers, width=width, context=context)
@@ -264,7 +148,7 @@ class GPTModule(fj.LitModule):
         tokens = batch["tokens"]
         # every row holds `context` targets, so the mean over a micro-batch's tokens is exact under
         # accumulation too (a `TokenLoss` returned whole would be the same here)
-        return model(tokens[:, :-1], targets=tokens[:, 1:]).mean
+        return model(tokens[:, :-1], targets=tokens[:, 1:], loss_chunk=self.hparams.loss_chunk).mean
 
     def configure_optimizer(self):
         decay = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731 (no decay on norms)
@@ -376,7 +260,7 @@ class Samples(fj.GenerationMonitor):
             super().on_train_end(trainer, module)
 
     def sample(self, trainer, module) -> list[str]:
-        room = module.model.context - max(map(len, self.PROMPTS))  # learned positions end at the context
+        room = module.hparams.context - max(map(len, self.PROMPTS))  # learned positions end at the context
         self.options["max_new_tokens"] = min(self.length, room)
         texts = super().sample(trainer, module)
         self.history[-1] = (trainer.global_step, [p + t for p, t in zip(self.PROMPTS, texts)])
@@ -389,9 +273,10 @@ class Samples(fj.GenerationMonitor):
 # ------------------------------------------------------------------------------------------ main
 
 def strategy_for(name: str, *, tensor: int = 1, data: int | None = None) -> str | fj.strategies.Strategy:
-    """`"fsdp"` becomes `FSDP(data, tensor, rules=GPT_RULES)`; other names pass through."""
+    """`"fsdp"` becomes `FSDP(data, tensor)` (laid out by the module's `logical_axis_rules`); other
+    names pass through."""
     if name == "fsdp":
-        return fj.strategies.FSDP(data=data, tensor=tensor, rules=GPT_RULES)
+        return fj.strategies.FSDP(data=data, tensor=tensor)
     if tensor != 1:
         raise ValueError(f"--tensor {tensor} needs --strategy fsdp (got --strategy {name!r})")
     return name

@@ -13,6 +13,13 @@ planner compiles), traces its function under `tracing_for(strategy.platform)`; `
 reads it, and is the default backend elsewhere: a user's own `jax.jit`, and the state's init and
 generation programs, which run on the process's own devices (wrapping the init's function as
 well made the module's loss traced once more per fit: `tests/loop/test_setup.py` counts them).
+
+`traced_mesh()` is the strategy's mesh while its programs (and the state's init and generation
+programs) are traced: `fj.nn.attention` splits a kernel XLA cannot partition over it
+(`shard_map`). It is fitjax's own record, not JAX's mesh context (`jax.set_mesh`,
+`jax.sharding.use_abstract_mesh`): under that, Flax applies every parameter's annotation as a
+sharding constraint, which fails where the annotation names an axis the mesh lacks (a model
+annotated for `fsdp` trained with "dp" or "single").
 """
 
 from __future__ import annotations
@@ -20,23 +27,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 
-__all__ = ["traced_for", "traced_platform", "tracing_for"]
+__all__ = ["traced_for", "traced_mesh", "traced_platform", "tracing_for"]
 
 _PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("fitjax_traced_platform", default=None)
+_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("fitjax_traced_mesh", default=None)
 
 
 @contextlib.contextmanager
-def tracing_for(platform: str) -> Iterator[None]:
-    """Inside: `traced_platform()` is `platform` ("cpu", "gpu", "tpu")."""
-    token = _PLATFORM.set(platform)
+def tracing_for(platform: str | None, mesh: Any = None) -> Iterator[None]:
+    """Inside: `traced_platform()` is `platform` ("cpu", "gpu", "tpu"; None: unchanged) and
+    `traced_mesh()` is `mesh` (None: unchanged)."""
+    tokens = [(var, var.set(value)) for var, value in ((_PLATFORM, platform), (_MESH, mesh)) if value is not None]
     try:
         yield
     finally:
-        _PLATFORM.reset(token)
+        for var, token in reversed(tokens):
+            var.reset(token)
 
 
 def traced_platform() -> str:
@@ -44,11 +54,16 @@ def traced_platform() -> str:
     return _PLATFORM.get() or jax.default_backend()
 
 
-def traced_for(fn: Callable, platform: str) -> Callable:
-    """`fn` traced under `tracing_for(platform)` (its name kept: compile logs show it)."""
+def traced_mesh() -> Any:
+    """The `jax.sharding.Mesh` of the strategy whose program is being traced (None outside one)."""
+    return _MESH.get()
+
+
+def traced_for(fn: Callable, platform: str | None, mesh: Any = None) -> Callable:
+    """`fn` traced under `tracing_for(platform, mesh)` (its name kept: compile logs show it)."""
     @functools.wraps(fn)
     def traced(*args, **kwargs):
-        with tracing_for(platform):
+        with tracing_for(platform, mesh):
             return fn(*args, **kwargs)
 
     return traced

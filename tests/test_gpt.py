@@ -82,15 +82,15 @@ def test_fsdp_and_fsdp_x_tensor_match_one_device(single, fsdp_tensor, tmp_path, 
     mesh = run.trainer.strategy.mesh
     tensor = 1 if args else 2
     assert dict(mesh.shape) == {"data": 1, "fsdp": 8 // tensor, "tensor": tensor}
-    block = run.trainer.state.params["block_0"]
-    assert block["q"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, heads × head_dim]
-    assert block["proj"]["kernel"].sharding.spec == P("tensor", "fsdp")
-    assert block["up"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, mlp]
-    assert block["down"]["kernel"].sharding.spec == P("tensor", "fsdp")  # [mlp, embed]
-    shard = block["up"]["kernel"].addressable_shards[0].data.shape
+    block = run.trainer.state.params["h_0"]  # fitjax.models' GPT-2 layout, split by its LOGICAL_RULES
+    assert block["attn"]["q_proj"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, heads × head_dim]
+    assert block["attn"]["c_proj"]["kernel"].sharding.spec == P("tensor", "fsdp")
+    assert block["mlp"]["c_fc"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [embed, mlp]
+    assert block["mlp"]["c_proj"]["kernel"].sharding.spec == P("tensor", "fsdp")  # [mlp, embed]
+    shard = block["mlp"]["c_fc"]["kernel"].addressable_shards[0].data.shape
     assert shard == (32 // (8 // tensor), 128 // tensor)  # [width, 4 * width] split fsdp × tensor ways
     moments = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(run.trainer.state.opt_state)[0]
-               if jax.tree_util.keystr(path).endswith("['block_0']['up']['kernel']")]
+               if jax.tree_util.keystr(path).endswith("['h_0']['mlp']['c_fc']['kernel']")]
     assert len(moments) == 2 and all(m.sharding.spec == P("fsdp", "tensor") for m in moments)  # Adam's mu, nu
 
 
@@ -146,7 +146,7 @@ def test_the_scanned_models_cache_gives_the_logits_of_the_whole_sequence():
     """A prefill of 5 tokens, then 3 one-token steps through the cache stacked on a layer axis:
     the logits the model computes over all 8 at once (the unrolled model's cache: the generation
     test above)."""
-    model = gpt.GPT(layers=2, width=32, heads=2, context=16, scan_layers=True)
+    model = gpt.gpt_model(layers=2, width=32, heads=2, context=16, scan_layers=True)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 8)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
 
@@ -160,7 +160,7 @@ def test_the_scanned_models_cache_gives_the_logits_of_the_whole_sequence():
 
     want, got, cache = jax.jit(both)(jax.jit(model.init)(jax.random.key(0), tokens))
     np.testing.assert_allclose(got, want, atol=1e-5)
-    assert cache["layers"]["key"].shape == (2, 2, 16, 2, 16)  # [layers, batch, length, heads, head_dim]
+    assert cache.keys.shape == (2, 2, 16, 2, 16)  # [layers, batch, length, heads, head_dim]
 
 
 def test_resuming_a_finished_run_says_there_is_nothing_left_to_train(single, tmp_path, capsys):
@@ -174,10 +174,10 @@ def test_resuming_a_finished_run_says_there_is_nothing_left_to_train(single, tmp
 
 
 def _stacked(params, layers: int):
-    """The unrolled model's parameters in `scan_layers`' layout: `block_i` stacked as `blocks`."""
-    blocks = [params[f"block_{i}"] for i in range(layers)]
-    rest = {k: v for k, v in params.items() if not k.startswith("block_")}
-    return {**rest, "blocks": jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)}
+    """The unrolled model's parameters in `scan_layers`' layout: `h_i` stacked as `h`."""
+    blocks = [params[f"h_{i}"] for i in range(layers)]
+    rest = {k: v for k, v in params.items() if not k.startswith("h_")}
+    return {**rest, "h": jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)}
 
 
 def _primitives(jaxpr, depth=0):
@@ -193,7 +193,7 @@ def test_scanned_blocks_compute_the_unrolled_models_loss_and_gradients(remat):
     from fitjax.step.remat import remat_layers
 
     shape = dict(layers=3, width=32, heads=2, context=16)
-    unrolled, scanned = gpt.GPT(**shape), gpt.GPT(**shape, scan_layers=True)
+    unrolled, scanned = gpt.gpt_model(**shape), gpt.gpt_model(**shape, scan_layers=True)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 17)), jnp.int32)
     params = nn.unbox(unrolled.init(jax.random.key(0), tokens[:, :-1]))["params"]
     stacked = _stacked(params, 3)
@@ -226,9 +226,9 @@ def test_scanned_blocks_train_under_fsdp_x_tensor_with_remat_and_keep_the_layer_
                             callbacks=[history])
     trainer.fit(module, fj.DataLoader(train, batch_size=8, shuffle=True, seed=0, drop_last=True))
     assert len(history.losses) == 4 and history.losses[-1] < history.losses[0]
-    blocks = trainer.state.params["blocks"]
-    # [layers, ...]: the layer axis ("layers" -> None in GPT_RULES) on every device, the rest as unrolled
-    assert blocks["up"]["kernel"].shape == (2, 32, 128)
-    assert blocks["up"]["kernel"].sharding.spec == P(None, "fsdp", "tensor")
-    assert blocks["proj"]["kernel"].sharding.spec == P(None, "tensor", "fsdp")
-    assert blocks["up"]["kernel"].addressable_shards[0].data.shape == (2, 32 // 4, 128 // 2)
+    blocks = trainer.state.params["h"]
+    # [layers, ...]: the layer axis ("layers" -> None in LOGICAL_RULES) on every device, the rest as unrolled
+    assert blocks["mlp"]["c_fc"]["kernel"].shape == (2, 32, 128)
+    assert blocks["mlp"]["c_fc"]["kernel"].sharding.spec == P(None, "fsdp", "tensor")
+    assert blocks["attn"]["c_proj"]["kernel"].sharding.spec == P(None, "tensor", "fsdp")
+    assert blocks["mlp"]["c_fc"]["kernel"].addressable_shards[0].data.shape == (2, 32 // 4, 128 // 2)

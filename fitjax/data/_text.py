@@ -2,13 +2,16 @@
 through grain and resumable at any batch.
 
 The pipeline, one grain dataset per epoch: files (in order, or shuffled per epoch) -> records
-(read one at a time from a byte offset or row) -> token ids and loss weights (the tokenizer, its
-chat template) -> pieces of at most `seq_len` next-token pairs -> a window shuffle of
-`buffer_size` pieces -> rows (first-fit packing of several pieces per row, or one padded piece
-per row) -> batches. Only the shuffle window and the packing window are held in memory, so a
-corpus of any size streams. grain's iterator state is the position: the file and byte offset of
+(by their byte offset or row) -> token ids and loss weights (tokenized once, each chunk of the
+corpus by one process, and read back from a cache: `_text_cache`) -> pieces of at most
+`seq_len` next-token pairs -> a window shuffle of `buffer_size` pieces -> rows (first-fit
+packing of several pieces per row, or one padded piece per row) -> batches. Only one chunk's
+tokens, the shuffle window and the packing window are held in memory, so a corpus of any size
+streams. grain's iterator state is the position: the file and byte offset of
 the record being read, the piece within it, and the places within the shuffle and packing
-windows; restoring it re-reads at most those windows.
+windows; restoring it re-reads at most those windows. Every process runs the same pipeline over
+the same tokens and keeps its rows of each global batch, so the position is global: a run resumed
+with another process count continues with the same batches.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fitjax.data import _text_files, _tokenize
+from fitjax.data import _text_cache, _text_files, _tokenize
 from fitjax.data._batching import _check_int
 
 KEYS = ("loss_mask", "positions", "segment_ids", "targets", "tokens")
@@ -58,12 +61,24 @@ class TextLoader:
     rendered by the tokenizer's chat template. An example longer than `seq_len` is cut into
     rows of `seq_len` (a later row does not see the earlier one).
 
-    Nothing is held but the shuffle window (`buffer_size` pieces) and the packing window
-    (`4 * batch_size` rows), so the corpus may be larger than memory. `state_dict()` is the
-    position (JSON-friendly): a fit restored from a checkpoint continues with the same batches.
-    The last batch of an epoch is filled with padding rows (`loss_mask` 0) to `batch_size`, so
-    the step never sees another shape. With several processes every process reads the corpus
-    and keeps its own rows of each global batch, as `fj.DataLoader` does.
+    Records are tokenized once, not every epoch, and shared out by chunk of file (a JSONL or
+    text file is cut every 32 MiB, a Parquet file by row group; chunk `k` of the files in listed
+    order goes to process `k % process_count`): each process reads and tokenizes only its share,
+    at the first `iter()` (or `tokenize()`), and stores it in the cache (see `cache`), keyed by
+    each file's size and modification time and the tokenizer, so a second epoch and a second
+    run tokenize nothing. Every process then reads every chunk's tokens back (one chunk in
+    memory at a time) and packs them the same way, keeping its own rows of each global batch,
+    as `fj.DataLoader` does: the batches, and the position, do not depend on the process count.
+    The processes wait for each other's shares through `jax.distributed`'s key-value store;
+    where the cache folder is not shared, a process tokenizes what it does not find (and says
+    so once).
+
+    Nothing is held but one chunk's tokens, the shuffle window (`buffer_size` pieces) and the
+    packing window (`4 * batch_size` rows), so the corpus may be larger than memory (unless
+    the cache is in memory). `state_dict()` is the position (JSON-friendly): a fit restored
+    from a checkpoint continues with the same batches, with any process count. The last batch
+    of an epoch is filled with padding rows (`loss_mask` 0) to `batch_size`, so the step never
+    sees another shape.
 
     Args:
       files: a file, folder, glob pattern or a list of them; local paths or `s3://`, `gs://`
@@ -80,6 +95,12 @@ class TextLoader:
       seed: the seed of the shuffles; the epoch is mixed in.
       buffer_size: pieces in the shuffle window (memory held: about `buffer_size * seq_len`
         tokens).
+      cache: where the tokens are kept: True, a `.fitjax_tokens` folder beside each data file
+        (on its store for a URL); a folder (local or URL) for all files; False, this loader's
+        memory only (each process then tokenizes every record, once per loader). A folder that
+        cannot be written, or a tokenizer whose definition cannot be read, also keeps them in
+        memory. fitjax only adds entries there (a changed file or tokenizer gets new ones);
+        delete the folder to reclaim the space.
       process_index: this process's index (None: `jax.process_index()` at the first iteration).
       process_count: the number of processes (None: `jax.process_count()` likewise).
 
@@ -101,7 +122,8 @@ class TextLoader:
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], *, tokenizer: Any,
                  seq_len: int, batch_size: int, pack: bool = True, completion_only: bool = False,
                  shuffle: bool = False, seed: int = 0, buffer_size: int = 1024,
-                 process_index: int | None = None, process_count: int | None = None) -> None:
+                 cache: bool | str | os.PathLike = True, process_index: int | None = None,
+                 process_count: int | None = None) -> None:
         self.files = _text_files.list_files(files)
         self.seq_len = _check_int(seq_len, where="`TextLoader(seq_len=...)`", minimum=1)
         self.batch_size = _check_int(batch_size, where="`TextLoader(batch_size=...)`", minimum=1)
@@ -109,6 +131,10 @@ class TextLoader:
         self.seed = _check_int(seed, where="`TextLoader(seed=...)`", minimum=0)
         self.pack, self.shuffle = bool(pack), bool(shuffle)
         self.encoder = _tokenize.Encoder(_tokenize.load_tokenizer(tokenizer), completion_only=bool(completion_only))
+        if not isinstance(cache, (bool, str, os.PathLike)):
+            raise TypeError(f"`TextLoader(cache=...)` must be True (beside the data), a folder, or False (in "
+                            f"memory); received {cache!r}.")
+        self._cache = _text_cache.TokenCache(self.files, self.encoder, cache)
         self._process_index, self._process_count = process_index, process_count
         self._epoch = 0
         self._iterator: Any = None
@@ -130,6 +156,15 @@ class TextLoader:
         """Rows per batch on this process: `batch_size // process_count`."""
         return self.batch_size // self._processes()[1]
 
+    def tokenize(self) -> int:
+        """Tokenizes this process's share of the records that are not cached yet, then waits for
+        the other processes' shares; returns the number of records this call tokenized.
+
+        The first `iter()` does it; call it ahead (in `prepare_data`, or a job of its own on
+        each process) to have the cache ready before training starts.
+        """
+        return self._cache.prepare(*self._processes())
+
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next `iter()` reads; another epoch than a loaded state's starts over."""
         epoch = _check_int(epoch, where="`TextLoader.set_epoch(epoch)`", minimum=0)
@@ -150,6 +185,7 @@ class TextLoader:
         self._pending, self._iterator = state["iterator"], None
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        self.tokenize()
         self._iterator = iter(self._dataset(self._epoch))
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -172,7 +208,7 @@ class TextLoader:
         files = list(self.files)
         if self.shuffle:
             files = [files[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(files))]
-        data = Pieces(files, self.encoder, self.seq_len)
+        data = Pieces(files, self._cache, self.seq_len)
         if self.shuffle:
             data = WindowShuffled(data, window=self.buffer_size, seed=(self.seed, epoch))
         if self.pack:  # first fit over 4 batches' rows: a resume replays at most that window
@@ -189,6 +225,9 @@ class TextLoader:
         if self.batch_size % count:
             raise ValueError(f"`TextLoader(batch_size={self.batch_size!r})` is the global batch size and must divide "
                              f"evenly over the {count} processes; use a multiple of {count}.")
+        if not 0 <= index < count:
+            raise ValueError(f"`TextLoader(process_index=...)` must be in [0, {count}) for {count} processes; "
+                             f"received {index!r}.")
         return index, count
 
     def __repr__(self) -> str:

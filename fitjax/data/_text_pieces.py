@@ -1,25 +1,26 @@
-"""The grain source of `TextLoader`: records of files, tokenized and cut into pieces, with a
-position grain saves and restores (imported only when a `TextLoader` iterates: grain is heavy)."""
+"""The grain source of `TextLoader`: the records of files, tokenized (once: `_text_cache`) and
+cut into pieces, with a position grain saves and restores (imported only when a `TextLoader`
+iterates: grain is heavy)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import grain
 import numpy as np
 
-from fitjax.data import _text_files, _tokenize
+from fitjax.data._text_cache import TokenCache, Tokens
 
 
 class _PiecesIterator(grain.DatasetIterator):
-    """The pieces of each record of each file; the state is `(file, record offset, piece)`."""
+    """The pieces of each record of each file, from the tokens cache; the state is
+    `(file, record offset, piece)`, the same whatever the process count."""
 
-    def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
+    def __init__(self, files: list[str], cache: TokenCache, seq_len: int) -> None:
         super().__init__()
-        self._files, self._encoder, self._seq_len = files, encoder, seq_len
+        self._files, self._cache, self._seq_len = files, cache, seq_len
         self._file, self._offset, self._piece = 0, 0, 0  # the position: the record at `_offset`
         self._pieces: list | None = None  # that record's pieces, once read
-        self._records: Iterator | None = None
+        self._tokens: Tokens | None = None  # the tokens of the chunk holding it
+        self._chunk = self._row = 0  # that chunk's place among the file's, and the record's in it
 
     def __next__(self) -> dict[str, np.ndarray]:
         while self._pieces is None or self._piece >= len(self._pieces):
@@ -32,34 +33,39 @@ class _PiecesIterator(grain.DatasetIterator):
         if self._file >= len(self._files):
             raise StopIteration
         resuming = self._pieces is None  # the record at `_offset` is the position's, with `_piece` done
-        if self._records is None:
-            self._records = _text_files.records(self._files[self._file], self._offset)
-        try:
-            offset, record = next(self._records)
-        except StopIteration:
-            self._file, self._offset, self._piece, self._pieces, self._records = self._file + 1, 0, 0, None, None
-            return
-        where = f"{self._files[self._file]!r} (record at {offset})"
-        ids, weights = self._encoder(record, where)
-        self._offset, self._pieces = offset, _pieces(ids, weights, self._seq_len)
+        chunks = self._cache.chunks_of(self._files[self._file])
+        if self._tokens is None:  # the first record at or after `_offset`
+            self._chunk = next((c for c, k in enumerate(chunks) if self._cache.chunks[k].end > self._offset),
+                               len(chunks))
+            if self._chunk < len(chunks):
+                self._tokens = self._cache.get(chunks[self._chunk])
+                self._row = int(np.searchsorted(self._tokens.offsets, self._offset))
+        else:
+            self._row += 1
+        while self._tokens is None or self._row >= len(self._tokens.offsets):
+            self._chunk += 1
+            if self._chunk >= len(chunks):
+                self._file, self._offset, self._piece, self._pieces, self._tokens = self._file + 1, 0, 0, None, None
+                return
+            self._tokens, self._row = self._cache.get(chunks[self._chunk]), 0
+        ids, weights = self._tokens.record(self._row)
+        self._offset, self._pieces = int(self._tokens.offsets[self._row]), _pieces(ids, weights, self._seq_len)
         self._piece = self._piece if resuming else 0
 
     def get_state(self) -> dict[str, int]:
         return {"file": self._file, "offset": self._offset, "piece": self._piece}
 
     def set_state(self, state: dict[str, int]) -> None:
-        if self._records is not None:
-            self._records.close()
         self._file, self._offset, self._piece = int(state["file"]), int(state["offset"]), int(state["piece"])
-        self._pieces = self._records = None
+        self._pieces = self._tokens = None
 
 
 class Pieces(grain.IterDataset):
-    """A grain dataset of the pieces of every record of `files`, in order."""
+    """A grain dataset of the pieces of every record of `files`, in order, from `cache`."""
 
-    def __init__(self, files: list[str], encoder: _tokenize.Encoder, seq_len: int) -> None:
+    def __init__(self, files: list[str], cache: TokenCache, seq_len: int) -> None:
         super().__init__()
-        self._args = (files, encoder, seq_len)
+        self._args = (files, cache, seq_len)
 
     def __iter__(self) -> _PiecesIterator:
         return _PiecesIterator(*self._args)

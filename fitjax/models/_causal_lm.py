@@ -1,13 +1,16 @@
-"""`CausalLM`: tokens in, next-token logits out, for every family `ModelConfig` reads; with a
-`KVCache`, one chunk at a time (a prompt, then a token per step) for generation.
+"""`CausalLM`: tokens in, next-token logits out (or, with `targets`, the chunked cross-entropy
+against them), for every family `ModelConfig` reads; with a `KVCache`, one chunk at a time (a
+prompt, then a token per step) for generation.
 
-The cache holds, per layer, keys and values [batch, max_length, kv_heads, head_dim], and per slot
-its segment id (0: empty or padding) and position. A call writes its chunk at the cache's `index`
-(the same slots for every row: a batch of left-padded prompts stays aligned), advances `index`
-by the chunk's length, and attends over the whole cache through `fitjax.nn.attention` with the
-(query, key) positions and segment-id pairs: empty slots and padding (segment 0) are never seen,
-and causality and sliding windows compare positions, not slots. So a left-padded prompt may
-number its real tokens from 0 (as `transformers`' `generate` does), whatever its padding.
+The cache holds every layer's keys and values stacked, [layers, batch, max_length, kv_heads,
+head_dim] (the one layout, unrolled layers and `scan_layers` alike: the scan carries it), and
+per slot its segment id (0: empty or padding) and position. A call writes its chunk at the
+cache's `index` (the same slots for every row: a batch of left-padded prompts stays aligned),
+advances `index` by the chunk's length, and attends over the whole cache through
+`fitjax.nn.attention` with the (query, key) positions and segment-id pairs: empty slots and
+padding (segment 0) are never seen, and causality and sliding windows compare positions, not
+slots. So a left-padded prompt may number its real tokens from 0 (as `transformers`' `generate`
+does), whatever its padding.
 """
 
 from __future__ import annotations
@@ -19,17 +22,18 @@ import jax
 import jax.numpy as jnp
 
 from fitjax.models._config import ModelConfig
-from fitjax.models._layers import Block, Chunk, norm
+from fitjax.models._layers import Block, Chunk, Head, embedding, norm, place
+from fitjax.nn import chunked_cross_entropy
 
 __all__ = ["CausalLM", "KVCache", "init_cache"]
 
 
 class KVCache(NamedTuple):
     """The keys and values a `CausalLM` has seen, in the model's own layout (a pytree: jit,
-    donate and shard it like any other; its leading axis is the batch, `index` a scalar).
+    donate and shard it like any other; `index` a scalar).
 
     Attributes:
-        keys, values: per layer, [batch, max_length, kv_heads, head_dim].
+        keys, values: every layer's, stacked: [layers, batch, max_length, kv_heads, head_dim].
         segment_ids: int32 [batch, max_length]: each slot's segment id; 0 for a slot not written
             yet or holding padding.
         positions: int32 [batch, max_length]: each slot's position (what causality, sliding
@@ -37,8 +41,8 @@ class KVCache(NamedTuple):
         index: int32 scalar: the slot the next chunk is written at.
     """
 
-    keys: tuple[jax.Array, ...]
-    values: tuple[jax.Array, ...]
+    keys: jax.Array
+    values: jax.Array
     segment_ids: jax.Array
     positions: jax.Array
     index: jax.Array
@@ -50,19 +54,20 @@ class KVCache(NamedTuple):
 
 def init_cache(config: ModelConfig, batch: int, max_length: int, dtype: Any = jnp.float32) -> KVCache:
     """An empty cache for `batch` rows of up to `max_length` tokens (prompt and generated)."""
-    shape = (batch, max_length, config.num_kv_heads, config.head_dim)
-    buffers = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))  # noqa: E731
+    shape = (config.num_layers, batch, max_length, config.num_kv_heads, config.head_dim)
     slots = (batch, max_length)
-    return KVCache(buffers(), buffers(), jnp.zeros(slots, jnp.int32), jnp.zeros(slots, jnp.int32),
-                   jnp.zeros((), jnp.int32))
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros(slots, jnp.int32),
+                   jnp.zeros(slots, jnp.int32), jnp.zeros((), jnp.int32))
 
 
 class CausalLM(nn.Module):
     """A decoder-only language model of any family `ModelConfig` reads; its layers are named as
-    in the Hugging Face checkpoint (`layers_0.self_attn.q_proj`, GPT-2's `h_0.attn.c_attn`).
+    in the Hugging Face checkpoint (`layers_0.self_attn.q_proj`, GPT-2's `h_0.attn.c_attn`; with
+    `scan_layers`, one stacked `layers.self_attn.q_proj` [layers, ...]).
 
     Attributes:
-        config: the architecture (`vocab_size`, `eos_token_id`, `max_position_embeddings`, ...).
+        config: the architecture (`vocab_size`, `eos_token_id`, `max_position_embeddings`, ...)
+            and fitjax's switches (`scan_layers`, `attention`).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -74,11 +79,13 @@ class CausalLM(nn.Module):
         >>> params = model.init(jax.random.key(0), tokens)
         >>> model.apply(params, tokens).shape
         (2, 8, 128)
+        >>> float(model.apply(params, tokens, targets=tokens).mean) > 0   # chunked: no [2, 8, 128] logits
+        True
         >>> cache = model.init_cache(2, 16)                        # generation: prompt, then steps
         >>> logits, cache = model.apply(params, tokens, cache=cache)
         >>> logits, cache = model.apply(params, tokens[:, :1], cache=cache)
-        >>> int(cache.index)
-        9
+        >>> int(cache.index), cache.keys.shape
+        (9, (2, 2, 16, 2, 8))
     """
 
     config: ModelConfig
@@ -96,9 +103,10 @@ class CausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, positions: jax.Array | None = None,
-                 segment_ids: jax.Array | None = None, cache: KVCache | None = None):
+                 segment_ids: jax.Array | None = None, cache: KVCache | None = None,
+                 targets: jax.Array | None = None, loss_mask: jax.Array | None = None, loss_chunk: int = 256):
         """Logits [batch, length, vocab] of `tokens` int [batch, length]; with `cache`,
-        `(logits, new_cache)`.
+        `(logits, new_cache)`; with `targets`, the `fj.TokenLoss` of predicting them.
 
         Args:
             tokens: int [batch, length].
@@ -108,48 +116,64 @@ class CausalLM(nn.Module):
                 id 0 marks padding (never attended to from another segment).
             cache: a `KVCache` (`init_cache`): this chunk is written at its `index` and the
                 queries attend over every filled slot of their segment.
+            targets: int [batch, length]: the output layer and its softmax cross-entropy are
+                computed `loss_chunk` positions at a time (`fj.nn.chunked_cross_entropy`: never
+                the whole float32 logits) and their `TokenLoss` returned (`.mean`, `.sum`).
+            loss_mask: [batch, length] with `targets`: 1 where a target counts, 0 where not.
+            loss_chunk: positions per chunk of the loss.
         """
         c = self.config
         batch, length = tokens.shape
         start = jnp.zeros((), jnp.int32) if cache is None else cache.index
+        default_positions = positions is None
         if positions is None:
             positions = jnp.broadcast_to(start + jnp.arange(length, dtype=jnp.int32), (batch, length))
         positions = positions.astype(jnp.int32)
         if c.gpt2_layout:
-            embed = nn.Embed(c.vocab_size, c.hidden_size, name="wte")
-            # clipped: a padding token's position may be anything, and an index outside the table
-            # reads NaN, which would reach every query through the masked (zero-weight) values
-            table = nn.Embed(c.max_position_embeddings, c.hidden_size, name="wpe")
-            x = embed(tokens) + table(jnp.clip(positions, 0, c.max_position_embeddings - 1))
+            embed = embedding(c, c.vocab_size, ("vocab", "embed"), "wte")
+            table = embedding(c, c.max_position_embeddings, ("position", "embed"), "wpe")
+            if default_positions and cache is None:  # a slice of the table (its gradient a slice too)
+                where = table.embedding[:length][None].astype(embed.embedding.dtype)
+            else:
+                # clipped: a padding token's position may be anything, and an index outside the
+                # table reads NaN, which would reach every query through the masked (zero-weight) values
+                where = table(jnp.clip(positions, 0, c.max_position_embeddings - 1))
+            x = embed(tokens) + where
         else:
-            embed = nn.Embed(c.vocab_size, c.hidden_size, name="embed_tokens")
+            embed = embedding(c, c.vocab_size, ("vocab", "embed"), "embed_tokens")
             x = embed(tokens)
             if c.embed_scale is not None:
                 x = x * jnp.asarray(c.embed_scale, x.dtype)
+        x = place(x, "batch", "length", "embed")
         if cache is None:
             # column order is causal order: a fused kernel's fast path (no positions needed)
             mask: dict[str, Any] = {"segment_ids": segment_ids}
+            stacked = None
         else:
             ids = jnp.ones((batch, length), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
             kv_ids = jax.lax.dynamic_update_slice(cache.segment_ids, ids, (0, start))
             kv_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (0, start))
             mask = {"segment_ids": (ids, kv_ids), "positions": (positions, kv_positions)}
+            stacked = (cache.keys, cache.values)
         chunk = Chunk(positions, mask, start)
-        keys, values = [], []
-        for i in range(c.num_layers):
-            layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
-            block = Block(c, i, name=f"h_{i}" if c.gpt2_layout else f"layers_{i}")
-            x, layer_cache = block(x, chunk, layer_cache)
-            if layer_cache is not None:
-                keys.append(layer_cache[0])
-                values.append(layer_cache[1])
-        x = norm(c, "ln_f" if c.gpt2_layout else "norm")(x)
-        if c.tie_word_embeddings:
-            logits = embed.attend(x)
+        prefix = "h" if c.gpt2_layout else "layers"
+        if c.scan_layers:  # one layer compiled, its parameters stacked on a leading "layers" axis
+            layers = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=(nn.broadcast, 0), length=c.num_layers,
+                             metadata_params={nn.PARTITION_NAME: "layers"})
+            (x, stacked), _ = layers(c, 0, name=prefix)((x, stacked), chunk, jnp.arange(c.num_layers))
         else:
-            logits = nn.Dense(c.vocab_size, use_bias=False, name="lm_head")(x)
+            for i in range(c.num_layers):
+                (x, stacked), _ = Block(c, i, name=f"{prefix}_{i}")((x, stacked), chunk, i)
+        x = norm(c, "ln_f" if c.gpt2_layout else "norm")(x)
+        if targets is not None:  # the output layer as [vocab, hidden]: XLA folds an untied kernel's `.T`
+            out = embed.embedding if c.tie_word_embeddings else Head(c, name="lm_head")().T
+            return chunked_cross_entropy(x, out, targets, mask=loss_mask, chunk_size=loss_chunk,
+                                         logit_softcap=c.final_softcap)
+        logits = embed.attend(x) if c.tie_word_embeddings else x @ Head(c, name="lm_head")().astype(x.dtype)
         if c.final_softcap is not None:
             logits = c.final_softcap * jnp.tanh(logits / c.final_softcap)
+        logits = place(logits, "batch", "length", "vocab")
         if cache is None:
             return logits
-        return logits, KVCache(tuple(keys), tuple(values), kv_ids, kv_positions, start + length)
+        return logits, KVCache(stacked[0], stacked[1], kv_ids, kv_positions, start + length)

@@ -81,6 +81,25 @@ class ModelConfig:
         layer_types: per layer, "full_attention" or "sliding_attention".
         sliding_window: the window of the sliding layers (a query at p sees keys above p - window).
         rope: per layer type, the rotary positions (None: GPT-2's learned positions).
+
+    fitjax's own switches follow (no `config.json` key: `from_hf(config, **options)` and
+    `CausalLMModule`'s arguments set them; `to_hf` leaves them out):
+
+        scan_layers: the decoder layers run as one `nn.scan` over parameters stacked on a
+            leading "layers" axis (`layers.self_attn.q_proj.kernel` [layers, in, out]): XLA
+            compiles one layer, not `num_layers` copies (MaxText's `scan_layers`). The KV cache
+            is the same either way. Needs every layer alike (one `layer_types` entry).
+        attention: `fitjax.nn.attention`'s implementation for training and evaluation ("auto",
+            "xla", "pallas", "cudnn"); generation's one-token steps take "auto".
+        norm_bias: LayerNorm's bias (GPT-2's layout); False: a scale only.
+        fused_qkv: GPT-2's layout: one `c_attn` [hidden, 3 x hidden]; False: `q_proj`,
+            `k_proj`, `v_proj` (a layout no `transformers` file holds: the GPT example's, whose
+            heads `FSDP(tensor=...)` splits).
+        init_std: the initial weights drawn from normal(`init_std`) (Hugging Face's
+            `initializer_range`), biases 0, norms 1; None: Flax's defaults.
+        position_init_std: with `init_std`, the learned position table's own (None: `init_std`).
+        scale_residual_init: GPT-2's: the projections that write to the residual stream
+            (`o_proj`/`c_proj`, `down_proj`/`mlp.c_proj`) drawn with `init_std / sqrt(2 x num_layers)`.
     """
 
     model_type: str
@@ -112,6 +131,23 @@ class ModelConfig:
     sliding_window: int | None = None
     rope: tuple[tuple[str, Rope], ...] = ()  # ((layer type, Rope), ...)
     source: str = dataclasses.field(default="{}", compare=False, repr=False)  # the config.json read
+    scan_layers: bool = False
+    attention: str = "auto"
+    norm_bias: bool = True
+    fused_qkv: bool = True
+    init_std: float | None = None
+    position_init_std: float | None = None
+    scale_residual_init: bool = False
+
+    def __post_init__(self) -> None:
+        if self.scan_layers and len(set(self.layer_types)) > 1:
+            raise ValueError(
+                f"ModelConfig(scan_layers=True) runs every layer as one, but this {self.model_type!r} model's layers "
+                f"differ (layer_types {sorted(set(self.layer_types))}: sliding-window and full-attention layers); "
+                "use scan_layers=False for it.")
+        if not isinstance(self.attention, str):
+            raise TypeError(f"ModelConfig(attention={self.attention!r}) names fitjax.nn.attention's implementation: "
+                            "'auto', 'xla', 'pallas' or 'cudnn'.")
 
     @property
     def gpt2_layout(self) -> bool:
@@ -138,8 +174,9 @@ class ModelConfig:
         return config
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any] | str | os.PathLike) -> "ModelConfig":
-        """The architecture of a Hugging Face `config.json` (a dict, the file, or its folder).
+    def from_hf(cls, config: Mapping[str, Any] | str | os.PathLike, **options: Any) -> "ModelConfig":
+        """The architecture of a Hugging Face `config.json` (a dict, the file, or its folder),
+        with fitjax's own switches `options` (`scan_layers=True`, `attention="xla"`, ...).
 
         Raises:
             ValueError: for a `model_type` fitjax does not read, or a setting it does not
@@ -166,7 +203,10 @@ class ModelConfig:
                              "`LitModule.load_weights(folder, mapping=...)` reads their weights.")
         fields = _READERS[kind](_Reader(config, kind))
         fields.setdefault("layer_types", (FULL,) * fields["num_layers"])
-        return cls(model_type=kind, source=json.dumps(dict(config)), **_tokens(config), **fields)
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"ModelConfig.from_hf(..., {unknown[0]}=...): not one of fitjax's switches {list(OPTIONS)}.")
+        return cls(model_type=kind, source=json.dumps(dict(config)), **_tokens(config), **fields, **options)
 
 
 def read_config(config: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
@@ -182,6 +222,10 @@ def read_config(config: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]
                          "config.json, or the config as a dict.")
     return json.loads(path.read_text())
 
+
+#: ModelConfig's fields that no config.json holds (fitjax's own switches)
+OPTIONS = ("scan_layers", "attention", "norm_bias", "fused_qkv", "init_std", "position_init_std",
+           "scale_residual_init")
 
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",

@@ -9,6 +9,7 @@ arrays, so the two directions cannot disagree. Linear weights are `[out, in]` in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,16 +17,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fitjax.models._causal_lm import CausalLM
 from fitjax.data import packing_efficiency
+from fitjax.models._causal_lm import CausalLM
 from fitjax.models._config import ModelConfig, read_config
+from fitjax.models._layers import LOGICAL_RULES
+from fitjax.models._stacked import StackedLayers, unstacked
 from fitjax.module import LitModule
-from fitjax.step import TokenLoss
+from fitjax.module import export_arrays, open_weight_source, save_safetensors, weights_to_save
 
 __all__ = ["CausalLMModule", "from_config", "from_pretrained", "hf_name", "save_pretrained"]
 
@@ -35,9 +39,10 @@ _LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias":
 _BUFFERS = re.compile(r"(.*\.)?attn\.(masked_)?bias|.*rotary_emb\.inv_freq")
 
 
-def from_config(config: Mapping[str, Any] | str | os.PathLike) -> CausalLM:
+def from_config(config: Mapping[str, Any] | str | os.PathLike, **options: Any) -> CausalLM:
     """The `CausalLM` a Hugging Face `config.json` describes (a dict, the file or its folder),
     with no weights: `model.init` makes random ones, `from_pretrained` reads the folder's.
+    `options` are fitjax's switches of `ModelConfig` (`scan_layers=True`, `attention="xla"`).
 
     Raises:
         ValueError: for an architecture fitjax does not read, naming what it lacks.
@@ -49,12 +54,14 @@ def from_config(config: Mapping[str, Any] | str | os.PathLike) -> CausalLM:
         >>> model.config.vocab_size, model.config.max_position_embeddings
         (100, 64)
     """
-    return CausalLM(ModelConfig.from_hf(config))
+    return CausalLM(ModelConfig.from_hf(config, **options))
 
 
 def hf_name(config: ModelConfig, name: str) -> str:
     """The Hugging Face name of fitjax's array `name` (`h_0.attn.c_attn.kernel` ->
-    `transformer.h.0.attn.c_attn.weight`)."""
+    `transformer.h.0.attn.c_attn.weight`). A `scan_layers` model's stacked array
+    (`layers.mlp.up_proj.kernel`) is named without the layer (`model.layers.mlp.up_proj.weight`):
+    `StackedLayers` names a checkpoint's per-layer arrays so."""
     head, _, leaf = name.rpartition(".")
     head = re.sub(r"^(h|layers)_(\d+)", r"\1.\2", head)
     leaf = _LEAVES.get(leaf, leaf)
@@ -63,14 +70,19 @@ def hf_name(config: ModelConfig, name: str) -> str:
     return f"{'transformer' if config.gpt2_layout else 'model'}.{head}.{leaf}"  # the causal LM's prefix
 
 
-def _transposed(config: ModelConfig) -> str:
-    """fitjax's arrays stored transposed in the file: torch `nn.Linear` weights."""
-    return r"lm_head\.kernel" if config.gpt2_layout else r".*_proj\.kernel|lm_head\.kernel"
+def _transposed(config: ModelConfig) -> dict[str, tuple[int, ...] | None]:
+    """fitjax's arrays stored transposed in the file: torch `nn.Linear` weights (a stacked
+    layer's [layers, in, out] kernel is its layers' [out, in] weights, each transposed)."""
+    if config.gpt2_layout:  # Conv1D weights are [in, out] already
+        return {r"lm_head\.kernel": None}
+    if config.scan_layers:
+        return {r"layers\..*_proj\.kernel": (0, 2, 1), r"lm_head\.kernel": None}
+    return {r".*_proj\.kernel|lm_head\.kernel": None}
 
 
 def _param_names(model: CausalLM) -> list[str]:
     """fitjax's array names of `model` (from shapes alone: nothing is computed)."""
-    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"])
     return [".".join(str(k.key) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
 
 
@@ -83,9 +95,19 @@ class CausalLMModule(LitModule):
     trained as it comes: the loss is over the targets `loss_mask` marks (prompts masked with
     `completion_only`), weighted by tokens, and `train/packing_efficiency` is logged.
 
+    The loss is `fj.nn.chunked_cross_entropy` (`CausalLM(targets=...)`): the output layer and its
+    softmax `loss_chunk` positions at a time, never the whole float32 logits [batch, length,
+    vocab]. The model's parameters carry logical axis names and the module exposes their rules
+    (`logical_axis_rules`, `fitjax.models.LOGICAL_RULES`), which `fj.strategies.FSDP` uses when it
+    is given none: `FSDP(tensor=2)` splits heads and MLP units with no other code.
+
     Args:
         config: the Hugging Face `config.json` (a dict, the file or its folder).
         lr: AdamW's learning rate.
+        scan_layers: the layers as one `nn.scan` over stacked parameters (`ModelConfig.scan_layers`):
+            compile time independent of depth; imports and exports map to per-layer names.
+        attention: `fitjax.nn.attention`'s implementation ("auto", "xla", "pallas", "cudnn").
+        loss_chunk: positions per chunk of the loss.
 
     Example:
         >>> from fitjax.models import CausalLMModule
@@ -97,28 +119,29 @@ class CausalLMModule(LitModule):
         >>> # fj.Trainer(max_steps=100).fit(module, fj.DataLoader({"tokens": tokens}, batch_size=8))
     """
 
-    def __init__(self, config: Mapping[str, Any] | str | os.PathLike, lr: float = 1e-3):
+    #: the model's logical axis names -> mesh axes, for `fj.strategies.FSDP` given no rules of its own
+    logical_axis_rules = LOGICAL_RULES
+
+    def __init__(self, config: Mapping[str, Any] | str | os.PathLike, lr: float = 1e-3, *,
+                 scan_layers: bool = False, attention: str = "auto", loss_chunk: int = 256):
         super().__init__()
         self.save_hyperparameters()
-        self.model = CausalLM(ModelConfig.from_hf(config))
+        self.model = CausalLM(ModelConfig.from_hf(config, scan_layers=scan_layers, attention=attention))
 
     def loss(self, model, batch):
+        chunk = self.hparams.loss_chunk
         if "targets" in batch:  # fj.data.TextLoader's rows: the next tokens and which of them count
-            logits = model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"])
-            per_token = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch["targets"])
-            mask = batch["loss_mask"]
-            return TokenLoss(sum=(per_token * mask).sum(), count=mask.sum())
+            return model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
+                         targets=batch["targets"], loss_mask=batch["loss_mask"], loss_chunk=chunk)
         tokens = batch["tokens"]
         segments = batch.get("segment_ids")
         inputs = {"segment_ids": None if segments is None else segments[:, :-1]}
         if "positions" in batch:
             inputs["positions"] = batch["positions"][:, :-1]
-        logits = model(tokens[:, :-1], **inputs).astype(jnp.float32)
-        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
         if segments is None:
-            return per_token.mean()
+            return model(tokens[:, :-1], targets=tokens[:, 1:], loss_chunk=chunk, **inputs).mean
         counted = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
-        return TokenLoss(sum=jnp.where(counted, per_token, 0.0).sum(), count=counted.sum())
+        return model(tokens[:, :-1], targets=tokens[:, 1:], loss_mask=counted, loss_chunk=chunk, **inputs)
 
     def metrics(self, batch, outputs):
         if "segment_ids" in batch and "targets" in batch:
@@ -136,7 +159,9 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
 
     Args:
         folder: the Hugging Face model folder.
-        **kwargs: `CausalLMModule`'s other arguments (`lr`).
+        **kwargs: `CausalLMModule`'s other arguments (`lr`, `scan_layers`, `attention`, ...):
+            with `scan_layers=True` each of the file's per-layer arrays is read into its slice
+            of the stacked one.
 
     Example:
         >>> # module = fitjax.models.from_pretrained("path/to/Llama-3.2-1B", lr=1e-4)
@@ -158,7 +183,10 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
             return None  # a buffer, or a tied head: the token table itself
         return name  # unexpected: named in the error
 
-    module.load_weights(folder, mapping=rename, transpose=_transposed(config))
+    source = open_weight_source(folder, argument="from_pretrained(folder)")
+    if config.scan_layers:  # the file's `model.layers.<i>.*` seen as one `model.layers.*` [layers, ...]
+        source = StackedLayers(source, config.num_layers)
+    module.load_weights(source, mapping=rename, transpose=_transposed(config))
     return module
 
 
@@ -179,8 +207,18 @@ def save_pretrained(module: CausalLMModule, folder: str | os.PathLike, *, dtype:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = module.model.config
-    module.save_weights(folder / "model.safetensors", mapping=lambda name: hf_name(config, name),
-                                  transpose=_transposed(config), dtype=dtype, metadata={"format": "pt"})
+    if config.scan_layers:  # written per layer, as transformers reads them: the unrolled model's names
+        unrolled = dataclasses.replace(config, scan_layers=False)
+        if module.variables is None:
+            raise ValueError(f"save_pretrained(module, {str(folder)!r}): the module has no weights yet; fit it, or "
+                             "restore it, first.")
+        arrays = export_arrays(unstacked(weights_to_save(module), config), mapping=lambda name: hf_name(unrolled, name),
+                               transpose=_transposed(unrolled), dtype=dtype, owner=type(module).__name__)
+        if jax.process_index() == 0:
+            save_safetensors(arrays, folder / "model.safetensors", {"format": "pt"})
+    else:
+        module.save_weights(folder / "model.safetensors", mapping=lambda name: hf_name(config, name),
+                            transpose=_transposed(config), dtype=dtype, metadata={"format": "pt"})
     if jax.process_index() == 0:
         out = config.to_hf()
         floats = ({np.dtype(dtype).name} if dtype is not None else

@@ -18,6 +18,7 @@ from fitjax.module._lit_module import (
     own_variables,
     set_variables,
     take_params_edits,
+    weights_to_save,
 )
 
 # For the loop and the callbacks, not part of the user-facing API: the dataloader_idx check of the
@@ -26,5 +27,12 @@ from fitjax.module._lit_module import (
 from fitjax.module._host_model import installed as host_model_installed
 from fitjax.module._host_model import unwrap as unwrap_host_model
 from fitjax.module._lightning import check_dataloader_idx
+
+# For fitjax.models, whose `scan_layers` arrays are stacked where a checkpoint keeps one per
+# layer: a source of named arrays (to view as stacked), the arrays a save writes, the writer.
+from fitjax.module._weight_sources import Source as WeightSource
+from fitjax.module._weight_sources import open_source as open_weight_source
+from fitjax.module._weight_sources import save_safetensors
+from fitjax.module._weights import export_arrays
 
 __all__ = ["LitModule", "param_groups"]

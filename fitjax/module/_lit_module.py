@@ -6,7 +6,7 @@ import functools
 import inspect
 import os
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import optax
@@ -59,6 +59,12 @@ class LitModule:
     #: `{param group: loss}` and each top-level group of the params is updated by the gradient
     #: of its own loss, in the same jitted step (see docs/porting.md).
     automatic_optimization: bool = True
+
+    #: The model's logical axis names -> mesh axes (`{"embed": "fsdp", "heads": "tensor", ...}`),
+    #: for a model whose parameters carry `nn.with_logical_partitioning` names: `fj.strategies.FSDP`
+    #: uses them for the names its own `rules` leave out (all of them when it is given none).
+    #: `fitjax.models.CausalLMModule` sets `fitjax.models.LOGICAL_RULES`.
+    logical_axis_rules: Mapping[str, Any] | None = None
 
     def __init__(self) -> None:
         self.training: bool = False
@@ -516,9 +522,7 @@ class LitModule:
         if self.variables is None:
             raise ValueError(f"{type(self).__name__}.save_weights({str(path)!r}): the module has no weights yet; "
                              "fit it, or restore it (`load_from_checkpoint`) first.")
-        variables = self.variables
-        if vars(self).get("_lora") is not None:
-            variables = self._lora_variables(lora)
+        variables = weights_to_save(self, lora)
         arrays = _weights.export_arrays(variables, mapping=mapping, transpose=transpose, dtype=dtype,
                                         owner=type(self).__name__)
         if jax.process_index() == 0:
@@ -742,6 +746,7 @@ class LitModule:
             defined_at={method: defined_at(self, method) for method in ("loss", "metrics")},
             weights=(None if vars(self).get("_weights_load") is None and vars(self).get("_adapters_load") is None
                      else self._place_all),
+            axis_rules=self.logical_axis_rules,
         )
 
 
@@ -766,6 +771,14 @@ def own_variables(module: LitModule) -> tuple[PyTree, PyTree, Any] | None:
     if module.variables is None:
         return None
     return (*module.variables, jax.random.PRNGKey(0))
+
+
+def weights_to_save(module: LitModule, lora: str = "merge") -> tuple[PyTree, PyTree]:
+    """`(params, model_state)` as `save_weights(lora=...)` writes them: with `apply_lora`
+    adapters merged ("merge"), alone ("adapters") or both ("keep")."""
+    if vars(module).get("_lora") is not None:
+        return module._lora_variables(lora)
+    return module.variables
 
 
 def set_variables(module: LitModule, params: PyTree, model_state: PyTree) -> None:

@@ -3,23 +3,27 @@ masks, through one signature whatever runs it.
 
 Every model fitjax ships (the GPT example, the imported GPT-2, Llama, Qwen, Mistral and Gemma
 models) and the generation program call this one function, so a faster kernel reaches all of
-them at once. `implementation="auto"` picks per platform (the choice lives in
-`fitjax.step.xla_<platform>`); `"xla"` is the plain path: scores in float32, materialised as
+them at once. `implementation="auto"` picks per platform (the TPU kernel's choice and blocks in
+`fitjax.nn._kernels`, cuDNN's in `fitjax.step.xla_gpu`); `"xla"` is the plain path: scores in float32, materialised as
 [batch, heads, query length, key length], which every platform runs and every kernel is tested
 against.
 
 What "auto" runs, by the platform the call is traced for (`fitjax._platform.traced_platform()`:
 the devices of the strategy compiling the program, else `jax.default_backend()`):
 - TPU: JAX's Pallas splash attention kernel (`fitjax.nn._splash`) where its constraints hold
-  (`xla_tpu.splash_blocks`: lengths multiples of 128, head_dim a multiple of 64, one segment-id
+  (`_kernels.splash_blocks`: lengths multiples of 128, head_dim a multiple of 64, one segment-id
   array, no `positions`); `FITJAX_TPU_ATTENTION=xla` turns it off. The kernel keeps no
   [q_length, kv_length] scores in HBM, and skips the blocks its mask hides (half of a causal
-  square).
+  square). Under a mesh of several devices (a strategy's program, or the user's `jax.set_mesh`)
+  it runs inside `jax.shard_map`, batch split over `data`/`fsdp` and heads over `tensor`, with no
+  collective; where the mesh cannot split it, the plain path, said once in the log.
 - GPU (CUDA): cuDNN's fused attention where it takes the arguments (`xla_gpu.cudnn_attention`).
 - Anything else, or outside those constraints: the plain path.
 So a TPU program compiled on a CPU machine (the planner's `--target tpu-...`) traces the
 kernel, as the chip will run it. A user's own `jax.jit` outside fitjax's strategies is traced for
-the default backend: one for other devices of the process should pass `implementation="xla"`.
+the default backend: one for other devices of the process should pass `implementation="xla"`,
+and one over several TPU chips should trace under its mesh (`with jax.set_mesh(mesh):`), without
+which the kernel cannot be compiled for them.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ import jax
 import jax.numpy as jnp
 
 from fitjax._platform import traced_platform
-from fitjax.nn._splash import splash_attention
-from fitjax.step import xla_gpu, xla_tpu
+from fitjax.nn import _kernels
+from fitjax.nn._splash import mesh_layout, say_once, splash_attention
+from fitjax.step import xla_gpu
 
 __all__ = ["attention", "attention_mask"]
 
-Implementation = Literal["auto", "xla", "pallas", "cudnn"]
-IMPLEMENTATIONS = ("auto", "xla", "pallas", "cudnn")
+Implementation = Literal["auto", "xla", "pallas", "pallas-fused", "cudnn"]
+IMPLEMENTATIONS = _kernels.IMPLEMENTATIONS
 
 # a large finite negative (not -inf): a query whose every key is masked (a padding row) gets a
 # uniform average instead of NaNs, and its gradient stays finite
@@ -97,10 +102,18 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
             (Mistral's and Gemma's local layers).
         logit_softcap: scores become `cap * tanh(scores / cap)` before the mask (Gemma 2).
         scale: multiplies the scores; 1 / sqrt(head_dim) when None.
-        implementation: "auto" (the platform's fastest for these arguments: module docstring),
-            "xla" (plain, every platform), "pallas" (the TPU splash kernel; interpreted, slowly,
-            off TPU) or "cudnn" (the GPU kernel). "pallas" and "cudnn" raise where their kernel
-            cannot compute these arguments.
+        implementation: what computes it (models take it as their `attention` hyperparameter):
+            - "auto": the platform's fastest for these arguments (module docstring): on a TPU
+              the splash kernel where it applies, on a CUDA GPU cuDNN's, else "xla".
+            - "xla": the plain path, every platform (XLA partitions it over any mesh).
+            - "pallas": the TPU splash kernel (interpreted, slowly, off TPU), split over the
+              mesh the program is traced under (`fitjax.nn._splash`).
+            - "pallas-fused": "pallas" with the kernel's fused backward (dq, dk, dv in one).
+            - "cudnn": the GPU kernel.
+            "pallas" and "cudnn" raise where their kernel cannot compute these arguments; where
+            the mesh cannot split the kernel (batch or heads not divisible by its axes) the
+            plain path runs, said once in the log. On a TPU `FITJAX_TPU_ATTENTION` ("xla",
+            "splash", "splash-fused") overrides this argument (`fitjax.nn._kernels`).
 
     Example:
         >>> import jax.numpy as jnp, fitjax as fj
@@ -112,11 +125,14 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
     _check(query, key, value, implementation)
     chosen = _choose(implementation, query, key, causal=causal, segment_ids=segment_ids, positions=positions,
                      sliding_window=sliding_window, logit_softcap=logit_softcap)
-    if isinstance(chosen, xla_tpu.SplashBlocks):
-        ids = segment_ids[0] if isinstance(segment_ids, tuple) else segment_ids
-        return splash_attention(query, key, value, causal=causal, segment_ids=ids, sliding_window=sliding_window,
-                                logit_softcap=logit_softcap, scale=scale, blocks=chosen,
-                                interpret=traced_platform() != "tpu")
+    if isinstance(chosen, _kernels.SplashBlocks):
+        layout, unsplit = mesh_layout(query.shape[0], query.shape[2], key.shape[2])
+        if not unsplit:
+            ids = segment_ids[0] if isinstance(segment_ids, tuple) else segment_ids
+            return splash_attention(query, key, value, causal=causal, segment_ids=ids, sliding_window=sliding_window,
+                                    logit_softcap=logit_softcap, scale=scale, blocks=chosen,
+                                    interpret=traced_platform() != "tpu", layout=layout)
+        say_once(unsplit)
     if chosen == "cudnn":
         window = None if sliding_window is None else (sliding_window - 1, 0)  # causal only (`xla_gpu`)
         return jax.nn.dot_product_attention(query, key, value, scale=scale, is_causal=causal,
@@ -126,18 +142,18 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, *, causal: boo
 
 
 def _choose(implementation: str, query: jax.Array, key: jax.Array, *, causal, segment_ids, positions,
-            sliding_window, logit_softcap) -> xla_tpu.SplashBlocks | str:
+            sliding_window, logit_softcap) -> _kernels.SplashBlocks | str:
     """The splash kernel's blocks, "cudnn" or "xla": what computes this call."""
+    platform = traced_platform()
+    implementation, fused = _kernels.attention_kernel(implementation, platform)
     if implementation == "xla":
         return "xla"
-    platform = traced_platform()
     if implementation in ("auto", "pallas"):
-        kernel = xla_tpu.attention_kernel() if implementation == "auto" else "splash"
-        unsupported, blocks = _splash_unsupported(query, key, segment_ids, positions, kernel)
+        unsupported, blocks = _splash_unsupported(query, key, segment_ids, positions, fused)
         if implementation == "pallas" and unsupported:
             raise ValueError(f"attention(implementation='pallas'): the TPU kernel does not take {unsupported}; "
                              f"use implementation='auto' (the plain path where the kernel does not apply)")
-        if implementation == "pallas" or (platform == "tpu" and kernel != "xla" and blocks is not None):
+        if implementation == "pallas" or (platform == "tpu" and blocks is not None):
             return blocks
     cudnn = platform == "gpu" and xla_gpu.cudnn_attention(
         dtype=query.dtype, q_length=query.shape[1], kv_length=key.shape[1], head_dim=query.shape[-1],
@@ -151,10 +167,11 @@ def _choose(implementation: str, query: jax.Array, key: jax.Array, *, causal, se
     return "cudnn" if cudnn else "xla"
 
 
-def _splash_unsupported(query, key, segment_ids, positions, kernel: str) -> tuple[str, xla_tpu.SplashBlocks | None]:
+def _splash_unsupported(query, key, segment_ids, positions, fused: bool
+                        ) -> tuple[str, _kernels.SplashBlocks | None]:
     """(what the splash kernel cannot take here, "" if nothing; its blocks where it can)."""
     q_length, head_dim, kv_length = query.shape[1], query.shape[-1], key.shape[1]
-    blocks = xla_tpu.splash_blocks(q_length, kv_length, head_dim, fused_backward=kernel == "splash-fused")
+    blocks = _kernels.splash_blocks(q_length, kv_length, head_dim, fused_backward=fused)
     if positions is not None:
         reason = "positions (a query chunk in a cache buffer)"
     elif isinstance(segment_ids, tuple) and segment_ids[0] is not segment_ids[1]:

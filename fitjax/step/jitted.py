@@ -25,7 +25,7 @@ from fitjax.state import TrainState
 from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu, xla_gpu, xla_tpu
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
-from fitjax.strategies import Strategy
+from fitjax.strategies import Strategy, with_model_rules
 
 __all__ = ["AbstractTrain", "Compiled", "EvalStep", "StepBuild", "abstract_train", "block_sharding", "build",
            "check_optimizer", "compiler_options", "cost_of", "step_inputs", "step_memory_bytes",
@@ -159,6 +159,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     names the accumulators per run; everything else here is the same.
     """
     runs = runs or _NoRuns()
+    strategy = with_model_rules(strategy, spec.axis_rules)  # the model's logical names, where the user gave none
     fit = purpose == "fit"
     binding = spec.binding
     given = spec.variables
@@ -179,7 +180,8 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     train_names = names.slots(options.train_metric_names(names.train) if fit else names.train, train=True)
 
     init_fn = forward.make_init_fn(spec, tx, train_names, trace=trace)
-    init_fn = runs.init(options.wrap_init(init_fn, tx))
+    # under the mesh: a kernel XLA cannot partition (`fj.nn.attention`'s) is split over it
+    init_fn = strategy.traced_on_mesh(runs.init(options.wrap_init(init_fn, tx)))
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, binding.annotations)
     replicated = strategy.replicated
@@ -299,6 +301,7 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
 
     `batch` gives shapes and dtypes only (arrays or `jax.ShapeDtypeStruct`s) of the whole
     batch one step takes."""
+    strategy = with_model_rules(strategy, spec.axis_rules)
     abstract_batch = _abstract(batch)
     given = None if spec.variables is None else _abstract(spec.variables)
     names = forward.check_step_outputs(spec, abstract_batch, given)

@@ -43,6 +43,8 @@ class ModuleSpec:
             `weights(abstract, shardings, initial) -> (params, model_state)` takes the abstract
             `(params, model_state)` and their shardings and returns the arrays placed in them;
             `initial()` gives the model's own (sharded) values for what the source lacks.
+        axis_rules: the model's logical axis names -> mesh axes (`LitModule.logical_axis_rules`),
+            which a strategy laying out logical names uses for what its own rules leave out.
     """
 
     owner: str
@@ -59,3 +61,4 @@ class ModuleSpec:
     defined_at: Mapping[str, str]
     weights: Callable[[tuple[PyTree, PyTree], tuple[PyTree, PyTree], Callable[[], tuple[PyTree, PyTree]]],
                       tuple[PyTree, PyTree]] | None = None
+    axis_rules: Mapping[str, Any] | None = None

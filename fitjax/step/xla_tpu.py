@@ -1,23 +1,6 @@
-"""How fitjax treats XLA:TPU: the attention kernel `fj.nn.attention` picks there, the compiler
-options every TPU program fitjax compiles is given, and libtpu loaded only where a TPU may be.
-
-**Attention (`attention_kernel`).** On a TPU, `fj.nn.attention(implementation="auto")` runs JAX's
-Pallas "splash" attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`, the one
-MaxText trains with): a flash-attention kernel that never writes the [heads, q_length,
-kv_length] scores to HBM, and skips the blocks a causal, local or segment mask hides. It is used
-where its constraints hold (`splash_blocks`): lengths that are multiples of 128 (its smallest
-block), a head_dim that is a multiple of 64, one segment-id array shared by queries and keys,
-and no `positions` pair (a query chunk in a KV cache). Elsewhere the plain path runs. Blocks are
-the largest multiples of 128 up to 512 that divide the lengths (MaxText's v5e default is 512 for every
-block). The kernel is a custom call that XLA's SPMD partitioner does not split: in a program
-sharded over several chips, XLA gathers its operands onto each chip (correct, not fast; a
-`shard_map` around it is the way to split it, not done here). On one chip this does not arise.
-The choice can be changed without touching code, to measure it on a chip:
-
-    FITJAX_TPU_ATTENTION=xla            # "auto" on TPU runs the plain path
-    FITJAX_TPU_ATTENTION=splash         # the default
-    FITJAX_TPU_ATTENTION=splash-fused   # splash with its fused backward kernel (dq, dk, dv in one)
-    FITJAX_TPU_ATTENTION_BLOCK=256      # the largest block tried (a multiple of 128)
+"""How fitjax treats XLA:TPU: the compiler options every TPU program fitjax compiles is given, and
+libtpu loaded only where a TPU may be. (The attention kernel a TPU program runs, and its blocks,
+are chosen beside the kernels: `fitjax.nn._kernels`.)
 
 **Compiler options (`compiler_options`).** Each program fitjax compiles for a TPU (the train
 step, the state's init, the evaluation and predict steps) is given the options of
@@ -81,20 +64,15 @@ import contextlib
 import dataclasses
 import glob
 import os
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
-__all__ = ["ATTENTION_ENV", "BLOCK_ENV", "DEFAULT_OPTIONS", "OPTIONS_ENV", "SplashBlocks", "attention_kernel",
-           "compiler_options", "deviceless_topology", "options_from", "skip_absent_tpu", "splash_blocks",
-           "tpu_may_be_present"]
+__all__ = ["DEFAULT_OPTIONS", "OPTIONS_ENV", "compiler_options", "deviceless_topology", "options_from",
+           "skip_absent_tpu", "tpu_may_be_present"]
 
 OPTIONS_ENV = "FITJAX_XLA_TPU_OPTIONS"
-ATTENTION_ENV = "FITJAX_TPU_ATTENTION"
-BLOCK_ENV = "FITJAX_TPU_ATTENTION_BLOCK"
 
 # (name, value): the module docstring says why each is on; none yet (measured first)
 DEFAULT_OPTIONS: dict[str, Any] = {}
-
-_KERNELS = ("splash", "splash-fused", "xla")
 
 
 def options_from(spec: str | None, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -129,50 +107,6 @@ def compiler_options(platform: str, options: dict[str, Any] | None = None) -> di
         return options
     chosen = {**options_from(os.environ.get(OPTIONS_ENV)), **(options or {})}
     return chosen or None
-
-
-def attention_kernel() -> str:
-    """What `fj.nn.attention(implementation="auto")` runs on a TPU where the kernel's constraints
-    hold: "splash" (the default), "splash-fused" or "xla" (`FITJAX_TPU_ATTENTION`)."""
-    kernel = os.environ.get(ATTENTION_ENV, "splash") or "splash"
-    if kernel not in _KERNELS:
-        raise ValueError(f"{ATTENTION_ENV}={kernel!r} must be one of {_KERNELS}; unset it for 'splash'")
-    return kernel
-
-
-class SplashBlocks(NamedTuple):
-    """The splash kernel's block sizes: queries and keys per block (forward and backward alike),
-    and whether the backward computes dq, dk and dv in one kernel."""
-
-    q: int
-    kv: int
-    fused_backward: bool = False
-
-
-_LANES = 128  # the kernel's smallest block: a TPU vector register's lane count
-_LARGEST = 512  # MaxText's v5e default for every block
-
-
-def splash_blocks(q_length: int, kv_length: int, head_dim: int, *, fused_backward: bool = False) -> SplashBlocks | None:
-    """Blocks for the splash kernel on these shapes, or None where it does not apply: lengths
-    not multiples of 128, or a head_dim not a multiple of 64."""
-    if q_length % _LANES or kv_length % _LANES or head_dim % 64:
-        return None
-    largest = _largest_block()
-
-    def block(length: int) -> int:  # the largest multiple of 128 up to `largest` dividing `length`
-        return next(size for size in range(largest, 0, -_LANES) if length % size == 0)
-
-    return SplashBlocks(block(q_length), block(kv_length), fused_backward)
-
-
-def _largest_block() -> int:
-    value = os.environ.get(BLOCK_ENV, "")
-    if not value:
-        return _LARGEST
-    if not value.isdigit() or int(value) % _LANES or int(value) == 0:
-        raise ValueError(f"{BLOCK_ENV}={value!r} must be a positive multiple of {_LANES}, e.g. 512")
-    return int(value)
 
 
 # Set by JAX (`cloud_tpu_init`, at `import jax`) or libtpu (at its import) on any machine, and

@@ -12,7 +12,7 @@ from fitjax.strategies._base import Strategy
 from fitjax.strategies._describe import LeafSharding, bytes_per_device, describe_sharding, peak_bytes
 from fitjax.strategies._distributed import initialize_distributed
 from fitjax.strategies.dp import DataParallel
-from fitjax.strategies.fsdp import FSDP
+from fitjax.strategies.fsdp import FSDP, with_model_rules
 from fitjax.strategies.runs_parallel import RunsParallel
 from fitjax.strategies.single import SingleDevice
 
@@ -40,6 +40,7 @@ __all__ = [
     "peak_bytes",
     "register",
     "resolve",
+    "with_model_rules",
 ]
 
 _REGISTRY: dict[str, Callable[[], Strategy]] = {

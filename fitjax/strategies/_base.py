@@ -113,9 +113,15 @@ class Strategy(abc.ABC):
             ) -> Callable:
         """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation. `fn` is
         traced for this mesh's platform (`fitjax._platform`), which is not the process's default
-        one when the planner compiles for a TPU slice from a CPU machine."""
-        return jax.jit(traced_for(fn, self.platform), in_shardings=in_shardings, out_shardings=out_shardings,
-                       donate_argnums=donate_argnums, compiler_options=compiler_options)
+        one when the planner compiles for a TPU slice from a CPU machine, and with this mesh as
+        `fitjax._platform.traced_mesh()`."""
+        return jax.jit(traced_for(fn, self.platform, self.mesh), in_shardings=in_shardings,
+                       out_shardings=out_shardings, donate_argnums=donate_argnums, compiler_options=compiler_options)
+
+    def traced_on_mesh(self, fn: Callable) -> Callable:
+        """`fn` traced with this mesh as `fitjax._platform.traced_mesh()` (its platform left as is):
+        `fj.nn.attention` reads it to split a kernel XLA cannot partition (`shard_map`)."""
+        return traced_for(fn, None, self.mesh)
 
     def __repr__(self) -> str:
         shape = dict(self._mesh.shape) if self._mesh is not None else "not set up"

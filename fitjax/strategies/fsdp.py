@@ -10,6 +10,7 @@ and the MLP's hidden units; the batch is not split over it, so its devices share
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,7 +23,7 @@ from fitjax._typing import PyTree
 from fitjax.strategies import _rules
 from fitjax.strategies._base import Strategy
 
-__all__ = ["FSDP"]
+__all__ = ["FSDP", "with_model_rules"]
 
 
 def _check_axis(name: str, value: Any) -> int | None:
@@ -50,7 +51,10 @@ class FSDP(Strategy):
             more than the memory saved); scalars and vectors always do.
         rules: logical axis names of Flax annotations (`nn.with_logical_partitioning`) -> a mesh
             axis, a tuple of them, or None (replicate). Mesh axis names ("data", "fsdp",
-            "tensor") can be used in annotations directly.
+            "tensor") can be used in annotations directly. A module that declares its model's
+            rules (`LitModule.logical_axis_rules`: every `fitjax.models.CausalLMModule`) has them
+            used for the names these rules do not map (`with_model_rules`), so `FSDP(tensor=2)`
+            splits its heads with no rules given.
 
     Annotated parameters (`nn.with_partitioning`, `nn.with_logical_partitioning`, NNX
     `sharding` metadata) follow their annotation, as do the optimizer-state arrays mirroring
@@ -99,6 +103,17 @@ class FSDP(Strategy):
             )
         # lists (from YAML or JSON) are tuples of mesh axes, as a PartitionSpec entry wants them
         self.rules = {name: tuple(axes) if isinstance(axes, list) else axes for name, axes in (rules or {}).items()}
+
+    def with_model_rules(self, rules: Mapping[str, Any] | None) -> "FSDP":
+        """This strategy (its mesh too) with a model's own `rules` for the logical names its
+        `rules` leave out (the user's win); itself when `rules` is empty. A new value: the
+        strategy the user made is not changed."""
+        if not rules:
+            return self
+        merged = copy.copy(self)
+        merged.rules = {**{name: tuple(axes) if isinstance(axes, list) else axes for name, axes in rules.items()},
+                        **self.rules}
+        return merged
 
     def _build_mesh(self, devices: Sequence[jax.Device]) -> Mesh:
         n, tensor = len(devices), self.tensor
@@ -155,3 +170,10 @@ class FSDP(Strategy):
         )
         return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), specs,
                             is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def with_model_rules(strategy: Strategy, rules: Mapping[str, Any] | None) -> Strategy:
+    """`strategy` with a module's declared logical axis rules (`LitModule.logical_axis_rules`)
+    for what it does not map itself: an `FSDP` gains them (`FSDP.with_model_rules`); the other
+    strategies lay out no logical names and are returned as they are."""
+    return strategy.with_model_rules(rules) if isinstance(strategy, FSDP) else strategy

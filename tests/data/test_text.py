@@ -186,7 +186,7 @@ def _models(vocab):
 
     llama = {"model_type": "llama", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
-    return {"own": TinyLM(layers=1), "gpt example": gpt.GPT(layers=1, width=32, heads=2, context=32),
+    return {"own": TinyLM(layers=1), "gpt example": gpt.gpt_model(layers=1, width=32, heads=2, context=32),
             "llama": models.from_config(llama)}
 
 

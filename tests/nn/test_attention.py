@@ -123,7 +123,7 @@ def test_the_tpu_kernel_lowers_for_a_tpu_at_gpt2s_shape():
     """Exported for a TPU from any host: the kernel's Mosaic program for GPT-2 small's attention
     (head_dim 64, 1024 tokens, packed segments), forward and backward."""
     from fitjax.nn._splash import splash_attention
-    from fitjax.step.xla_tpu import splash_blocks
+    from fitjax.nn._kernels import splash_blocks
 
     qkv = jax.ShapeDtypeStruct((2, 1024, 12, 64), jnp.bfloat16)
     segments = jax.ShapeDtypeStruct((2, 1024), jnp.int32)

@@ -1,5 +1,5 @@
 """XLA:TPU's choices (`fitjax.step.xla_tpu`): the compiler options every TPU program is given and
-how a run switches each one, and the splash kernel's blocks (on other platforms nothing changes).
+how a run switches each one (on other platforms nothing changes).
 And with libtpu installed (`[dev]`, `[tpu-plan]`) and no TPU, fitjax programs run as if libtpu were
 not there: no probe lines, a profiled fit completes, the planner's TPU targets still compile; run
 as users run, in fresh processes with no `JAX_PLATFORMS` and no `XLA_FLAGS`."""
@@ -43,31 +43,6 @@ def test_a_malformed_entry_says_the_forms_allowed(monkeypatch):
     monkeypatch.setenv(xla_tpu.OPTIONS_ENV, "xla_tpu_scoped_vmem_limit_kib")
     with pytest.raises(ValueError, match="'none', '-name' or 'name=value'"):
         jitted.compiler_options("tpu")
-
-
-@pytest.mark.parametrize("lengths, head_dim, largest, expected", [
-    ((1024, 1024), 64, None, xla_tpu.SplashBlocks(512, 512)),
-    ((384, 1280), 128, None, xla_tpu.SplashBlocks(384, 256)),
-    ((1024, 1024), 64, "256", xla_tpu.SplashBlocks(256, 256)),
-    ((1000, 1000), 64, None, None),
-    ((1024, 1024), 48, None, None),
-])
-def test_splash_blocks_divide_the_lengths(monkeypatch, lengths, head_dim, largest, expected):
-    if largest is None:
-        monkeypatch.delenv(xla_tpu.BLOCK_ENV, raising=False)
-    else:
-        monkeypatch.setenv(xla_tpu.BLOCK_ENV, largest)
-    assert xla_tpu.splash_blocks(*lengths, head_dim) == expected
-
-
-def test_the_attention_kernel_is_chosen_from_the_environment(monkeypatch):
-    monkeypatch.delenv(xla_tpu.ATTENTION_ENV, raising=False)
-    assert xla_tpu.attention_kernel() == "splash"
-    monkeypatch.setenv(xla_tpu.ATTENTION_ENV, "xla")
-    assert xla_tpu.attention_kernel() == "xla"
-    monkeypatch.setenv(xla_tpu.ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match="'splash', 'splash-fused', 'xla'"):
-        xla_tpu.attention_kernel()
 
 
 # --------------------------------------------------------------------- libtpu without a TPU

@@ -1,5 +1,6 @@
 """`fj.data.TextLoader` over a store: JSONL and Parquet files in a bucket (moto's S3 server, and
-the GCS emulator) give the batches the same files on disk give, and resume mid-file."""
+the GCS emulator) give the batches the same files on disk give, and resume mid-file; their tokens
+are cached in the bucket."""
 
 from __future__ import annotations
 
@@ -39,3 +40,8 @@ def test_a_corpus_in_a_bucket_reads_and_resumes_like_one_on_disk(tmp_path, store
     resumed = make(f"{store_bucket}/corpus")
     resumed.load_state_dict(json.loads(json.dumps(remote.state_dict())))
     assert_trees_close(seen + list(resumed), expected, rtol=0, atol=0)
+    # the tokens are stored beside the data, in the bucket: one entry per chunk (the Parquet
+    # file's 4 row groups and the JSONL file), read back by the next loader, which tokenizes nothing
+    fs.invalidate_cache()
+    assert len(fs.ls(f"{store_bucket}/corpus/.fitjax_tokens")) == 5
+    assert make(f"{store_bucket}/corpus").tokenize() == 0
