@@ -83,6 +83,11 @@ def test_a_llama_config_is_planned_for_a_slice_through_the_command_line(tmp_path
     assert m["model_flops_source"] == "6N+attention"
     assert m["model_flops"] == pytest.approx(llama_flops_per_token(TINY_LLAMA, LENGTH) * ROWS * LENGTH / 8)
     assert m["step_time_s"] > 0 and 0 < m["mfu"] < 1 and m["memory"]["peak"] > 0
+    # the model's logical names put heads and MLP units on `tensor`: each chip holds less than
+    # the 1/4 fsdp alone would leave it (measured 70,912 of 427,264 bytes: 1/6)
+    total = 4 * sum(np.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(
+        CausalLMModule(TINY_LLAMA).model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))))
+    assert m["memory"]["params"] < total / 5
     assert not list(tmp_path.glob("**/config.yaml"))  # a plan writes nothing
 
 
