@@ -19,6 +19,6 @@ from fitjax.planner._targets import Target, device_memory_limit, quiet_stderr, r
 from fitjax.planner._tokens import TokenBatches
 
 __all__ = ["Candidate", "Choice", "Collective", "DeviceSpec", "Measured", "ModelFlops", "Plan", "PlannedStrategy",
-           "Target", "TokenBatches", "TransformerShape", "candidates", "choose", "collectives", "device_memory_limit", "human_bytes",
-           "measure", "model_flops", "plan", "planned_strategy", "quiet_stderr", "recommend", "resolve_target",
-           "spec_for"]
+           "Target", "TokenBatches", "TransformerShape", "candidates", "choose", "collectives", "device_memory_limit",
+           "human_bytes", "measure", "model_flops", "plan", "planned_strategy", "quiet_stderr", "recommend",
+           "resolve_target", "spec_for"]
