@@ -101,7 +101,7 @@ def test_an_fsdp_x_tensor_candidate_is_planned_where_the_rules_name_a_tensor_axi
                 if s.device == trainer.devices[0])
     planned = tensor.memory["params"] + tensor.memory["optimizer"] + tensor.memory["other_state"]
     assert planned == pytest.approx(state, rel=0.01)
-    up = trainer.state.params["block_0"]["up"]["kernel"]
+    up = trainer.state.params["h_0"]["mlp"]["c_fc"]["kernel"]  # the GPT example is fitjax.models' GPT-2 layout
     assert up.addressable_shards[0].data.shape == (32 // 4, 128 // 2)
 
 
