@@ -40,6 +40,7 @@ from fitjax.cli.schedules import OptaxSchedule
 from fitjax.strategies import initialize_distributed
 from fitjax.loggers import config_hparams
 from fitjax.loop import resolve_ckpt_path
+from fitjax.loop.plan import plans_elsewhere
 from fitjax.strategies import agree
 
 __all__ = ["LightningArgumentParser", "LightningCLI", "SaveConfigCallback"]
@@ -293,7 +294,7 @@ class LightningCLI:
             "validate": {"module", "data", "datamodule", "model", "dataloaders"},
             "test": {"module", "data", "datamodule", "model", "dataloaders"},
             "predict": {"module", "data", "datamodule", "model", "dataloaders", "return_predictions"},
-            "plan": {"module", "train_data", "datamodule"},
+            "plan": {"module", "train_data", "datamodule", "strategy"},  # the strategy: --trainer.strategy
         }
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
@@ -409,6 +410,11 @@ class LightningCLI:
             callbacks.append(self.save_config_callback(
                 parser, self.config.get(str(self.subcommand), self.config), **self.save_config_kwargs))
         config["callbacks"] = callbacks
+        self._plan_strategy = None
+        if self.subcommand == "plan":  # a slice's mesh is built over its devices, not this machine's
+            target = self.config_init["plan"].get("target")
+            if plans_elsewhere(target, config.get("strategy", "auto")):
+                self._plan_strategy = config.pop("strategy", "auto")
         return self.trainer_class(**config)
 
     def _where_fit_wrote(self) -> str:
@@ -462,6 +468,8 @@ class LightningCLI:
                 _predictions.check_output(output)
         if self.datamodule is not None:
             kwargs["datamodule"] = self.datamodule
+        if subcommand == "plan" and self._plan_strategy is not None:
+            kwargs["strategy"] = self._plan_strategy
         self.result = method(self.model, **kwargs)
         if self.trainer.is_global_zero:
             if subcommand == "predict":

@@ -149,7 +149,9 @@ ARGUMENTS = {
     "Trainer.plan": """\
         Args:
             module: the `LitModule`, as for `fit` (left as it was).
-            train_data: as for `fit` (only the first batch's shapes and dtypes are used).
+            train_data: as for `fit` (only the first batch's shapes and dtypes are used), or
+                that batch as `jax.ShapeDtypeStruct`s (`{"tokens": ShapeDtypeStruct((16, 4097),
+                jnp.int32)}`).
             datamodule: or a `DataModule`, as for `fit`.
             target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
                 "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
@@ -160,6 +162,10 @@ ARGUMENTS = {
             memory_bytes: memory per device to fit in (default: the device's, or the device
                 kind's from the table; none on CPU).
             headroom: the fraction of the memory kept free (fragmentation, the runtime).
+            strategy: plan this strategy instead of the trainer's, its mesh built over the
+                target's devices, not this machine's: "auto" is "dp" over a slice's chips, and
+                `FSDP(fsdp=4, tensor=2)` plans for "tpu-v5e-8" from a laptop with one device
+                (`fj.plan` and `fitjax plan` pass a target's strategy this way).
 """,
     "Trainer.generate": """\
         Args:

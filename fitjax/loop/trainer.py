@@ -522,7 +522,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     @_trainer_doc.with_arguments
     def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
              target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
-             headroom: float = 0.1) -> Plan:
+             headroom: float = 0.1, strategy: str | Strategy | None = None) -> Plan:
         """Will it fit, and how fast: the train step `fit` would run, compiled for `target` and
         measured, never run (nothing is allocated; the module and trainer are left as they were).
 
@@ -539,7 +539,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             `plan.recommended` the fastest candidate that fits and `plan.reason` why.
         """
         return plan_trainer(self, module, train_data, datamodule, target=target, sweep=sweep,
-                            memory_bytes=memory_bytes, headroom=headroom)
+                            memory_bytes=memory_bytes, headroom=headroom, strategy=strategy)
 
     def _fit_loaders(self, module: LitModule, train_data, val_data, datamodule, *, resuming: bool) -> FitLoaders:
         """Fit's loaders, checked against the strategy's devices, once the strategy is chosen

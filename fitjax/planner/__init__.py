@@ -17,8 +17,9 @@ from fitjax.planner._plan import plan
 from fitjax.planner._report import Plan, human_bytes
 from fitjax.planner._sweep import AXES, candidates, recommend
 from fitjax.planner._targets import Target, device_memory_limit, quiet_stderr, resolve_target
+from fitjax.planner._tokens import TokenBatches
 
 __all__ = ["Candidate", "Choice", "Collective", "DeviceSpec", "Measured", "ModelFlops", "OutOfMemoryError", "Plan",
-           "PlannedStrategy", "Target", "TransformerShape", "candidates", "choose", "collectives",
+           "PlannedStrategy", "Target", "TokenBatches", "TransformerShape", "candidates", "choose", "collectives",
            "device_memory_limit", "human_bytes", "is_out_of_memory", "measure", "model_flops", "out_of_memory_error",
            "plan", "planned_strategy", "quiet_stderr", "recommend", "resolve_target", "spec_for", "xla_figures"]

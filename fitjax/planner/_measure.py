@@ -148,7 +148,7 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
              for kind, c in found.items()}
     rows = jax.tree.leaves(candidate.batch)[0].shape[0]
     counted_model = _flops.model_flops(module, program.state.params, rows_per_step=rows * k,
-                                       batches_per_step=k, devices=len(target.devices))
+                                       batches_per_step=k, devices=len(target.devices), batch=candidate.batch)
     if counted_model is not None:
         model, source = counted_model.per_step / len(target.devices), counted_model.source
     elif options.remat != "none":  # XLA's count of the step without remat: the model's work, not the hardware's

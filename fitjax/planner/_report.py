@@ -91,7 +91,9 @@ class Plan:
             mark = "* " if m is self.recommended else ""
             fits = {True: "yes", False: "NO", None: "?"}[m.fits]
             wire = sum(c.wire_bytes for c in m.collectives.values())
-            table.add_row(mark + m.name, human_bytes(m.memory["params"]), human_bytes(m.memory["optimizer"]),
+            mesh = " ".join(f"{axis}={size}" for axis, size in m.mesh.items())  # the strategy's axes
+            table.add_row(f"{mark}{m.name}\n{mesh}", human_bytes(m.memory["params"]),
+                          human_bytes(m.memory["optimizer"]),
                           human_bytes(m.memory["temporaries"]), human_bytes(m.memory["peak"]), fits,
                           f"{_flops(m.model_flops)} ({m.model_flops_source})", _flops(m.xla_flops), human_bytes(wire),
                           "?" if m.step_time_s is None else f"{m.step_time_s * 1e3:.3g} ms",
