@@ -1,39 +1,50 @@
-"""Train a GPT-style byte-level language model on the Python documentation that ships with CPython.
+"""Train a GPT-style byte-level language model on the Python documentation that
+ships with CPython.
 
-    python examples/gpt.py --preset tiny                      # CI-sized: 100 steps, under a minute on 2 CPU cores
-    python examples/gpt.py --preset small                     # the README's run: 160 steps, ~10 min on 2 busy CPU cores
-    python examples/gpt.py --preset small --strategy fsdp --tensor 2   # fsdp × tensor (Megatron) mesh
-    python examples/gpt.py --preset gpu                       # sized for one large GPU (not run here)
-    python examples/gpt.py --preset gpt2-small                # GPT-2 small's shape (124 M, context 1024): a TPU chip
-    python examples/gpt.py --preset gpt2-medium               # GPT-2 medium's (355 M), 8 rows, no remat
-    python examples/gpt.py --preset small --resume            # continue exactly from the last checkpoint
-    python examples/gpt.py --preset small --scan-layers --remat full   # blocks as one nn.scan, recomputed
-    fitjax fit --config examples/configs/gpt.yaml             # through fitjax's CLI (pip install -e '.[cli]')
+    python examples/gpt.py --preset tiny           # CI-sized: 100 steps
+    python examples/gpt.py --preset small          # README's run: 160 steps
+    python examples/gpt.py --preset small --strategy fsdp --tensor 2
+                                                   # fsdp x tensor (Megatron)
+    python examples/gpt.py --preset gpu            # one large GPU
+    python examples/gpt.py --preset gpt2-small     # GPT-2 small (124 M): a TPU
+    python examples/gpt.py --preset gpt2-medium    # GPT-2 medium (355 M)
+    python examples/gpt.py --preset small --resume # exactly from the last save
+    python examples/gpt.py --preset small --scan-layers --remat full
+                                                   # blocks as one nn.scan
+    fitjax fit --config examples/configs/gpt.yaml  # through fitjax's CLI
 
-The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of English prose and
-code, part of every CPython install: no download), read as bytes (vocabulary 256) and split by
-position: the first 90% trains, the last 10% validates. The model is `fitjax.models.CausalLM` in
-GPT-2's layout (`gpt_config`: pre-norm, causal self-attention, GELU MLP, learned positions, tied
-input/output embeddings, GPT-2's initialisation; no biases): the library's decoder, whose
-attention is `fj.nn.attention` (on a TPU, the Pallas splash kernel; `--attention` chooses) and
-whose training loss is `fj.nn.chunked_cross_entropy` (the tied output layer and its
-cross-entropy a chunk of the length at a time, never the whole float32 logits). Its parameters
-carry logical axis names and the module declares `fitjax.models.LOGICAL_RULES` for them, so the
-same code runs on one device, data-parallel, FSDP, or FSDP × tensor parallelism. Every option of the Trainer is on: bf16 mixed precision, AdamW with
-warmup-cosine, gradient clipping at 1.0, gradient accumulation, periodic checkpoints, exact resume.
+The corpus is `pydoc_data.topics` (the text behind `help("topics")`, ~465 KB of
+English prose and code, part of every CPython install: no download), read as
+bytes (vocabulary 256) and split by position: the first 90% trains, the last
+10% validates. The model is `fitjax.models.CausalLM` in GPT-2's layout
+(`gpt_config`: pre-norm, causal self-attention, GELU MLP, learned positions,
+tied input/output embeddings, GPT-2's initialisation; no biases): the library's
+decoder, whose attention is `fj.nn.attention` (on a TPU, the Pallas splash
+kernel; `--attention` chooses) and whose training loss is
+`fj.nn.chunked_cross_entropy` (the tied output layer and its cross-entropy a
+chunk of the length at a time, never the whole float32 logits). Its parameters
+carry logical axis names and the module declares `fitjax.models.LOGICAL_RULES`
+for them, so the same code runs on one device, data-parallel, FSDP, or FSDP ×
+tensor parallelism. Every option of the Trainer is on: bf16 mixed precision,
+AdamW with warmup-cosine, gradient clipping at 1.0, gradient accumulation,
+periodic checkpoints, exact resume.
 
-Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the validation loss) and
-`fj.ThroughputMonitor`'s `train/device/items_per_sec` (tokens per second on each device),
-`train/device/flops_per_sec` (XLA's FLOP count of the compiled step; it agrees with PaLM's
-6 × matmul parameters + 12 × layers × context × width per token, `flops_per_token`) and
-`train/device/mfu` on a chip with a known peak (H100, H200, A100, L4, TPU v4-v6e) or with
-`--peak-tflops` (a CPU has no standard peak, so on a CPU only the achieved FLOP/s is reported).
-Every `--sample-every` steps a few generated lines are
-printed and written to TensorBoard's Text tab (`Samples`, a `fj.GenerationMonitor`): temperature
-sampling through `Trainer.generate`, which keeps the keys and values of every layer in a KV cache
-(`CausalLM.init_cache`, every layer's stacked), so each new byte is one forward pass over one token. After training:
+Logged besides `train/loss` and `val/loss`: `val/ppl` (perplexity, exp of the
+validation loss) and `fj.ThroughputMonitor`'s `train/device/items_per_sec`
+(tokens per second on each device), `train/device/flops_per_sec` (XLA's FLOP
+count of the compiled step; it agrees with PaLM's 6 × matmul parameters + 12 ×
+layers × context × width per token, `flops_per_token`) and `train/device/mfu`
+on a chip with a known peak (H100, H200, A100, L4, TPU v4-v6e) or with
+`--peak-tflops` (a CPU has no standard peak, so on a CPU only the achieved
+FLOP/s is reported). Every `--sample-every` steps a few generated lines are
+printed and written to TensorBoard's Text tab (`Samples`, a
+`fj.GenerationMonitor`): temperature sampling through `Trainer.generate`, which
+keeps the keys and values of every layer in a KV cache (`CausalLM.init_cache`,
+every layer's stacked), so each new byte is one forward pass over one token.
+After training:
 
-    trainer.generate(module, ["def main("], max_new_tokens=60, temperature=0.8, top_p=0.95)
+    trainer.generate(module, ["def main("], max_new_tokens=60,
+                     temperature=0.8, top_p=0.95)
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ from fitjax import models
 GPT_RULES = models.LOGICAL_RULES
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # CI: a few seconds of compilation, under a minute of training on 2 busy cores
+    # CI: 100 steps of a 2-layer model (tests/test_gpt.py trains it on 2 busy cores)
     "tiny": dict(layers=2, width=64, heads=4, context=64, batch_size=16, accumulate=2, max_steps=100,
                  lr=3e-3, warmup=10, log_every=10, ckpt_every=50, sample_every=0, precision="bf16-mixed"),
     # the README's CPU run, sized to finish in ~10 minutes on this project's 2 cores shared by 7 people

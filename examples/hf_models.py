@@ -1,7 +1,7 @@
 """Fine-tune a Hugging Face model folder with fitjax and write it back as a folder `transformers`
 loads: GPT-2, Llama 3.x, Mistral, Qwen 2.5/3 and Gemma 2/3 (`fitjax.models`).
 
-    python examples/hf_models.py --model path/to/Qwen2.5-0.5B --out runs/hf_models/out
+    python examples/hf_models.py --model path/to/Qwen2.5-0.5B --root-dir runs/hf_models/out
     python examples/hf_models.py --model path/to/Llama-3.2-1B --lora 8 --strategy fsdp
 
 The text is the source of Python's `json` package (every CPython ships it: no download), cut into
@@ -56,7 +56,8 @@ class Result:
 def main(argv: Sequence[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a Hugging Face folder (config.json, *.safetensors)")
-    parser.add_argument("--out", default="runs/hf_models/out")
+    parser.add_argument("--root-dir", "--out", dest="out", default="runs/hf_models/out", metavar="DIR",
+                        help="where the logs, checkpoints and the exported model go")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: train every weight)")

@@ -4,7 +4,7 @@ Face folder at the end that `transformers` loads.
 
     pip install -e ".[lm]"                      # tokenizers, transformers, grain, jinja2, qwix, ...
     python examples/sft.py                      # about a minute on CPU
-    python examples/sft.py --out runs/sft       # where the data, tokenizer, logs and model go
+    python examples/sft.py --root-dir runs/sft  # where the data, tokenizer, logs and model go
     python examples/sft.py --base-steps 12 --steps 12 --seq-len 64   # the smallest run (CI's)
 
 Everything is made here, nothing downloaded: the data (two tasks over a small vocabulary, "reverse:
@@ -86,7 +86,8 @@ class SamplesAtValidation(fj.GenerationMonitor):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="folder for the data, tokenizer, logs and model (default: a temp folder)")
+    parser.add_argument("--root-dir", "--out", dest="out", default=None, metavar="DIR",
+                        help="folder for the data, tokenizer, logs and model (default: a temp folder)")
     parser.add_argument("--base-steps", type=int, default=150, help="steps of the base model on whole chats")
     parser.add_argument("--steps", type=int, default=150, help="LoRA instruction-tuning steps")
     parser.add_argument("--seq-len", type=int, default=128)
