@@ -3,7 +3,7 @@
     python benchmarks/generation.py            # the GPT example, width 256, 4 layers; 256 new tokens
     python benchmarks/generation.py --smoke    # seconds: checks it runs (numbers mean nothing)
 
-The model is examples/gpt.py's `GPT` (random weights: speed does not depend on them), batch 4 of
+The model is examples/gpt.py's (`fitjax.models.CausalLM` in GPT-2's layout; random weights: speed does not depend on them), batch 4 of
 prompts of 5 to 12 bytes, greedy, no end-of-sequence token (every row generates all tokens).
 "With cache" is `Trainer.generate`'s default: a prefill, then each new token one forward pass
 of one token over the cached keys and values. "Without" is `use_cache=False`: each new token

@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> Result:
     parser.add_argument("--base", default=None, help="a fitjax checkpoint of examples/gpt.py or a HF folder")
     parser.add_argument("--base-steps", type=int, default=60, help="steps of the base trained without --base")
     parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--targets", default=r".*block_\d+/(q|v|up|down)|.*(q_proj|v_proj|c_attn|c_fc)",
+    parser.add_argument("--targets", default=r".*(q_proj|v_proj|c_attn|c_fc|mlp/c_proj|up_proj|down_proj)",
                         help="regex on the layers' module paths")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--lr", type=float, default=3e-3)

@@ -303,7 +303,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="run the blocks as one nn.scan over stacked parameters: XLA compiles one block")
     parser.add_argument("--vocab", type=int, default=None,
                         help=f"output rows (default {VOCAB}, the bytes; more pads the table, e.g. GPT-2's 50304)")
-    parser.add_argument("--attention", default="auto", choices=["auto", "xla", "pallas", "cudnn"],
+    parser.add_argument("--attention", default="auto", choices=["auto", "xla", "pallas", "pallas-fused", "cudnn"],
                         help="fj.nn.attention's implementation (auto: the platform's kernel where it applies)")
     parser.add_argument("--loss-chunk", type=int, default=256,
                         help="positions per chunk of fj.nn.chunked_cross_entropy (the training loss)")

@@ -2,8 +2,10 @@
 assistant's answers learned, LoRA adapters, samples generated at each validation, and a Hugging
 Face folder at the end that `transformers` loads.
 
+    pip install -e ".[lm]"                      # tokenizers, transformers, grain, jinja2, qwix, ...
     python examples/sft.py                      # about a minute on CPU
     python examples/sft.py --out runs/sft       # where the data, tokenizer, logs and model go
+    python examples/sft.py --base-steps 12 --steps 12 --seq-len 64   # the smallest run (CI's)
 
 Everything is made here, nothing downloaded: the data (two tasks over a small vocabulary, "reverse:
 red cat sat" -> "sat cat red" and "repeat: ..." -> the same words, lengths skewed short as chat
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -106,8 +107,9 @@ def main(argv=None) -> dict:
     module.tokenizer = tokenizer  # text prompts in and text out of `Trainer.generate`
     logger = fj.TensorBoardLogger(str(out / "logs"))
     # 1. the base: whole chats, every token learned, all the weights trained
+    print(f"1/3 the base model: {args.base_steps} steps on whole chats, every token learned")
     base = fj.Trainer(max_steps=args.base_steps, logger=logger, enable_checkpointing=False, log_every_n_steps=10,
-                      limit_val_batches=0, enable_progress_bar=False)
+                      limit_val_batches=0)
     base.fit(module, loader(train_file, completion_only=False, shuffle=True))
 
     # 2. instruction tuning: LoRA adapters, the answers alone learned, samples at each validation
@@ -118,14 +120,15 @@ def main(argv=None) -> dict:
     samples = SamplesAtValidation(prompts, every_n_train_steps=0, max_new_tokens=12, temperature=0.0)
     val_data = loader(val_file, completion_only=True, shuffle=False)
     tuner = fj.Trainer(max_steps=args.steps, logger=logger, callbacks=[samples], enable_checkpointing=False,
-                       val_check_interval=max(args.steps // 2, 1), check_val_every_n_epoch=None, log_every_n_steps=10,
-                       enable_progress_bar=False)
+                       val_check_interval=max(args.steps // 2, 1), check_val_every_n_epoch=None, log_every_n_steps=10)
+    print(f"2/3 LoRA adapters (rank {args.rank}): {args.steps} steps on the answers alone")
     before = tuner.validate(module, val_data, verbose=False)[0]["val/loss"]
     train_data = loader(train_file, completion_only=True, shuffle=True)
     tuner.fit(module, train_data, val_data)
     after = tuner.callback_metrics["val/loss"]
 
     # 3. a Hugging Face folder: the adapters merged into the weights, the tokenizer beside them
+    print("3/3 writing the Hugging Face folder")
     models.save_pretrained(module, out / "model")
     tokenizer.save_pretrained(out / "model")
     result = {"val_loss_before": float(before), "val_loss_after": float(after),
@@ -140,5 +143,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     main()

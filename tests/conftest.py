@@ -4,7 +4,17 @@ No `JAX_PLATFORMS` is set: the suite runs as users run, with whatever `[dev]` in
 among them, kept from probing by `import fitjax` on a machine without a TPU).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
+
+# fitjax's compile cache (`Trainer(compile_cache=True)`, the default) goes to a folder of this
+# test run, as a user would move it: the suite never writes into the real ~/.cache, and a program
+# stored by an earlier run is never read back. The test processes' subprocesses inherit it.
+if os.environ.get("FITJAX_COMPILE_CACHE", "").strip().lower() not in ("0", "false", "no", "off"):
+    os.environ["FITJAX_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="fitjax-test-xla-")
+    atexit.register(shutil.rmtree, os.environ["FITJAX_COMPILE_CACHE"], True)
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"

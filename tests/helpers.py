@@ -167,14 +167,18 @@ def persistent_compile_cache(folder):
     test modules whose fits build the same programs again and again."""
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
              "jax_persistent_cache_min_entry_size_bytes")
+    from jax.experimental.compilation_cache import compilation_cache
+
     before = {name: getattr(jax.config, name) for name in names}
     for name, value in zip(names, (str(folder), 0, 0)):
         jax.config.update(name, value)
+    compilation_cache.reset_cache()  # JAX keeps the folder it opened first until told
     try:
         yield
     finally:
         for name, value in before.items():
             jax.config.update(name, value)
+        compilation_cache.reset_cache()
 
 
 @contextlib.contextmanager

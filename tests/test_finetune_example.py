@@ -26,5 +26,5 @@ def test_lora_from_a_saved_gpt_checkpoint_lowers_the_loss_and_keeps_a_small_adap
     assert result.adapter_bytes < 0.1 * result.full_bytes
     assert result.checkpoint_bytes < 0.5 * result.full_checkpoint_bytes  # Orbax's own files weigh here
     params = result.module.variables[0]
-    np.testing.assert_array_equal(np.asarray(params["block_0"]["up"]["kernel"]),
-                                  np.asarray(base.variables[0]["block_0"]["up"]["kernel"]))
+    np.testing.assert_array_equal(np.asarray(params["h_0"]["mlp"]["c_fc"]["kernel"]),
+                                  np.asarray(base.variables[0]["h_0"]["mlp"]["c_fc"]["kernel"]))

@@ -10,7 +10,9 @@ violation.
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -25,12 +27,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # user's line), `_lazy` (checkpoint, loggers),
 # `_logged` (`self.log`'s collection: step, module, loop, callbacks, profilers), `_seed` (loop,
 # cli, `fj.seed_everything`), `_status` (the set-up's status lines: loop, profilers, callbacks),
-# `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop), and `_platform` (the platform a
-# program is traced for: strategies set it, `fitjax.nn` reads it).
+# `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop), `_platform` (the platform a
+# program is traced for: strategies set it, `fitjax.nn` reads it), and `_optional` (an extra's
+# packages checked where a feature is set up: data, module, models).
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names",
-                "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform"]),
+                "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform",
+                "fitjax._optional"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),
@@ -346,9 +350,10 @@ def test_the_trainer_read_check_catches_one():
 
 # The loop reads as one page: `Trainer._train_epoch` is the epoch's outline (its batches, end and
 # stop handling are `fitjax.loop._epoch` and `_stop`; the evaluations `evaluation`), and trainer.py
-# holds the public surface and the outline only (the Args sections of its reference are
-# `fitjax.loop._trainer_doc`). 894 lines at this guard's writing, 221 of them docstrings.
-TRAINER_MAX_LINES = 900
+# holds the public surface and the outline only. Only code counts toward the page (issue 63: the
+# reference text belongs in the docstrings, beside the signatures): 635 lines of code at this
+# guard's writing, 902 lines in all.
+TRAINER_MAX_CODE_LINES = 700
 TRAIN_EPOCH_MAX_LINES = 50
 
 
@@ -357,11 +362,34 @@ def _function_lines(source: str, name: str) -> int:
     return node.end_lineno - node.lineno + 1
 
 
+def _code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not a docstring."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    code = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            code.update(line for line in range(token.start[0], token.end[0] + 1) if line not in docstrings)
+    return len(code)
+
+
+def test_code_lines_count_code_only():
+    source = 'def f():\n    """Doc\n    string."""\n    # a comment\n\n    return (1 +\n            2)\n'
+    assert _code_lines(source) == 3  # the def and the two lines of the return
+
+
 def test_the_trainer_and_its_epoch_outline_stay_short():
     source = (PACKAGE / "loop" / "trainer.py").read_text()
-    lines = len(source.splitlines())
-    assert lines <= TRAINER_MAX_LINES, (f"fitjax/loop/trainer.py has {lines} lines, over {TRAINER_MAX_LINES}: move "
-                                        "the work into a named part of fitjax/loop/ (as _epoch, _stop, evaluation)")
+    lines = _code_lines(source)
+    assert lines <= TRAINER_MAX_CODE_LINES, (
+        f"fitjax/loop/trainer.py has {lines} lines of code, over {TRAINER_MAX_CODE_LINES}: move the work into a "
+        "named part of fitjax/loop/ (as _epoch, _stop, evaluation)")
     epoch = _function_lines(source, "_train_epoch")
     assert epoch <= TRAIN_EPOCH_MAX_LINES, f"Trainer._train_epoch has {epoch} lines, over {TRAIN_EPOCH_MAX_LINES}"
 

@@ -6,9 +6,12 @@ every `BEAT` seconds on a thread of its own while the fit runs, and removed when
 fit starting on the same folder finds it and is refused, naming the running fit: two fits saving
 into one folder would race for the same checkpoint names, and the second's start-up clean-up
 would take the first's saves in progress for a killed run's leftovers. A lease is dead, and
-removed, when its process is gone (same host: `kill(pid, 0)`), or, from another host, when its
+removed, when its process is gone (same host: `kill(pid, 0)`), or, whatever the pid, when its
 heartbeat is older than `stale_after()` (a fit killed with SIGKILL on another machine holds its
-folder that long). Costs: one small write per `BEAT` (30 s) on a store; nothing on the loop.
+folder that long; on this machine a pid reused by another process would hold it for ever). A
+heartbeat stamped in the future is another machine's clock running ahead of this one's: it counts
+as heard now while it is less than `stale_after()` ahead, then as stale, and is named in the
+messages. Costs: one small write per `BEAT` (30 s) on a store; nothing on the loop.
 """
 
 from __future__ import annotations
@@ -131,9 +134,10 @@ def holder(directory: _storage.AnyPath, mine: _Lease | None = None) -> dict[str,
         record = _read(path)
         if record is None:
             continue  # removed since the listing
-        if not _live(record):
-            log.warning("fitjax: removing %s, the lease of a fit that is gone (pid %s on %s)", path,
-                        record.get("pid"), record.get("host"))
+        dead = _dead(record)
+        if dead:
+            log.warning("fitjax: removing %s, the lease of a fit that is gone (pid %s on %s): %s", path,
+                        record.get("pid"), record.get("host"), dead)
             _remove(path)
             continue
         found.append((float(record.get("started", 0)), name, record))
@@ -143,25 +147,45 @@ def holder(directory: _storage.AnyPath, mine: _Lease | None = None) -> dict[str,
     return min(found, key=lambda f: (f[0], f[1]))[2] if found else None
 
 
-def _live(record: dict[str, Any]) -> bool:
+def _age(record: dict[str, Any]) -> float:
+    """Seconds since the lease's last heartbeat by this machine's clock (below 0: stamped ahead)."""
+    try:
+        return time.time() - float(record.get("beat") or 0)
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def _dead(record: dict[str, Any]) -> str:
+    """Why the lease `record` is dead, or "" while it is live."""
     pid, host = record.get("pid"), record.get("host")
     if not isinstance(pid, int) or not isinstance(host, str):
-        return False  # not a lease fitjax wrote
-    if host == socket.gethostname():
-        return _storage.process_alive(pid)
-    return time.time() - float(record.get("beat") or 0) < stale_after()
+        return "not a lease fitjax wrote"
+    age, limit = _age(record), stale_after()
+    if age >= limit:  # whatever the pid: on this machine another process may have taken it
+        return f"no heartbeat for {age:.0f} s (a lease is stale after {limit:.0f} s)"
+    if -age >= limit:
+        return (f"its heartbeat is stamped {-age:.0f} s in the future: the clock of {host} and this machine's "
+                f"disagree (clock skew), and a heartbeat over {limit:.0f} s ahead is taken as stale")
+    if host == socket.gethostname() and not _storage.process_alive(pid):
+        return "its process is gone"
+    return ""
 
 
 def _in_use(directory: _storage.AnyPath, record: dict[str, Any]) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(record.get("started", 0))))
-    seen = time.time() - float(record.get("beat") or 0)
+    age, limit = _age(record), stale_after()
+    heard = (f"last heard from {age:.0f} s ago" if age >= -1 else
+             f"its last heartbeat stamped {-age:.0f} s in the future (the clock of {record.get('host')} runs ahead "
+             "of this machine's: clock skew)")
+    # stale at beat + limit by this clock: a heartbeat from the future waits its lead too
+    free = max(limit - age, 0)
     return (f"ModelCheckpoint's folder {str(directory)!r} is in use by another fit running now: pid "
             f"{record.get('pid')} on {record.get('host')}, started {started} (`{record.get('command', '')}`), "
-            f"last heard from {max(seen, 0):.0f} s ago. Two fits saving into one folder would race for its "
-            "checkpoint names and clean up each other's saves in progress. Give this fit its own folder "
-            "(ModelCheckpoint(dirpath=...), or a logger version of its own), or wait for that fit to end; "
-            f"a fit killed on another machine releases the folder {stale_after():.0f} s after its last "
-            "heartbeat, one on this machine at once.")
+            f"{heard}. Two fits saving into one folder would race for its checkpoint names and clean up each "
+            "other's saves in progress. Give this fit its own folder (ModelCheckpoint(dirpath=...), or a logger "
+            "version of its own), or wait for that fit to end. If it was killed, the folder is free in "
+            f"{free:.0f} s, at {time.strftime('%H:%M:%S', time.localtime(time.time() + free))}, {limit:.0f} s "
+            "after its last heartbeat (at once on its own machine when its process is gone).")
 
 
 def _names(directory: _storage.AnyPath) -> list[str]:

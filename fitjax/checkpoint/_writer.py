@@ -56,7 +56,7 @@ import jax
 import numpy as np
 
 from fitjax import _stack, _storage
-from fitjax.checkpoint import _format
+from fitjax.checkpoint import _format, _save_errors
 from fitjax.checkpoint._format import SaveFailed
 from fitjax.step import xla_cpu
 from fitjax.strategies import bytes_per_device, peak_bytes
@@ -68,6 +68,7 @@ __all__ = ["CheckpointWriter", "cleanup", "import_orbax_soon", "is_donated", "pr
 
 _DELETING = _format.TMP_MARK + "-deleting"  # an old checkpoint on its way out
 SIGNAL_GRACE = 5.0  # seconds a store operation may go unanswered after SIGTERM before the wait ends
+REPORTS_AFTER = 30.0  # seconds after a failed save that Orbax's and tensorstore's reports are its
 log = logging.getLogger("fitjax")
 
 
@@ -85,6 +86,7 @@ class CheckpointWriter:
         self._idle = threading.Condition()
         self._queued: dict[str, int] = {}  # paths queued or being written -> how many times
         self._failures: list[tuple[str, BaseException, Callable[[], None] | None]] = []
+        self._failed_at = -float("inf")  # time.monotonic() of the last failure (`_reporting`)
         self._undeleted: list[tuple[str, BaseException]] = []  # deletions that failed: warned about
         self._signal: str | None = None  # a stop signal received during this fit (`signalled`)
         self._host: tuple[Any, _HostCopy, dict[str, str]] | None = None  # (state, its copy, key impls)
@@ -136,6 +138,7 @@ class CheckpointWriter:
         with self._idle:
             self._queued[str(path)] = self._queued.get(str(path), 0) + 1
         if self._worker is None:  # one thread for the process: starting one per save costs ~10 ms
+            _save_errors.route_orbax_reports(self._reporting)
             self._worker = threading.Thread(target=self._work, name="fitjax-checkpoint", daemon=True)
             self._worker.start()
         self._jobs.put((path, write, doomed, on_failure))
@@ -155,6 +158,12 @@ class CheckpointWriter:
         with self._idle:
             return bool(self._queued)
 
+    def _reporting(self) -> bool:
+        """Whether what Orbax's threads report now is about this writer's saves: one is queued or
+        being written, or one failed in the last `REPORTS_AFTER` seconds (tensorstore's last
+        callbacks land after the failure is raised)."""
+        return bool(self._queued) or time.monotonic() - self._failed_at < REPORTS_AFTER
+
     def is_queued(self, path: str | os.PathLike) -> bool:
         """True while a save to `path` is queued or being written (its folder not there yet)."""
         with self._idle:
@@ -170,6 +179,7 @@ class CheckpointWriter:
             except BaseException as error:  # noqa: BLE001 - reported on the loop's thread
                 with self._idle:
                     self._failures.append((str(path), error, on_failure))
+                    self._failed_at = time.monotonic()
             else:
                 for old in doomed if jax.process_index() == 0 else ():
                     try:
@@ -207,8 +217,10 @@ class CheckpointWriter:
                 on_failure()
         path, error, _ = failures[0]
         more = f" ({len(failures) - 1} later saves failed too)" if len(failures) > 1 else ""
-        raise SaveFailed(f"ModelCheckpoint could not save {path!r}: {type(error).__name__}: "
-                         f"{_first_line(error)}{more}") from error
+        # Orbax's frames and chained errors run to a hundred lines: kept for the debug log
+        log.debug("fitjax: the save of %r failed with", path, exc_info=error)
+        raise SaveFailed(f"ModelCheckpoint could not save {path!r}: {_save_errors.describe(error, _first_line)}"
+                         f"{more}. (Orbax's full report: logging.getLogger('fitjax').setLevel('DEBUG').)") from None
 
     def wait(self) -> None:
         """Blocks until every queued save is written, then raises a failure among them, if any."""

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fitjax._optional import require
 from fitjax.data import _text_cache, _text_files, _tokenize
 from fitjax.data._batching import _check_int
 
@@ -49,7 +50,7 @@ class TextLoader:
 
     Each batch is a dict of `[batch_size, seq_len]` arrays: `tokens` (the model's input),
     `targets` (the next token), `loss_mask` (float32: 1 where the target carries loss, 0 for
-    padding and, with `completion_only`, prompts), `segment_ids` (int32: 1, 2, ... for the
+    padding and prompts: see `completion_only`), `segment_ids` (int32: 1, 2, ... for the
     examples packed in a row, 0 for padding) and `positions` (int32: each token's position in
     its own example). Give `segment_ids` and `positions` to the model's attention
     (`fj.nn.attention(q, k, v, segment_ids=...)`) so packed examples never see each other, and
@@ -88,9 +89,11 @@ class TextLoader:
       seq_len: tokens per row.
       batch_size: rows per batch, global across processes.
       pack: pack several examples per row (True) or pad each example to its own row.
-      completion_only: only completions carry loss: a 'completion' field, or a chat's assistant
-        turns (the tokens the template adds for each after its generation prompt); system and user
-        turns, prompts and the template's markup get `loss_mask` 0.
+      completion_only: which tokens carry loss. None (TRL's defaults): a 'prompt'/'completion'
+        record's completion alone, a chat's every token. True: completions alone, and a chat's
+        assistant turns alone (the tokens the template adds for each after its generation
+        prompt); system and user turns, prompts and the template's markup get `loss_mask` 0.
+        False: every token, prompts included.
       shuffle: shuffle the files' order per epoch and the pieces within a `buffer_size` window.
       seed: the seed of the shuffles; the epoch is mixed in.
       buffer_size: pieces in the shuffle window (memory held: about `buffer_size * seq_len`
@@ -120,17 +123,23 @@ class TextLoader:
     """
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], *, tokenizer: Any,
-                 seq_len: int, batch_size: int, pack: bool = True, completion_only: bool = False,
+                 seq_len: int, batch_size: int, pack: bool = True, completion_only: bool | None = None,
                  shuffle: bool = False, seed: int = 0, buffer_size: int = 1024,
                  cache: bool | str | os.PathLike = True, process_index: int | None = None,
                  process_count: int | None = None) -> None:
         self.files = _text_files.list_files(files)
+        parquet = ["pyarrow"] if any(str(f).endswith(".parquet") for f in self.files) else []
+        require("grain", *parquet, feature="`fj.data.TextLoader(...)`")  # before any record is read
         self.seq_len = _check_int(seq_len, where="`TextLoader(seq_len=...)`", minimum=1)
         self.batch_size = _check_int(batch_size, where="`TextLoader(batch_size=...)`", minimum=1)
         self.buffer_size = _check_int(buffer_size, where="`TextLoader(buffer_size=...)`", minimum=1)
         self.seed = _check_int(seed, where="`TextLoader(seed=...)`", minimum=0)
         self.pack, self.shuffle = bool(pack), bool(shuffle)
-        self.encoder = _tokenize.Encoder(_tokenize.load_tokenizer(tokenizer), completion_only=bool(completion_only))
+        if completion_only not in (None, True, False):
+            raise ValueError(f"`TextLoader(completion_only=...)` must be None (a prompt's completion alone is learned, "
+                             f"a chat's every token), True (completions and assistant turns alone) or False "
+                             f"(every token); received {completion_only!r}.")
+        self.encoder = _tokenize.Encoder(_tokenize.load_tokenizer(tokenizer), completion_only=completion_only)
         if not isinstance(cache, (bool, str, os.PathLike)):
             raise TypeError(f"`TextLoader(cache=...)` must be True (beside the data), a folder, or False (in "
                             f"memory); received {cache!r}.")

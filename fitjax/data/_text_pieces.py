@@ -4,15 +4,20 @@ iterates: grain is heavy)."""
 
 from __future__ import annotations
 
+import zlib
+
 import grain
 import numpy as np
 
+from fitjax.data import _text_files
 from fitjax.data._text_cache import TokenCache, Tokens
 
 
 class _PiecesIterator(grain.DatasetIterator):
     """The pieces of each record of each file, from the tokens cache; the state is
-    `(file, record offset, piece)`, the same whatever the process count."""
+    `(file, record offset, piece)`, the same whatever the process count, with the file's size
+    and a check of the record's tokens by which a resume finds a file edited since
+    (`_text_files.check_position`)."""
 
     def __init__(self, files: list[str], cache: TokenCache, seq_len: int) -> None:
         super().__init__()
@@ -21,6 +26,9 @@ class _PiecesIterator(grain.DatasetIterator):
         self._pieces: list | None = None  # that record's pieces, once read
         self._tokens: Tokens | None = None  # the tokens of the chunk holding it
         self._chunk = self._row = 0  # that chunk's place among the file's, and the record's in it
+        self._check: int | None = None  # a CRC-32 of the record's tokens (no I/O: they are read)
+        self._sizes: dict[int, int] = {}  # file -> its size, asked once (a request on a store)
+        self._expect: dict | None = None  # a restored position, checked at the next read
 
     def __next__(self) -> dict[str, np.ndarray]:
         while self._pieces is None or self._piece >= len(self._pieces):
@@ -45,18 +53,38 @@ class _PiecesIterator(grain.DatasetIterator):
         while self._tokens is None or self._row >= len(self._tokens.offsets):
             self._chunk += 1
             if self._chunk >= len(chunks):
+                self._check_resume(None)
                 self._file, self._offset, self._piece, self._pieces, self._tokens = self._file + 1, 0, 0, None, None
+                self._check = None
                 return
             self._tokens, self._row = self._cache.get(chunks[self._chunk]), 0
         ids, weights = self._tokens.record(self._row)
+        self._check = zlib.crc32(ids.tobytes())
+        self._check_resume((int(self._tokens.offsets[self._row]), self._check))
         self._offset, self._pieces = int(self._tokens.offsets[self._row]), _pieces(ids, weights, self._seq_len)
         self._piece = self._piece if resuming else 0
 
-    def get_state(self) -> dict[str, int]:
-        return {"file": self._file, "offset": self._offset, "piece": self._piece}
+    def _check_resume(self, found: tuple[int, int] | None) -> None:
+        """At the first read after `set_state`: raises unless the file is as it was saved."""
+        if self._expect is not None:
+            expect, self._expect = self._expect, None
+            _text_files.check_position(self._files[self._file], self._offset, self._size(), expect, found)
+
+    def _size(self) -> int | None:
+        if self._file >= len(self._files):
+            return None
+        if self._file not in self._sizes:
+            self._sizes[self._file] = _text_files.size_of(self._files[self._file])
+        return self._sizes[self._file]
+
+    def get_state(self) -> dict[str, int | None]:
+        return {"file": self._file, "offset": self._offset, "piece": self._piece, "size": self._size(),
+                "check": self._check}
 
     def set_state(self, state: dict[str, int]) -> None:
         self._file, self._offset, self._piece = int(state["file"]), int(state["offset"]), int(state["piece"])
+        self._check = state.get("check")  # None at a file's start
+        self._expect = state if "size" in state else None  # without: saved before these checks
         self._pieces = self._tokens = None
 
 

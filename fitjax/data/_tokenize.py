@@ -7,8 +7,10 @@ A record is one of (the field names TRL and Hugging Face datasets use):
 - `{"messages": [{"role": ..., "content": ...}, ...]}`: a chat, rendered by the tokenizer's chat
   template; each assistant turn is the span its template adds after the generation prompt.
 
-With `completion_only`, only completions (assistant turns) carry loss; prompts, system and user
-turns and the template's markup around them are read by the model but not learned.
+With `completion_only=True`, only completions (assistant turns) carry loss; prompts, system and
+user turns and the template's markup around them are read by the model but not learned. With
+None (TRL's defaults: `completion_only_loss=None`, `assistant_only_loss=False`) a prompt is not
+learned and a chat is learned whole; with False every token is learned.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from fitjax._optional import require
+
 KINDS = ("text", "prompt/completion", "messages")
+# a saved Hugging Face tokenizer's vocabulary, one of them at least (fast, sentencepiece, BPE,
+# WordPiece): without one transformers guesses a class and fails naming sentencepiece
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "vocab.txt")
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
@@ -30,6 +38,14 @@ def load_tokenizer(tokenizer: Any) -> Any:
             raise FileNotFoundError(
                 f"`tokenizer={tokenizer!r}` is not a folder; pass the folder a tokenizer was saved in "
                 "(`tokenizer.save_pretrained(folder)`, a Hugging Face model folder), or a tokenizer object.")
+        if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            held = sorted(os.listdir(path))
+            raise FileNotFoundError(
+                f"`tokenizer={tokenizer!r}` holds no tokenizer: none of {list(TOKENIZER_FILES)} is in the folder "
+                f"(it holds {held[:8] + ['...'] if len(held) > 8 else held}). Pass the folder a tokenizer was saved "
+                "in (`tokenizer.save_pretrained(folder)`), or download the model's with `huggingface-cli download "
+                "NAME --local-dir DIR`.")
+        require("transformers", "tokenizers", feature=f"`tokenizer={tokenizer!r}` (a saved Hugging Face tokenizer)")
         from transformers import AutoTokenizer  # noqa: PLC0415 - only for text data
 
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -42,10 +58,14 @@ def load_tokenizer(tokenizer: Any) -> Any:
 class Encoder:
     """Turns records into `(ids, weights)`: int32 token ids and 1/0 for tokens that carry loss."""
 
-    def __init__(self, tokenizer: Any, *, completion_only: bool) -> None:
+    def __init__(self, tokenizer: Any, *, completion_only: bool | None) -> None:
         self.tokenizer = tokenizer
         self.completion_only = completion_only
+        self._prompt_learned = completion_only is False  # None: TRL's default, the completion alone
+        self._chat_masked = completion_only is True
         self._fast = not hasattr(tokenizer, "apply_chat_template")  # a bare `tokenizers.Tokenizer`
+        if not self._fast and getattr(tokenizer, "chat_template", None):  # rendered by transformers with jinja2
+            require("jinja2", feature="the tokenizer's chat template")
         self.eos_id = None if self._fast else tokenizer.eos_token_id
         if self._fast:
             eos = next((t for t in ("</s>", "<|endoftext|>", "<eos>") if tokenizer.token_to_id(t) is not None), None)
@@ -66,7 +86,7 @@ class Encoder:
             prompt = self.ids(str(record["prompt"]), special=True)
             completion = self.ids(str(record["completion"]), special=False) + self._eos()
             ids = prompt + completion
-            weights = [0 if self.completion_only else 1] * len(prompt) + [1] * len(completion)
+            weights = [int(self._prompt_learned)] * len(prompt) + [1] * len(completion)
         elif "text" in record:
             ids = self.ids(str(record["text"]), special=True)
             if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
@@ -95,8 +115,8 @@ class Encoder:
             raise ValueError(f"{where}['messages'] is {messages!r}; it must be a list of "
                              "{'role': ..., 'content': ...} dicts.")
         ids = self._render(messages)
-        weights = [0 if self.completion_only else 1] * len(ids)
-        if not self.completion_only:
+        weights = [0 if self._chat_masked else 1] * len(ids)
+        if not self._chat_masked:
             return ids, weights
         for turn, message in enumerate(messages):
             if message["role"] != "assistant":

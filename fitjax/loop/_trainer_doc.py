@@ -122,6 +122,14 @@ ARGUMENTS = {
             `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
             Every fit also logs each XLA program's compile seconds as `compile/<program>_s`
             (TensorBoard: a table in its Text tab).
+        compile_cache: JAX's persistent compilation cache, so a second run of the same script
+            reads its programs back instead of compiling them: True (default: in
+            `$XDG_CACHE_HOME/fitjax/xla`, else `~/.cache/fitjax/xla`, bounded to 4 GiB, programs
+            that compile in under a second not stored), a folder, or False (off). Turned on when
+            the trainer first compiles, never at import; `FITJAX_COMPILE_CACHE=0` turns it off
+            for every trainer, `FITJAX_COMPILE_CACHE=<folder>` moves fitjax's folder. A cache you
+            configured yourself (`JAX_COMPILATION_CACHE_DIR`, `jax.config`) is left as it is
+            (docs/guides/speed.md).
         deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
         benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
             accepted so Lightning configs run. This and the next three log one line saying what

@@ -29,7 +29,7 @@ from fitjax.data import as_loader, as_loaders, batch_size_of, checked_batches, p
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len
-from fitjax.loop import _resume, _step_outputs
+from fitjax.loop import _resume, _step_outputs, _token_ids
 from fitjax.loop._host_hooks import HostHooks, with_transfer_hooks
 from fitjax.loop.fit_run import Built, FitRun
 from fitjax.loop.metric_log import MetricLog
@@ -150,7 +150,9 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
             if wants_batch_start:
                 hooks.call(start_hook, trainer, module, batch, batch_idx, *extra)
             try:
-                acc, outputs, *returned = eval_step(params, model_state, rng, acc, padded, mask)
+                # the index travels as an array: one program for every batch
+                index = strategy.put(np.asarray(batch_idx, np.int32), strategy.replicated)
+                acc, outputs, *returned = eval_step(params, model_state, rng, acc, padded, mask, index)
             except Exception as err:
                 built_from.explain(err, padded, f"the {_DATA[stage]} data's batch {batch_idx}{which}")
                 raise
@@ -204,6 +206,7 @@ def build_for(module, loader, stage: str, *, strategy, seed: int, options, limit
     first = next(iter(eval_batches(loader, stage, strategy, limit, shard=False)), None)
     if first is None:
         raise ValueError(f"the {stage} data is empty: it yielded no batch.")
+    _token_ids.check_batch(first[0], _token_ids.vocab_size(module), where=f"the first batch of the {_DATA[stage]} data")
     state, compiled = step_lib.build(module.step_spec(), strategy, first[0], seed=seed,
                                      purpose="predict" if stage == "predict" else "eval", options=options)
     variables = state.params, state.model_state, state.rng

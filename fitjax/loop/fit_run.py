@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
 
 from fitjax import runs as runs_lib
 from fitjax import step as step_lib
@@ -72,10 +76,14 @@ class FitRun:
     last_val_time: float = 0.0
     resume_at: int = 0
     requeue_from: Path | None = None
+    #: the first train batch's shapes and dtypes, for the planner when the step runs out of memory
+    batch_spec: Any = None
 
     def build(self, first: Batch, *, strategy: Strategy, seed: int, runs: Runs | None) -> None:
         """The train state and compiled programs, from the first train batch (with `runs`: every
         run's state stacked, one program training them all)."""
+        self.batch_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None)
+                                                                      or np.asarray(x).dtype), first)
         if runs is None:
             self.state, self.compiled = step_lib.build(self.module.step_spec(), strategy, first, seed=seed,
                                                        options=self.feed.options)

@@ -43,6 +43,7 @@ from fitjax import module as module_lib
 from fitjax import precision as precision_lib
 from fitjax import step as step_lib
 from fitjax import strategies
+from fitjax.loop import _token_ids as prompt_ids
 from fitjax.loop._sampling import next_tokens
 
 __all__ = ["GenerateOptions", "Prompts", "bucket", "generate", "layout", "read_prompts", "default_eos",
@@ -201,6 +202,7 @@ def generate(module: Any, prompts: Any, options: GenerateOptions, *, variables: 
     (`(params, model_state)` placed in `strategy`'s shardings)."""
     tokenizer = getattr(module, "tokenizer", None)
     read = read_prompts(prompts, tokenizer)
+    prompt_ids.check_prompts(read.tokens, prompt_ids.generation_vocab(module, variables))
     longest = max(len(p) for p in read.tokens)
     _check_positions(module.step_spec().binding.model, longest, options.max_new_tokens)
     shards = strategy.num_batch_shards

@@ -24,7 +24,7 @@ from fitjax import step as step_lib
 from fitjax._typing import Batch
 from fitjax.data import (Feed, as_loader, batch_size_of, check_fit_data, checked_batches, each_loader, feed_for,
                          unshuffled)
-from fitjax.loop import _arguments
+from fitjax.loop import _arguments, _token_ids
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.loop._host_hooks import with_transfer_hooks
@@ -120,6 +120,9 @@ def check_fit_loaders(loaders: FitLoaders, module, *, shards: int, limits, max_s
     runs; with validation on, a `limit_val_batches` fraction keeping no batch is an error now."""
     check_fit_data(loaders.train, loaders.val, shards=shards, processes=jax.process_count(), limit=limits["train"],
                    max_steps=max_steps, accumulate=accumulate, resuming=resuming)
+    several = len(loaders.val) > 1
+    _token_ids.check_loaders(module, [("train_data", loaders.train)] + [
+        (f"val_data[{i}]" if several else "val_data", loader) for i, loader in enumerate(loaders.val)])
     if validates:
         for loader in loaders.val:
             checks.apply_limit(limits["val"], checks.maybe_len(loader), stage="val")

@@ -26,7 +26,8 @@ from fitjax import step as step_lib
 from fitjax import module as module_lib
 from fitjax.loop import _arguments
 from fitjax.loop import _checks as checks
-from fitjax.loop import _epoch, _interrupt, _pieces, _preemption, _resume, _stop, _trainer_doc
+from fitjax.loop import (_compile_cache, _epoch, _interrupt, _out_of_memory, _pieces, _preemption, _resume, _stop,
+                         _token_ids)
 from fitjax.loop._host_hooks import HostHooks
 from fitjax.loop._pieces import PieceRunner
 from fitjax.loop._stop import StopRequest
@@ -35,7 +36,7 @@ from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import evaluation, generation
+from fitjax.loop import _trainer_doc, evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -111,6 +112,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
+        compile_cache: bool | str | os.PathLike = True,
         benchmark: bool | None = None,
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
@@ -145,6 +147,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self.deterministic = enforce_determinism(deterministic)
         self.profiler: Profiler = resolve_profiler(profiler)
         self._compile_times = CompileTimes()  # compile/<program>_s, logged with the next values
+        self._compile_cache = _compile_cache.check_setting(compile_cache)  # turned on at the first compile
 
         # before anything asks JAX for devices
         self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
@@ -469,6 +472,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             module, train_data, val_data, datamodule = _arguments.fit_arguments(
                 module, model, train_data, train_dataloaders, val_data, val_dataloaders, datamodule)
             checks.check_module(module)
+            _compile_cache.use(self._compile_cache)  # before the first compilation (strategy="plan"'s)
             self._lightning_module = module
             module.trainer = self  # Lightning's `self.trainer` (estimated_stepping_batches in configure_optimizer)
             loaders = self._fit_loaders(module, train_data, val_data, datamodule, resuming=ckpt_path is not None)
@@ -490,7 +494,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                         self._compile_times, self.step_options.precision.context(), \
                         module_lib.hook_mode(module, True):  # Lightning's train mode for the hooks
                     run = self._run = FitRun(module, loaders, feed, stopping)
-                    self._fit(run, ckpt_path)
+                    with _out_of_memory.explained(self, run):  # what fits instead, from the planner
+                        self._fit(run, ckpt_path)
             except BaseException as exc:
                 _interrupt.begin(exc)  # Ctrl-C: Lightning's line; a further Ctrl-C waits for the save
                 self._interrupted = True
@@ -559,6 +564,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         module, feed = run.module, run.feed
         self.should_stop = False
         first, epoch_iter = feed.first_batch(self.current_epoch)
+        _token_ids.check_batch(first, _token_ids.vocab_size(module), where="the first train batch")
         self._progress.batches_in_epoch = feed.batches_in_epoch
         self._train_size_known = True
         with self.profiler.profile("[build] state and programs"), \
@@ -725,6 +731,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def _set_up(self, module: LitModule, stage: Stage) -> Iterator[None]:
         """`stage` for the hooks (`trainer.stage`) between its `setup` and `teardown` hooks."""
         before, self._stage = self._stage, stage
+        _compile_cache.use(self._compile_cache)  # before the stage's first compilation
         self._hooks.call("setup", self, module, stage.name)
         try:
             yield
@@ -785,6 +792,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
         """
         checks.check_module(module, "generate")
+        _compile_cache.use(self._compile_cache)
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
         if eos_token_id is None:
             eos_token_id = generation.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))

@@ -64,12 +64,15 @@ def zeros(names: Iterable[str] | Mapping[str, Any], *, host: bool = False) -> Ac
             for name, template in templates.items()}
 
 
-def add(acc: Accumulator, values: Mapping[str, Any], weight: jax.Array | float) -> Accumulator:
+def add(acc: Accumulator, values: Mapping[str, Any], weight: jax.Array | float | Mapping[str, Any]
+        ) -> Accumulator:
     """Adds `values` (scalars, or one value per example when `weight` is a vector; metrics: one
-    batch's state, or one state per example stacked on a leading axis when `weight` is a vector)."""
-    weight = jnp.asarray(weight, jnp.float32)
+    batch's state, or one state per example stacked on a leading axis when `weight` is a vector).
+    `weight` may be a mapping `name -> weight`, one per entry (a token loss weighs its tokens)."""
+    weights = weight if isinstance(weight, Mapping) else None
     out = {}
     for name, total in acc.items():
+        weight = jnp.asarray(weights[name] if weights is not None else weight, jnp.float32)
         if isinstance(total, Tracked):
             out[name] = _add_state(total, values[name], weight)
             continue

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["ModelConfig", "Rope", "read_config"]
+__all__ = ["ModelConfig", "Rope", "check_config", "read_config"]
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -201,7 +201,7 @@ class ModelConfig:
             raise ValueError(f"config.json has model_type={kind!r}; fitjax.models reads {sorted(_READERS)}. "
                              "Other architectures need their own blocks: a flax model of your own with "
                              "`LitModule.load_weights(folder, mapping=...)` reads their weights.")
-        fields = _READERS[kind](_Reader(config, kind))
+        fields = _check_heads(_READERS[kind](_Reader(config, kind)), kind)
         fields.setdefault("layer_types", (FULL,) * fields["num_layers"])
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
@@ -210,17 +210,76 @@ class ModelConfig:
 
 
 def read_config(config: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
-    """The dict of a `config.json` given as a dict, the file, or the folder holding it."""
+    """The dict of a `config.json` given as a dict, the file, or the folder holding it, its
+    sizes checked (`check_config`)."""
     if isinstance(config, Mapping):
-        return dict(config)
+        return check_config(dict(config), "the config")
     if not isinstance(config, (str, os.PathLike)):
         raise TypeError(f"config must be a dict, a config.json file or a folder holding one; got {config!r}.")
     path = Path(config).expanduser()
     path = path / "config.json" if path.is_dir() else path
     if not path.is_file():
         raise ValueError(f"config={str(config)!r}: no such config.json; pass a Hugging Face model folder, its "
-                         "config.json, or the config as a dict.")
-    return json.loads(path.read_text())
+                         "config.json, or the config as a dict. fitjax reads local files and downloads nothing: "
+                         "`huggingface-cli download NAME --local-dir DIR` fetches a Hub model's folder.")
+    try:
+        loaded = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{str(path)!r} is not valid JSON ({error}): cut by a download or copy that did not "
+                         "finish, or an edit? Download it again or fix it.") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(loaded).__name__}, not an object of settings: not a "
+                         "Hugging Face config.json.")
+    return check_config(loaded, repr(str(path)))
+
+
+# ------------------------------------------------------------------ the reader's value checks
+
+# sizes every family reads under one of these names: an int of at least 1 when given (None, or
+# absent, takes the family's default)
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+          "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window",
+          "sliding_window_pattern", "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
+_POSITIVE = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar")
+
+
+def check_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """`config` itself once its sizes are sound: each an int of at least 1 (not `"32"`, not 0,
+    not -1), the epsilons and rotary bases numbers above 0, key/value heads dividing the query
+    heads, and the width dividing into heads when no `head_dim` is given. Raises `ValueError`
+    naming `where` (the file) and the key: a bad value fails here, not later inside JAX."""
+    for key in _SIZES:
+        value = config.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            fix = f"; write {value.strip()} without quotes" if isinstance(value, str) and value.strip().isdigit() else ""
+            raise ValueError(f"{where} has {key}={value!r} ({type(value).__name__}); it must be an int of at least 1"
+                             f"{fix}.")
+    for key in _POSITIVE:
+        value = config.get(key)
+        if value is not None and (type(value) not in (int, float) or not value > 0):
+            raise ValueError(f"{where} has {key}={value!r} ({type(value).__name__}); it must be a number above 0.")
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    kv_heads = config.get("num_key_value_heads")
+    if heads and kv_heads and heads % kv_heads:
+        raise ValueError(f"{where} has num_key_value_heads={kv_heads!r}, which does not divide "
+                         f"num_attention_heads={heads!r}: each key/value head serves a whole group of query heads. "
+                         "Fix one of the two.")
+    width = config.get("hidden_size") or config.get("n_embd")
+    if heads and width and not config.get("head_dim") and width % heads:
+        key = "hidden_size" if config.get("hidden_size") else "n_embd"
+        raise ValueError(f"{where} has {key}={width!r}, which does not divide into num_attention_heads={heads!r} "
+                         "heads, and no head_dim. Fix one of them, or give head_dim.")
+    return config
+
+
+def _check_heads(fields: dict[str, Any], kind: str) -> dict[str, Any]:
+    """`fields` once the key/value heads (the family's default where the file gives none)
+    divide the query heads."""
+    if fields["num_heads"] % fields["num_kv_heads"]:
+        raise ValueError(f"config.json of model_type={kind!r} has num_attention_heads={fields['num_heads']!r} and "
+                         f"no num_key_value_heads; {kind}'s default, {fields['num_kv_heads']}, does not divide them. "
+                         "Give num_key_value_heads.")
+    return fields
 
 
 #: ModelConfig's fields that no config.json holds (fitjax's own switches)

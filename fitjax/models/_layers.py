@@ -25,20 +25,32 @@ from fitjax.nn import attention
 
 __all__ = ["LOGICAL_RULES", "Block", "Chunk", "Head", "LayerCache", "RMSNorm", "activation", "layer_norm", "rotary"]
 
-#: Logical axis names of `fitjax.models`' parameters and activations -> mesh axes of
-#: `fj.strategies.FSDP` (`("data", "fsdp", "tensor")`). "embed" (the residual width) is sharded
-#: over `fsdp` (ZeRO-3); query heads, key/value heads and the MLP's hidden units over `tensor`
-#: (Megatron: the first matmul of each pair split by columns, the second by rows, one all-reduce
-#: per pair); the vocabulary, norms, a head's width, GPT-2's fused `c_attn` columns and the
-#: learned positions stay whole. "batch" is an activation's batch dimension, split over both
-#: data-parallel axes as the trainer splits each batch; "length" its positions; "layers" the
-#: leading axis of `scan_layers`' stacked parameters (every device keeps every layer's slice).
-#: An activation's "embed" resolves to nothing under these rules (`fsdp` is the batch's already).
-LOGICAL_RULES: dict[str, Any] = {
+class LogicalRules(dict):
+    """Logical axis names of `fitjax.models`' parameters and activations mapped to the mesh axes
+    of `fj.strategies.FSDP` (`("data", "fsdp", "tensor")`), the `LOGICAL_RULES` every
+    `CausalLMModule` declares.
+
+    "embed" (the residual width) is sharded over `fsdp` (ZeRO-3); query heads, key/value heads
+    and the MLP's hidden units over `tensor` (Megatron: the first matmul of each pair split by
+    columns, the second by rows, one all-reduce per pair); the vocabulary, norms, a head's width,
+    GPT-2's fused `c_attn` columns and the learned positions stay whole. "batch" is an
+    activation's batch dimension, split over both data-parallel axes as the trainer splits each
+    batch; "length" its positions; "layers" the leading axis of `scan_layers`' stacked parameters
+    (every device keeps every layer's slice). An activation's "embed" resolves to no mesh axis
+    (`fsdp` is the batch's already). Rules given to `FSDP(rules=...)` win over these, name by name.
+
+    Example:
+        >>> from fitjax.models import LOGICAL_RULES
+        >>> LOGICAL_RULES["heads"], LOGICAL_RULES["embed"]
+        ('tensor', 'fsdp')
+    """
+
+
+LOGICAL_RULES = LogicalRules({
     "batch": ("data", "fsdp"), "length": None, "embed": "fsdp", "vocab": None, "heads": "tensor",
     "kv_heads": "tensor", "head_dim": None, "mlp": "tensor", "qkv": None, "norm": None, "position": None,
     "layers": None,
-}
+})
 
 
 def place(x: jax.Array, *names: str | None) -> jax.Array:

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from fitjax.data import packing_efficiency
+from fitjax.models._batches import as_lm_batch
 from fitjax.models._causal_lm import CausalLM
 from fitjax.models._config import ModelConfig, read_config
 from fitjax.models._layers import LOGICAL_RULES
@@ -93,7 +94,10 @@ class CausalLMModule(LitModule):
     `batch["positions"]` gives each document's own positions. A batch of `fj.data.TextLoader`
     (`tokens`, `targets`, `loss_mask`, `segment_ids`, `positions`, all [batch, length]) is
     trained as it comes: the loss is over the targets `loss_mask` marks (prompts masked with
-    `completion_only`), weighted by tokens, and `train/packing_efficiency` is logged.
+    `completion_only`), weighted by tokens, and `train/packing_efficiency` is logged. A Hugging
+    Face batch (`input_ids`, optional `attention_mask` and `labels`, -100 for no loss: what
+    `transformers`' and TRL's collators make) is trained as the same thing; any other batch is
+    refused at the first step, naming the keys taken (`fitjax.models._batches`).
 
     The loss is `fj.nn.chunked_cross_entropy` (`CausalLM(targets=...)`): the output layer and its
     softmax `loss_chunk` positions at a time, never the whole float32 logits [batch, length,
@@ -129,6 +133,7 @@ class CausalLMModule(LitModule):
         self.model = CausalLM(ModelConfig.from_hf(config, scan_layers=scan_layers, attention=attention))
 
     def loss(self, model, batch):
+        batch = as_lm_batch(batch, owner=type(self).__name__)  # Hugging Face's keys as fitjax's
         chunk = self.hparams.loss_chunk
         if "targets" in batch:  # fj.data.TextLoader's rows: the next tokens and which of them count
             return model(batch["tokens"], positions=batch["positions"], segment_ids=batch["segment_ids"],
@@ -167,7 +172,7 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
         >>> # module = fitjax.models.from_pretrained("path/to/Llama-3.2-1B", lr=1e-4)
         >>> # fj.Trainer(max_steps=100, strategy="fsdp").fit(module, data)
     """
-    folder = Path(folder)
+    folder = _local_folder(folder)
     module = CausalLMModule(read_config(folder), **kwargs)
     config = module.model.config
     from_hf = {hf_name(config, name): name for name in _param_names(module.model)}
@@ -188,6 +193,27 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
         source = StackedLayers(source, config.num_layers)
     module.load_weights(source, mapping=rename, transpose=_transposed(config))
     return module
+
+
+_HUB_URL = re.compile(r"(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([\w.-]+/[\w.-]+)")
+
+
+def _local_folder(folder: str | os.PathLike) -> Path:
+    """`folder` as a path, once it is a local folder: a Hub name or a URL is answered with how
+    to download it (fitjax downloads nothing; `Path` would mangle a URL into `https:/...`)."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"from_pretrained(folder=...) takes a local folder; got {type(folder).__name__}: {folder!r}.")
+    text = os.fspath(folder)
+    path = Path(text).expanduser()
+    if path.is_dir() and "://" not in text:
+        return path
+    hub = _HUB_URL.match(text)
+    name = hub.group(1) if hub else text if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) else "NAME"
+    what = ("a URL" if "://" in text else "not a folder" if path.exists() else
+            "no local folder (a Hugging Face Hub name?)")
+    raise ValueError(f"from_pretrained(folder={text!r}): {what}. fitjax reads model folders on local disk and "
+                     f"downloads nothing: download it first, e.g. `huggingface-cli download {name} --local-dir "
+                     f"{name.rsplit('/', 1)[-1] if name != 'NAME' else 'DIR'}`, then pass that folder.")
 
 
 def save_pretrained(module: CausalLMModule, folder: str | os.PathLike, *, dtype: Any = None) -> None:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from fitjax._optional import require
 from fitjax._typing import PyTree
 from fitjax.module._param_groups import param_groups
 
@@ -50,6 +51,7 @@ class LoraSpec:
     def make(cls, *, targets: str, rank: int, alpha: float | None, dropout: float, owner: str,
              quantize: str | None = None) -> "LoraSpec":
         where = f"{owner}.apply_lora"
+        require("qwix", feature=f"`{where}(...)` (adapters made by Google's qwix)")
         if quantize is not None and quantize not in QTYPES:
             raise ValueError(f"{where}(quantize=...) must be None (LoRA) or one of {list(QTYPES)} (QLoRA: the "
                              f"adapted weights held in that type by qwix); got {quantize!r}.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
@@ -93,12 +94,9 @@ class SafetensorsFiles(Source):
         self.description = description
         self._where: dict[str, tuple[Path, int, dict]] = {}  # name -> (file, data start, header entry)
         for file in files:
-            with open(file, "rb") as f:
-                (length,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(length))
+            start, header = read_header(file)
             for name, entry in header.items():
-                if name != "__metadata__":
-                    self._where[name] = (file, 8 + length, entry)
+                self._where[name] = (file, start, entry)
         self._maps: dict[Path, np.memmap] = {}
 
     def entries(self):
@@ -113,6 +111,89 @@ class SafetensorsFiles(Source):
         raw = self._maps[file][start + begin: start + end]
         array = raw.view(_dtype(entry["dtype"], name, self.description)).reshape(entry["shape"])
         return np.array(array[index])  # a copy of just the slice, out of the map
+
+
+MAX_HEADER = 100 * 2**20  # bytes: the safetensors library refuses larger headers too
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def read_header(file: Path) -> tuple[int, dict[str, dict]]:
+    """`(where the data starts, {name: header entry})` of the safetensors file `file`, every
+    entry checked against the file before any array is read or allocated: a known dtype, a
+    shape of non-negative ints whose bytes are its offsets' span, offsets inside the data
+    section, no two tensors sharing bytes. A cut download, an empty file, a git-lfs pointer or a
+    crafted header is an error naming the file (and the tensor), never a `MemoryError` or a
+    reshape deep inside numpy."""
+    where = f"safetensors file {str(file)!r}"
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if head + f.read(len(_LFS_POINTER) - 8) == _LFS_POINTER:
+                raise ValueError(
+                    f"{where} is a git-lfs pointer ({size} bytes), not the weights: the folder was cloned "
+                    "without git-lfs fetching its large files. Run `git lfs pull` in the folder, or download it "
+                    "with `huggingface-cli download NAME --local-dir DIR`.")
+            if size < 8:
+                what = "is empty (0 bytes)" if size == 0 else f"holds {size} bytes, fewer than its 8-byte header length"
+                raise ValueError(f"{where} {what}: a download or copy that did not finish? Download it again.")
+            (length,) = struct.unpack("<Q", head)
+            if length > size - 8:
+                raise ValueError(f"{where}: its first 8 bytes give a header of {length} bytes, but the file holds "
+                                 f"{size} bytes in all: not a safetensors file, or a cut one. Download it again.")
+            if length > MAX_HEADER:
+                raise ValueError(f"{where}: its first 8 bytes give a header of {length} bytes, above the "
+                                 f"{MAX_HEADER} safetensors allows: not a safetensors file, or a damaged one.")
+            f.seek(8)
+            text = f.read(length)
+    except OSError as error:
+        raise ValueError(f"{where} cannot be read: {error}.") from None
+    try:
+        header = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{where}: its header is not JSON ({error}): not a safetensors file, or a damaged "
+                         "one. Download it again.") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{where}: its header is {type(header).__name__}, not a JSON object: not a "
+                         "safetensors file.")
+    data = size - 8 - length
+    entries = {name: _checked_entry(entry, name, where, data) for name, entry in header.items()
+               if name != "__metadata__"}
+    reach, last = 0, ""  # the furthest end so far, and whose it is
+    for begin, end, name in sorted((*e["data_offsets"], name) for name, e in entries.items()):
+        if begin == end:
+            continue  # an empty tensor shares no byte with anything
+        if begin < reach:
+            raise ValueError(f"{where}: tensors {last!r} and {name!r} overlap (bytes {begin}..{min(end, reach)} "
+                             "of the data are in both): a damaged or crafted file. Download it again.")
+        reach, last = end, name
+    return 8 + length, entries
+
+
+def _checked_entry(entry: Any, name: str, where: str, data: int) -> dict:
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise ValueError(f"{where}: the header entry of tensor {name!r} is {entry!r}; a safetensors entry "
+                         "holds 'dtype', 'shape' and 'data_offsets'.")
+    dtype = _dtype(entry["dtype"], name, where) if isinstance(entry["dtype"], str) else None
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if dtype is None or not _ints(shape) or not _ints(offsets) or len(offsets) != 2:
+        raise ValueError(f"{where}: tensor {name!r} has dtype={entry['dtype']!r}, shape={shape!r}, "
+                         f"data_offsets={offsets!r}; a safetensors entry has a dtype name, a list of sizes "
+                         "and [begin, end] byte offsets, all non-negative ints.")
+    begin, end = offsets
+    if not begin <= end <= data:
+        raise ValueError(f"{where}: tensor {name!r} lies at bytes {begin}..{end} of a data section of {data} "
+                         "bytes: the file is cut (a download that did not finish?) or damaged. Download it again.")
+    needed = math.prod(shape) * dtype.itemsize
+    if end - begin != needed:
+        raise ValueError(f"{where}: tensor {name!r} of shape {tuple(shape)} and dtype {entry['dtype']} needs "
+                         f"{needed} bytes, but its offsets {begin}..{end} span {end - begin}: a damaged or "
+                         "crafted file. Download it again.")
+    return entry
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
 
 
 def _dtype(code: str, name: str, where: str) -> np.dtype:
@@ -255,6 +336,25 @@ def _get(tree: Any, keys: tuple) -> Any:
     return tree
 
 
+def _indexed_files(index: Path) -> list[Path]:
+    """The files `model.safetensors.index.json` lists, each there."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{str(index)!r} is no safetensors index ({type(error).__name__}: {error}); it must be "
+                         "JSON with a 'weight_map' of tensor name -> file name. Download it again.") from None
+    for name in files:
+        if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+            raise ValueError(f"{str(index)!r} lists the file {name!r}; an index names files of its own folder "
+                             "(`model-00001-of-00002.safetensors`): a damaged or crafted index.")
+        if not (index.parent / name).is_file():
+            raise ValueError(f"{str(index)!r} lists the file {name!r}, which is not in the folder: a download "
+                             "that did not finish? Download the folder again (`huggingface-cli download NAME "
+                             "--local-dir DIR`).")
+    return [index.parent / name for name in files]
+
+
 # ---------------------------------------------------------------------------------- dispatch
 
 _ACCEPTED = ("a `.safetensors` file, a Hugging Face model folder (config.json with model.safetensors, "
@@ -281,8 +381,7 @@ def open_source(source: Any, *, argument: str = "source") -> Source:
     if path.is_dir():
         index = path / "model.safetensors.index.json"
         if index.is_file():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return SafetensorsFiles([path / f for f in files], f"Hugging Face folder {str(path)!r}")
+            return SafetensorsFiles(_indexed_files(index), f"Hugging Face folder {str(path)!r}")
         files = sorted(path.glob("*.safetensors"))
         if files:
             return SafetensorsFiles(files, f"folder {str(path)!r}")

@@ -1,6 +1,7 @@
 """Building blocks for the models users train: fitjax's fused attention (and, beside it, the
-output layer's loss). The GPT example and every model in `fitjax.models` call these, so a
-platform's faster kernel reaches all of them.
+output layer's loss). Every model in `fitjax.models` calls both (its attention through
+`attention`, its training loss through `chunked_cross_entropy`), and the GPT example is one of
+those models, so a platform's faster kernel reaches all of them.
 """
 
 from fitjax.nn._attention import attention, attention_mask

@@ -14,6 +14,7 @@ from typing import Any, Mapping, NamedTuple
 
 from fitjax import step as step_lib
 from fitjax.planner import _sweep
+from fitjax.planner._out_of_memory import out_of_memory_error, smallest
 from fitjax.planner._plan import plan_with_candidates
 from fitjax.planner._report import Plan, human_bytes
 from fitjax.planner._targets import resolve_target
@@ -78,16 +79,16 @@ def choose(spec: PlannedStrategy, module: Any, batch: Any, devices, options: ste
     recommended one; an error showing the plan when none fits."""
     target = resolve_target("local", devices, memory_bytes=spec.memory_bytes)
     base = FSDP(rules=spec.rules) if spec.rules is not None else DataParallel()
-    names = list(_sweep.strategy_variants(base, devices))
+    names = list(_sweep.strategy_variants(base, devices, getattr(module, "logical_axis_rules", None)))
     plan, made = plan_with_candidates(module, batch, target, strategy=base, options=options,
                                       sweep={"strategy": names}, headroom=spec.headroom)
     if plan.recommended is None and options.remat == "none":  # remat costs FLOPs: only when nothing fits without
         plan, made = plan_with_candidates(module, batch, target, strategy=base, options=options,
                                           sweep={"strategy": names, "remat": ["full"]}, headroom=spec.headroom)
     best = plan.recommended
-    if best is None:
-        raise RuntimeError(f"Trainer(strategy='plan'): no strategy fits these {len(devices)} devices: "
-                           f"{plan.reason}.\n{plan}")
+    if best is None:  # what it needs, what there is, and the cheapest change (micro-batches, ...) that fits
+        raise out_of_memory_error(module, batch, target, strategy=base, options=options, headroom=spec.headroom,
+                                  smallest=smallest(plan.candidates), tried_strategies=True)
     chosen = made[best.name]
     peak = human_bytes(best.memory["peak"])
     line = (f"strategy 'plan' chose {best.name} ({peak} per device at its peak) of "

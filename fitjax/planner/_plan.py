@@ -46,7 +46,8 @@ def plan_with_candidates(module: Any, batch: Any, target: Target, *, strategy: S
     batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
     measured, failed, made = [], [], {}
     plain: dict[str, float | None] = {}  # a candidate without remat's label -> its XLA FLOPs
-    for name, make in _sweep.candidates(strategy, options, batch, target.devices, sweep):
+    rules = getattr(module, "logical_axis_rules", None)  # the tensor variant splits what they name
+    for name, make in _sweep.candidates(strategy, options, batch, target.devices, sweep, rules):
         try:
             candidate = made[name] = make()
             remat = candidate.options.remat

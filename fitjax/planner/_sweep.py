@@ -4,7 +4,8 @@ Without a sweep the plan has one candidate: the trainer as configured, exactly w
 run. A sweep varies what the user leaves open, each axis a list: the strategy and its mesh
 (`single` on one device, `dp`, `zero1` (dp with the optimizer state sharded), `fsdp`, hybrid
 `fsdp` with 2 data replicas, and `fsdp` × 2-way tensor parallelism where the configured FSDP's
-rules map some logical axis to "tensor", as the GPT example's heads and MLP units), activation
+rules or the module's `logical_axis_rules` map some logical axis to "tensor", as
+`fitjax.models.LOGICAL_RULES` does heads and MLP units), activation
 rematerialization, micro-batches with gradient accumulation (the same global batch in `k`
 micro-batches of `1/k` of it: same numbers, less activation memory) and precision.
 """
@@ -30,9 +31,11 @@ __all__ = ["AXES", "candidates", "recommend", "strategy_variants"]
 AXES = ("strategy", "accumulate", "precision", "remat")
 
 
-def strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[[], Strategy]]:
+def strategy_variants(base: Strategy, devices: Sequence, model_rules: Mapping[str, Any] | None = None
+                      ) -> dict[str, Callable[[], Strategy]]:
     """name -> a fresh strategy, FSDP variants keeping the configured FSDP's rules (a model whose
-    parameters carry logical names needs them)."""
+    parameters carry logical names needs them; `model_rules`, the module's own
+    `logical_axis_rules`, are added when its step is built, and count for the tensor variant)."""
     fsdp_args = {}
     if isinstance(base, FSDP):
         fsdp_args = {"rules": base.rules, "min_size_to_shard": base.min_size_to_shard}
@@ -43,7 +46,7 @@ def strategy_variants(base: Strategy, devices: Sequence) -> dict[str, Callable[[
                                                "fsdp": lambda: FSDP(**fsdp_args)}
     if n >= 4 and n % 2 == 0:
         made[f"fsdp(data=2,fsdp={n // 2})"] = lambda: FSDP(data=2, **fsdp_args)
-        if _names_tensor(fsdp_args.get("rules")):  # the model says which dimensions a tensor axis splits
+        if _names_tensor({**(model_rules or {}), **(fsdp_args.get("rules") or {})}):  # the model says which dimensions a tensor axis splits
             made[f"fsdp(fsdp={n // 2},tensor=2)"] = lambda: FSDP(tensor=2, **fsdp_args)
     return made
 
@@ -63,7 +66,8 @@ def _axis(sweep: Mapping[str, Sequence], name: str, default: Sequence) -> list:
 
 
 def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, devices: Sequence,
-               sweep: bool | Mapping[str, Sequence]) -> list[tuple[str, Callable[[], Candidate]]]:
+               sweep: bool | Mapping[str, Sequence], model_rules: Mapping[str, Any] | None = None
+               ) -> list[tuple[str, Callable[[], Candidate]]]:
     """`(name, make)` for each candidate (`make` builds it: a strategy is set up over `devices`
     only when its candidate is measured). `batch`: the global batch of one optimizer step."""
     def configured() -> Candidate:
@@ -76,7 +80,7 @@ def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, de
     if not isinstance(sweep, Mapping) and sweep is not True or isinstance(sweep, Mapping) and set(sweep) - set(AXES):
         raise ValueError(f"plan(sweep=...) takes True, False or {{axis: [values]}} with axes {list(AXES)}, "
                          f"got {sweep!r}.")
-    variants = strategy_variants(strategy, devices)
+    variants = strategy_variants(strategy, devices, model_rules)
     if sweep is True:  # every axis
         sweep = {"strategy": list(variants)}
         every = True

@@ -279,11 +279,11 @@ class RunAxis:
         return inputs[0], (None,)
 
     def eval_step(self, eval_fn: Callable) -> Callable:
-        """`eval_step(params, model_state, rng, acc, batch, mask)` of every run, on the same batch."""
+        """`eval_step(params, model_state, rng, acc, batch, mask, index)` of every run, on the same batch."""
 
-        def runs_eval(params, model_state, rng, acc, batch, mask):
-            acc, values, *returned = self._vmapped(eval_fn, (0, 0, 0, 0, None, None), params, model_state, rng,
-                                                   self.stacked(acc), batch, mask)
+        def runs_eval(params, model_state, rng, acc, batch, mask, index):
+            acc, values, *returned = self._vmapped(eval_fn, (0, 0, 0, 0, None, None, None), params, model_state, rng,
+                                                   self.stacked(acc), batch, mask, index)
             # what the step returned and appended for the hooks: every run's rows on axis 1
             return (self.flat(acc), self.flat(values), *rows_then_runs(returned, 0))
 

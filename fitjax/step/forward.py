@@ -25,7 +25,7 @@ from fitjax import precision as precision_lib
 from fitjax.step import context
 from fitjax.step._jit_rules import explain_jit_rules
 from fitjax.step.module_spec import ModuleSpec
-from fitjax.step.token_loss import TokenLoss
+from fitjax.step.token_loss import TokenLoss, real_rows
 from fitjax._typing import Batch, PyTree
 from fitjax.state import TrainState
 
@@ -173,15 +173,20 @@ def make_init_fn(spec: ModuleSpec, tx: optax.GradientTransformation, metric_name
 
 def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str = "val", dataloader_idx: int = 0,
                    *, returns: bool = False):
-    """`eval_step(params, model_state, rng, acc, batch, mask) -> (acc, values)` for the
+    """`eval_step(params, model_state, rng, acc, batch, mask, index) -> (acc, values)` for the
     evaluation `stage` ("val" or "test": `context.current_stage()` while traced) of the loader
-    `dataloader_idx` (`context.current_dataloader_index()`), computing in `policy`'s dtype.
+    `dataloader_idx` (`context.current_dataloader_index()`), computing in `policy`'s dtype;
+    `index` is the batch's index in this evaluation (what the user's code sees).
 
     The loss and metrics are computed per example (`vmap` over the batch) and weighted by
     `mask`, so the padded rows of a last partial batch count for nothing and every real example
-    counts exactly once, without compiling a second shape. `values` are this batch's means over
-    its real examples. The batch index the user's code sees counts the batches of this
-    evaluation.
+    counts exactly once, without compiling a second shape. Rows that are all padding by the
+    batch's own marks (`real_rows`: a `TextLoader` batch's filler rows) weigh nothing either. A
+    `TokenLoss` weighs each example by its `count`, so the loss accumulated is `Σ sums / Σ
+    counts` over every token of the evaluation, as training weighs it, whatever the batch size
+    or packing; a scalar loss and the metrics weigh each real row the same (Lightning's
+    batch-size weights for `self.log` in validation). `values` are this batch's means under
+    the same weights.
 
     `returns=True`: `(acc, values, returned)`, where `returned` is `{"outputs": for_hooks(...),
     "appends": {attribute: [values]}}`, what the step returned and appended to the module's lists,
@@ -189,37 +194,41 @@ def make_eval_step(spec: ModuleSpec, policy: precision_lib.Precision, stage: str
     or, for a leaf of another shape (a scalar), its mean over the real examples.
     """
 
-    def eval_step(params, model_state, rng, acc, batch: Batch, mask: jax.Array):
+    def eval_step(params, model_state, rng, acc, batch: Batch, mask: jax.Array, index: jax.Array):
         rng = jax.random.fold_in(rng, _EVAL_RNG_SALT)
-        # Every earlier batch was full (only the last may be padded), so examples seen / batch
-        # size is the index of this batch.
-        index = (acc_lib.examples_seen(acc) / mask.shape[0]).astype(jnp.int32)
 
         def one(example):
             example = jax.tree.map(lambda x: x[None], example)
             with context.collecting_appends() as appended:
                 out, _, logged = forward(spec, "loss", params, model_state, rng, example, train=False, policy=policy)
-            loss, outputs = split_loss(out)
+            loss, outputs = split_loss(out, token_loss=True)
+            count = None
+            if isinstance(loss, TokenLoss):
+                loss, count = loss.mean, jnp.asarray(loss.count, jnp.float32)
             values = step_values(spec, example, outputs, loss, logged, train=False)
-            return values, ({"outputs": for_hooks(outputs, train=False), "appends": appended} if returns else None)
+            hooks = {"outputs": for_hooks(outputs, train=False), "appends": appended} if returns else None
+            return values, count, hooks
 
         with context.stage(stage), context.batch_index(index), context.dataloader_index(dataloader_idx):
-            per_example, returned = jax.vmap(one)(batch)
-        weight = mask.astype(jnp.float32)
-        real = jnp.maximum(weight.sum(), 1.0)
+            per_example, counts, returned = jax.vmap(one)(batch)
+        rows = mask.astype(jnp.float32) * real_rows(batch)
+        weights = {name: rows for name in acc}
+        if counts is not None and "loss" in weights:
+            weights["loss"] = rows * counts
 
-        def mean(x):
+        def mean(x, weight=rows):
             x = jnp.asarray(x, jnp.float32)
-            return (x * weight.reshape(-1, *[1] * (x.ndim - 1))).sum(0) / real
+            return (x * weight.reshape(-1, *[1] * (x.ndim - 1))).sum(0) / jnp.maximum(weight.sum(), 1.0)
 
-        values = {name: mean(per_example[name]) for name in acc if not isinstance(acc[name], acc_lib.Tracked)}
-        acc = acc_lib.add(acc, per_example, mask)
+        values = {name: mean(per_example[name], weights[name]) for name in acc
+                  if not isinstance(acc[name], acc_lib.Tracked)}
+        acc = acc_lib.add(acc, per_example, weights)
         if not returns:
             return acc, values
         # an example's row (its leading axis of 1) becomes the batch's row; anything else a mean
-        rows = jax.tree.map(lambda x: x.reshape(x.shape[0], *x.shape[2:]) if x.ndim > 1 and x.shape[1] == 1
-                            else mean(x), returned)
-        return acc, values, rows
+        rows_out = jax.tree.map(lambda x: x.reshape(x.shape[0], *x.shape[2:]) if x.ndim > 1 and x.shape[1] == 1
+                                else mean(x), returned)
+        return acc, values, rows_out
 
     return eval_step
 

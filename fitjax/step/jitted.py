@@ -223,7 +223,7 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
         return strategy.jit(
             runs.eval_step(forward.make_eval_step(spec, options.precision, stage, dataloader_idx, returns=returns)),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
-                          batch_sharding, batch_sharding),
+                          batch_sharding, batch_sharding, replicated),
             out_shardings=replicated,
             donate_argnums=(3,),
             compiler_options=platform_options,

@@ -17,7 +17,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-__all__ = ["TokenLoss", "split_token_loss"]
+__all__ = ["PADDING_MARKS", "TokenLoss", "real_rows", "split_token_loss"]
+
+# the per-token marks that say which slots of a row hold data (0: padding): `TextLoader`'s
+# segment ids, Hugging Face's attention mask
+PADDING_MARKS = ("segment_ids", "attention_mask")
 
 
 @flax.struct.dataclass
@@ -49,3 +53,20 @@ def split_token_loss(loss: Any) -> tuple[Any, jax.Array | None]:
     if isinstance(loss, TokenLoss):
         return loss.sum, jnp.asarray(loss.count, jnp.float32)
     return loss, None
+
+
+def real_rows(batch: Any) -> jax.Array:
+    """1.0 for each row of `batch` that holds data, 0.0 for a row that is all padding by the
+    batch's own marks (`PADDING_MARKS`, [batch, length]: every slot 0, as the rows `TextLoader`
+    fills an epoch's last batch with); 1.0 everywhere for a batch without such marks. Traceable.
+
+    Example:
+        >>> import numpy as np
+        >>> real_rows({"segment_ids": np.array([[1, 1, 0], [0, 0, 0]])}).tolist()
+        [1.0, 0.0]
+    """
+    rows = len(jax.tree.leaves(batch)[0])
+    marks = batch.get(next((k for k in PADDING_MARKS if k in batch), None)) if isinstance(batch, dict) else None
+    if marks is None or jnp.ndim(marks) != 2:
+        return jnp.ones((rows,), jnp.float32)
+    return jnp.any(jnp.asarray(marks) != 0, axis=1).astype(jnp.float32)

@@ -3,9 +3,13 @@ thread (a real file-size limit, as a full disk), and leftovers of interrupted sa
 
 from __future__ import annotations
 
+import os
+import re
 import resource
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -104,6 +108,23 @@ def test_a_save_failing_on_its_thread_raises_at_the_next_step_and_names_no_missi
     trainer, resumed = _fit(fj.ModelCheckpoint(tmp_path, save_top_k=-1), max_epochs=2, ckpt_path="last")
     assert len(resumed.losses) == 4 and trainer.global_step == 6
     assert not any(checkpoint.TMP_MARK in p.name for p in tmp_path.iterdir())
+
+
+def test_a_save_failing_in_orbaxs_threads_says_one_line_and_keeps_their_tracebacks_for_debug(tmp_path):
+    # a file-size limit the arrays' writes meet in Orbax's threads, as a full disk: Orbax logs
+    # each thread's traceback, tensorstore reports its closed event loop, and the error chains
+    # Orbax's frames (110 lines and more before fitjax's line, issue 61); the user sees one line
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    child = subprocess.run([sys.executable, str(Path(__file__).with_name("disk_full_child.py")), str(tmp_path / "c")],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+    (said,) = child.stderr.strip().splitlines()
+    assert said.startswith("SaveFailed: ModelCheckpoint could not save ") and "epoch=1-step=4" in said, said
+    assert "file-size limit (File too large). Raise it (`ulimit -f`), or save elsewhere" in said, said
+    *seen, debug = child.stdout.strip().splitlines()
+    assert not any("Traceback" in line or "orbax" in line.lower() for line in seen), child.stdout
+    # and the details are the fitjax logger's, at DEBUG
+    assert re.fullmatch(r"debug records: \d+, with Orbax's tracebacks: [1-9]\d*", debug), child.stdout
 
 
 class _DeleteFolder(fj.Callback):

@@ -137,8 +137,19 @@ def test_chat_records_go_through_the_template_and_only_assistant_turns_are_learn
     words = tok.convert_ids_to_tokens(batch["targets"][0][batch["loss_mask"][0] > 0].tolist())
     # each assistant turn's content and its end marker, then the completion and EOS; nothing else
     assert words == ["the", "cat", "ran", "<|end|>", "fast", "<|end|>", "no", ",", "red", "</s>"]
-    everything = next(iter(fj.data.TextLoader(data, tokenizer=tokenizer, seq_len=64, batch_size=1)))
+    everything = next(iter(fj.data.TextLoader(data, tokenizer=tokenizer, seq_len=64, batch_size=1,
+                                              completion_only=False)))
     assert everything["loss_mask"].sum() == (everything["segment_ids"] > 0).sum()
+    # the default, TRL's: a prompt is read, not learned (completion_only_loss=None); a chat is
+    # learned whole (assistant_only_loss=False)
+    default = next(iter(fj.data.TextLoader(data, tokenizer=tokenizer, seq_len=64, batch_size=1)))
+    learned = default["loss_mask"][0] > 0
+    chat_end = int((default["segment_ids"][0] == 1).sum())
+    assert learned[:chat_end].all()
+    assert tok.convert_ids_to_tokens(default["targets"][0][chat_end:][learned[chat_end:]].tolist()) == \
+        ["no", ",", "red", "</s>"]
+    with pytest.raises(ValueError, match=r"TextLoader\(completion_only=...\)` must be None .* received 'yes'"):
+        fj.data.TextLoader(data, tokenizer=tokenizer, seq_len=8, batch_size=1, completion_only="yes")
 
 
 def test_records_the_loader_cannot_read_are_named(tmp_path, tokenizer):

@@ -51,6 +51,10 @@ def test_readme_starts_with_the_example_and_the_test_command_ci_runs():
     first = re.search(r"```bash\n(.*?)```", readme, re.S).group(1).splitlines()
     assert readme.index("```bash") < readme.index("##"), "the two commands come before any section"
     assert "python examples/digits.py" in first[0]
-    ci_test_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    ci_test_command = next(line for line in ci if line.startswith("python -m pytest"))
     assert ci_test_command in first[1], (first[1], ci_test_command)
+    # then the language-model example, at its smallest settings, in the venv `[dev]` made (with `[lm]`)
+    assert ci[-1].startswith("python examples/sft.py "), ci[-1]
+    assert any('pip install -e ".[lm]"' in line and "python examples/sft.py" in line for line in first[2:]), first
     assert len(readme.splitlines()) <= 200

@@ -86,22 +86,25 @@ def test_an_fsdp_x_tensor_candidate_is_planned_where_the_rules_name_a_tensor_axi
     names = list(strategy_variants(fj.strategies.FSDP(rules=gpt.GPT_RULES), jax.devices()))
     assert names == ["dp", "zero1", "fsdp", "fsdp(data=2,fsdp=4)", "fsdp(fsdp=4,tensor=2)"]
     assert "fsdp(fsdp=4,tensor=2)" not in strategy_variants(fj.strategies.FSDP(), jax.devices())
+    # a module's own rules (`logical_axis_rules`: the GPT example's, every fitjax.models module's) count too
+    assert "fsdp(fsdp=4,tensor=2)" in strategy_variants(fj.strategies.DataParallel(), jax.devices(),
+                                                         gpt.GPTModule.logical_axis_rules)
 
     module, data = gpt.GPTModule(**TINY_GPT), gpt_data()
-    plan = quiet_trainer(strategy=fj.strategies.FSDP(rules=gpt.GPT_RULES)).plan(
+    plan = quiet_trainer(strategy="fsdp").plan(
         module, data, sweep={"strategy": ["fsdp(fsdp=4,tensor=2)"]})
     (tensor,) = plan.candidates
     assert tensor.mesh == {"data": 1, "fsdp": 4, "tensor": 2}
     assert "all-reduce" in tensor.collectives  # the row-split matmuls' partial sums
     # the fit with that strategy holds the state the candidate planned, in the same layout
-    trainer = quiet_trainer(strategy=fj.strategies.FSDP(tensor=2, rules=gpt.GPT_RULES), max_steps=1,
+    trainer = quiet_trainer(strategy=fj.strategies.FSDP(tensor=2), max_steps=1,
                             limit_val_batches=0)
     trainer.fit(gpt.GPTModule(**TINY_GPT), data)
     state = sum(s.data.nbytes for x in jax.tree.leaves(trainer.state) for s in x.addressable_shards
                 if s.device == trainer.devices[0])
     planned = tensor.memory["params"] + tensor.memory["optimizer"] + tensor.memory["other_state"]
     assert planned == pytest.approx(state, rel=0.01)
-    up = trainer.state.params["block_0"]["up"]["kernel"]
+    up = trainer.state.params["h_0"]["mlp"]["c_fc"]["kernel"]
     assert up.addressable_shards[0].data.shape == (32 // 4, 128 // 2)
 
 

@@ -49,7 +49,8 @@ def _run(spec, strategy, batches):
         losses.append(float(values["loss"]))
     eval_step, names = compiled.evaluator("val")[:2]
     acc = acc_lib.zeros(names)
-    acc, values = eval_step(state.params, state.model_state, state.rng, acc, batches[0], np.ones(16, bool))
+    acc, values = eval_step(state.params, state.model_state, state.rng, acc, batches[0], np.ones(16, bool),
+                             np.int32(0))
     predictions = compiled.predict_step(state.params, state.model_state, state.rng, batches[0])
     return losses, state, jax.device_get(values), np.asarray(predictions)
 
