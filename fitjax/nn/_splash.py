@@ -31,9 +31,11 @@ so once per reason in the log.
 
 What this layout costs where the model does not split its heads over `tensor` (parameters without
 a "heads" -> "tensor" axis name, under fsdp × tensor): each layer's attention output is gathered
-over `tensor` (a 2-layer Llama, width 256, for `tpu-v5e-16` with fsdp 8 × tensor 2: 18.9 MB of
-collectives a step against 16.6 MB with the plain path). Keeping the heads whole there costs more
-(22.7 MB against 20.3 MB on `tpu-v5e-8`): the Pallas call needs `check_vma=False` (its output
+over `tensor` (a 2-layer `fitjax.models` Llama, width 256, its "heads", "kv_heads" and "mlp" ruled
+to None, for `tpu-v5e-16` with fsdp 8 × tensor 2: 10.6 MB of collectives a step against 9.9 MB
+with the plain path, as `fitjax.planner.collectives` counts them). Keeping the heads whole there
+costs more (22.7 MB against 20.3 MB on `tpu-v5e-8`, counted when each of XLA:TPU's copies of a
+collective was counted again): the Pallas call needs `check_vma=False` (its output
 shapes carry no replication), and `shard_map` then sums over `tensor` the gradients of every input
 it holds whole.
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import LossHistory, perturbed_transformers_model, quiet_trainer
+from helpers import LossHistory, assert_trees_close, perturbed_transformers_model, quiet_trainer
 from jax.sharding import PartitionSpec as P
 
 import fitjax as fj
@@ -50,6 +50,35 @@ def test_a_llama_under_fsdp_x_tensor_is_one_device_and_split_over_all_eight():
     assert trainer.strategy.rules == {}
     merged = fj.strategies.FSDP(rules={"mlp": None}).with_model_rules(models.LOGICAL_RULES)
     assert merged.rules["mlp"] is None and merged.rules["heads"] == "tensor"
+
+
+class _SGDLlama(models.CausalLMModule):
+    # plain SGD: the update is the gradient (Adam's first step is lr × sign(gradient), which turns
+    # float rounding of a near-zero gradient into a whole step)
+    def configure_optimizer(self):
+        return optax.sgd(self.hparams.lr)
+
+
+def test_a_scanned_llama_with_the_tpu_kernel_under_fsdp_x_tensor_is_one_device():
+    """The splash kernel (in Pallas' interpreter: tiny shapes, its smallest block) inside `shard_map`
+    over fsdp 4 × tensor 2, in `scan_layers`' body: a train step's loss and updated parameters are
+    one device's."""
+    config = {**LLAMA, "hidden_size": 128, "intermediate_size": 128, "num_attention_heads": 2,
+              "num_key_value_heads": 1}  # head_dim 64; one query head a device, the key head repeated
+    tokens = np.random.default_rng(1).integers(0, 64, (4, 129)).astype(np.int32)  # 128 positions
+
+    def step(strategy):
+        history = LossHistory()
+        module = _SGDLlama(config, lr=1.0, scan_layers=True, attention="pallas")
+        trainer = quiet_trainer(strategy=strategy, max_steps=1, callbacks=[history], log_every_n_steps=1)
+        trainer.fit(module, fj.DataLoader({"tokens": tokens}, batch_size=4))
+        return history.losses, jax.device_get(trainer.state.params)
+
+    want_loss, want = step("single")  # measured: the step moves the norms' scales by 0.02-0.03
+    got_loss, got = step(fj.strategies.FSDP(fsdp=4, tensor=2))
+    assert len(got_loss) == 1
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    assert_trees_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _stacked(params, config):

@@ -228,3 +228,23 @@ def test_a_tpu_plan_twice_with_the_compile_cache_on_reads_nothing_back_from_it(t
     assert plans[0].recommended.memory == plans[1].recommended.memory
     assert not [w for w in recwarn if "persistent compilation cache" in str(w.message)], [str(w.message) for w in recwarn]
     assert not list((tmp_path / "xla").glob("*")), "a topology's program was written to the cache"
+
+
+def test_a_collective_xla_copies_into_its_consumers_is_counted_once():
+    # XLA:TPU's async collective fusion writes the all-gather again (its channel, another memory
+    # space) in each fusion reading its data; the compiler's all-reduce-scatter helpers each number
+    # their channels from 1, so a shared channel of other shapes is another collective
+    hlo = """HloModule m, entry_computation_layout={()->f32[]}
+
+%fused (p: bf16[1,256]) -> bf16[8,256] {
+  %copy = bf16[8,256]{1,0:T(8,128)S(1)} all-gather(bf16[1,256]{1,0} %p), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+ENTRY %main () -> f32[] {
+  %ag = bf16[8,256]{1,0:T(8,128)} all-gather(bf16[1,256]{1,0} %y), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
+  %f = bf16[8,256]{1,0} fusion(bf16[8,256]{1,0} %ag), kind=kLoop, calls=%fused
+  %other = bf16[8,512]{1,0} all-gather(bf16[1,512]{1,0} %z), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
+}
+"""
+    found = planner.collectives(hlo, 8)["all-gather"]
+    assert (found.count, found.bytes) == (2, 8 * 256 * 2 + 8 * 512 * 2)
