@@ -13,8 +13,8 @@ from fitjax.step import xla_cpu as _xla_cpu, xla_tpu as _xla_tpu
 _xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
 _xla_tpu.skip_absent_tpu()  # no TPU here: libtpu is not loaded (no probe lines, a working profiler)
 
-from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, planner, plugins, precision,
-                    profilers, strategies, tuner)
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, optim, planner, plugins,
+                    precision, profilers, strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -91,6 +91,7 @@ __all__ = [
     "metrics",
     "models",
     "nn",
+    "optim",
     "param_groups",
     "plan",
     "planner",

@@ -34,7 +34,7 @@ LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names",
                 "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform",
-                "fitjax._optional"]),
+                "fitjax._optional", "fitjax.optim"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),
