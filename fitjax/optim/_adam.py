@@ -14,7 +14,7 @@ import optax
 
 from fitjax.optim import _blockwise
 
-__all__ = ["MOMENTS", "ScaleByAdamBlockwiseState", "adam", "adamw", "scale_by_adam"]
+__all__ = ["ScaleByAdamBlockwiseState", "adam", "adamw", "scale_by_adam"]
 
 MOMENTS = ("float32", "bfloat16", "int8")
 
