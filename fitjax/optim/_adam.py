@@ -53,7 +53,10 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
     """Rescale updates by Adam, keeping the moments in `moments` between steps.
 
     Args:
-        b1, b2, eps, eps_root: as `optax.scale_by_adam`.
+        b1: the first moment's decay, as `optax.scale_by_adam`.
+        b2: the second moment's decay.
+        eps: added to the root of the second moment (outside it).
+        eps_root: added to the second moment inside the root.
         moments: how the two moments are stored. "float32": `optax.scale_by_adam` (8 bytes a
             parameter). "bfloat16": both moments in bfloat16 (4 bytes; optax's `mu_dtype` narrows
             only the first). "int8": 8-bit block-wise (2 bytes, plus 8 bytes of float32 scales per
@@ -162,32 +165,32 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
 
 
 def adam(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-         eps_root: float = 0.0, *, moments: str = "float32", block_size: int = 256,
-         seed: int = 0) -> optax.GradientTransformation:
+         eps_root: float = 0.0, *, moments: str = "float32") -> optax.GradientTransformation:
     """`optax.adam` with its moments stored as `moments` ("float32", "bfloat16" or "int8"; see
-    `scale_by_adam`). "float32" is exactly `optax.adam`.
+    `scale_by_adam`, which also takes the block size and the rounding's seed). "float32" is
+    exactly `optax.adam`. Its only non-numeric option is `moments`, so
+    `optax.inject_hyperparams(fj.optim.adam)(learning_rate=schedule, moments="int8")` (and
+    `{"optimizer": fj.optim.adam, "lr_scheduler": schedule}`) drive its rate.
 
     Example:
         >>> import fitjax as fj
         >>> tx = fj.optim.adam(1e-3, moments="int8")
     """
-    return optax.chain(scale_by_adam(b1, b2, eps, eps_root, moments=moments, block_size=block_size,
-                                     seed=seed),
+    return optax.chain(scale_by_adam(b1, b2, eps, eps_root, moments=moments),
                        optax.scale_by_learning_rate(learning_rate))
 
 
 def adamw(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
           eps_root: float = 0.0, weight_decay: float = 1e-4, mask: Any = None, *,
-          moments: str = "float32", block_size: int = 256, seed: int = 0) -> optax.GradientTransformation:
+          moments: str = "float32") -> optax.GradientTransformation:
     """`optax.adamw` with its moments stored as `moments` ("float32", "bfloat16" or "int8"; see
     `scale_by_adam`): bitsandbytes' `AdamW8bit` is `moments="int8"`. "float32" is exactly
-    `optax.adamw`.
+    `optax.adamw`; `optax.inject_hyperparams` drives it as `adam`.
 
     Example:
         >>> import fitjax as fj
         >>> tx = fj.optim.adamw(3e-4, weight_decay=0.1, moments="bfloat16")
     """
-    return optax.chain(scale_by_adam(b1, b2, eps, eps_root, moments=moments, block_size=block_size,
-                                     seed=seed),
+    return optax.chain(scale_by_adam(b1, b2, eps, eps_root, moments=moments),
                        optax.add_decayed_weights(weight_decay, mask),
                        optax.scale_by_learning_rate(learning_rate))

@@ -144,3 +144,17 @@ def test_fj_plan_reports_the_smaller_optimizer_state():
     assert optimizer["bfloat16"] / optimizer["float32"] == pytest.approx(0.5, abs=0.001)
     # the 128x128 kernel is 8-bit; the small kernels and biases keep float32 moments
     assert optimizer["int8"] < 0.5 * optimizer["float32"]
+
+
+@pytest.mark.parametrize("moments", NARROW)
+def test_a_schedule_drives_the_rate_through_inject_hyperparams(moments):
+    # what `{"optimizer": fj.optim.adamw, "lr_scheduler": schedule}` builds, and lr_find's route
+    schedule = optax.linear_schedule(1e-2, 0.0, 4)
+    tx = optax.inject_hyperparams(fj.optim.adamw)(learning_rate=schedule, moments=moments)
+    params = {"w": jnp.ones((32, 256))}
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for _ in range(2):
+        _, state = update(params, state, params)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(float(schedule(1)))  # the 2nd step's
+    assert state.inner_state[0].mu["w"].dtype == (jnp.int8 if moments == "int8" else jnp.bfloat16)
