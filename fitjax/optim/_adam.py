@@ -66,9 +66,10 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
             256-value blocks; a linear `nu` would round most of a block to 0 and divide those
             updates by `eps` alone). As bitsandbytes' `min_8bit_size`, a leaf with fewer than 4096
             values or a last dimension under 32 (biases, norm scales, a `Dense(1)` kernel) keeps
-            float32 moments: its blocks would cost more in scales than they save. bfloat16 and int8 round stochastically (bits drawn from the step
-            count and `seed`): `nu`'s `b2 = 0.999` decay is smaller than one bfloat16 step, and
-            rounding to nearest would never let it decay.
+            float32 moments: its blocks would cost more in scales than they save. bfloat16 and
+            int8 round stochastically (bits drawn from the step count and `seed`): `nu`'s
+            `b2 = 0.999` decay is smaller than one bfloat16 step, and rounding to nearest would
+            never let it decay.
         block_size: values per absmax scale along each parameter's last dimension ("int8" only;
             a shorter last dimension is one block).
         seed: the stochastic rounding's seed.
@@ -98,8 +99,10 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
 
     if moments == "bfloat16":
         def init(params):
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.bfloat16), params)
-            return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
+            def zeros():  # two trees: one buffer in both would be donated twice
+                return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.bfloat16), params)
+
+            return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
 
         def update(grads, state, params=None):
             del params
