@@ -132,6 +132,7 @@ from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never
 from fitjax.step import xla_tpu  # noqa: E402
 
 import _results  # noqa: E402
+from _step_timer import StepTimer  # noqa: E402
 from _trace import idle_share, op_times, steady_window  # noqa: E402
 
 ACCUMULATE, CLIP = 2, 1.0
@@ -240,30 +241,6 @@ def _time_hand_written(step, params, opt_state, data, batch, context, warmup, st
 PROFILED = 5  # steps traced with --trace, after the timed ones
 
 
-class Timer(fj.Callback):
-    """Times optimizer steps `warmup`..`warmup + steps` (the first ones compile); per-batch
-    hook, no host read."""
-
-    def __init__(self, warmup: int, steps: int):
-        self.warmup, self.last = warmup, warmup + steps
-
-    def on_fit_start(self, trainer, module):
-        self.fit_start, self.seconds = time.perf_counter(), None
-
-    @ignores_batch
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.global_step == self.warmup:
-            jax.block_until_ready(trainer.state)
-            self.start = time.perf_counter()
-        elif trainer.global_step == self.last and self.seconds is None:
-            jax.block_until_ready(trainer.state)
-            self.seconds = time.perf_counter() - self.start
-            self.steps = self.last - self.warmup
-
-    def on_train_end(self, trainer, module):
-        self.fit_seconds = time.perf_counter() - self.fit_start  # saves at the end included
-
-
 def _model_shape(shape: dict) -> dict:
     return {key: value for key, value in shape.items() if key != "batch_size"}
 
@@ -299,7 +276,7 @@ def with_fitjax(mesh_name: str, shape: dict, data: np.ndarray, root: str, *, war
     else:
         strategy = fj.strategies.FSDP(data=data_axis, fsdp=fsdp, tensor=tensor, rules=gpt.GPT_RULES)
     module = gpt.GPTModule(**_model_shape(shape), lr=1e-3, warmup=10, total_steps=max(warmup + steps, 11))
-    timer = Timer(warmup, steps)
+    timer = StepTimer(warmup, steps)
     if epoch_steps:
         data = data[:epoch_steps * ACCUMULATE * shape["batch_size"]]
     batches = len(data) // shape["batch_size"]  # an epoch's last group of fewer batches is a step too

@@ -92,26 +92,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import fitjax as fj  # noqa: E402
-from fitjax.callbacks._base import ignores_batch  # noqa: E402  (the timer never reads the batch)
 from fitjax.models import CausalLMModule  # noqa: E402
 
 import _results  # noqa: E402
-
-
-class Timer(fj.Callback):
-    """Wall time of optimizer steps `warmup`..`warmup + steps` (one host sync at each end)."""
-
-    def __init__(self, warmup: int, steps: int):
-        self.warmup, self.last, self.seconds, self.start = warmup, warmup + steps, None, None
-
-    @ignores_batch
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.global_step == self.warmup:
-            jax.block_until_ready(trainer.state)
-            self.start = time.perf_counter()
-        elif trainer.global_step == self.last and self.seconds is None:
-            jax.block_until_ready(trainer.state)
-            self.seconds = time.perf_counter() - self.start
+from _step_timer import StepTimer  # noqa: E402
 
 
 def config_for(shape: str, settings: list[str]) -> dict:
@@ -150,7 +134,7 @@ def run(args) -> dict:
         module.apply_lora(LORA_TARGETS, rank=args.lora)
     rows = args.batch * (args.warmup + args.steps + 1)
     tokens = np.random.default_rng(0).integers(0, config["vocab_size"], (rows, args.length + 1), dtype=np.int32)
-    timer = Timer(args.warmup, args.steps)
+    timer = StepTimer(args.warmup, args.steps)
     trainer = fj.Trainer(max_steps=args.warmup + args.steps, precision="bf16-mixed", callbacks=[timer],
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                          logger=False, devices=1, remat=args.remat)
