@@ -4,17 +4,14 @@ Declare what to train in a `LitModule` (`loss`, `configure_optimizer`, `metrics`
 builds the state, jits one step, shards it over devices, feeds data, logs and calls back.
 """
 
-from fitjax import _ctrl_c
+from fitjax import _bootstrap
 
-_ctrl_c.install()  # before JAX is imported: a Ctrl-C from here on ends the script with 130, quietly
+# Before JAX is imported: Ctrl-C's handler, XLA:CPU's scheduler, no libtpu without a TPU; all of
+# it documented in `fitjax._bootstrap`, none of it with FITJAX_BOOTSTRAP=0.
+_bootstrap.start()
 
-from fitjax.step import xla_cpu as _xla_cpu, xla_tpu as _xla_tpu
-
-_xla_cpu.prefer_depth_first_scheduler()  # before JAX starts its backends: read once, then fixed
-_xla_tpu.skip_absent_tpu()  # no TPU here: libtpu is not loaded (no probe lines, a working profiler)
-
-from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, planner, plugins, precision,
-                    profilers, strategies, tuner)
+from fitjax import (callbacks, checkpoint, cli, data, loggers, metrics, models, nn, optim, planner, plugins,
+                    precision, profilers, strategies, tuner)
 from fitjax.callbacks import (
     EMA,
     BackboneFinetuning,
@@ -91,6 +88,7 @@ __all__ = [
     "metrics",
     "models",
     "nn",
+    "optim",
     "param_groups",
     "plan",
     "planner",
@@ -103,7 +101,7 @@ __all__ = [
 ]
 
 
-_ctrl_c.imported()  # a Ctrl-C held during the imports above is raised now
+_bootstrap.imported()  # a Ctrl-C held during the imports above is raised now
 
 
 def __getattr__(name: str):

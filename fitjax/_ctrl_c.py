@@ -42,6 +42,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+from fitjax import _jax_compat
+
 __all__ = ["DEBUG_VAR", "STATUS", "Interrupted", "compiling", "debugging", "held", "imported", "in_host_callback",
            "install", "interrupted", "track_collections", "tracking_collections", "untrack_collections"]
 
@@ -141,19 +143,15 @@ def swallowing(frame: Any) -> bool:
     return False
 
 
-# Where JAX waits for XLA to compile (`jax._src.compiler`; matched by name, not imported: this
-# module runs before JAX is imported). Checked with jax 0.10.2; tests/loop/test_ctrl_c_phases.py
-# fails if the name moves.
-_COMPILE_FILE = os.path.join("jax", "_src", "compiler.py")
-_COMPILE_FUNCTIONS = frozenset({"backend_compile_and_load", "backend_compile"})
+# Where JAX waits for XLA to compile, and where XLA's runtime runs a host callback: matched by
+# name, not imported (this module runs before JAX is imported); `fitjax._jax_compat` names them.
+# tests/loop/test_ctrl_c_phases.py fails if the names move.
+_COMPILE_FILE, _COMPILE_FUNCTIONS = _jax_compat.COMPILE_FILE, _jax_compat.COMPILE_FUNCTIONS
 COMPILE_NOTICE_S = 1.0  # a Ctrl-C that a compilation holds this long is announced
 COMPILE_NOTICE = ("fitjax: Ctrl-C: stopping once XLA has finished compiling (leaving a compilation would "
                   "crash the exit); Ctrl-C again quits at once, without the shutdown's save")
 
-
-# Where XLA's runtime runs a host callback (`jax.debug.callback`, `io_callback`, `pure_callback`)
-_CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
-_CALLBACK_FUNCTION = "_wrapped_callback"
+_CALLBACK_FILE, _CALLBACK_FUNCTION = _jax_compat.CALLBACK_FILE, _jax_compat.CALLBACK_FUNCTION
 
 
 def _compile_code(code: Any) -> bool:

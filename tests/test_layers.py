@@ -29,12 +29,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fitjax"
 # cli, `fj.seed_everything`), `_status` (the set-up's status lines: loop, profilers, callbacks),
 # `_ctrl_c` (Ctrl-C from `import fitjax` on: the package, the loop), `_platform` (the platform a
 # program is traced for: strategies set it, `fitjax.nn` reads it), and `_optional` (an extra's
-# packages checked where a feature is set up: data, module, models).
+# packages checked where a feature is set up: data, module, models), and `_jax_compat` (every reach into
+# JAX's privates: strategies, step, data, callbacks, `_ctrl_c`). `_bootstrap` (what `import fitjax`
+# does to the process) is on top: only the package imports it.
 LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names",
                 "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform",
-                "fitjax._optional"]),
+                "fitjax._optional", "fitjax._jax_compat", "fitjax.optim"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),

@@ -158,6 +158,6 @@ class Watchdog(Callback):
 
 
 def _client():
-    from jax._src import distributed  # the runtime's client: its key-value store
+    from fitjax._jax_compat import distributed_client  # the runtime's client: its key-value store
 
-    return distributed.global_state.client
+    return distributed_client()

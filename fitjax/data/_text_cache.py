@@ -315,9 +315,9 @@ class TokenCache:
         through the key-value store of `jax.distributed` (none without it: nothing to wait for)."""
         import jax  # noqa: PLC0415 - the process count of the run
 
-        from jax._src import distributed  # noqa: PLC0415 - the runtime's client: its key-value store
+        from fitjax._jax_compat import distributed_client  # noqa: PLC0415 - the runtime's key-value store
 
-        client = distributed.global_state.client
+        client = distributed_client()
         if client is None or jax.process_count() != count:
             return
         names = "|".join(self._location(k) or "" for k in range(len(self.chunks)))

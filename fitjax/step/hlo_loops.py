@@ -232,8 +232,9 @@ def _client():
 def _analysis(client, lines: list[str], computations: dict[str, _Computation], entry: str) -> dict[str, float]:
     """XLA's cost analysis of computation `entry` (a loop's body) as the entry of a module of its own:
     it and what it calls, in the program's order (callees first), each loop in it counted once."""
-    from jax._src.lib import _jax
     from jaxlib import _hlo
+
+    from fitjax._jax_compat import hlo_module_cost_analysis
 
     needed: set[str] = set()
 
@@ -256,7 +257,7 @@ def _analysis(client, lines: list[str], computations: dict[str, _Computation], e
         text += [("ENTRY " if computation.name == entry else "") + header, *block[1:]]
     # stack frames index a table the new module lacks (XLA would warn for each)
     module = _hlo.hlo_module_from_text(_STACK_FRAME.sub("", "\n".join(text)))
-    cost = _jax.hlo_module_cost_analysis(client, module)
+    cost = hlo_module_cost_analysis(client, module)
     return {key: float(cost.get(key, 0.0)) for key in _KEYS}
 
 

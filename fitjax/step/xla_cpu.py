@@ -1,20 +1,5 @@
-"""How fitjax compiles for XLA:CPU: one process-wide flag set at import, and a per-step plan.
-
-**The scheduler (process-wide, at `import fitjax`).** XLA:CPU orders each program's operations
-with one of two schedulers: a breadth-first one "optimised for concurrency" (its default) or a
-depth-first, memory-frugal one. On a small train step the breadth-first order makes anything
-that reads every gradient (a global-norm clip, a grad-norm log) cost the step half its speed: a
-hand-written tiny-MLP step clipped at 1.0 ran 0.43-0.56x the unclipped one, 0.8-0.9x with the
-depth-first scheduler; the MNIST-sized MLP's 0.88x and 0.99x; unclipped steps unchanged
-(`python benchmarks/clip_norm.py [--size mnist]` prints both schedulers). The choice is read
-from `XLA_FLAGS` once, when JAX starts its backends; a per-compile option does not change it
-(measured: the same program text). So `prefer_depth_first_scheduler()`, called first thing by
-`fitjax/__init__.py`, appends `--xla_cpu_enable_concurrency_optimized_scheduler=false` to
-`XLA_FLAGS` when JAX's backends have not started, `XLA_FLAGS` does not already name the flag
-(a user's own choice stands: set it to `true` to keep XLA's default) and jaxlib is a release
-it was checked with (XLA aborts on an unknown flag: `_CHECKED_UP_TO`). It changes the order
-operations run in, not what they compute (a clipped fit gives the same bits under both:
-tests/step/test_xla_cpu.py), and only XLA:CPU programs (GPU and TPU ignore it).
+"""How fitjax compiles for XLA:CPU: per-program options and a per-step plan. (The one process-wide
+flag, XLA:CPU's scheduler, is set by `fitjax._bootstrap` at `import fitjax`.)
 
 **The scratch plan (per train step).** XLA:CPU mallocs each call's scratch ("temp") buffers
 afresh, on a worker thread. glibc serves a
@@ -84,42 +69,8 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SCHEDULER_FLAG", "Plan", "PlannedStep", "compiler_options", "largest_buffer_bytes", "plan",
-           "prefer_depth_first_scheduler", "runs_vmap", "saves_compete_with_the_step", "step", "unrolls_loops"]
-
-SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-# XLA aborts the process on a flag it does not know, so the flag is set only for the jaxlib
-# releases it was checked with (its reader has been in XLA:CPU since before jax 0.6, the oldest
-# fitjax supports); a newer jaxlib keeps XLA's default until this is raised after a check.
-_CHECKED_UP_TO = (0, 10)
-
-
-def prefer_depth_first_scheduler() -> bool:
-    """Asks XLA:CPU for its depth-first scheduler (module docstring); True when the flag was
-    added to `XLA_FLAGS` now. Does nothing when `XLA_FLAGS` already names the flag or when JAX's
-    backends have started (the flags are read then, so a late change would only mislead)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if SCHEDULER_FLAG.split("=")[0] in flags or not _checked_jaxlib() or _backends_started():
-        return False
-    os.environ["XLA_FLAGS"] = f"{flags} {SCHEDULER_FLAG}".strip()
-    return True
-
-
-def _checked_jaxlib() -> bool:
-    import jaxlib
-
-    try:
-        release = tuple(int(part) for part in jaxlib.__version__.split(".")[:2])
-    except ValueError:  # a development build: its flags are unknown
-        return False
-    return release <= _CHECKED_UP_TO
-
-
-def _backends_started() -> bool:
-    from jax._src import xla_bridge  # JAX has no public "are backends up" question
-
-    started = getattr(xla_bridge, "backends_are_initialized", None)
-    return bool(started()) if started is not None else bool(getattr(xla_bridge, "_backends", None))
+__all__ = ["Plan", "PlannedStep", "compiler_options", "largest_buffer_bytes", "plan", "runs_vmap",
+           "saves_compete_with_the_step", "step", "unrolls_loops"]
 
 _OPT_LEVEL = "xla_backend_optimization_level"
 _LEVEL = 2
@@ -268,9 +219,9 @@ def _conv_per_run_installed() -> bool:
     public way to change a primitive's batching rule: where its internals differ from those this
     was written for, nothing is installed and the runs keep `vmap`'s grouped convolutions."""
     try:
-        from jax._src.interpreters import batching
+        from fitjax._jax_compat import batching_rules
 
-        rules = batching.fancy_primitive_batchers
+        rules = batching_rules()
         conv = jax.lax.conv_general_dilated_p
         rules[conv] = functools.partial(_conv_per_run, rules[conv], conv)
     except (ImportError, AttributeError, KeyError):

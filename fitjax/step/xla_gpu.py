@@ -27,7 +27,8 @@ import contextlib
 from typing import Any, Iterator
 
 import jax.numpy as jnp
-from jax._src import config as _jax_config  # the option's context manager is not exported
+
+from fitjax._jax_compat import threefry_gpu_kernel_lowering
 
 __all__ = ["cudnn_attention", "rng_kernels"]
 
@@ -36,7 +37,7 @@ __all__ = ["cudnn_attention", "rng_kernels"]
 def rng_kernels(platform: str) -> Iterator[None]:
     """While entered on "gpu", programs traced and compiled lower threefry to JAX's GPU kernel;
     elsewhere (or on a JAX without the option) nothing changes."""
-    option = getattr(_jax_config, "threefry_gpu_kernel_lowering", None)
+    option = threefry_gpu_kernel_lowering()
     if platform != "gpu" or option is None:
         yield
         return

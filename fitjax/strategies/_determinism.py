@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 
 import jax
-from jax._src import xla_bridge
+
+from fitjax._jax_compat import backends_started
 
 _GPU_FLAG = "--xla_gpu_deterministic_ops=true"
 
@@ -44,7 +45,7 @@ def enforce(deterministic: bool) -> bool:
     flags = os.environ.get("XLA_FLAGS", "")
     if _GPU_FLAG in flags:
         return True
-    if not xla_bridge.backends_are_initialized():
+    if not backends_started():
         os.environ["XLA_FLAGS"] = f"{flags} {_GPU_FLAG}".strip()
         return True
     if any(d.platform == "gpu" for d in jax.devices()):

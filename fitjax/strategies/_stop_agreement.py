@@ -39,9 +39,9 @@ _fits = itertools.count()  # every process runs its fits in the same order: the 
 
 
 def _client():
-    from jax._src import distributed  # the runtime's client: its key-value store and barriers
+    from fitjax._jax_compat import distributed_client  # the runtime's client: its key-value store
 
-    return distributed.global_state.client
+    return distributed_client()
 
 
 class StopAgreement:

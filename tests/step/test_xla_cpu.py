@@ -11,6 +11,7 @@ import pytest
 from helpers import assert_trees_close, count_compiles, quiet_trainer, regression_data
 
 import fitjax as fj
+from fitjax import _bootstrap, _jax_compat
 from fitjax.step import xla_cpu as _xla_cpu
 from fitjax.step.xla_cpu import Plan
 
@@ -228,7 +229,7 @@ def _run(before: str = "", xla_flags: str | None = None, fit: bool = True) -> tu
 
 def test_import_picks_the_depth_first_scheduler_and_results_are_the_same_bits():
     flags, ours = _run()  # a fresh process: `import fitjax` adds the flag
-    assert flags == _xla_cpu.SCHEDULER_FLAG
+    assert flags == _bootstrap.SCHEDULER_FLAG
     # the user's own choice stands, and XLA's default scheduler gives the same bits (only the
     # order of operations changes)
     keep = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
@@ -246,12 +247,12 @@ def test_the_flag_is_set_only_for_jaxlib_releases_it_was_checked_with(monkeypatc
     import jaxlib
 
     monkeypatch.setattr(jaxlib, "__version__", version)
-    monkeypatch.setattr(_xla_cpu, "_backends_started", lambda: False)
+    monkeypatch.setattr(_jax_compat, "backends_started", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    assert _xla_cpu.prefer_depth_first_scheduler() is added
+    assert _bootstrap.prefer_depth_first_scheduler() is added
     import os
 
-    assert (_xla_cpu.SCHEDULER_FLAG in os.environ["XLA_FLAGS"]) is added
+    assert (_bootstrap.SCHEDULER_FLAG in os.environ["XLA_FLAGS"]) is added
 
 
 def _conv(x, k):

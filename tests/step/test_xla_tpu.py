@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fitjax import _bootstrap
 from fitjax.step import jitted, xla_tpu
 
 
@@ -56,7 +57,7 @@ LIBTPU_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d|TPU_|libtpu|TPU accelerat
                          r"Source Location Trace|tfrc/runtime|SIGSEGV|coredump", re.MULTILINE)
 
 needs_libtpu_without_tpu = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None or xla_tpu.tpu_may_be_present(),
+    importlib.util.find_spec("libtpu") is None or _bootstrap.tpu_may_be_present(),
     reason="about a machine with libtpu installed (`pip install -e '.[dev]'`) and no TPU")
 
 
@@ -117,11 +118,11 @@ def test_the_digits_example_prints_nothing_from_libtpu(tmp_path):
 @needs_libtpu_without_tpu
 def test_a_tpu_variable_set_by_the_machine_or_the_user_keeps_the_tpu(monkeypatch, variable, value, present):
     monkeypatch.setenv(variable, value)
-    assert xla_tpu.tpu_may_be_present() is present
+    assert _bootstrap.tpu_may_be_present() is present
 
 
 def test_nothing_changes_once_the_backends_have_started():
     import jax
 
     jax.devices()
-    assert xla_tpu.skip_absent_tpu() is False
+    assert _bootstrap.skip_absent_tpu() is False

@@ -13,7 +13,7 @@ from fitjax.plugins.environments._base import ClusterEnvironment, env_int
 
 __all__ = ["XLAEnvironment"]
 
-COORDINATOR_PORT = 8482  # JAX's port for TPU pods (jax/_src/clusters/cloud_tpu_cluster.py)
+COORDINATOR_PORT = 8482  # JAX's port for TPU pods (its cloud TPU cluster: clusters/cloud_tpu_cluster.py)
 _GOOGLE_PCI_VENDOR = "0x1ae0"
 
 

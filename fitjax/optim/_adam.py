@@ -1,0 +1,199 @@
+"""Adam whose moments are stored in float32, bfloat16 or 8 bits, and the `adam`/`adamw` built on it.
+
+Each is an optax `GradientTransformation`: the moments are updated and the step computed in float32;
+only what stays between steps (the state) is narrower. float32 is `optax.scale_by_adam` itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fitjax.optim import _blockwise
+
+__all__ = ["ScaleByAdamBlockwiseState", "adam", "adamw", "scale_by_adam"]
+
+MOMENTS = ("float32", "bfloat16", "int8")
+
+
+class ScaleByAdamBlockwiseState(NamedTuple):
+    """Adam's state with 8-bit moments: `mu` int8 and `nu` uint8 codes shaped like the parameters
+    (so they shard like them), and per leaf `{"absmax": float32 [*lead, blocks]}` scales (the
+    extra key keeps a strategy from giving a scale its parameter's sharding). A leaf too small to
+    quantize holds float32 moments and a `()` absmax."""
+
+    count: jax.Array
+    mu: Any
+    nu: Any
+    mu_absmax: Any
+    nu_absmax: Any
+
+
+def _check(moments: str, block_size: int) -> None:
+    if moments not in MOMENTS:
+        raise ValueError(f"moments={moments!r} is not one of {', '.join(map(repr, MOMENTS))}; "
+                         "pick 'bfloat16' (half of float32 Adam's state) or 'int8' (about a quarter).")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r} must be a positive int (the values sharing one "
+                         "absmax scale along a parameter's last dimension; 256 is bitsandbytes')")
+
+
+def _keys(count: jax.Array, n: int, seed: int) -> list[jax.Array]:
+    # A function of the step alone: a resumed fit rounds exactly as the uninterrupted one.
+    key = jax.random.fold_in(jax.random.key(seed), count)
+    return [jax.random.fold_in(key, i) for i in range(n)]
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0, *,
+                  moments: str = "float32", block_size: int = 256,
+                  seed: int = 0) -> optax.GradientTransformation:
+    """Rescale updates by Adam, keeping the moments in `moments` between steps.
+
+    Args:
+        b1: the first moment's decay, as `optax.scale_by_adam`.
+        b2: the second moment's decay.
+        eps: added to the root of the second moment (outside it).
+        eps_root: added to the second moment inside the root.
+        moments: how the two moments are stored. "float32": `optax.scale_by_adam` (8 bytes a
+            parameter). "bfloat16": both moments in bfloat16 (4 bytes; optax's `mu_dtype` narrows
+            only the first). "int8": 8-bit block-wise (2 bytes, plus 8 bytes of float32 scales per
+            `block_size` values): `mu` as signed codes of `sign(x) * sqrt|x|` of its block's
+            absmax-scaled values, `nu` as unsigned codes of its fourth root, so small values keep
+            codes of their own (a non-linear map like bitsandbytes' dynamic one, with the same
+            256-value blocks; a linear `nu` would round most of a block to 0 and divide those
+            updates by `eps` alone). As bitsandbytes' `min_8bit_size`, a leaf with fewer than 4096
+            values or a last dimension under 32 (biases, norm scales, a `Dense(1)` kernel) keeps
+            float32 moments: its blocks would cost more in scales than they save. bfloat16 and
+            int8 round stochastically (bits drawn from the step count and `seed`): `nu`'s
+            `b2 = 0.999` decay is smaller than one bfloat16 step, and rounding to nearest would
+            never let it decay.
+        block_size: values per absmax scale along each parameter's last dimension ("int8" only;
+            a shorter last dimension is one block).
+        seed: the stochastic rounding's seed.
+
+    Every moment is updated and the step computed in float32; the state is what is narrower.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> tx = scale_by_adam(moments="bfloat16")
+        >>> state = tx.init({"w": jnp.zeros(3)})
+        >>> state.nu["w"].dtype
+        dtype(bfloat16)
+    """
+    _check(moments, block_size)
+    if moments == "float32":
+        return optax.scale_by_adam(b1, b2, eps, eps_root)
+
+    def step(grads, mu, nu, count):
+        """float32 moments after this step and the update they give."""
+        mu = jax.tree.map(lambda g, m: b1 * m + (1 - b1) * g.astype(jnp.float32), grads, mu)
+        nu = jax.tree.map(lambda g, v: b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32)), grads, nu)
+        mu_hat = optax.tree.bias_correction(mu, b1, count)
+        nu_hat = optax.tree.bias_correction(nu, b2, count)
+        updates = jax.tree.map(lambda g, m, v: (m / (jnp.sqrt(v + eps_root) + eps)).astype(g.dtype),
+                               grads, mu_hat, nu_hat)
+        return mu, nu, updates
+
+    if moments == "bfloat16":
+        def init(params):
+            def zeros():  # two trees: one buffer in both would be donated twice
+                return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.bfloat16), params)
+
+            return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
+
+        def update(grads, state, params=None):
+            del params
+            count = optax.safe_increment(state.count)
+            mu32 = jax.tree.map(lambda m: m.astype(jnp.float32), state.mu)
+            nu32 = jax.tree.map(lambda v: v.astype(jnp.float32), state.nu)
+            mu, nu, updates = step(grads, mu32, nu32, count)
+            leaves, treedef = jax.tree.flatten(mu)
+            keys = _keys(count, 2 * len(leaves), seed)
+            mu = treedef.unflatten([_blockwise.to_bfloat16(x, k) for x, k in zip(leaves, keys[0::2])])
+            nu = treedef.unflatten([_blockwise.to_bfloat16(x, k) for x, k in
+                                    zip(jax.tree.leaves(nu), keys[1::2])])
+            return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+        return optax.GradientTransformation(init, update)
+
+    def blocks(shape):  # the block size of an 8-bit leaf, None for one kept float32
+        return _blockwise.block_for(shape, block_size)
+
+    def init(params):
+        def codes(p, dtype):
+            return jnp.zeros(p.shape, dtype if blocks(p.shape) else jnp.float32)
+
+        def scales(p):
+            block = blocks(p.shape)
+            shape = _blockwise.absmax_shape(p.shape, block) if block else ()
+            return {"absmax": jnp.zeros(shape, jnp.float32)}
+
+        return ScaleByAdamBlockwiseState(
+            count=jnp.zeros([], jnp.int32),
+            mu=jax.tree.map(lambda p: codes(p, jnp.int8), params),
+            nu=jax.tree.map(lambda p: codes(p, jnp.uint8), params),
+            mu_absmax=jax.tree.map(scales, params), nu_absmax=jax.tree.map(scales, params))
+
+    def load(codes, scale, dequantize):
+        block = blocks(codes.shape)
+        return dequantize(codes, scale["absmax"], block) if block else codes
+
+    def store(x, key, quantize):
+        block = blocks(x.shape)
+        return quantize(x, key, block) if block else (x, jnp.zeros((), jnp.float32))
+
+    def update(grads, state, params=None):
+        del params
+        count = optax.safe_increment(state.count)
+        treedef = jax.tree.structure(grads)
+        mu32 = treedef.unflatten([load(c, s, _blockwise.dequantize_mu) for c, s in zip(
+            treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.mu_absmax))])
+        nu32 = treedef.unflatten([load(c, s, _blockwise.dequantize_nu) for c, s in zip(
+            treedef.flatten_up_to(state.nu), treedef.flatten_up_to(state.nu_absmax))])
+        mu, nu, updates = step(grads, mu32, nu32, count)
+        mu_leaves, nu_leaves = treedef.flatten_up_to(mu), treedef.flatten_up_to(nu)
+        keys = _keys(count, 2 * len(mu_leaves), seed)
+        mu_q = [store(x, k, _blockwise.quantize_mu) for x, k in zip(mu_leaves, keys[0::2])]
+        nu_q = [store(x, k, _blockwise.quantize_nu) for x, k in zip(nu_leaves, keys[1::2])]
+        return updates, ScaleByAdamBlockwiseState(
+            count=count,
+            mu=treedef.unflatten([c for c, _ in mu_q]), nu=treedef.unflatten([c for c, _ in nu_q]),
+            mu_absmax=treedef.unflatten([{"absmax": s} for _, s in mu_q]),
+            nu_absmax=treedef.unflatten([{"absmax": s} for _, s in nu_q]))
+
+    return optax.GradientTransformation(init, update)
+
+
+def adam(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         eps_root: float = 0.0, *, moments: str = "float32") -> optax.GradientTransformation:
+    """`optax.adam` with its moments stored as `moments` ("float32", "bfloat16" or "int8"; see
+    `scale_by_adam`, which also takes the block size and the rounding's seed). "float32" is
+    exactly `optax.adam`. Its only non-numeric option is `moments`, so
+    `optax.inject_hyperparams(fj.optim.adam)(learning_rate=schedule, moments="int8")` (and
+    `{"optimizer": fj.optim.adam, "lr_scheduler": schedule}`) drive its rate.
+
+    Example:
+        >>> import fitjax as fj
+        >>> tx = fj.optim.adam(1e-3, moments="int8")
+    """
+    return optax.chain(scale_by_adam(b1, b2, eps, eps_root, moments=moments),
+                       optax.scale_by_learning_rate(learning_rate))
+
+
+def adamw(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+          eps_root: float = 0.0, weight_decay: float = 1e-4, mask: Any = None, *,
+          moments: str = "float32") -> optax.GradientTransformation:
+    """`optax.adamw` with its moments stored as `moments` ("float32", "bfloat16" or "int8"; see
+    `scale_by_adam`): bitsandbytes' `AdamW8bit` is `moments="int8"`. "float32" is exactly
+    `optax.adamw`; `optax.inject_hyperparams` drives it as `adam`.
+
+    Example:
+        >>> import fitjax as fj
+        >>> tx = fj.optim.adamw(3e-4, weight_decay=0.1, moments="bfloat16")
+    """
+    return optax.chain(scale_by_adam(b1, b2, eps, eps_root, moments=moments),
+                       optax.add_decayed_weights(weight_decay, mask),
+                       optax.scale_by_learning_rate(learning_rate))
