@@ -173,6 +173,9 @@ BAD_ARGUMENTS = {
              (True, ValueError, r"seed=\.\.\.\) must be an int .*got True")],
     "precision": [("x", ValueError, r"precision=\.\.\.\) got 'x'; use one of \['32-true', 'bf16-mixed', .*\] \(Lightning's names\)")],
     "accumulate_grad_batches": [(0, ValueError, r"accumulate_grad_batches=\.\.\.\) must be a positive int, got 0")],
+    "compile_cache": [(3, ValueError, r"compile_cache=\.\.\.\) takes True \(fitjax's folder, .*\), False \(off\) or a "
+                                      r"folder, got 3"),
+                      ("", ValueError, r"compile_cache=\.\.\.\) takes True .*got ''")],
     "gradient_clip_val": [("a", ValueError, r"gradient_clip_val=\.\.\.\) must be a positive number or None, got 'a'")],
     "gradient_clip_algorithm": [("x", ValueError, r"gradient_clip_algorithm=\.\.\.\) got 'x'; use one of \['norm', 'value'\]")],
     "steps_per_execution": [(True, ValueError, r"steps_per_execution=\.\.\.\) must be a positive int, got True")],

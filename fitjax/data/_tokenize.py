@@ -38,6 +38,7 @@ def load_tokenizer(tokenizer: Any) -> Any:
             raise FileNotFoundError(
                 f"`tokenizer={tokenizer!r}` is not a folder; pass the folder a tokenizer was saved in "
                 "(`tokenizer.save_pretrained(folder)`, a Hugging Face model folder), or a tokenizer object.")
+        require("transformers", "tokenizers", feature=f"`tokenizer={tokenizer!r}` (a saved Hugging Face tokenizer)")
         if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
             held = sorted(os.listdir(path))
             raise FileNotFoundError(
@@ -45,7 +46,6 @@ def load_tokenizer(tokenizer: Any) -> Any:
                 f"(it holds {held[:8] + ['...'] if len(held) > 8 else held}). Pass the folder a tokenizer was saved "
                 "in (`tokenizer.save_pretrained(folder)`), or download the model's with `huggingface-cli download "
                 "NAME --local-dir DIR`.")
-        require("transformers", "tokenizers", feature=f"`tokenizer={tokenizer!r}` (a saved Hugging Face tokenizer)")
         from transformers import AutoTokenizer  # noqa: PLC0415 - only for text data
 
         return AutoTokenizer.from_pretrained(path, local_files_only=True)

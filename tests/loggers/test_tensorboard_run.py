@@ -39,8 +39,10 @@ def test_compile_seconds_are_one_text_table_and_identical_runs_log_the_same_scal
         module = Regressor(lr=0.1)
         module.lr_schedule = optax.cosine_decay_schedule(0.1, 8)  # read by LearningRateMonitor on the host
         module.configure_optimizer = lambda: optax.sgd(module.lr_schedule)
+        # compile_cache=False: the second run's cache hit would take the train step under the
+        # table's 0.1 s threshold, and the table is what this test reads
         trainer = fj.Trainer(max_epochs=1, strategy="single", log_every_n_steps=2, enable_progress_bar=False,
-                             enable_checkpointing=False, enable_model_summary=False,
+                             enable_checkpointing=False, enable_model_summary=False, compile_cache=False,
                              logger=fj.TensorBoardLogger(tmp_path, version=version),
                              callbacks=[fj.LearningRateMonitor()])
         trainer.fit(module, fj.DataLoader(regression_data(n=64), batch_size=16),
