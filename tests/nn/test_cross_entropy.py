@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import fitjax as fj
 
@@ -91,3 +93,33 @@ def test_bad_arguments_say_what_is_expected(arguments, match):
     embedding = arguments.pop("embedding")
     with pytest.raises(ValueError, match=match):
         fj.nn.chunked_cross_entropy(hidden, embedding, targets, **arguments)
+
+
+@pytest.mark.parametrize("axes, hidden_spec, embedding_spec", [
+    (("data", "fsdp"), P(("data", "fsdp")), P("fsdp")),                 # FSDP with data parallel
+    (("fsdp", "tensor"), P("fsdp", None, "tensor"), P("fsdp", "tensor")),  # tensor: the batch whole over it
+], ids=["data-x-fsdp", "fsdp-x-tensor"])
+def test_under_a_batch_sharded_mesh_the_loop_runs_per_device_and_equals_one_device(axes, hidden_spec, embedding_spec):
+    """Under a mesh whose batch axes hold several devices the chunk loop runs inside `shard_map`
+    (each device its own rows, the embedding whole); loss and gradients equal one device's. A
+    batch the axes do not divide takes the partitioner's way, also exact."""
+    hidden, embedding, targets, mask = _inputs(batch=8, vocab=48)
+
+    def loss(hidden, embedding, targets, mask):
+        return fj.nn.chunked_cross_entropy(hidden, embedding, targets, mask=mask, chunk_size=3, logit_softcap=5.0).sum
+
+    want = jax.value_and_grad(loss, argnums=(0, 1))(hidden, embedding, targets, mask)
+    mesh = jax.make_mesh((4, 2) if axes[0] == "fsdp" else (2, 4), axes,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    with jax.set_mesh(mesh):
+        assert "shard_map" in str(jax.make_jaxpr(loss)(hidden, embedding, targets, mask))
+        assert "shard_map" not in str(jax.make_jaxpr(loss)(hidden[:3], embedding, targets[:3], mask[:3]))
+        sharded = (jax.device_put(hidden, NamedSharding(mesh, hidden_spec)),
+                   jax.device_put(embedding, NamedSharding(mesh, embedding_spec)))
+        got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(*sharded, targets, mask)
+        odd = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(hidden[:3], embedding, targets[:3], mask[:3])
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+    odd_want = jax.value_and_grad(loss, argnums=(0, 1))(hidden[:3], embedding, targets[:3], mask[:3])
+    for g, w in zip(jax.tree.leaves(odd), jax.tree.leaves(odd_want)):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
