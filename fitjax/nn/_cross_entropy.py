@@ -202,11 +202,31 @@ def _loss_sum_bwd(softcap, rows, residuals, g):
     d_h, d_embedding, t, w = residuals
     d_embedding = (g * d_embedding).astype(d_embedding.dtype)
     if rows:  # inside `shard_map` over the batch axes `rows`: each device's rows' share, summed once
-        d_embedding = jax.lax.psum(d_embedding, rows)
+        d_embedding = _psum(d_embedding, rows)
     return (g * d_h).astype(d_h.dtype), d_embedding, None, None
 
 
 _loss_sum.defvjp(_loss_sum_fwd, _loss_sum_bwd)
+
+
+def _psum(x: jax.Array, rows: tuple[str, ...]) -> jax.Array:
+    """`lax.psum(x, rows)`; a bfloat16 `x` summed in float32 on CPU.
+
+    XLA:CPU rewrites a bfloat16 all-reduce into a float32 one (its `AllReducePromotion` pass,
+    bfloat16 only) by cloning the reduction's root as a binary op, and JAX builds the reduction
+    of a `psum` inside a `shard_map` manual over some of the mesh's axes only (here the batch
+    axes: `tensor` stays XLA's) with a sharding annotation at its root, which becomes a `copy`:
+    the compile aborts the process ("Invalid binary instruction opcode copy", jax 0.10.2; six
+    lines reproduce it: bfloat16 `psum` over `fsdp` in `shard_map(axis_names={"fsdp"})` on an
+    (`fsdp`=2, `tensor`=1) mesh, jitted on 2 CPU devices). Summing in float32 on CPU is the
+    program that pass would have made; TPU and GPU (whose pass promotes 16-bit integers only)
+    keep the bfloat16 all-reduce, half the bytes.
+    """
+    if x.dtype != jnp.bfloat16:
+        return jax.lax.psum(x, rows)
+    return jax.lax.platform_dependent(
+        x, cpu=lambda x: jax.lax.psum(x.astype(jnp.float32), rows).astype(x.dtype),
+        default=lambda x: jax.lax.psum(x, rows))
 
 
 def _per_device(zeros: jax.Array, rows: tuple[str, ...]) -> jax.Array:

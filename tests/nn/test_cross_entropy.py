@@ -1,5 +1,7 @@
 """`fj.nn.chunked_cross_entropy`: the plain output layer's loss and gradients, without its logits."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -123,3 +125,30 @@ def test_under_a_batch_sharded_mesh_the_loop_runs_per_device_and_equals_one_devi
     odd_want = jax.value_and_grad(loss, argnums=(0, 1))(hidden[:3], embedding, targets[:3], mask[:3])
     for g, w in zip(jax.tree.leaves(odd), jax.tree.leaves(odd_want)):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_under_a_mesh_the_loop_splits_in_part_compiles_and_equals_one_device():
+    """A `shard_map` manual over `fsdp` only (`tensor` stays XLA's) with a bfloat16 embedding:
+    its gradient's `psum` aborted XLA:CPU's compile (`_cross_entropy._psum`); on CPU it is summed
+    in float32, on TPU in bfloat16 (half the bytes)."""
+    hidden, embedding, targets, mask = (a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a
+                                        for a in _inputs(batch=4, vocab=48))
+
+    def loss(hidden, embedding):
+        return fj.nn.chunked_cross_entropy(hidden, embedding, targets, mask=mask, chunk_size=5).sum
+
+    want = jax.value_and_grad(loss, argnums=(0, 1))(hidden, embedding)
+    mesh = jax.make_mesh((2, 1), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:2])
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    with jax.set_mesh(mesh):
+        got = step(jax.device_put(hidden, NamedSharding(mesh, P("fsdp"))), embedding)
+        summed = {platform: sorted(re.findall(r'"stablehlo\.all_reduce"\(.*?\}\) : \((tensor<[^>]+>)\)',
+                                              step.trace(hidden, embedding).lower(lowering_platforms=(platform,))
+                                              .as_text(), re.S))
+                  for platform in ("cpu", "tpu")}
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), atol=2e-2, rtol=2e-2)
+    # the embedding's gradient [vocab, width] and the loss
+    assert summed == {"cpu": ["tensor<48x16xf32>", "tensor<f32>"], "tpu": ["tensor<48x16xbf16>", "tensor<f32>"]}
