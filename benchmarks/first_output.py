@@ -41,6 +41,11 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 _STEP_DONE = re.compile(rb"\b([1-9]\d*)/\d+\b")  # the bar's "completed/total" column past 0
 
 
+def _path_with(root: Path) -> str:
+    """PYTHONPATH with `root` first, the caller's entries kept (a machine's JAX may live there)."""
+    return os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+
+
 def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epochs: int = 3,
             example: str = "digits.py") -> dict[str, float]:
     leader, follower = pty.openpty()
@@ -50,7 +55,7 @@ def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epo
         cmd = [sys.executable, str(root / "examples" / example), *schedule, "--root-dir", logs, *extra]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=root,
-                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(root), **env})
+                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": _path_with(root), **env})
         os.close(follower)
         times: dict[str, float] = {}
         seen = b""
@@ -76,7 +81,8 @@ def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epo
         times["exit"] = time.perf_counter() - start
         os.close(leader)
         if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+            raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}; its output ended:\n"
+                             + seen.decode(errors="replace")[-3000:])
     return times
 
 
