@@ -27,7 +27,6 @@ needs and returning values:
                           fit's restore from one (`resume_fit`)
     _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
     _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
-    _trainer_doc          the Args sections of the Trainer's, `plan`'s and `generate`'s docstrings
 """
 
 from fitjax.loop.progress import Position, Progress, ProgressView

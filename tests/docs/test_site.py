@@ -111,7 +111,7 @@ def test_a_long_signature_is_shown_one_parameter_a_line(site):
 
 
 def test_the_trainer_page_shows_the_arguments_reference(site):
-    # fitjax/loop/_trainer_doc.py joins it to the docstring at import; docs/hooks/imported_docs.py reads that
+    # the Args sections written in trainer.py's docstrings, as griffe reads the source
     text = re.sub(r"<[^>]+>", "", (site / "reference" / "fitjax.Trainer.html").read_text())
     assert "stop after this many epochs" in text and "train several runs side by side" in text
     assert "the fraction of the memory kept free" in text  # plan's
