@@ -34,7 +34,6 @@ from fitjax.loop._stop import StopRequest
 from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
-from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
 from fitjax.loop import evaluation, generation
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
@@ -321,45 +320,148 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------ the configuration (read-only)
-    # each reads the `LoopConfig` field of its name (`config_value`); setting one is an error
+    # each is the `LoopConfig` field of its name; setting one says it is fixed when the Trainer is made
 
-    max_epochs: int | None = config_value()
-    """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
-    max_steps: int | None = config_value()
-    """Optimizer steps fit takes at most (None: no limit)."""
-    min_epochs: int | None = config_value()
-    """A stop request waits until this many epochs are done (None: no minimum)."""
-    min_steps: int | None = config_value()
-    """A stop request waits until this many optimizer steps are done (None: no minimum)."""
-    num_sanity_val_steps: int = config_value()
-    """Validation batches fit runs before training (-1: all, 0: none)."""
-    log_every_n_steps: int | None = config_value()
-    """Train metrics are logged every this many optimizer steps."""
-    check_val_every_n_epoch: int | None = config_value()
-    """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches over the whole
-    run)."""
-    val_check_interval: int | float | datetime.timedelta | None = config_value()
-    """Validate every this many train batches (int), fraction of an epoch (float) or duration
-    (`datetime.timedelta`); None: once an epoch."""
-    limits: Mapping[str, int | float | None] = config_value()
-    """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or `fast_dev_run`'s,
-    `overfit_batches`' count), likewise "val", "test", "predict"."""
-    fast_dev_run: int = config_value()
-    """Batches of every stage in a smoke test (0: off)."""
-    overfit_batches: int | float = config_value()
-    """The same first train and validation batches every epoch (0: off)."""
-    reload_dataloaders_every_n_epochs: int | None = config_value()
-    """Fit asks the loader hooks again every n epochs (0: never)."""
-    seed: int = config_value()
-    """The run's base random key (parameter init and every rng stream)."""
+    @property
+    def max_epochs(self) -> int | None:
+        """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
+        return self._config.max_epochs
 
-    runs: Runs | None = reads("_runs")
-    """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
-    and name; None for one run."""
-    run_results: RunResults | None = reads("_run_results")
-    """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
-    its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
-    at its end (`.table()`); None for one run."""
+    @max_epochs.setter
+    def max_epochs(self, value: Any) -> None:
+        raise checks.fixed_argument("max_epochs")
+
+    @property
+    def max_steps(self) -> int | None:
+        """Optimizer steps fit takes at most (None: no limit)."""
+        return self._config.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("max_steps")
+
+    @property
+    def min_epochs(self) -> int | None:
+        """A stop request waits until this many epochs are done (None: no minimum)."""
+        return self._config.min_epochs
+
+    @min_epochs.setter
+    def min_epochs(self, value: Any) -> None:
+        raise checks.fixed_argument("min_epochs")
+
+    @property
+    def min_steps(self) -> int | None:
+        """A stop request waits until this many optimizer steps are done (None: no minimum)."""
+        return self._config.min_steps
+
+    @min_steps.setter
+    def min_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("min_steps")
+
+    @property
+    def num_sanity_val_steps(self) -> int:
+        """Validation batches fit runs before training (-1: all, 0: none)."""
+        return self._config.num_sanity_val_steps
+
+    @num_sanity_val_steps.setter
+    def num_sanity_val_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("num_sanity_val_steps")
+
+    @property
+    def log_every_n_steps(self) -> int | None:
+        """Train metrics are logged every this many optimizer steps."""
+        return self._config.log_every_n_steps
+
+    @log_every_n_steps.setter
+    def log_every_n_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("log_every_n_steps")
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches over the whole
+        run)."""
+        return self._config.check_val_every_n_epoch
+
+    @check_val_every_n_epoch.setter
+    def check_val_every_n_epoch(self, value: Any) -> None:
+        raise checks.fixed_argument("check_val_every_n_epoch")
+
+    @property
+    def val_check_interval(self) -> int | float | datetime.timedelta | None:
+        """Validate every this many train batches (int), fraction of an epoch (float) or duration
+        (`datetime.timedelta`); None: once an epoch."""
+        return self._config.val_check_interval
+
+    @val_check_interval.setter
+    def val_check_interval(self, value: Any) -> None:
+        raise checks.fixed_argument("val_check_interval")
+
+    @property
+    def limits(self) -> Mapping[str, int | float | None]:
+        """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or `fast_dev_run`'s,
+        `overfit_batches`' count), likewise "val", "test", "predict"."""
+        return self._config.limits
+
+    @limits.setter
+    def limits(self, value: Any) -> None:
+        raise checks.fixed_argument("limits")
+
+    @property
+    def fast_dev_run(self) -> int:
+        """Batches of every stage in a smoke test (0: off)."""
+        return self._config.fast_dev_run
+
+    @fast_dev_run.setter
+    def fast_dev_run(self, value: Any) -> None:
+        raise checks.fixed_argument("fast_dev_run")
+
+    @property
+    def overfit_batches(self) -> int | float:
+        """The same first train and validation batches every epoch (0: off)."""
+        return self._config.overfit_batches
+
+    @overfit_batches.setter
+    def overfit_batches(self, value: Any) -> None:
+        raise checks.fixed_argument("overfit_batches")
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int | None:
+        """Fit asks the loader hooks again every n epochs (0: never)."""
+        return self._config.reload_dataloaders_every_n_epochs
+
+    @reload_dataloaders_every_n_epochs.setter
+    def reload_dataloaders_every_n_epochs(self, value: Any) -> None:
+        raise checks.fixed_argument("reload_dataloaders_every_n_epochs")
+
+    @property
+    def seed(self) -> int:
+        """The run's base random key (parameter init and every rng stream)."""
+        return self._config.seed
+
+    @seed.setter
+    def seed(self, value: Any) -> None:
+        raise checks.fixed_argument("seed")
+
+    @property
+    def runs(self) -> Runs | None:
+        """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
+        and name; None for one run."""
+        return self._runs
+
+    @runs.setter
+    def runs(self, value: Any) -> None:
+        raise checks.loop_sets("runs")
+
+    @property
+    def run_results(self) -> RunResults | None:
+        """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
+        its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
+        at its end (`.table()`); None for one run."""
+        return self._run_results
+
+    @run_results.setter
+    def run_results(self, value: Any) -> None:
+        raise checks.loop_sets("run_results")
 
     def stop_run(self, run: int) -> None:
         """With `Trainer(runs=...)`, during fit: stops run `run` (an early stop of one run, as
@@ -388,9 +490,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """The first logger (Lightning's `trainer.logger`)."""
         return self.loggers[0] if self.loggers else None
 
-    lightning_module: LitModule | None = reads("_lightning_module")
-    """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
-    `trainer.lightning_module`); None before any."""
+    @property
+    def lightning_module(self) -> LitModule | None:
+        """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
+        `trainer.lightning_module`); None before any."""
+        return self._lightning_module
+
+    @lightning_module.setter
+    def lightning_module(self, value: Any) -> None:
+        raise checks.loop_sets("lightning_module")
 
     @property
     def log_dir(self) -> str:
@@ -399,8 +507,14 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         log_dir = self.logger.log_dir if self.logger is not None else None
         return str(log_dir if log_dir is not None else self.default_root_dir)
 
-    precision: str = reads("step_options.precision.name")
-    """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+    @property
+    def precision(self) -> str:
+        """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+        return self.step_options.precision.name
+
+    @precision.setter
+    def precision(self, value: Any) -> None:
+        raise checks.loop_sets("precision")
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -416,15 +530,35 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """True on process 0 (the one that logs and draws progress)."""
         return jax.process_index() == 0
 
-    progress: ProgressView = reads("_progress_view")
-    """The loop's position, read-only: epoch, global step, batches done, what was last
-    logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
-    `fitjax.loop.progress`)."""
-    stage: Stage = reads("_stage")
-    """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
-    whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
-    sanity_checking: bool = reads("_stage.sanity_checking")
-    """True while fit's sanity check runs its validation batches (Lightning's flag)."""
+    @property
+    def progress(self) -> ProgressView:
+        """The loop's position, read-only: epoch, global step, batches done, what was last
+        logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
+        `fitjax.loop.progress`)."""
+        return self._progress_view
+
+    @progress.setter
+    def progress(self, value: Any) -> None:
+        raise checks.loop_sets("progress")
+
+    @property
+    def stage(self) -> Stage:
+        """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
+        whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
+        return self._stage
+
+    @stage.setter
+    def stage(self, value: Any) -> None:
+        raise checks.loop_sets("stage")
+
+    @property
+    def sanity_checking(self) -> bool:
+        """True while fit's sanity check runs its validation batches (Lightning's flag)."""
+        return self._stage.sanity_checking
+
+    @sanity_checking.setter
+    def sanity_checking(self, value: Any) -> None:
+        raise checks.loop_sets("sanity_checking")
 
     @property
     def accumulate_grad_batches(self) -> int:
@@ -461,9 +595,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def should_stop(self, value: bool) -> None:
         self._stop_request.requested = value
 
-    interrupted: bool = reads("_interrupted")
-    """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
-    status `INTERRUPTED`); False while a fit runs and after one that finished."""
+    @property
+    def interrupted(self) -> bool:
+        """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
+        status `INTERRUPTED`); False while a fit runs and after one that finished."""
+        return self._interrupted
+
+    @interrupted.setter
+    def interrupted(self, value: Any) -> None:
+        raise checks.loop_sets("interrupted")
 
     @property
     def received_sigterm(self) -> bool:
@@ -479,28 +619,69 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         fit's once it has built them, else the last fit's or evaluation's."""
         return (self._run.built() if self._run is not None else None) or self._built
 
-    global_step: int = reads("_progress.global_step")
-    """Optimizer steps taken (Lightning's `trainer.global_step`)."""
-    current_epoch: int = reads("_progress.epoch")
-    """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
-    num_training_batches: int | None = reads("_progress.batches_in_epoch")
-    """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
-    callback_metrics: HostMetrics = reads("_metric_log.callback_metrics")
-    """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
-    `ModelCheckpoint` read them.
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (Lightning's `trainer.global_step`)."""
+        return self._progress.global_step
 
-    As in Lightning, the values logged on step are the last train step's after every step
-    (kept on the device by the loop and read here, once per step, when someone reads them).
-    They include the train log window on its way to the host, if any: the values are those
-    of every log step so far. Reading waits for the device only on the first read after a
-    log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
-    the window at its next step). The loop itself and the progress bar never read it per step.
-    """
-    logged_metrics: HostMetrics = reads("_metric_log.logged_metrics")
-    """The latest value of every key written to the loggers (Lightning's)."""
-    progress_bar_metrics: HostMetrics = reads("_metric_log.progress_bar_metrics")
-    """The values the progress bar shows: the train window's last means and what was
-    logged with `prog_bar=True` (Lightning's)."""
+    @global_step.setter
+    def global_step(self, value: Any) -> None:
+        raise checks.loop_sets("global_step")
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
+        return self._progress.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, value: Any) -> None:
+        raise checks.loop_sets("current_epoch")
+
+    @property
+    def num_training_batches(self) -> int | None:
+        """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
+        return self._progress.batches_in_epoch
+
+    @num_training_batches.setter
+    def num_training_batches(self, value: Any) -> None:
+        raise checks.loop_sets("num_training_batches")
+
+    @property
+    def callback_metrics(self) -> HostMetrics:
+        """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
+        `ModelCheckpoint` read them.
+
+        As in Lightning, the values logged on step are the last train step's after every step
+        (kept on the device by the loop and read here, once per step, when someone reads them).
+        They include the train log window on its way to the host, if any: the values are those
+        of every log step so far. Reading waits for the device only on the first read after a
+        log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
+        the window at its next step). The loop itself and the progress bar never read it per step.
+        """
+        return self._metric_log.callback_metrics
+
+    @callback_metrics.setter
+    def callback_metrics(self, value: Any) -> None:
+        raise checks.loop_sets("callback_metrics")
+
+    @property
+    def logged_metrics(self) -> HostMetrics:
+        """The latest value of every key written to the loggers (Lightning's)."""
+        return self._metric_log.logged_metrics
+
+    @logged_metrics.setter
+    def logged_metrics(self, value: Any) -> None:
+        raise checks.loop_sets("logged_metrics")
+
+    @property
+    def progress_bar_metrics(self) -> HostMetrics:
+        """The values the progress bar shows: the train window's last means and what was
+        logged with `prog_bar=True` (Lightning's)."""
+        return self._metric_log.progress_bar_metrics
+
+    @progress_bar_metrics.setter
+    def progress_bar_metrics(self, value: Any) -> None:
+        raise checks.loop_sets("progress_bar_metrics")
 
     @property
     def estimated_stepping_batches(self) -> int | float:
