@@ -11,6 +11,7 @@
 #   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
+#   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
 # What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
@@ -54,14 +55,14 @@ while [ $# -gt 0 ]; do
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
     -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 7 or --smoke (--help)" >&2; exit 2 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 9 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5|6|7) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 7 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1 to 7, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5|6|7|8|9) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 9 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1 to 9, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -154,9 +155,16 @@ else
   if [ "$part" = 7 ]; then  # each fit in a process of its own (one holds the chip at a time)
     step 200 lm_qwen "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --json "$out/lm-qwen.json"
     step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
-      --json "$out/lm-qwen-scan.json"
+      --remat full --json "$out/lm-qwen-scan.json"
     step 200 lm_llama_lora "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --lora 16 \
       --json "$out/lm-llama1b-lora.json"
+  fi
+  if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm
+    step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
+      --remat full --json "$out/lm-qwen-scan.json"
+    step 390 first_step "$python" "$here/first_output.py" --example gpt.py --runs 1 --compile-cache "$out/cache" \
+      --json "$out/first-step.json" -- --preset gpt2-small --max-steps 30 --sample-length 0
+    rm -rf "$out/cache"
   fi
 fi
 echo
