@@ -25,10 +25,11 @@ from fitjax import module as module_lib
 from fitjax.module import LitModule
 
 
-def fixed_argument(name: str) -> AttributeError:
-    """The error setting `trainer.<name>`, a `Trainer(...)` argument's value, raises."""
-    return AttributeError(f"Trainer.{name} is read-only: it is a `Trainer({name}=...)` argument, fixed when the "
-                          "Trainer is made; make another Trainer to change it.")
+def fixed_argument(name: str, argument: str | None = None) -> AttributeError:
+    """The error setting `trainer.<name>`, a `Trainer(...)` argument's value (`argument` where
+    the argument has another name), raises."""
+    return AttributeError(f"Trainer.{name} is read-only: it is a `Trainer({argument or name}=...)` argument, fixed "
+                          "when the Trainer is made; make another Trainer to change it.")
 
 
 def loop_sets(name: str) -> AttributeError:
