@@ -404,7 +404,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     @limits.setter
     def limits(self, value: Any) -> None:
-        raise checks.fixed_argument("limits", "limit_train_batches/limit_val_batches/...")
+        raise checks.fixed_argument("limits", "limit_train_batches=..., limit_val_batches")
 
     @property
     def fast_dev_run(self) -> int:
