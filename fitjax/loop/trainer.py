@@ -599,6 +599,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
+            _status.training_ended()  # the bar closed before on_train_end's summaries print
             run.state = run.pieces.end_training(
                 run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
                 lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
@@ -655,6 +656,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             stop, run.requeue_from = _preemption.stopped(self, self._stop_request.signal)
             raise stop
         if ended == "pause":  # the epoch's end work is left to the fit that resumes it
+            _status.training_ended()  # the bar closed above the stop's line
             _stop.pause_epoch(self._progress, self.checkpoint_callbacks, self, module,
                               is_global_zero=self.is_global_zero)
             return
