@@ -28,6 +28,8 @@ needs and returning values:
     _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
     _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
     _trainer_doc          the Args sections of the Trainer's, `plan`'s and `generate`'s docstrings
+    generation            `Trainer.generate`'s run, over its options (`fitjax.GenerationOptions`), the
+                          prompts' host side (`_prompts`) and the programs on the devices (`_decode`)
 """
 
 from fitjax.loop.progress import Position, Progress, ProgressView

@@ -36,7 +36,8 @@ from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import _trainer_doc, evaluation, generation
+from fitjax.loop import _prompts, _trainer_doc, evaluation, generation
+from fitjax._generation_options import GenerationOptions
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -802,10 +803,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         _compile_cache.use(self._compile_cache)
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
         if eos_token_id is None:
-            eos_token_id = generation.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
-        options = generation.GenerateOptions.make(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            eos_token_id=eos_token_id, use_cache=use_cache)
+            eos_token_id = _prompts.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
+        options = GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    seed=seed, eos_token_id=eos_token_id, use_cache=use_cache, where="Trainer.generate")
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             state = self.state
             held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \
