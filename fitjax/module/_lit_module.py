@@ -11,8 +11,6 @@ import flax.linen as nn
 import optax
 from flax import nnx
 
-import jax
-
 from fitjax import _logged
 from fitjax.module import _host_model, _lightning, _lora, _optimizers, _weight_room, _weights
 from fitjax.step import ModuleSpec, context, defined_at
@@ -24,7 +22,7 @@ from fitjax.module._host_model import hook_mode
 from fitjax.module._weight_room import own_variables
 from fitjax._typing import Batch, Metrics, PyTree
 
-__all__ = ["LitModule", "overrides", "take_params_edits"]
+__all__ = ["LitModule", "overrides"]
 
 
 class LitModule:
@@ -281,18 +279,7 @@ class LitModule:
             ...     if self.global_step % self.hparams.sync_rate == 0:  # a DQN's target sync
             ...         self.update_params(lambda p: {**p, "target_net": p["net"]})
         """
-        owner = type(self).__name__
-        if _lightning.tracing() or isinstance(jax.numpy.zeros(()), jax.core.Tracer):  # inside a jit trace
-            raise RuntimeError(f"{owner}.update_params(...) writes weights between steps: call it from a host "
-                               "hook (`on_train_batch_end`, ...), not inside the traced step.")
-        if not callable(fn):
-            raise TypeError(f"{owner}.update_params(fn) takes a function `params -> new params`, got "
-                            f"{type(fn).__name__}: {fn!r}; to set a tree `new`, pass `lambda _: new`.")
-        if self.trainer is None or getattr(self.trainer.stage, "name", None) != "fit":
-            raise RuntimeError(f"{owner}.update_params(...) acts on the weights of a running fit: call it "
-                               "from a hook of `Trainer.fit` (after fit, the weights are `module.variables`).")
-        edits = self.__dict__.setdefault("_params_edits", [])
-        edits.append(fn)
+        _weight_room.update_params(self, fn)
 
     def step_rngs(self) -> nnx.Rngs:
         """An `nnx.Rngs` of the step's keys, for NNX code that takes its randomness per call.
@@ -646,9 +633,3 @@ class LitModule:
 def overrides(module: LitModule, hook: str) -> bool:
     """Whether the module's class defines `hook` itself (the loop calls only those)."""
     return getattr(type(module), hook, None) is not getattr(LitModule, hook, None)
-
-
-def take_params_edits(module: LitModule) -> list:
-    """The `update_params` functions the module's hooks asked for since the last call (the loop
-    applies them, in order, before the next step); [] when none (one dict lookup)."""
-    return module.__dict__.pop("_params_edits", None) or []

@@ -1,11 +1,12 @@
 """A `LitModule`'s weights to and from outside a fit, and their placement when a trainer builds.
 
-`LitModule.load_weights`, `load_adapters`, `apply_lora`, `save_weights` and
+`LitModule.load_weights`, `load_adapters`, `apply_lora`, `save_weights`, `update_params` and
 `load_from_checkpoint` delegate here (their docstrings, on `LitModule`, are the reference). What
-they leave pending lives on the module, read and written only here and by `set_variables`:
-`_weights_load` (the base weights to place), `_adapters_load` (LoRA adapters placed on top),
-`_lora` (the `LoraSpec` of `apply_lora`), `_trainable` (what the last built optimizer trains) and
-`_restored_with` (a Linen restore with overrides, to explain a mismatch in its terms).
+they leave pending lives on the module (`LitModule.__init__` starts it empty; `step_spec` reads
+it): `_weights_load` (the base weights to place), `_adapters_load` (LoRA adapters placed on top),
+`_lora` (the `LoraSpec` of `apply_lora`), `_trainable` (what the last built optimizer trains),
+`_restored_with` (a Linen restore with overrides, to explain a mismatch in its terms) and
+`_params_edits` (`update_params`' functions, until the loop takes them).
 
 The step layer gets `placer(module)`: None when nothing is pending, else the function that reads
 each pending array straight into the strategy's sharding when the state is built.
@@ -23,13 +24,14 @@ import optax
 
 from fitjax import checkpoint
 from fitjax._typing import PyTree
-from fitjax.module import _lora, _weight_sources, _weights
+from fitjax.module import _lightning, _lora, _weight_sources, _weights
 from fitjax.step import trainable
 from fitjax.step.model_binding import ModelsBinding, NNXBinding
 
 LitModule = Any  # a `fitjax.LitModule`, which imports this module (so this one cannot import it)
 
-__all__ = ["initial_variables", "is_unfitted_linen", "own_variables", "set_variables", "weights_to_save"]
+__all__ = ["initial_variables", "is_unfitted_linen", "own_variables", "set_variables", "take_params_edits",
+           "weights_to_save"]
 
 
 # ------------------------------------------------------------------------ the module's weights
@@ -72,6 +74,30 @@ def weights_to_save(module: LitModule, lora: str = "merge") -> tuple[PyTree, PyT
     if spec is None:
         return module.variables
     return _lora.saved(module.variables, spec, lora, type(module).__name__)
+
+
+# ----------------------------------------------------------- weights written from a host hook
+
+
+def update_params(module: LitModule, fn) -> None:
+    """`module.update_params(fn)`: checked, then kept for the loop (`take_params_edits`)."""
+    owner = type(module).__name__
+    if _lightning.tracing() or isinstance(jax.numpy.zeros(()), jax.core.Tracer):  # inside a jit trace
+        raise RuntimeError(f"{owner}.update_params(...) writes weights between steps: call it from a host "
+                           "hook (`on_train_batch_end`, ...), not inside the traced step.")
+    if not callable(fn):
+        raise TypeError(f"{owner}.update_params(fn) takes a function `params -> new params`, got "
+                        f"{type(fn).__name__}: {fn!r}; to set a tree `new`, pass `lambda _: new`.")
+    if module.trainer is None or getattr(module.trainer.stage, "name", None) != "fit":
+        raise RuntimeError(f"{owner}.update_params(...) acts on the weights of a running fit: call it "
+                           "from a hook of `Trainer.fit` (after fit, the weights are `module.variables`).")
+    module.__dict__.setdefault("_params_edits", []).append(fn)
+
+
+def take_params_edits(module: LitModule) -> list:
+    """The `update_params` functions the module's hooks asked for since the last call (the loop
+    applies them, in order, before the next step); [] when none (one dict lookup)."""
+    return module.__dict__.pop("_params_edits", None) or []
 
 
 # ------------------------------------------------------------------------------- checkpoints
