@@ -1116,17 +1116,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         Args:
             module: the `LitModule` whose model generates.
             prompts: see above; prompts of different lengths are left-padded together.
-            max_new_tokens: tokens generated per prompt at most; with the longest prompt within
-                the model's `max_positions` (if it has one) and int32's positions.
-            temperature: 0 picks the most likely token (greedy); otherwise the logits are
-                divided by it and a token drawn.
-            top_k: draw among the k most likely tokens only (None: all).
-            top_p: draw among the most likely tokens holding this probability mass (None: all).
-            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
+            max_new_tokens: `fj.GenerationOptions.max_new_tokens` (each sampling option's meaning,
+                default and allowed values are defined there once, for every place that generates).
+            temperature: `fj.GenerationOptions.temperature` (0: greedy).
+            top_k: `fj.GenerationOptions.top_k`.
+            top_p: `fj.GenerationOptions.top_p`.
+            seed: `fj.GenerationOptions.seed`.
             eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
                 model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
-            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
-                sequence for each token (slower, the same tokens).
+            use_cache: `fj.GenerationOptions.use_cache`.
 
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
