@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=3, help="including the warm-up epoch")
     parser.add_argument("--top", type=int, default=12, help="functions listed per configuration")
     parser.add_argument("--smoke", action="store_true",
-                        help="hand, all off and defaults once each, 32-step epochs, calls counted in the same "
+                        help="hand, unshuf, all off and defaults once each, 32-step epochs, calls counted in the same "
                              "runs: checks the script runs (its numbers mean nothing)")
     return parser
 
@@ -227,7 +227,7 @@ def main(argv=None):
     configs = list(CONFIGS)
     if args.smoke:
         args.repeats, args.epochs, steps = 1, 2, 32
-        configs = ["hand", "all off", "defaults"]
+        configs = ["hand", "unshuf", "all off", "defaults"]
     data = overhead.make_data(shape, batch_size * steps)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; tiny MLP, batch {batch_size}, {steps} steps an "
           f"epoch, {args.epochs - 1} timed epoch(s), {args.repeats} repeat(s); load average at start "
