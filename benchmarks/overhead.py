@@ -431,7 +431,8 @@ def tiny_rows(args, workload, root, spe: int) -> None:
             return hand_written_scan(factory(), data, batch_size, epochs, spe)
         return with_fitjax(factory(), data, batch_size, epochs, root, defaults=TINY_RUNS[name])
 
-    for name in () if args.smoke else ("hand", "unshuffled", "defaults", "spe", "scan"):  # the process's warm-up, not timed
+    # the process's warm-up, not timed
+    for name in () if args.smoke else ("hand", "unshuffled", "defaults", "spe", "scan"):
         run(name)
     for repeat in range(args.repeats):
         order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]

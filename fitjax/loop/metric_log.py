@@ -449,7 +449,8 @@ class MetricLog:
         self._write(extra, step=row, epoch=window.epoch)
         self.progress_bar_metrics.update(_logged.for_progress_bar(values, self._specs))
         self._write(values, aliases=aliases, step=row, epoch=window.epoch)
-        self._on_window_logged(Position(window.epoch, window.batches_done, window.step), self.progress_bar_metrics, rate)
+        self._on_window_logged(Position(window.epoch, window.batches_done, window.step), self.progress_bar_metrics,
+                               rate)
 
     def _window_rows_of(self, host: dict, extra: dict) -> tuple[HostMetrics, HostMetrics, HostMetrics]:
         """A window's host values as its rows log them: the extra values, the on-step means and
