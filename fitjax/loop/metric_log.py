@@ -126,12 +126,13 @@ class _Pending(NamedTuple):
 class _EpochEnd:
     """A train epoch's end behind the windows on their way (the last of them its steps since the
     last log step): written once they are, it logs the epoch's means at `step` and starts the
-    next epoch's accumulators. `latest`: the epoch's last step's values (on the device), which
-    `callback_metrics` holds before the means (Lightning writes the means over their plain names)."""
+    next epoch's accumulators. `latest`: the epoch's last step's values (on the device) and, when
+    someone read them already, their host values: `callback_metrics` holds them before the means
+    (Lightning writes the means over their plain names)."""
 
     step: int
     epoch: int
-    latest: dict | None
+    latest: tuple[dict, HostMetrics | None] | None
 
 
 def _is_window(entry: Any) -> bool:
@@ -319,11 +320,8 @@ class MetricLog:
         epoch's last step until the host had started the next epoch: with `steps_per_execution`
         on CPU ~10% of the tiny MLP's speed (issue 62)."""
         state = self.start_window(state, reset, log_rows=False)  # the steps since the last log step
-        latest = self._latest_step  # newer than the windows, older than the epoch's means
-        if latest is not None and self._latest_step_host is not None and self._latest_step_host[0] is latest:
-            latest = {"read": self._latest_step_host[1]}  # already read: kept as host values
-        elif latest is not None:
-            latest = {"outputs": latest}
+        outputs, read = self._latest_step, self._latest_step_host  # newer than the windows
+        latest = None if outputs is None else (outputs, read[1] if read is not None and read[0] is outputs else None)
         self._queue.append(_EpochEnd(self._row(), self._loop.epoch, latest))
         self._latest_step = self._latest_step_host = None
         return state
@@ -399,11 +397,12 @@ class MetricLog:
                     _logged.plain_names(acc, specs, epoch=True),
                     pictures=_logged.pictures(acc, specs, stage="train", epoch=True))
 
-    def _step_values(self, latest: dict | None) -> HostMetrics:
+    def _step_values(self, latest: tuple[dict, HostMetrics | None] | None) -> HostMetrics:
         """An epoch's last step's values as `_EpochEnd.latest` holds them (read now if not yet)."""
         if latest is None:
             return {}
-        return latest["read"] if "read" in latest else self._on_step_values(latest["outputs"])
+        outputs, values = latest
+        return values if values is not None else self._on_step_values(outputs)
 
     def _write_row(self, row: _Row) -> None:
         if row.to_loggers:
