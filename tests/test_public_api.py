@@ -44,8 +44,8 @@ def test_docstring_examples_run():
 ])
 def test_help_documents_every_trainer_argument(name, first, after):
     """`help(fj.Trainer)`, `help(trainer.plan)` and `help(trainer.generate)` show each argument's
-    reference (kept in `fitjax/loop/_trainer_doc.py`, joined to the docstrings when the class is
-    made) between the summary and the next section."""
+    reference (the Args section written in the source's docstring, where an IDE reads it too)
+    between the summary and the next section."""
     import inspect
     import pydoc
     import re
