@@ -666,7 +666,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     @property
     def logged_metrics(self) -> HostMetrics:
-        """The latest value of every key written to the loggers (Lightning's)."""
+        """The latest value of every key written to the loggers (Lightning's), the rows on their
+        way to them included (reading waits for those, as `callback_metrics` does)."""
         return self._metric_log.logged_metrics
 
     @logged_metrics.setter
