@@ -32,7 +32,7 @@ def test_docstring_examples_run():
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
                  "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.planner._choose", "fitjax.loop.plan",
                  "fitjax.nn._attention", "fitjax.models._config", "fitjax.models._causal_lm",
-                 "fitjax.models._pretrained", "fitjax.data._text"]:
+                 "fitjax.models._pretrained", "fitjax.data._text", "fitjax._generation_options"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name
 

@@ -26,6 +26,8 @@ needs and returning values:
                           fit's restore from one (`resume_fit`)
     _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
     _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
+    generation            `Trainer.generate`'s run, over its options (`fitjax.GenerationOptions`), the
+                          prompts' host side (`_prompts`) and the programs on the devices (`_decode`)
 """
 
 from fitjax.loop.progress import Position, Progress, ProgressView

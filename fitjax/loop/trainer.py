@@ -35,7 +35,8 @@ from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import evaluation, generation
+from fitjax.loop import _prompts, evaluation, generation
+from fitjax._generation_options import GenerationOptions
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -920,6 +921,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                 self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
             self._metric_log.finish_windows()  # the last epoch's means, before the end of training
+            _status.training_ended()  # the bar closed before on_train_end's summaries print
             run.state = run.pieces.end_training(
                 run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
                 lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
@@ -976,6 +978,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             stop, run.requeue_from = _preemption.stopped(self, self._stop_request.signal)
             raise stop
         if ended == "pause":  # the epoch's end work is left to the fit that resumes it
+            _status.training_ended()  # the bar closed above the stop's line
             _stop.pause_epoch(self._progress, self.checkpoint_callbacks, self, module,
                               is_global_zero=self.is_global_zero)
             return
@@ -1136,10 +1139,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         _compile_cache.use(self._compile_cache)
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
         if eos_token_id is None:
-            eos_token_id = generation.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
-        options = generation.GenerateOptions.make(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            eos_token_id=eos_token_id, use_cache=use_cache)
+            eos_token_id = _prompts.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
+        options = GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    seed=seed, eos_token_id=eos_token_id, use_cache=use_cache, where="Trainer.generate")
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             state = self.state
             held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \
