@@ -667,7 +667,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     @property
     def logged_metrics(self) -> HostMetrics:
-        """The latest value of every key written to the loggers (Lightning's)."""
+        """The latest value of every key written to the loggers (Lightning's), the rows on their
+        way to them included (reading waits for those, as `callback_metrics` does)."""
         return self._metric_log.logged_metrics
 
     @logged_metrics.setter
@@ -919,6 +920,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
+            self._metric_log.finish_windows()  # the last epoch's means, before the end of training
             _status.training_ended()  # the bar closed before on_train_end's summaries print
             run.state = run.pieces.end_training(
                 run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
@@ -985,6 +987,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             # the run's end inside an epoch: a save after it (the default checkpoint's at the end
             # of training) resumes at the next batch of this epoch, as one made before its end
             # work does, so a fit resumed with a larger max_steps trains the epoch's rest
+            self._metric_log.finish_windows()  # its accumulators: the epoch's, all of them read
             self._cut_point = self._resume_point()
         self._progress.end_epoch()
 
