@@ -47,6 +47,22 @@ def _keys(count: jax.Array, n: int, seed: int) -> list[jax.Array]:
     return [jax.random.fold_in(key, i) for i in range(n)]
 
 
+def _step(b1: float, b2: float, eps: float, eps_root: float) -> Callable:
+    """Adam's float32 step on trees (or single leaves) of gradients and moments."""
+
+    def step(grads, mu, nu, count):
+        """float32 moments after this step and the update they give."""
+        mu = jax.tree.map(lambda g, m: b1 * m + (1 - b1) * g.astype(jnp.float32), grads, mu)
+        nu = jax.tree.map(lambda g, v: b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32)), grads, nu)
+        mu_hat = optax.tree.bias_correction(mu, b1, count)
+        nu_hat = optax.tree.bias_correction(nu, b2, count)
+        updates = jax.tree.map(lambda g, m, v: (m / (jnp.sqrt(v + eps_root) + eps)).astype(g.dtype),
+                               grads, mu_hat, nu_hat)
+        return mu, nu, updates
+
+    return step
+
+
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float = 0.0, *,
                   moments: str = "float32", block_size: int = 256,
                   seed: int = 0) -> optax.GradientTransformation:
@@ -87,15 +103,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
     if moments == "float32":
         return optax.scale_by_adam(b1, b2, eps, eps_root)
 
-    def step(grads, mu, nu, count):
-        """float32 moments after this step and the update they give."""
-        mu = jax.tree.map(lambda g, m: b1 * m + (1 - b1) * g.astype(jnp.float32), grads, mu)
-        nu = jax.tree.map(lambda g, v: b2 * v + (1 - b2) * jnp.square(g.astype(jnp.float32)), grads, nu)
-        mu_hat = optax.tree.bias_correction(mu, b1, count)
-        nu_hat = optax.tree.bias_correction(nu, b2, count)
-        updates = jax.tree.map(lambda g, m, v: (m / (jnp.sqrt(v + eps_root) + eps)).astype(g.dtype),
-                               grads, mu_hat, nu_hat)
-        return mu, nu, updates
+    step = _step(b1, b2, eps, eps_root)
 
     if moments == "bfloat16":
         def init(params):
@@ -119,6 +127,15 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
 
         return optax.GradientTransformation(init, update)
 
+    return _scale_by_adam_8bit(b1, b2, eps, eps_root, block_size, seed)
+
+
+def _scale_by_adam_8bit(b1: float, b2: float, eps: float, eps_root: float, block_size: int, seed: int,
+                        chunk_bytes: int = _blockwise.CHUNK_BYTES) -> optax.GradientTransformation:
+    """`scale_by_adam(moments="int8")`; a leaf's update goes in pieces of at most `chunk_bytes` of
+    float32 (`_blockwise.map_pieces`), which leaves it bitwise equal to one piece."""
+    step = _step(b1, b2, eps, eps_root)
+
     def blocks(shape):  # the block size of an 8-bit leaf, None for one kept float32
         return _blockwise.block_for(shape, block_size)
 
@@ -137,32 +154,39 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
             nu=jax.tree.map(lambda p: codes(p, jnp.uint8), params),
             mu_absmax=jax.tree.map(scales, params), nu_absmax=jax.tree.map(scales, params))
 
-    def load(codes, scale, dequantize):
-        block = blocks(codes.shape)
-        return dequantize(codes, scale["absmax"], block) if block else codes
+    def leaf_update(g, mu, mu_scale, nu, nu_scale, keys, count):
+        """One leaf's update and its stored moments `(update, mu, mu_absmax, nu, nu_absmax)`."""
+        block = blocks(g.shape)
+        if not block:
+            mu, nu, update = step(g, mu, nu, count)
+            return update, mu, jnp.zeros((), jnp.float32), nu, jnp.zeros((), jnp.float32)
 
-    def store(x, key, quantize):
-        block = blocks(x.shape)
-        return quantize(x, key, block) if block else (x, jnp.zeros((), jnp.float32))
+        def rows_update(rows, g, mu, mu_scale, nu, nu_scale):
+            mu = _blockwise.dequantize_mu(mu, mu_scale, block)
+            nu = _blockwise.dequantize_nu(nu, nu_scale, block)
+            mu, nu, update = step(g, mu, nu, count)
+            return (update, *_blockwise.quantize_mu(mu, keys[0], block, rows),
+                    *_blockwise.quantize_nu(nu, keys[1], block, rows))
+
+        row_bytes = 4 * _blockwise.num_blocks(g.shape, block) * block  # a padded float32 row
+        return _blockwise.map_pieces(rows_update, g.shape[:-1], (g, mu, mu_scale, nu, nu_scale),
+                                     row_bytes, chunk_bytes)
 
     def update(grads, state, params=None):
         del params
         count = optax.safe_increment(state.count)
         treedef = jax.tree.structure(grads)
-        mu32 = treedef.unflatten([load(c, s, _blockwise.dequantize_mu) for c, s in zip(
-            treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.mu_absmax))])
-        nu32 = treedef.unflatten([load(c, s, _blockwise.dequantize_nu) for c, s in zip(
-            treedef.flatten_up_to(state.nu), treedef.flatten_up_to(state.nu_absmax))])
-        mu, nu, updates = step(grads, mu32, nu32, count)
-        mu_leaves, nu_leaves = treedef.flatten_up_to(mu), treedef.flatten_up_to(nu)
-        keys = _keys(count, 2 * len(mu_leaves), seed)
-        mu_q = [store(x, k, _blockwise.quantize_mu) for x, k in zip(mu_leaves, keys[0::2])]
-        nu_q = [store(x, k, _blockwise.quantize_nu) for x, k in zip(nu_leaves, keys[1::2])]
-        return updates, ScaleByAdamBlockwiseState(
-            count=count,
-            mu=treedef.unflatten([c for c, _ in mu_q]), nu=treedef.unflatten([c for c, _ in nu_q]),
-            mu_absmax=treedef.unflatten([{"absmax": s} for _, s in mu_q]),
-            nu_absmax=treedef.unflatten([{"absmax": s} for _, s in nu_q]))
+        leaves = [treedef.flatten_up_to(tree) for tree in (
+            grads, state.mu, state.mu_absmax, state.nu, state.nu_absmax)]
+        keys = _keys(count, 2 * treedef.num_leaves, seed)
+        done = [leaf_update(g, mu, mu_scale["absmax"], nu, nu_scale["absmax"], keys[2 * i:2 * i + 2],
+                            count)
+                for i, (g, mu, mu_scale, nu, nu_scale) in enumerate(zip(*leaves))]
+        updates, mu, mu_absmax, nu, nu_absmax = (list(x) for x in zip(*done)) if done else ([],) * 5
+        return treedef.unflatten(updates), ScaleByAdamBlockwiseState(
+            count=count, mu=treedef.unflatten(mu), nu=treedef.unflatten(nu),
+            mu_absmax=treedef.unflatten([{"absmax": s} for s in mu_absmax]),
+            nu_absmax=treedef.unflatten([{"absmax": s} for s in nu_absmax]))
 
     return optax.GradientTransformation(init, update)
 
