@@ -115,7 +115,7 @@ def test_the_trainer_page_shows_the_arguments_reference(site):
     text = re.sub(r"<[^>]+>", "", (site / "reference" / "fitjax.Trainer.html").read_text())
     assert "stop after this many epochs" in text and "train several runs side by side" in text
     assert "the fraction of the memory kept free" in text  # plan's
-    assert "tokens generated per prompt at most" in text  # generate's
+    assert "the id (or ids) a row stops at" in text  # generate's
     assert text.index("stop after this many epochs") < text.index("trainer = fj.Trainer(max_epochs=3")
 
 
