@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=8, help="rows a step")
     parser.add_argument("--length", type=int, default=1024, help="tokens a row")
     parser.add_argument("--lora", type=int, default=None, metavar="RANK", help="LoRA of this rank (base frozen)")
+    parser.add_argument("--quantize", choices=("int8", "int4", "nf4"), default=None,
+                        help="QLoRA (with --lora): the adapted base weights held in this type (qwix)")
+    parser.add_argument("--moments", choices=("float32", "bfloat16", "int8"), default="float32",
+                        help="AdamW's moments as fj.optim.adamw(moments=...) stores them (default float32)")
+    parser.add_argument("--precision", default="bf16-mixed",
+                        help="Trainer(precision=...): bf16-mixed (float32 weights) or bf16-true (bfloat16 weights)")
+    parser.add_argument("--loss-chunk", type=int, default=256, help="positions per chunk of the loss")
     parser.add_argument("--scan-layers", action="store_true", help="the layers as one nn.scan")
     parser.add_argument("--attention", default="auto", help="fj.nn.attention's implementation (default auto)")
     parser.add_argument("--remat", default="none", help="Trainer(remat=...): none, full, dots or offload")
@@ -77,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak (default: fitjax's table)")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    parser.add_argument("--plan", default=None, metavar="TARGET",
+                        help="plan instead of fitting: the train step and the state's init compiled for TARGET "
+                             "(e.g. tpu-v5e-1, deviceless with libtpu) and their peak memory; nothing runs")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape, 1 + 1 steps on CPU: checks it runs")
     return parser
 
@@ -127,17 +137,67 @@ def flops_per_token(module: CausalLMModule, params, length: int) -> tuple[int, i
     return 4 * n + 6 * trainable + attention, n, trainable
 
 
-def run(args) -> dict:
+class LMModule(CausalLMModule):
+    """`CausalLMModule` whose AdamW keeps its moments as `moments` says (`fj.optim.adamw`)."""
+
+    def __init__(self, config, *, moments: str = "float32", **kwargs):
+        super().__init__(config, **kwargs)
+        self.moments = moments
+
+    def configure_optimizer(self):
+        return fj.optim.adamw(self.hparams.lr, moments=self.moments)
+
+
+def module_for(args) -> LMModule:
+    if args.quantize and not args.lora:
+        raise SystemExit(f"lm_shapes.py: --quantize {args.quantize} is QLoRA: give --lora RANK too")
     config = config_for(args.shape, args.set)
-    module = CausalLMModule(config, lr=1e-4, scan_layers=args.scan_layers, attention=args.attention)
+    module = LMModule(config, lr=1e-4, scan_layers=args.scan_layers, attention=args.attention,
+                      loss_chunk=args.loss_chunk, moments=args.moments)
     if args.lora:
-        module.apply_lora(LORA_TARGETS, rank=args.lora)
+        module.apply_lora(LORA_TARGETS, rank=args.lora, quantize=args.quantize)
+    return module
+
+
+def trainer_for(args, **kwargs) -> fj.Trainer:
+    return fj.Trainer(precision=args.precision, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, logger=False, devices=1, remat=args.remat, **kwargs)
+
+
+def plan(args) -> dict:
+    """The train step and the state's init compiled for `args.plan` (nothing runs): XLA's peak
+    of each, per device."""
+    from fitjax.step import jitted
+
+    module = module_for(args)
+    batch = {"tokens": jax.ShapeDtypeStruct((args.batch, args.length + 1), np.int32)}
+    trainer = trainer_for(args)
+    started = time.perf_counter()
+    step = trainer.plan(module, batch, target=args.plan)
+    step_seconds = time.perf_counter() - started
+    target = fj.planner.resolve_target(args.plan, jax.devices())
+    strategy = fj.strategies.SingleDevice()
+    strategy.setup(target.devices[:1])
+    started = time.perf_counter()
+    with fj.planner.quiet_stderr():
+        init, init_args = jitted.abstract_init(module.step_spec(), strategy, batch, options=trainer.step_options)
+        init_memory = init.lower(*init_args).compile().memory_analysis()
+    init_peak = jitted.step_memory_bytes(init_memory)
+    return {"target": args.plan, "step": step.as_dict(), "init_peak": init_peak,
+            "init_temporaries": int(init_memory.temp_size_in_bytes), "memory_bytes": target.memory_bytes,
+            "plan_seconds": step_seconds, "init_compile_seconds": time.perf_counter() - started,
+            "shape": args.shape, "batch": args.batch, "length": args.length, "lora_rank": args.lora,
+            "quantize": args.quantize, "moments": args.moments, "precision": args.precision, "scan_layers": args.scan_layers,
+            "attention": args.attention, "remat": args.remat, "loss_chunk": args.loss_chunk}
+
+
+def run(args) -> dict:
+    module = module_for(args)
+    config = config_for(args.shape, args.set)
     rows = args.batch * (args.warmup + args.steps + 1)
     tokens = np.random.default_rng(0).integers(0, config["vocab_size"], (rows, args.length + 1), dtype=np.int32)
     timer = StepTimer(args.warmup, args.steps)
-    trainer = fj.Trainer(max_steps=args.warmup + args.steps, precision="bf16-mixed", callbacks=[timer],
-                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                         logger=False, devices=1, remat=args.remat)
+    trainer = trainer_for(args, max_steps=args.warmup + args.steps, callbacks=[timer])
     started = time.perf_counter()
     trainer.fit(module, fj.DataLoader({"tokens": tokens}, batch_size=args.batch, drop_last=True))
     fit_seconds = time.perf_counter() - started
@@ -148,7 +208,8 @@ def run(args) -> dict:
     tokens_per_second = args.steps * args.batch * args.length / timer.seconds
     stats = device.memory_stats() or {}
     figures = {"shape": args.shape, "config": config, "batch": args.batch, "length": args.length,
-               "lora_rank": args.lora, "scan_layers": args.scan_layers, "attention": args.attention,
+               "lora_rank": args.lora, "quantize": args.quantize, "moments": args.moments,
+               "precision": args.precision, "loss_chunk": args.loss_chunk, "scan_layers": args.scan_layers, "attention": args.attention,
                "remat": args.remat, "matmul_params": n, "lora_params": trainable,
                "flops_per_token": flops, "tokens_per_second": tokens_per_second,
                "step_seconds": timer.seconds / args.steps, "fit_seconds": fit_seconds,
@@ -163,12 +224,30 @@ def main(argv=None) -> None:
     args = _parser().parse_args(argv)
     if args.smoke:
         args.shape, args.batch, args.length, args.warmup, args.steps = "smoke", 2, 128, 1, 1
+    options = "".join(f", {o}" for o in (
+        f"LoRA {args.lora}" if args.lora else "", f"{args.quantize} base" if args.quantize else "",
+        f"{args.moments} moments" if args.moments != "float32" else "",
+        args.precision if args.precision != "bf16-mixed" else "", "scan" if args.scan_layers else "",
+        f"remat {args.remat}" if args.remat != "none" else "",
+        f"attention {args.attention}" if args.attention != "auto" else "") if o)
+    if args.plan:
+        figures = plan(args)
+        m = figures["step"]["candidates"][0]
+        gib = 2 ** 30
+        limit = figures["memory_bytes"]
+        peak = m["memory"]["peak"]
+        said = f" (XLA refused it: {m['out_of_memory']})" if m["out_of_memory"] else ""
+        print(f"{args.shape}{options}, {args.batch} x {args.length} on {args.plan}: step peak {peak / gib:.2f} GiB"
+              f"{said} (params {m['memory']['params'] / gib:.2f}, optimizer {m['memory']['optimizer'] / gib:.2f}, "
+              f"temporaries {(m['memory']['temporaries'] or 0) / gib:.2f}), free {(limit - peak) / gib:.2f} GiB "
+              f"of {limit / gib:.2f}; init peak {figures['init_peak'] / gib:.2f} GiB; step estimated "
+              f"{(m['step_time_s'] or 0) * 1e3:.0f} ms, MFU {(m['mfu'] or 0):.1%}; compiles "
+              f"{figures['plan_seconds']:.0f} s + {figures['init_compile_seconds']:.0f} s", flush=True)
+        _results.record(args.json, figures)
+        return
     figures = run(args)
     mfu = f", MFU {figures['mfu']:.1%}" if figures["mfu"] else ""
     memory = figures["peak_bytes_in_use"]
-    options = "".join(f", {o}" for o in (f"LoRA {args.lora}" if args.lora else "",
-                                         "scan" if args.scan_layers else "",
-                                         f"remat {args.remat}" if args.remat != "none" else "") if o)
     print(f"{args.shape}{options}, {args.batch} x {args.length}: "
           f"{figures['tokens_per_second']:,.0f} tokens/s, {figures['step_seconds'] * 1e3:.1f} ms a step{mfu}"
           + (f", peak {memory / 2**30:.2f} GiB" if memory else ""), flush=True)
