@@ -3,6 +3,10 @@
     python benchmarks/lm_shapes.py --device --shape qwen2.5-0.5b                 # full fine-tune, bf16-mixed
     python benchmarks/lm_shapes.py --device --shape llama-3.2-1b --lora 16       # LoRA rank 16 on every projection
     python benchmarks/lm_shapes.py --device --shape qwen2.5-0.5b --scan-layers --remat dots
+    python benchmarks/lm_shapes.py --device --shape llama-3.2-1b --precision bf16-true --moments int8
+    python benchmarks/lm_shapes.py --device --shape llama-3.1-8b --batch 4 --lora 16 --quantize int8 \
+        --scan-layers --remat full                                               # QLoRA, an 8-bit base
+    python benchmarks/lm_shapes.py --plan tpu-v5e-1 --shape llama-3.1-8b ...     # planned deviceless, nothing runs
     python benchmarks/lm_shapes.py --smoke                                       # seconds on CPU (numbers mean nothing)
 
 Each run builds a `fitjax.models.CausalLMModule` from the architecture's `config.json` values
@@ -19,10 +23,18 @@ utilisation:
                                                          T the length: attention's scores)
     with LoRA:                       4 N + 6 N_lora + 12 L d T   (no gradient for the frozen weights)
 
-`--scan-layers` and `--attention` are `CausalLMModule`'s options of those names, `--remat` the
-Trainer's; `--set key=value` adds or replaces a key of the architecture's config dict; `--lora
-RANK` applies LoRA to every attention and MLP projection. `--json` writes the figures with the
+`--scan-layers`, `--attention` and `--loss-chunk` are `CausalLMModule`'s options of those names,
+`--remat` and `--precision` the Trainer's (bf16-true: bfloat16 weights, gradients and moments, as
+torchtune's full fine-tunes); `--moments` stores AdamW's moments as `fj.optim.adamw(moments=...)`
+does (int8: 8-bit block-wise); `--set key=value` adds or replaces a key of the architecture's
+config dict; `--lora RANK` applies LoRA to every attention and MLP projection, `--quantize` holds
+their base weights in int8, int4 or nf4 (QLoRA, qwix). `--json` writes the figures with the
 command, commit and machine.
+
+`--plan TARGET` runs nothing: it compiles the train step (`Trainer.plan`) and the program that
+makes the state of random weights (`fitjax.step.jitted.abstract_init`) for TARGET, `tpu-v5e-1`
+deviceless with libtpu, and prints XLA's peak of each (a QLoRA init that held the float model
+would show there), the state's parts and the planner's step estimate.
 """
 
 from __future__ import annotations
@@ -84,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak (default: fitjax's table)")
     parser.add_argument("--json", default=None, help="write the figures here as JSON")
+    parser.add_argument("--longest", default=None, metavar="L1,L2,...",
+                        help="fit at the longest of these lengths whose step the planner fits on this device "
+                             "(Trainer.plan, XLA's memory analysis, 5%% kept free; a binary search); --length ignored")
     parser.add_argument("--plan", default=None, metavar="TARGET",
                         help="plan instead of fitting: the train step and the state's init compiled for TARGET "
                              "(e.g. tpu-v5e-1, deviceless with libtpu) and their peak memory; nothing runs")
@@ -191,7 +206,32 @@ def plan(args) -> dict:
             "attention": args.attention, "remat": args.remat, "loss_chunk": args.loss_chunk}
 
 
+def longest(args) -> tuple[int, dict]:
+    """The longest of `args.longest`'s lengths whose train step the planner fits on this device
+    (a binary search: a longer step never needs less), and each planned length's peak (None:
+    XLA refused it)."""
+    lengths = sorted({int(x) for x in args.longest.split(",")})
+    peaks, low, high, best = {}, 0, len(lengths) - 1, None
+    while low <= high:
+        mid = (low + high) // 2
+        batch = {"tokens": jax.ShapeDtypeStruct((args.batch, lengths[mid] + 1), np.int32)}
+        m = trainer_for(args).plan(module_for(args), batch, headroom=0.05).candidates[0]
+        peaks[lengths[mid]] = None if m.out_of_memory else m.memory["peak"]
+        print(f"planned {args.batch} x {lengths[mid]}: " + (f"peak {m.memory['peak'] / 2**30:.2f} GiB" if
+              peaks[lengths[mid]] else "refused") + (", fits" if m.fits is not False else ", does not fit"), flush=True)
+        if m.fits is not False:
+            best, low = lengths[mid], mid + 1
+        else:
+            high = mid - 1
+    if best is None:
+        raise SystemExit(f"lm_shapes.py: no length of --longest {args.longest} fits: {peaks}")
+    return best, peaks
+
+
 def run(args) -> dict:
+    planned = None
+    if args.longest:
+        args.length, planned = longest(args)
     module = module_for(args)
     config = config_for(args.shape, args.set)
     rows = args.batch * (args.warmup + args.steps + 1)
@@ -215,7 +255,7 @@ def run(args) -> dict:
                "step_seconds": timer.seconds / args.steps, "fit_seconds": fit_seconds,
                "mfu": tokens_per_second * flops / peak if peak else None, "peak_flops": peak,
                "peak_bytes_in_use": stats.get("peak_bytes_in_use"), "bytes_limit": stats.get("bytes_limit"),
-               "train_loss": float(trainer.callback_metrics["train/loss"])}
+               "train_loss": float(trainer.callback_metrics["train/loss"]), "planned_peaks": planned}
     del trainer  # its state stays on the chip until dropped
     return figures
 

@@ -11,6 +11,9 @@
 #   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
+#   bash benchmarks/tpu_check.sh --part 8     # big models on one chip: Llama-3.2-1B full fine-tune, Llama-3.1-8B QLoRA
+#   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune, Llama-3.1-8B QLoRA with a 4-bit base
+#   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
 #   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #
@@ -37,6 +40,9 @@
 #   7. benchmarks/lm_shapes.py      `fitjax.models` fits at published shapes with random weights, 8 x 1024
 #                                   tokens a step, bf16-mixed: Qwen2.5-0.5B full (layers unrolled and
 #                                   scanned), Llama-3.2-1B with LoRA rank 16: tokens/s, MFU, peak memory
+#   8, 10, 11. lm_shapes.py         the same at shapes that fill a 16 GB chip (issue 62), each planned for
+#                                   `tpu-v5e-1` deviceless first (`lm_shapes.py --plan tpu-v5e-1 ...`: its
+#                                   predicted peak is beside each run below and in results/tpu-v5e/README.md)
 # Each part writes JSON (the command, the commit, JAX and libtpu versions, the device kind, raw
 # timings, derived ratios) under $FITJAX_RESULTS (default benchmarks/results/tpu-v5e), which are
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
@@ -54,15 +60,15 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 9 or --smoke (--help)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 11 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5|6|7|8|9) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 9 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1 to 9, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5|6|7|8|9|10|11) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 11 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1 to 11, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -124,6 +130,10 @@ if [ "$smoke" -eq 1 ]; then
   step 120 generation "$python" "$here/generation.py" --smoke
   step 120 save_probe "$python" "$here/save_probe.py" --smoke --json "$out/save_probe.json"
   step 120 lm_shapes "$python" "$here/lm_shapes.py" --smoke --json "$out/lm.json"
+  step 120 lm_shapes_memory "$python" "$here/lm_shapes.py" --smoke --moments int8 --precision bf16-true \
+    --loss-chunk 64 --longest 64,128 --json "$out/lm-memory.json"
+  step 150 lm_shapes_qlora_plan "$python" "$here/lm_shapes.py" --smoke --lora 4 --quantize int4 --scan-layers \
+    --remat full --plan tpu-v5e-1 --json "$out/lm-qlora-plan.json"
 else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
@@ -158,6 +168,40 @@ else
       --remat full --json "$out/lm-qwen-scan.json"
     step 200 lm_llama_lora "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --lora 16 \
       --json "$out/lm-llama1b-lora.json"
+  fi
+  # Parts 8, 10 and 11: issue 62's runs, each planned for tpu-v5e-1 first (`lm_shapes.py --plan tpu-v5e-1` and
+  # the same options, deviceless): "planned" is XLA's peak of the train step (the state's init beside it),
+  # against the chip's 15.75 GiB. Most important first: a run cut short by the call's limit is the last.
+  if [ "$part" = 8 ]; then
+    # Llama-3.2-1B full fine-tune, 8 x 1024: bfloat16 weights (torchtune's full fine-tune), 8-bit AdamW,
+    # layers unrolled, no remat. Planned: pending (bf16-mixed weights: refused at 16.07 GiB unrolled,
+    # 16.66 GiB scanned with remat full)
+    step 270 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
+      --precision bf16-true --moments int8 --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
+    # Llama-3.1-8B QLoRA (int8 base, rank 16 on every projection), 4 x 1024, layers scanned, remat full.
+    # Planned: 14.59 GiB (1.16 free; params 10.58, temporaries 3.70), init 10.89 GiB, 1.77 s a step
+    step 300 lm_llama8b_qlora_int8 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
+      --lora 16 --quantize int8 --scan-layers --remat full --warmup 2 --steps 5 --json "$out/lm-llama8b-qlora-int8.json"
+  fi
+  if [ "$part" = 10 ]; then
+    # Llama-3.2-3B full fine-tune, the largest batch planned to fit at 1024: bfloat16 weights, 8-bit
+    # AdamW, remat full. Planned: pending (2 of its 28 layers: 9.49 GiB)
+    step 240 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 2 \
+      --precision bf16-true --moments int8 --remat full --warmup 2 --steps 5 --json "$out/lm-llama3b-full.json"
+    # Llama-3.1-8B QLoRA with a 4-bit base. Planned: pending (below the int8 base's 14.59 GiB)
+    step 180 lm_llama8b_qlora_int4 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
+      --lora 16 --quantize int4 --scan-layers --remat full --warmup 2 --steps 5 --json "$out/lm-llama8b-qlora-int4.json"
+  fi
+  if [ "$part" = 11 ]; then
+    # The longest context at batch 1 (splash attention, layers scanned, remat full): the longest of the
+    # listed lengths the planner fits on the chip itself (Trainer.plan on the device, 5% kept free; a
+    # binary search, ~3 compiles), then 1 + 3 steps at it
+    step 300 lm_qwen_context "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --batch 1 \
+      --scan-layers --remat full --longest 16384,32768,49152,65536,98304,131072 --warmup 1 --steps 3 \
+      --json "$out/lm-qwen-context.json"
+    step 290 lm_llama8b_context "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 1 \
+      --lora 16 --quantize int4 --scan-layers --remat full --longest 8192,16384,24576,32768,49152,65536 \
+      --warmup 1 --steps 3 --json "$out/lm-llama8b-context.json"
   fi
   if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm
     step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
