@@ -31,6 +31,10 @@ config dict; `--lora RANK` applies LoRA to every attention and MLP projection, `
 their base weights in int8, int4 or nf4 (QLoRA, qwix). `--json` writes the figures with the
 command, commit and machine.
 
+`--remat none,full` fits with the first policy whose step the planner fits on this device
+(`Trainer.plan`, 5% of the memory kept free), `--longest L1,L2,...` at the longest length it fits
+(a binary search): each planned peak is in the JSON.
+
 `--plan TARGET` runs nothing: it compiles the train step (`Trainer.plan`) and the program that
 makes the state of random weights (`fitjax.step.jitted.abstract_init`) for TARGET, `tpu-v5e-1`
 deviceless with libtpu, and prints XLA's peak of each (a QLoRA init that held the float model
@@ -89,7 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss-chunk", type=int, default=256, help="positions per chunk of the loss")
     parser.add_argument("--scan-layers", action="store_true", help="the layers as one nn.scan")
     parser.add_argument("--attention", default="auto", help="fj.nn.attention's implementation (default auto)")
-    parser.add_argument("--remat", default="none", help="Trainer(remat=...): none, full, dots or offload")
+    parser.add_argument("--remat", default="none",
+                        help="Trainer(remat=...): none, full, dots or offload; a list (none,full): the first "
+                             "whose step the planner fits on this device (5%% kept free)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config.json key (JSON value: true, 4, \"x\"), e.g. num_hidden_layers=4")
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
@@ -228,10 +234,28 @@ def longest(args) -> tuple[int, dict]:
     return best, peaks
 
 
+def first_remat(args) -> tuple[str, dict]:
+    """The first of `args.remat`'s policies (a comma list) whose train step the planner fits on
+    this device, and each planned policy's peak (None: XLA refused it)."""
+    peaks, policies = {}, args.remat.split(",")
+    for policy in policies:
+        args.remat = policy
+        batch = {"tokens": jax.ShapeDtypeStruct((args.batch, args.length + 1), np.int32)}
+        m = trainer_for(args).plan(module_for(args), batch, headroom=0.05).candidates[0]
+        peaks[policy] = None if m.out_of_memory else m.memory["peak"]
+        print(f"planned remat {policy}: " + (f"peak {m.memory['peak'] / 2**30:.2f} GiB" if peaks[policy] else
+              "refused") + (", fits" if m.fits is not False else ", does not fit"), flush=True)
+        if m.fits is not False:
+            return policy, peaks
+    raise SystemExit(f"lm_shapes.py: no --remat of {','.join(policies)} fits: {peaks}")
+
+
 def run(args) -> dict:
-    planned = None
+    planned = {}  # what the planner said on this device before the fit: peak bytes by policy, by length
+    if "," in args.remat:
+        args.remat, planned["remat"] = first_remat(args)
     if args.longest:
-        args.length, planned = longest(args)
+        args.length, planned["length"] = longest(args)
     module = module_for(args)
     config = config_for(args.shape, args.set)
     rows = args.batch * (args.warmup + args.steps + 1)
@@ -260,16 +284,20 @@ def run(args) -> dict:
     return figures
 
 
-def main(argv=None) -> None:
-    args = _parser().parse_args(argv)
-    if args.smoke:
-        args.shape, args.batch, args.length, args.warmup, args.steps = "smoke", 2, 128, 1, 1
-    options = "".join(f", {o}" for o in (
+def describe(args) -> str:
+    """The run's options, as the result line lists them."""
+    return "".join(f", {o}" for o in (
         f"LoRA {args.lora}" if args.lora else "", f"{args.quantize} base" if args.quantize else "",
         f"{args.moments} moments" if args.moments != "float32" else "",
         args.precision if args.precision != "bf16-mixed" else "", "scan" if args.scan_layers else "",
         f"remat {args.remat}" if args.remat != "none" else "",
         f"attention {args.attention}" if args.attention != "auto" else "") if o)
+
+
+def main(argv=None) -> None:
+    args = _parser().parse_args(argv)
+    if args.smoke:
+        args.shape, args.batch, args.length, args.warmup, args.steps = "smoke", 2, 128, 1, 1
     if args.plan:
         figures = plan(args)
         m = figures["step"]["candidates"][0]
@@ -277,7 +305,7 @@ def main(argv=None) -> None:
         limit = figures["memory_bytes"]
         peak = m["memory"]["peak"]
         said = f" (XLA refused it: {m['out_of_memory']})" if m["out_of_memory"] else ""
-        print(f"{args.shape}{options}, {args.batch} x {args.length} on {args.plan}: step peak {peak / gib:.2f} GiB"
+        print(f"{args.shape}{describe(args)}, {args.batch} x {args.length} on {args.plan}: step peak {peak / gib:.2f} GiB"
               f"{said} (params {m['memory']['params'] / gib:.2f}, optimizer {m['memory']['optimizer'] / gib:.2f}, "
               f"temporaries {(m['memory']['temporaries'] or 0) / gib:.2f}), free {(limit - peak) / gib:.2f} GiB "
               f"of {limit / gib:.2f}; init peak {figures['init_peak'] / gib:.2f} GiB; step estimated "
@@ -288,7 +316,7 @@ def main(argv=None) -> None:
     figures = run(args)
     mfu = f", MFU {figures['mfu']:.1%}" if figures["mfu"] else ""
     memory = figures["peak_bytes_in_use"]
-    print(f"{args.shape}{options}, {args.batch} x {args.length}: "
+    print(f"{args.shape}{describe(args)}, {args.batch} x {args.length}: "
           f"{figures['tokens_per_second']:,.0f} tokens/s, {figures['step_seconds'] * 1e3:.1f} ms a step{mfu}"
           + (f", peak {memory / 2**30:.2f} GiB" if memory else ""), flush=True)
     _results.record(args.json, figures)
