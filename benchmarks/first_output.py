@@ -41,6 +41,11 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 _STEP_DONE = re.compile(rb"\b([1-9]\d*)/\d+\b")  # the bar's "completed/total" column past 0
 
 
+def _path_with(root: Path) -> str:
+    """PYTHONPATH with `root` first, the caller's entries kept (a machine's JAX may live there)."""
+    return os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+
+
 def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epochs: int = 3,
             example: str = "digits.py") -> dict[str, float]:
     leader, follower = pty.openpty()
@@ -50,7 +55,7 @@ def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epo
         cmd = [sys.executable, str(root / "examples" / example), *schedule, "--root-dir", logs, *extra]
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, cwd=root,
-                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": str(root), **env})
+                                env={**os.environ, "COLUMNS": "160", "PYTHONPATH": _path_with(root), **env})
         os.close(follower)
         times: dict[str, float] = {}
         seen = b""
@@ -76,7 +81,8 @@ def one_run(root: Path, extra: list[str], env: dict[str, str] | None = None, epo
         times["exit"] = time.perf_counter() - start
         os.close(leader)
         if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+            raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}; its output ended:\n"
+                             + seen.decode(errors="replace")[-3000:])
     return times
 
 
@@ -86,8 +92,10 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="another checkout, run alternately with this one")
     parser.add_argument("--compile-cache", type=Path,
                         help="also run with JAX's persistent compilation cache in this (new) folder, "
-                             "primed by one run that is not counted")
+                             "primed by one run (reported as the cold run)")
     parser.add_argument("--smoke", action="store_true", help="1 run: checks the script runs")
+    parser.add_argument("--no-cold", action="store_true",
+                        help="with --compile-cache: only the priming run (cold) and the warm ones")
     parser.add_argument("--example", default="digits.py", help="the example under examples/ (default digits.py)")
     parser.add_argument("--json", default=None, help="write every run's times here as JSON")
     parser.add_argument("extra", nargs="*", help="arguments passed on to the example (after --)")
@@ -95,7 +103,7 @@ def main() -> None:
     epochs = 3  # the example's schedule warms up for 2 epochs
     if args.smoke:
         args.runs = 1
-    variants: dict[str, tuple[Path, dict[str, str]]] = {"this": (_ROOT, {})}
+    variants: dict[str, tuple[Path, dict[str, str]]] = {} if args.no_cold else {"this": (_ROOT, {})}
     if args.before:
         variants["before"] = (args.before.resolve(), {})
     if args.compile_cache:
@@ -104,6 +112,8 @@ def main() -> None:
         primed = one_run(_ROOT, args.extra, cache, epochs, args.example)
         print("priming the compile cache: " + "  ".join(f"{k} {v:.2f}s" for k, v in primed.items()), flush=True)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    if args.compile_cache:
+        runs["this, priming the compile cache (cold)"] = [primed]
     for i in range(args.runs):
         for name, (root, env) in variants.items():  # alternated, so a change in the machine's load hits all
             times = one_run(root, args.extra, env, epochs, args.example)

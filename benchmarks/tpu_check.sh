@@ -16,6 +16,7 @@
 #   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
 #   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
+#   bash benchmarks/tpu_check.sh -- CMD ARG.. # one command with the parts' packages and environment
 #
 # What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
 #   1. benchmarks/gpt.py --device   GPT-2 small's shape (124 M, context 1024; part 5: GPT-2 medium's, 355 M):
@@ -60,13 +61,14 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
-    -h|--help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; part=exec; break ;;  # the rest: one command run with the parts' environment
+    -h|--help) sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 11 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5|6|7|8|9|10|11) ;;
+  1|2|3|4|5|6|7|8|9|10|11|exec) ;;
   "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 11 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
   *) echo "tpu_check.sh: --part must be 1 to 11, got ${part@Q}" >&2; exit 2 ;;
 esac
@@ -80,11 +82,11 @@ mkdir -p "$FITJAX_RESULTS"
 # programs compiled once per machine: a second fit of the same step is a cache hit
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/fitjax-tpu-check-cache}"
 
-if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix" 2>/dev/null; then
+if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix, filelock" 2>/dev/null; then
   site="${TMPDIR:-/tmp}/fitjax-tpu-check-site"
   if [ -d /opt/pypi/simple ]; then
     PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated -q --only-binary=:all: \
-      --index-url file:///opt/pypi/simple --target "$site" flax optax orbax-checkpoint rich pyyaml 2>&1 \
+      --index-url file:///opt/pypi/simple --target "$site" flax optax orbax-checkpoint rich pyyaml filelock 2>&1 \
       | grep -v -e WARNING -e notice
   fi
   "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$here"/wheels/*.whl || exit 1
@@ -203,6 +205,9 @@ else
     step 290 lm_llama8b_context "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 1 \
       --lora 16 --quantize int4 --scan-layers --remat full --longest 8192,16384,24576,32768,49152,65536 \
       --warmup 1 --steps 3 --json "$out/lm-llama8b-context.json"
+  fi
+  if [ "$part" = exec ]; then
+    step 590 exec "$@"
   fi
   if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm
     step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \

@@ -11,10 +11,10 @@ from fitjax.module._param_groups import param_groups
 # hooks, and its weights.
 from fitjax.module._host_model import hook_mode
 from fitjax.module import _hooks as hook_table  # every Lightning hook: called, traced or refused
-from fitjax.module._lit_module import (
+from fitjax.module._lit_module import overrides
+from fitjax.module._weight_room import (
     initial_variables,
     is_unfitted_linen,
-    overrides,
     own_variables,
     set_variables,
     take_params_edits,
