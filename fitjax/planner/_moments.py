@@ -7,26 +7,27 @@ The planner compiles the optimizer the module returns, so a plan of `fj.optim.ad
 "int8")` already holds its int8 state; this is the other direction: from the state of an `optax`
 or `fj.optim` Adam, what the same moments would take stored otherwise. Per value: float32 8 bytes
 (two moments), bfloat16 4, int8 2 plus two float32 absmax scales per block of 256 (a leaf too
-small to quantize keeps float32 moments: `fitjax.optim`'s `min_8bit_size` rule).
+small to quantize keeps float32 moments: `fitjax.optim`'s `min_8bit_size` rule), each read from
+`fj.optim.scale_by_adam`'s own state made abstractly.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
-from fitjax.optim import ScaleByAdamBlockwiseState
-from fitjax.optim import _blockwise
+from fitjax.optim import ScaleByAdamBlockwiseState, scale_by_adam
 from fitjax.strategies import bytes_per_device
 
 __all__ = ["STORAGES", "adam_moments"]
 
 #: the storages `fj.optim.adamw(moments=...)` offers, widest first
 STORAGES = ("float32", "bfloat16", "int8")
-_BLOCK = 256  # `fj.optim.scale_by_adam`'s default block size
 
 
 def _is_adam(x: Any) -> bool:
@@ -37,19 +38,16 @@ def _storage(state: Any) -> str:
     if isinstance(state, ScaleByAdamBlockwiseState):
         return "int8"
     dtypes = {leaf.dtype for leaf in jax.tree.leaves((state.mu, state.nu))}
-    return "bfloat16" if dtypes == {jax.numpy.dtype("bfloat16")} else "float32"
+    return "bfloat16" if dtypes == {jnp.dtype("bfloat16")} else "float32"
 
 
+@functools.lru_cache(maxsize=1024)  # a model's layers repeat a few shapes
 def _bytes(shape: tuple[int, ...], storage: str) -> int:
-    size = math.prod(shape)
-    if storage == "float32":
-        return 8 * size
-    if storage == "bfloat16":
-        return 4 * size
-    block = _blockwise.block_for(shape, _BLOCK)
-    if block is None:  # float32 moments, and two () absmax scalars
-        return 8 * size + 8
-    return 2 * size + 2 * 4 * math.prod(_blockwise.absmax_shape(shape, block))
+    """Bytes of both moments of one `shape` leaf stored as `storage`: `fj.optim.scale_by_adam`'s own
+    state, made abstractly (its small-leaf and block rules are the optimizer's, not copied here)."""
+    state = jax.eval_shape(scale_by_adam(moments=storage).init, jax.ShapeDtypeStruct(shape, jnp.float32))
+    held = (state.mu, state.nu) if storage != "int8" else (state.mu, state.nu, state.mu_absmax, state.nu_absmax)
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(held))
 
 
 def adam_moments(opt_state: Any) -> dict[str, Any] | None:
