@@ -12,7 +12,7 @@
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
 #   bash benchmarks/tpu_check.sh --part 8     # big models on one chip: Llama-3.2-1B full fine-tune, Llama-3.1-8B QLoRA
-#   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune, Llama-3.1-8B QLoRA with a 4-bit base
+#   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune: planned not to fit, its refusal
 #   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
 #   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
@@ -175,25 +175,32 @@ else
   # the same options, deviceless): "planned" is XLA's peak of the train step (the state's init beside it),
   # against the chip's 15.75 GiB. Most important first: a run cut short by the call's limit is the last.
   if [ "$part" = 8 ]; then
-    # Llama-3.2-1B full fine-tune, 8 x 1024: bfloat16 weights (torchtune's full fine-tune), 8-bit AdamW,
-    # layers unrolled; no remat if the planner fits it on the chip (XLA rematerializes within it as it
-    # needs), else remat full. Planned: with float32 weights refused (16.07 GiB), 16.66 GiB scanned with
-    # remat full; bfloat16 weights: 6.82 GiB at 2 of its 16 layers (SEE_L1_4)
-    step 330 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
+    # Llama-3.2-1B full fine-tune, 8 x 1024: bfloat16 weights (torchtune's full fine-tunes), 8-bit AdamW,
+    # layers unrolled; no remat if the planner fits it on the chip (XLA rematerializes inside as it
+    # needs), else remat full. ~75 s for each of init, plan and compile (the fit's compile may be the
+    # plan's, from the compile cache). Planned without remat: 6.82 GiB at 2 of its 16 layers, 9.46 at 4
+    # (1.32 GiB a layer: ~25 GiB unless XLA rematerializes); remat full ~10 GiB extrapolated (~0.3 GiB a
+    # layer); scanned with remat full 15.41 GiB, 0.34 free (each stacked leaf's 8-bit update in float32)
+    step 300 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
       --precision bf16-true --moments int8 --remat none,full --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
-    # Llama-3.1-8B QLoRA (int8 base, rank 16 on every projection), 4 x 1024, layers scanned, remat full.
-    # Planned: 14.59 GiB (1.16 free; params 10.58, temporaries 3.70), init 10.89 GiB, 1.77 s a step
-    step 260 lm_llama8b_qlora_int8 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
+    # Llama-3.1-8B QLoRA (rank 16 on every projection), 4 x 1024, layers scanned (each program one layer
+    # long: Qwen's scanned init and compile took 11.5 s and 11.7 s cold on the chip, lm-qwen-scan-ecdef7b.log),
+    # remat full, an int8 base. Planned: 14.59 GiB (1.16 free: params 10.58, temporaries 3.70), init
+    # 10.89 GiB, 1.77 s a step
+    step 150 lm_llama8b_qlora_int8 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
       --lora 16 --quantize int8 --scan-layers --remat full --warmup 2 --steps 5 --json "$out/lm-llama8b-qlora-int8.json"
+    # The same with a 4-bit base. Planned: 11.34 GiB (4.41 free), init 7.64 GiB
+    step 110 lm_llama8b_qlora_int4 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
+      --lora 16 --quantize int4 --scan-layers --remat full --warmup 2 --steps 4 --json "$out/lm-llama8b-qlora-int4.json"
   fi
   if [ "$part" = 10 ]; then
-    # Llama-3.2-3B full fine-tune, the largest batch planned to fit at 1024: bfloat16 weights, 8-bit
-    # AdamW, remat full. Planned: pending (2 of its 28 layers: 9.49 GiB)
-    step 240 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 2 \
-      --precision bf16-true --moments int8 --remat full --warmup 2 --steps 5 --json "$out/lm-llama3b-full.json"
-    # Llama-3.1-8B QLoRA with a 4-bit base. Planned: pending (below the int8 base's 14.59 GiB)
-    step 180 lm_llama8b_qlora_int4 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
-      --lora 16 --quantize int4 --scan-layers --remat full --warmup 2 --steps 5 --json "$out/lm-llama8b-qlora-int4.json"
+    # Llama-3.2-3B full fine-tune does not fit one chip with what fitjax has today: 6 bytes a parameter
+    # (bfloat16 weights and gradients, 8-bit moments) is 19.3 GB before activations. Planned for 2 x 1024
+    # (bf16-true, 8-bit AdamW, remat full): 9.49 GiB at 2 of its 28 layers, 11.17 at 4 (0.84 GiB a
+    # layer): ~31 GiB. Run at batch 1 to record the chip's refusal and fitjax's out-of-memory message.
+    step 240 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
+      --precision bf16-true --moments int8 --scan-layers --remat full --warmup 1 --steps 2 \
+      --json "$out/lm-llama3b-full.json"
   fi
   if [ "$part" = 11 ]; then
     # The longest context at batch 1 (splash attention, layers scanned, remat full): the longest of the
