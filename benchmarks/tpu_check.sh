@@ -134,8 +134,8 @@ if [ "$smoke" -eq 1 ]; then
   step 120 lm_shapes "$python" "$here/lm_shapes.py" --smoke --json "$out/lm.json"
   step 120 lm_shapes_memory "$python" "$here/lm_shapes.py" --smoke --moments int8 --precision bf16-true \
     --loss-chunk 64 --longest 64,128 --json "$out/lm-memory.json"
-  step 150 lm_shapes_qlora_plan "$python" "$here/lm_shapes.py" --smoke --lora 4 --quantize int4 --scan-layers \
-    --remat full --plan tpu-v5e-1 --json "$out/lm-qlora-plan.json"
+  step 150 lm_shapes_qlora "$python" "$here/lm_shapes.py" --smoke --lora 4 --quantize int4 --scan-layers \
+    --remat none,full --json "$out/lm-qlora.json"
 else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
@@ -205,9 +205,10 @@ else
   if [ "$part" = 11 ]; then
     # The longest context at batch 1 (splash attention, layers scanned, remat full): the longest of the
     # listed lengths the planner fits on the chip itself (Trainer.plan on the device, 5% kept free; a
-    # binary search, ~3 compiles), then 1 + 3 steps at it
+    # binary search, ~3 compiles), then 1 + 3 steps at it. Planned deviceless: Qwen at 65536 17.22 GiB
+    # (temporaries 11.70; init 5.52), so its longest is below; 8B's: not planned here (CPU time ran out)
     step 300 lm_qwen_context "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --batch 1 \
-      --scan-layers --remat full --longest 16384,32768,49152,65536,98304,131072 --warmup 1 --steps 3 \
+      --scan-layers --remat full --longest 16384,32768,40960,49152,57344,65536 --warmup 1 --steps 3 \
       --json "$out/lm-qwen-context.json"
     step 290 lm_llama8b_context "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 1 \
       --lora 16 --quantize int4 --scan-layers --remat full --longest 8192,16384,24576,32768,49152,65536 \
