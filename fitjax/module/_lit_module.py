@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import flax.linen as nn
 import optax
@@ -19,13 +18,13 @@ from fitjax.step import model_binding
 from fitjax.step.model_binding import ModelBinding, Models, bind
 from fitjax.module._hparams import AttributeDict, RunAttributeDict, collect_init_args
 from fitjax.module._host_model import hook_mode
-from fitjax.module._weight_room import own_variables
+from fitjax.module._weight_room import WeightsMixin, own_variables
 from fitjax._typing import Batch, Metrics, PyTree
 
 __all__ = ["LitModule", "overrides"]
 
 
-class LitModule:
+class LitModule(WeightsMixin):
     """The user's training recipe: a flax model plus the loss, metrics and optimizer around it.
 
     Subclass it, assign a `flax.linen.Module` or `flax.nnx.Module` to `self.model`, and define
@@ -262,25 +261,6 @@ class LitModule:
             self.log(name, value, prog_bar, on_step=on_step, on_epoch=on_epoch, reduce_fx=reduce_fx,
                      **lightning_options)
 
-    def update_params(self, fn: Callable[[PyTree], PyTree]) -> None:
-        """Writes new weights from a host hook: the trainer replaces its parameters with
-        `fn(params)` before the next step (Lightning's `self.target_net.load_state_dict(...)`).
-
-        `fn` gets the current parameters (a dict keyed by model name with several models) and
-        returns a tree of the same structure, shapes and dtypes, checked. The new arrays take the
-        old ones' shardings as fresh buffers, so the step still donates its state; the edit is part
-        of the train state, so checkpoints record it and a resumed run continues bitwise. The
-        optimizer state is left as it is. Call it from one of the module's own host hooks of `fit`
-        (`on_train_batch_end`, `on_train_epoch_end`, ...): the edit is applied when that hook
-        returns; several calls apply in order.
-
-        Example:
-            >>> def on_train_batch_end(self, outputs, batch, batch_idx):  # doctest: +SKIP
-            ...     if self.global_step % self.hparams.sync_rate == 0:  # a DQN's target sync
-            ...         self.update_params(lambda p: {**p, "target_net": p["net"]})
-        """
-        _weight_room.update_params(self, fn)
-
     def step_rngs(self) -> nnx.Rngs:
         """An `nnx.Rngs` of the step's keys, for NNX code that takes its randomness per call.
 
@@ -384,163 +364,9 @@ class LitModule:
             return self._hparams
         return RunAttributeDict({**self._hparams, **run.values}, run.read)
 
-    @classmethod
-    def load_from_checkpoint(cls, path: str | os.PathLike, *, run: int | None = None, **overrides: Any) -> "LitModule":
-        """Rebuilds the module from a checkpoint: `cls(**saved hparams, **overrides)` holding the
-        saved weights, ready for `Trainer.predict` (no trainer state or optimizer needed).
-
-        A checkpoint of a `Trainer(runs=...)` fit holds every run: `run=i` rebuilds run i (with
-        the hyperparameters it trained with, and its weights).
-
-        Example:
-            >>> # module = MyModule.load_from_checkpoint(ckpt.best_model_path, lr=1e-4)
-            >>> # predictions = fj.Trainer().predict(module, data)
-        """
-        return _weight_room.load_from_checkpoint(cls, path, run, overrides)
-
-    # ------------------------------------------------------------------ weights from outside
-
-    def load_weights(self, source: Any, *, mapping: _weights.NameMap = None,
-                     transpose: _weights.Transpose = (), strict: bool = True) -> _weights.WeightsReport | None:
-        """Starts the next fit (or validate, test, predict) from weights saved elsewhere.
-
-        The source is read when the trainer builds the state: each array straight into the
-        strategy's sharding, a safetensors file read slice by slice (under fsdp each process
-        reads only the rows its devices hold), an Orbax tree shard by shard. Arrays the source
-        lacks keep their initialised values (with `strict=False`). After the fit,
-        `module.variables` holds the trained weights and the load is done.
-
-        Names: the model's arrays are named by their dotted paths, `block_0.up.kernel` (the
-        model summary lists them), model state too (`batch_stats.BatchNorm_0.mean`).
-
-        Args:
-            source: a `.safetensors` file; a Hugging Face model folder (`config.json` with
-                `model.safetensors`, or shards listed in `model.safetensors.index.json`); a plain
-                Orbax tree folder; a fitjax checkpoint folder (its `params` and `model_state`);
-                a `.msgpack` file of `flax.serialization`; or a mapping `{name: array}`
-                (flat or nested; numpy, jax or torch tensors: a `state_dict()`).
-            mapping: renames the source's names to the model's: a dict `{regex: replacement}`
-                (the first pattern that matches a whole name wins; `\\1` refers to its groups;
-                a replacement None drops the array), or a function `name -> new name | None`.
-            transpose: the model's arrays (regexes) whose layout is the source's transposed: a
-                regex or list of them (axes reversed: torch `Linear.weight` [out, in] into a
-                flax kernel [in, out]), or `{regex: axis order}`.
-            strict: whether every array of the model must come from the source and every array
-                of the source must name one of the model (Lightning's `strict`).
-
-        Returns:
-            The report (loaded names, `missing_keys`, `unexpected_keys`) when the model's arrays
-            are known now (an NNX model, or a Linen one after a fit); None for a Linen model not
-            built yet, whose load is checked when the trainer builds it (`strict=False`: a
-            warning lists what was missing or unexpected).
-
-        Raises:
-            ValueError: naming each array whose shape or dtype differs (floats load into any
-                float dtype), each name given twice, and with `strict` each missing and unexpected
-                name; at the call when the model's arrays are known, else when fit builds.
-
-        Example:
-            >>> # module.load_weights("gpt2/model.safetensors", mapping={r"h\\.(\\d+)\\.(.*)": r"block_\\1.\\2"})
-            >>> # fj.Trainer(strategy="fsdp").fit(module, data)
-        """
-        return _weight_room.load_weights(self, source, mapping=mapping, transpose=transpose, strict=strict)
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True) -> _weights.WeightsReport | None:
-        """Lightning's `load_state_dict`: `load_weights(state_dict, strict=strict)` (the names are
-        the model's own, `block_0.up.kernel`; `load_weights` maps others)."""
-        return self.load_weights(state_dict, strict=strict)
-
-    def save_weights(self, path: str | os.PathLike, *, mapping: _weights.NameMap = None,
-                     transpose: _weights.Transpose = (), dtype: Any = None,
-                     metadata: dict[str, str] | None = None, lora: str = "merge") -> dict[str, tuple[int, ...]]:
-        """Writes the module's weights (`variables`, after a fit or a restore) as one
-        `.safetensors` file, the format `transformers`, `safe_open` and `load_weights` read: the
-        inverse of `load_weights`, with the same rules read the other way.
-
-        Args:
-            path: the file to write (its folder must exist); only process 0 writes.
-            mapping: renames the model's names to the file's (a dict `{regex: replacement}`, or a
-                function; None drops an array).
-            transpose: the model's arrays (regexes) whose axes are reversed in the file, or
-                `{regex: axis order}` (the order `load_weights` would be given to read it back).
-            dtype: floats are written in this dtype (`jnp.bfloat16`, ...); None keeps theirs.
-            metadata: strings stored in the file's header (`{"format": "pt"}` for transformers).
-            lora: with `apply_lora` adapters: "merge" writes each adapted weight as
-                `W + A @ B * alpha / rank` and no adapter (the model to export); "adapters"
-                writes the adapters alone (the small file to keep or share); "keep" writes both
-                as they are.
-
-        Returns:
-            `{name in the file: shape}` of what was written.
-
-        Example:
-            >>> # module.save_weights("out/model.safetensors", mapping={r"(.*)\\.kernel": r"\\1.weight"},
-            >>> #                     transpose=r".*kernel", metadata={"format": "pt"})
-        """
-        return _weight_room.save_weights(self, path, mapping=mapping, transpose=transpose, dtype=dtype,
-                                         metadata=metadata, lora=lora)
-
-    def load_adapters(self, source: Any, *, mapping: _weights.NameMap = None) -> None:
-        """Starts the next fit (or evaluation) with the LoRA adapters `save_weights(...,
-        lora="adapters")` wrote, on top of the base weights (`load_weights`, or the module's own):
-        call it after `apply_lora` with the same targets and rank.
-
-        Every adapter of the model must be in the source and every array of the source must be
-        an adapter of the model; the base weights are not expected from it.
-
-        Args:
-            source: what `load_weights` reads (a `.safetensors` file, a mapping, ...).
-            mapping: renames the source's names to the model's, as in `load_weights`.
-
-        Example:
-            >>> # module.load_weights("base.safetensors"); module.apply_lora(r".*", rank=8)
-            >>> # module.load_adapters("adapters.safetensors"); trainer.validate(module, data)
-        """
-        _weight_room.load_adapters(self, source, mapping=mapping)
-
-    # ------------------------------------------------------------------------------- LoRA
-
-    def apply_lora(self, targets: str = ".*", *, rank: int = 8, alpha: float | None = None, dropout: float = 0.0,
-                   quantize: str | None = None, example_input: Any = None) -> None:
-        """Adds LoRA adapters (Google's qwix) to the layers `targets` names; from then on only the
-        adapters train, and only they hold optimizer state.
-
-        Each matmul of a matching layer gets `x @ A @ B * alpha / rank` added, `A`
-        (`<weight>_lora_a`, [inputs, rank]) and `B` (`<weight>_lora_b`, [rank, outputs], zeros:
-        training starts from the base model exactly) created beside the weight. The optimizer
-        `configure_optimizer` returns is applied to the adapters; the base weights get
-        `optax.set_to_zero` (unchanged, no state). Weights the module holds (after a fit) or
-        `load_weights` gives become the base; the adapters are not expected from a source.
-        `save_weights` merges the adapters into the base for export, or writes them alone.
-
-        Sharding: each adapter inherits its base weight's logical axis names (`A` the input
-        axis, `B` the output axis; the rank axis unsharded), so under `fj.strategies.FSDP` with
-        rules they are sharded as the weight is; unannotated, FSDP's size rule applies (small
-        adapters stay replicated).
-
-        Args:
-            targets: a regex on the layers' module paths (`r".*(q_proj|v_proj)"`, `"block_.*/up"`
-                for Linen's `/`-joined paths; `".*"`: every matmul with a weight).
-            rank: the adapters' inner size.
-            alpha: the scale's numerator (`alpha / rank`); default `2 * rank`.
-            dropout: dropout on the adapters' input (qwix applies it in evaluation too).
-            quantize: QLoRA: the adapted weights held in this type by qwix (`"int8"`, `"int4"`,
-                `"nf4"`, `"float8_e4m3fn"`): a weight becomes an integer `qvalue` and a float
-                `scale` (`up.kernel.array.qvalue`, `.scale`), frozen like the rest of the base.
-                Weights the module holds or `load_weights` gives are read as floats and
-                quantized when the trainer builds the state; `save_weights` exports floats.
-                None: the base stays in its own dtype (LoRA).
-            example_input: an input of the model, for an NNX model (qwix runs it once to create
-                the adapters): one array, or a tuple of the positional inputs.
-        """
-        _weight_room.apply_lora(self, targets, rank=rank, alpha=alpha, dropout=dropout, quantize=quantize,
-                                example_input=example_input)
-
-    def trainable_mask(self, params: PyTree) -> PyTree:
-        """A tree of bools like `params`: False where the optimizer of the last fit freezes the
-        parameter (LoRA's base weights, a `fj.param_groups` group given None), which then gets
-        no gradient and no optimizer state; None when every parameter trains (or before a fit)."""
-        return _weight_room.trainable_mask(self, params)
+    # Weights to and from outside a fit (`load_weights`, `save_weights`, `load_adapters`,
+    # `load_state_dict`, `load_from_checkpoint`), LoRA (`apply_lora`, `trainable_mask`) and
+    # `update_params` are inherited from `WeightsMixin` (fitjax/module/_weight_room.py).
 
     # ------------------------------------------------------------------ model binding (internal)
 
