@@ -11,6 +11,9 @@
 #   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
+#   bash benchmarks/tpu_check.sh --part 8     # big models on one chip: Llama-3.2-1B full fine-tune, Llama-3.1-8B QLoRA
+#   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune: planned not to fit, its refusal
+#   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
 #   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #   bash benchmarks/tpu_check.sh -- CMD ARG.. # one command with the parts' packages and environment
@@ -38,6 +41,9 @@
 #   7. benchmarks/lm_shapes.py      `fitjax.models` fits at published shapes with random weights, 8 x 1024
 #                                   tokens a step, bf16-mixed: Qwen2.5-0.5B full (layers unrolled and
 #                                   scanned), Llama-3.2-1B with LoRA rank 16: tokens/s, MFU, peak memory
+#   8, 10, 11. lm_shapes.py         the same at shapes that fill a 16 GB chip (issue 62), each planned for
+#                                   `tpu-v5e-1` deviceless first (`lm_shapes.py --plan tpu-v5e-1 ...`: its
+#                                   predicted peak is beside each run below and in results/tpu-v5e/README.md)
 # Each part writes JSON (the command, the commit, JAX and libtpu versions, the device kind, raw
 # timings, derived ratios) under $FITJAX_RESULTS (default benchmarks/results/tpu-v5e), which are
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
@@ -56,15 +62,15 @@ while [ $# -gt 0 ]; do
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
     --) shift; part=exec; break ;;  # the rest: one command run with the parts' environment
-    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 9 or --smoke (--help)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 11 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5|6|7|8|9|exec) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 9 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1 to 9, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5|6|7|8|9|10|11|exec) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 11 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1 to 11, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -126,6 +132,10 @@ if [ "$smoke" -eq 1 ]; then
   step 120 generation "$python" "$here/generation.py" --smoke
   step 120 save_probe "$python" "$here/save_probe.py" --smoke --json "$out/save_probe.json"
   step 120 lm_shapes "$python" "$here/lm_shapes.py" --smoke --json "$out/lm.json"
+  step 120 lm_shapes_memory "$python" "$here/lm_shapes.py" --smoke --moments int8 --precision bf16-true \
+    --loss-chunk 64 --longest 64,128 --json "$out/lm-memory.json"
+  step 150 lm_shapes_qlora "$python" "$here/lm_shapes.py" --smoke --lora 4 --quantize int4 --scan-layers \
+    --remat none,full --json "$out/lm-qlora.json"
 else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
@@ -160,6 +170,49 @@ else
       --remat full --json "$out/lm-qwen-scan.json"
     step 200 lm_llama_lora "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --lora 16 \
       --json "$out/lm-llama1b-lora.json"
+  fi
+  # Parts 8, 10 and 11: issue 62's runs, each planned for tpu-v5e-1 first (`lm_shapes.py --plan tpu-v5e-1` and
+  # the same options, deviceless): "planned" is XLA's peak of the train step (the state's init beside it),
+  # against the chip's 15.75 GiB. Most important first: a run cut short by the call's limit is the last.
+  if [ "$part" = 8 ]; then
+    # Llama-3.2-1B full fine-tune, 8 x 1024: bfloat16 weights (torchtune's full fine-tunes), 8-bit AdamW,
+    # layers unrolled; no remat if the planner fits it on the chip (XLA rematerializes inside as it
+    # needs), else remat full. ~75 s for each of init, plan and compile (the fit's compile may be the
+    # plan's, from the compile cache). Planned without remat: 6.82 GiB at 2 of its 16 layers, 9.46 at 4
+    # (1.32 GiB a layer: ~25 GiB unless XLA rematerializes); remat full ~10 GiB extrapolated (~0.3 GiB a
+    # layer); scanned with remat full 15.41 GiB, 0.34 free (each stacked leaf's 8-bit update in float32)
+    step 300 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
+      --precision bf16-true --moments int8 --remat none,full --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
+    # Llama-3.1-8B QLoRA (rank 16 on every projection), 4 x 1024, layers scanned (each program one layer
+    # long: Qwen's scanned init and compile took 11.5 s and 11.7 s cold on the chip, lm-qwen-scan-ecdef7b.log),
+    # remat full, an int8 base. Planned: 14.59 GiB (1.16 free: params 10.58, temporaries 3.70), init
+    # 10.89 GiB, 1.77 s a step
+    step 150 lm_llama8b_qlora_int8 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
+      --lora 16 --quantize int8 --scan-layers --remat full --warmup 2 --steps 5 --json "$out/lm-llama8b-qlora-int8.json"
+    # The same with a 4-bit base. Planned: 11.34 GiB (4.41 free), init 7.64 GiB
+    step 110 lm_llama8b_qlora_int4 "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 4 \
+      --lora 16 --quantize int4 --scan-layers --remat full --warmup 2 --steps 4 --json "$out/lm-llama8b-qlora-int4.json"
+  fi
+  if [ "$part" = 10 ]; then
+    # Llama-3.2-3B full fine-tune does not fit one chip with what fitjax has today: 6 bytes a parameter
+    # (bfloat16 weights and gradients, 8-bit moments) is 19.3 GB before activations. Planned for 2 x 1024
+    # (bf16-true, 8-bit AdamW, remat full): 9.49 GiB at 2 of its 28 layers, 11.17 at 4 (0.84 GiB a
+    # layer): ~31 GiB. Run at batch 1 to record the chip's refusal and fitjax's out-of-memory message.
+    step 240 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
+      --precision bf16-true --moments int8 --scan-layers --remat full --warmup 1 --steps 2 \
+      --json "$out/lm-llama3b-full.json"
+  fi
+  if [ "$part" = 11 ]; then
+    # The longest context at batch 1 (splash attention, layers scanned, remat full): the longest of the
+    # listed lengths the planner fits on the chip itself (Trainer.plan on the device, 5% kept free; a
+    # binary search, ~3 compiles), then 1 + 3 steps at it. Planned deviceless: Qwen at 65536 17.22 GiB
+    # (temporaries 11.70; init 5.52), so its longest is below; 8B's: not planned here (CPU time ran out)
+    step 300 lm_qwen_context "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --batch 1 \
+      --scan-layers --remat full --longest 16384,32768,40960,49152,57344,65536 --warmup 1 --steps 3 \
+      --json "$out/lm-qwen-context.json"
+    step 290 lm_llama8b_context "$python" "$here/lm_shapes.py" --device --shape llama-3.1-8b --batch 1 \
+      --lora 16 --quantize int4 --scan-layers --remat full --longest 8192,16384,24576,32768,49152,65536 \
+      --warmup 1 --steps 3 --json "$out/lm-llama8b-context.json"
   fi
   if [ "$part" = exec ]; then
     step 590 exec "$@"

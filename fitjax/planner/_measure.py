@@ -21,6 +21,7 @@ import jax
 
 from fitjax import step as step_lib
 from fitjax.planner import _flops, _hlo
+from fitjax.planner._moments import adam_moments
 from fitjax.planner._targets import Target, quiet_stderr
 from fitjax.step import jitted
 from fitjax.strategies import Strategy, bytes_per_device
@@ -71,6 +72,12 @@ class Measured:
     #: the compiler's own refusal when the program cannot fit the device (XLA:TPU checks the
     #: memory as it compiles); then `memory["peak"]` is what it said it needs (None: unsaid)
     out_of_memory: str | None = None
+    #: Adam's moments per device as stored now and in each storage `fj.optim.adamw(moments=...)`
+    #: offers (`fitjax.planner._moments.adam_moments`); None: the optimizer holds no Adam
+    moments: dict[str, Any] | None = None
+    #: the moments' storage these figures were estimated for, from a compiled candidate whose
+    #: moments are wider (the out-of-memory search's change); None: compiled as it is
+    estimated_moments: str | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -107,7 +114,7 @@ def _refused(candidate: Candidate, target: Target, program, error: str, headroom
         micro_batch=jax.tree.leaves(candidate.batch)[0].shape[0], accumulate=options.accumulate_grad_batches,
         memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=None,
         model_flops_source="-", xla_flops=None, bytes_accessed=None, collectives={}, step_time_s=None, mfu=None,
-        compile_s=compile_s, out_of_memory=error.splitlines()[0])
+        compile_s=compile_s, out_of_memory=error.splitlines()[0], moments=adam_moments(program.state.opt_state))
 
 
 def _options_remat(options: step_lib.StepOptions) -> str:
@@ -163,7 +170,7 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
         remat=_options_remat(options), zero1=bool(getattr(strategy, "zero1", False)), micro_batch=rows,
         accumulate=k, memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=model,
         model_flops_source=source, xla_flops=xla_flops, bytes_accessed=accessed, collectives=found,
-        step_time_s=step_s, mfu=mfu, compile_s=compile_s)
+        step_time_s=step_s, mfu=mfu, compile_s=compile_s, moments=adam_moments(program.state.opt_state))
 
 
 @contextlib.contextmanager

@@ -12,11 +12,21 @@ first that fits:
 1. another strategy over the same devices (dp, ZeRO-1, fsdp, ...: the same FLOPs);
 2. smaller micro-batches with gradient accumulation (the same rows per optimizer step, the same
    FLOPs; k = 2, 4, 8 times the trainer's);
-3. activation rematerialization (`remat="full"`: about a third more FLOPs), then with those
+3. Adam's moments stored narrower (`fj.optim.adamw(..., moments="bfloat16")`, then `"int8"`:
+   the same FLOPs, the moments rounded between steps), where the optimizer is an Adam whose
+   moments are wider;
+4. activation rematerialization (`remat="full"`: about a third more FLOPs), then with those
    micro-batches.
 
 Each candidate is the train step compiled and measured (`measure`: XLA's memory analysis, never
 run), so the answer costs one compilation per candidate tried, paid only when the step failed.
+A change of the moments is priced without compiling (the optimizer is the module's own, which
+the planner cannot rebuild): the strategies' compiled peaks less what the narrower moments save
+(`fitjax.planner._moments`), so its peak is an estimate, and the message says so. On XLA:TPU it
+bounds the compiled peak from above (the narrow moments' update is fused and holds less than
+float32's: tests/planner/test_out_of_memory.py); XLA:CPU does not fuse it, and its float32
+temporaries can outweigh the saving (measured: a 0.8 MiB model's peak 2.6 MiB with float32
+moments, 3.9 MiB with bfloat16), so the change is not offered for a CPU.
 When nothing fits, the error says the smallest peak found and how many devices FSDP would need
 to hold the state.
 """
@@ -33,6 +43,7 @@ import jax
 from fitjax import step as step_lib
 from fitjax.planner import _sweep
 from fitjax.planner._measure import Measured
+from fitjax.planner._moments import STORAGES
 from fitjax.planner._plan import plan_with_candidates
 from fitjax.planner._report import Plan, human_bytes
 from fitjax.planner._targets import Target
@@ -122,14 +133,44 @@ def cheapest_fit(module: Any, batch: Any, target: Target, *, strategy: Strategy,
     if options.remat == "none":
         stages += [{"strategy": names, "remat": ["full"]}] if not tried_strategies else []
         stages += [{"strategy": names, "remat": ["full"], "accumulate": [k]} for k in ks]
-    last = None
+    moments_at = 1 + len(ks) if not tried_strategies else len(ks)  # after the micro-batches, before remat
+    stages.insert(moments_at, {"strategy": names, "moments": True})
+    last = strategies = None
     for sweep in stages:
+        if sweep.pop("moments", False):  # priced from the strategies' compiled peaks
+            if strategies is None:
+                strategies, _ = plan_with_candidates(module, batch, target, strategy=strategy, options=options,
+                                                     sweep=sweep, headroom=headroom)
+            found = _narrower_moments(strategies) if target.platform != "cpu" else None
+            if found is not None:
+                return found, strategies
+            continue
         plan, _ = plan_with_candidates(module, batch, target, strategy=strategy, options=options, sweep=sweep,
                                        headroom=headroom)
         last = plan
+        if set(sweep) == {"strategy"}:
+            strategies = plan
         if plan.recommended is not None and plan.recommended.fits is not False:
             return plan.recommended, plan
     return None, last
+
+
+def _narrower_moments(plan: Plan) -> Measured | None:
+    """The first strategy of `plan` that fits with Adam's moments in bfloat16, else in int8 (the
+    compiled peak less what the narrower moments save; an estimate), where they are wider now."""
+    for storage in STORAGES:
+        for m in plan.candidates:
+            moments = m.moments
+            if moments is None or m.memory["peak"] is None or moments["storage"] not in STORAGES or \
+                    STORAGES.index(moments["storage"]) >= STORAGES.index(storage):
+                continue
+            saved = moments["bytes"] - moments[storage]
+            memory = {**m.memory, "peak": m.memory["peak"] - saved, "optimizer": m.memory["optimizer"] - saved}
+            narrower = dataclasses.replace(m, memory=memory, out_of_memory=None, estimated_moments=storage,
+                                           moments={**moments, "storage": storage, "bytes": moments[storage]})
+            if narrower.fits is not False:
+                return narrower
+    return None
 
 
 def _same_strategy(found: Measured, strategy: Strategy) -> bool:
@@ -149,6 +190,10 @@ def _change(found: Measured, options: step_lib.StepOptions, rows: int, strategy:
     if found.remat != options.remat:
         parts.append(f"remat={found.remat!r}")
     change = f"Trainer({', '.join(parts)})" if parts else ""
+    if found.estimated_moments is not None:
+        moments = (f"`configure_optimizer` returning `fj.optim.adamw(..., moments={found.estimated_moments!r})` "
+                   f"(Adam's moments stored in {found.estimated_moments} between steps)")
+        change = f"{change} with {moments}" if change else moments
     if found.accumulate != options.accumulate_grad_batches:
         k = found.accumulate
         parts.append(f"accumulate_grad_batches={k}")
@@ -194,8 +239,10 @@ def out_of_memory_error(module: Any, batch: Any, target: Target, *, strategy: St
                          f"another process on the device) or fragmented.")
         elif found is not None:
             change = _change(found, options, rows, strategy)
+            how = (f"the planner compiled it: XLA's memory analysis, {found.name}" if found.estimated_moments is None
+                   else f"estimated: {found.name}'s compiled peak less what the narrower moments save")
             lines.append(f"The cheapest change that fits: {change}: its peak is {human_bytes(found.memory['peak'])} "
-                         f"per device (the planner compiled it: XLA's memory analysis, {found.name}).")
+                         f"per device ({how}).")
         elif plan is not None and plan.candidates:
             best = min(plan.candidates, key=lambda m: m.memory["peak"] or math.inf)
             state = (best.memory["params"] or 0) + (best.memory["optimizer"] or 0)

@@ -29,7 +29,7 @@ from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy, with_model_rules
 
-__all__ = ["AbstractTrain", "Compiled", "EvalStep", "StepBuild", "abstract_train", "block_sharding", "build",
+__all__ = ["AbstractTrain", "Compiled", "EvalStep", "StepBuild", "abstract_init", "abstract_train", "block_sharding", "build",
            "check_optimizer", "compiler_options", "cost_of", "step_inputs", "step_memory_bytes",
            "train_step_cost"]
 
@@ -305,6 +305,21 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
 
     `batch` gives shapes and dtypes only (arrays or `jax.ShapeDtypeStruct`s) of the whole
     batch one step takes."""
+    strategy, abstract_batch, tx, train_names, _, abstract_state, shardings = _abstract_init(
+        spec, strategy, batch, options)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
+    made = _train_programs(spec, tx, options, train_names, strategy, shardings,
+                           abstract=(abstract_state, abstract_batch))
+    make, spe = made["make"], options.steps_per_execution
+    inputs_sharding = _host_sharding(strategy, options, 1 if spe > 1 else 0)
+    step = _jit_train(make(single=False, unrolled=made["loops_unrolled"]), strategy, shardings, inputs_sharding)
+    return AbstractTrain(state, step_inputs(abstract_batch, options), step)
+
+
+def _abstract_init(spec: ModuleSpec, strategy: Strategy, batch: Batch, options: StepOptions):
+    """What `abstract_train` and `abstract_init` share: the strategy with the model's rules, the
+    abstract batch, the optimizer, the metric names, the init function, the abstract state and
+    its shardings."""
     strategy = with_model_rules(strategy, spec.axis_rules)
     abstract_batch = _abstract(batch)
     given = None if spec.variables is None else _abstract(spec.variables)
@@ -314,13 +329,29 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
     init_fn = options.wrap_init(forward.make_init_fn(spec, tx, train_names, trace="loss"), tx)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
     shardings = strategy.state_shardings(abstract_state, spec.binding.annotations)
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
-    made = _train_programs(spec, tx, options, train_names, strategy, shardings,
-                           abstract=(abstract_state, abstract_batch))
-    make, spe = made["make"], options.steps_per_execution
-    inputs_sharding = _host_sharding(strategy, options, 1 if spe > 1 else 0)
-    step = _jit_train(make(single=False, unrolled=made["loops_unrolled"]), strategy, shardings, inputs_sharding)
-    return AbstractTrain(state, step_inputs(abstract_batch, options), step)
+    return strategy, abstract_batch, tx, train_names, init_fn, abstract_state, shardings
+
+
+def abstract_init(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
+                  options: StepOptions = StepOptions()) -> tuple[Callable[..., Any], tuple]:
+    """The program `build(..., purpose="fit")` runs to make a state of random weights (no
+    variables held, no weight source), and its abstract arguments: `init.lower(*args).compile()`
+    compiles it for the strategy's devices (a TPU topology deviceless), and its memory analysis
+    is what making the state holds at its peak: for a QLoRA model, whether each float weight is
+    freed once quantized or the whole float model is held.
+
+    Example:
+        >>> # init, args = abstract_init(module.step_spec(), strategy, batch)
+        >>> # init.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    """
+    strategy, abstract_batch, _, _, init_fn, _, shardings = _abstract_init(spec, strategy, batch, options)
+    init = jax.jit(strategy.traced_on_mesh(init_fn), out_shardings=shardings,
+                   compiler_options=compiler_options(strategy.platform))
+    batch_sharding = strategy.batch_sharding
+    args = (jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=strategy.replicated),
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding), abstract_batch),
+            None)
+    return init, args
 
 
 def _host_sharding(strategy: Strategy, options: StepOptions, leading: int):
