@@ -176,13 +176,12 @@ else
   # against the chip's 15.75 GiB. Most important first: a run cut short by the call's limit is the last.
   if [ "$part" = 8 ]; then
     # Llama-3.2-1B full fine-tune, 8 x 1024: bfloat16 weights (torchtune's full fine-tunes), 8-bit AdamW,
-    # layers unrolled; no remat if the planner fits it on the chip (XLA rematerializes inside as it
-    # needs), else remat full. ~75 s for each of init, plan and compile (the fit's compile may be the
-    # plan's, from the compile cache). Planned without remat: 6.82 GiB at 2 of its 16 layers, 9.46 at 4
+    # layers unrolled, remat full (`--remat none,full` lets the planner pick on the chip, at ~75 s a
+    # plan of the unrolled step: more than this part's time). Planned without remat: 6.82 GiB at 2 of its 16 layers, 9.46 at 4
     # (1.32 GiB a layer: ~25 GiB unless XLA rematerializes); remat full ~10 GiB extrapolated (~0.3 GiB a
     # layer); scanned with remat full 15.41 GiB, 0.34 free (each stacked leaf's 8-bit update in float32)
     step 300 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
-      --precision bf16-true --moments int8 --remat none,full --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
+      --precision bf16-true --moments int8 --remat full --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
     # Llama-3.1-8B QLoRA (rank 16 on every projection), 4 x 1024, layers scanned (each program one layer
     # long: Qwen's scanned init and compile took 11.5 s and 11.7 s cold on the chip, lm-qwen-scan-ecdef7b.log),
     # remat full, an int8 base. Planned: 14.59 GiB (1.16 free: params 10.58, temporaries 3.70), init
