@@ -115,6 +115,12 @@ ARGUMENTS = {
             backward pass), "dots" (also keep the weight products) or "offload" (keep those in
             host memory). Less activation memory for more FLOPs or transfers, the same numbers
             (`fitjax.step.remat`; `trainer.plan` shows both).
+        offload: train state kept in the devices' host memory (memory kind "pinned_host") between
+            steps: "none", "optimizer" (the optimizer state) or "optimizer+master" (the parameters
+            in their storage dtype too: "bf16-mixed"'s float32 master weights). Each step copies
+            them in and back (XLA overlaps the transfers where it can); the same numbers, less
+            device memory between steps (`fitjax.step.offload`; `fitjax plan` counts them as host
+            memory). Raises where the devices have no host memory kind.
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in

@@ -51,7 +51,8 @@ from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax import runs as runs_lib
 from fitjax.runs import RunResults, Runs
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
+from fitjax.strategies import (Strategy, accelerator_banner, agree, check_host_memory, enforce_determinism,
+                               initialize_distributed)
 from fitjax.strategies import resolve as resolve_strategy
 
 __all__ = ["Trainer"]
@@ -109,6 +110,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         log_grad_norm: bool = False,
         steps_per_execution: int = 1,
         remat: str = "none",
+        offload: str = "none",
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
@@ -141,7 +143,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
-            log_grad_norm=log_grad_norm, remat=remat,
+            log_grad_norm=log_grad_norm, remat=remat, offload=offload,
         )
         self._planned_remat = self.step_options.remat  # strategy="plan" may turn remat on; this is the user's
         self.deterministic = enforce_determinism(deterministic)
@@ -152,6 +154,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         # before anything asks JAX for devices
         self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
         self.devices = checks.select_devices(devices, accelerator)
+        if self.step_options.offload != "none":
+            check_host_memory(self.devices, f"Trainer(offload={self.step_options.offload!r})")
         # strategy="plan": dp until each fit asks the planner (`_plan.choose_for_fit`)
         self._planned = planned_strategy(strategy)
         self.strategy = resolve_strategy("auto" if self._planned else strategy, num_devices=len(self.devices))

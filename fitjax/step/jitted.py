@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import context, forward, hlo_loops, train, trainable, xla_cpu, xla_gpu, xla_tpu
+from fitjax.step import context, forward, hlo_loops, offload, train, trainable, xla_cpu, xla_gpu, xla_tpu
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy, with_model_rules
@@ -183,13 +183,16 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     # under the mesh: a kernel XLA cannot partition (`fj.nn.attention`'s) is split over it
     init_fn = strategy.traced_on_mesh(runs.init(options.wrap_init(init_fn, tx)))
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
-    shardings = strategy.state_shardings(abstract_state, binding.annotations)
+    # what `Trainer(offload=...)` keeps in host memory (only a fit has an optimizer state)
+    on_devices = strategy.state_shardings(abstract_state, binding.annotations)
+    shardings = offload.place(on_devices, options.offload if fit else "none")
     replicated = strategy.replicated
     batch_sharding = strategy.batch_sharding
 
     rng = jax.random.key(seed)
     sharded_batch = strategy.shard_batch(batch)
-    variable_shardings = (shardings.params, shardings.model_state)
+    # the variables given to the init, in device memory: the init's outputs go where `shardings` say
+    variable_shardings = (on_devices.params, on_devices.model_state)
     if given is not None:
         # A copy, never an alias: the state is donated to the step, and these arrays belong to the
         # user's model (NNX) or to the module's last fit.
@@ -309,7 +312,7 @@ def abstract_train(spec: ModuleSpec, strategy: Strategy, batch: Batch, *,
     train_names = options.train_metric_names(names.train)
     init_fn = options.wrap_init(forward.make_init_fn(spec, tx, train_names, trace="loss"), tx)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
-    shardings = strategy.state_shardings(abstract_state, spec.binding.annotations)
+    shardings = offload.place(strategy.state_shardings(abstract_state, spec.binding.annotations), options.offload)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings)
     made = _train_programs(spec, tx, options, train_names, strategy, shardings,
                            abstract=(abstract_state, abstract_batch))
@@ -335,8 +338,9 @@ def compiler_options(platform: str, options: dict | None = None) -> dict | None:
 def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, donate: bool = True,
                options: dict | None = None) -> Callable:
     """`fn(state, inputs)` jitted with the state's shardings (donated unless `donate=False`)."""
+    # what the state keeps in host memory (`Trainer(offload=...)`) the step fetches itself, late
     return strategy.jit(fn, in_shardings=(shardings, inputs_sharding), out_shardings=(shardings, strategy.replicated),
-                        donate_argnums=(0,) if donate else (),
+                        donate_argnums=(0,) if donate else (), fetch_host=False,
                         compiler_options=compiler_options(strategy.platform, options))
 
 
