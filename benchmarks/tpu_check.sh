@@ -11,7 +11,9 @@
 #   bash benchmarks/tpu_check.sh --part 5     # GPT-2 medium: fitjax against the hand-written loop, MFU
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
+#   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
+#   bash benchmarks/tpu_check.sh -- CMD ARG.. # one command with the parts' packages and environment
 #
 # What each part runs (each script under its own time limit; a failure is reported, the rest still runs):
 #   1. benchmarks/gpt.py --device   GPT-2 small's shape (124 M, context 1024; part 5: GPT-2 medium's, 355 M):
@@ -53,15 +55,16 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) smoke=1 ;;
     --part) part="${2:-}"; shift ;;
+    --) shift; part=exec; break ;;  # the rest: one command run with the parts' environment
     -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 7 or --smoke (--help)" >&2; exit 2 ;;
+    *) echo "tpu_check.sh: unknown argument ${1@Q}; use --part 1 to 9 or --smoke (--help)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$part" in
-  1|2|3|4|5|6|7) ;;
-  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 7 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
-  *) echo "tpu_check.sh: --part must be 1 to 7, got ${part@Q}" >&2; exit 2 ;;
+  1|2|3|4|5|6|7|8|9|exec) ;;
+  "") [ "$smoke" -eq 1 ] || { echo "tpu_check.sh: choose --part 1 to 9 (each one 10-minute call), or --smoke" >&2; exit 2; } ;;
+  *) echo "tpu_check.sh: --part must be 1 to 9, got ${part@Q}" >&2; exit 2 ;;
 esac
 
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -73,11 +76,11 @@ mkdir -p "$FITJAX_RESULTS"
 # programs compiled once per machine: a second fit of the same step is a cache hit
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/fitjax-tpu-check-cache}"
 
-if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix" 2>/dev/null; then
+if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix, filelock" 2>/dev/null; then
   site="${TMPDIR:-/tmp}/fitjax-tpu-check-site"
   if [ -d /opt/pypi/simple ]; then
     PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated -q --only-binary=:all: \
-      --index-url file:///opt/pypi/simple --target "$site" flax optax orbax-checkpoint rich pyyaml 2>&1 \
+      --index-url file:///opt/pypi/simple --target "$site" flax optax orbax-checkpoint rich pyyaml filelock 2>&1 \
       | grep -v -e WARNING -e notice
   fi
   "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$here"/wheels/*.whl || exit 1
@@ -154,9 +157,19 @@ else
   if [ "$part" = 7 ]; then  # each fit in a process of its own (one holds the chip at a time)
     step 200 lm_qwen "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --json "$out/lm-qwen.json"
     step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
-      --json "$out/lm-qwen-scan.json"
+      --remat full --json "$out/lm-qwen-scan.json"
     step 200 lm_llama_lora "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --lora 16 \
       --json "$out/lm-llama1b-lora.json"
+  fi
+  if [ "$part" = exec ]; then
+    step 590 exec "$@"
+  fi
+  if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm
+    step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
+      --remat full --json "$out/lm-qwen-scan.json"
+    step 390 first_step "$python" "$here/first_output.py" --example gpt.py --runs 1 --compile-cache "$out/cache" \
+      --json "$out/first-step.json" -- --preset gpt2-small --max-steps 30 --sample-length 0
+    rm -rf "$out/cache"
   fi
 fi
 echo

@@ -272,7 +272,7 @@ class Samples(fj.GenerationMonitor):
 
     def sample(self, trainer, module) -> list[str]:
         room = module.hparams.context - max(map(len, self.PROMPTS))  # learned positions end at the context
-        self.options["max_new_tokens"] = min(self.length, room)
+        self.options = dataclasses.replace(self.options, max_new_tokens=min(self.length, room))
         texts = super().sample(trainer, module)
         self.history[-1] = (trainer.global_step, [p + t for p, t in zip(self.PROMPTS, texts)])
         print(f"\n--- samples at step {trainer.global_step} (temperature {self.temperature}) ---")

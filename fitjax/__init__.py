@@ -39,6 +39,7 @@ from fitjax.module import LitModule, param_groups
 from fitjax.precision import Precision
 from fitjax.state import TrainState
 from fitjax.loop import Trainer
+from fitjax._generation_options import GenerationOptions
 from fitjax.loop.plan import plan
 from fitjax.planner import TransformerShape
 from fitjax.step import TokenLoss
@@ -59,6 +60,7 @@ __all__ = [
     "EMA",
     "EarlyStopping",
     "GenerationMonitor",
+    "GenerationOptions",
     "GradientAccumulationScheduler",
     "LambdaCallback",
     "LearningRateMonitor",

@@ -8,14 +8,14 @@ and a model traced there by `jax.default_backend()` ("cpu") would plan XLA's att
 [batch, heads, length, length] scores the chip never holds (GPT-2 medium, 8 rows: 19.8 GB of
 temporaries planned for a step that runs on a 16 GB chip).
 
-`Strategy.jit`, through which the train, evaluation and predict steps are compiled (what the
-planner compiles), traces its function under `tracing_for(strategy.platform)`; `traced_platform()`
-reads it, and is the default backend elsewhere: a user's own `jax.jit`, and the state's init and
-generation programs, which run on the process's own devices (wrapping the init's function as
-well made the module's loss traced once more per fit: `tests/loop/test_setup.py` counts them).
+`Strategy.jit`, through which every fitjax program is compiled (`fitjax.step.compiling.jit`: the
+train, evaluation and predict steps the planner compiles, generation's programs, ...), traces its
+function under `tracing_for(strategy.platform)`; `traced_platform()` reads it, and is the default
+backend elsewhere: a user's own `jax.jit`, and the state's init, which runs on the process's own
+devices (wrapping the init's function as well made the module's loss traced once more per fit:
+`tests/loop/test_setup.py` counts them).
 
-`traced_mesh()` is the strategy's mesh while its programs (and the state's init and generation
-programs) are traced: `fj.nn.attention` splits a kernel XLA cannot partition over it
+`traced_mesh()` is the strategy's mesh while its programs (and the state's init) are traced: `fj.nn.attention` splits a kernel XLA cannot partition over it
 (`shard_map`). It is fitjax's own record, not JAX's mesh context (`jax.set_mesh`,
 `jax.sharding.use_abstract_mesh`): under that, Flax applies every parameter's annotation as a
 sharding constraint, which fails where the annotation names an axis the mesh lacks (a model

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 
-__all__ = ["Lines", "phase", "showing_on", "step_compiled", "step_compiling"]
+__all__ = ["Lines", "phase", "showing_on", "step_compiled", "step_compiling", "training_ended"]
 
 log = logging.getLogger("fitjax")
 _CLEAR_LINE = "\r\x1b[2K"
@@ -31,11 +31,14 @@ _CLEAR_LINE = "\r\x1b[2K"
 
 class Lines:
     """Status lines on `console` (a `rich.console.Console`; None: stdout), or to the "fitjax"
-    logger when the application configured logging; `live()`: a bar is drawn on the console now."""
+    logger when the application configured logging; `live()`: a bar is drawn on the console now;
+    `close()`: the train batches are over, a drawn train bar is closed (`training_ended`)."""
 
-    def __init__(self, console: Any = None, *, live: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, console: Any = None, *, live: Callable[[], bool] = lambda: False,
+                 close: Callable[[], None] = lambda: None) -> None:
         self._console = console
         self._live = live
+        self.close = close
         self._open = False  # a started line is on the terminal, not ended yet
 
     def _stream(self):
@@ -119,6 +122,14 @@ def phase(doing: str, done: str) -> Iterator[None]:
         lines.abandon()
         raise
     lines.end(f"{done} in {time.perf_counter() - started:.1f} s")
+
+
+def training_ended() -> None:
+    """The fit's train batches are over (the last epoch ended, or a stop paused one): the bar
+    drawn on the status console is closed now, its last state left on screen, so that what is
+    printed next (a stop's line, `on_train_end`'s summaries, fit's closing line) stays below
+    it; a live bar would be redrawn under each of them."""
+    _lines().close()
 
 
 def step_compiling(step: str) -> None:

@@ -36,7 +36,7 @@ LAYERS = [
     ("values", ["fitjax._typing", "fitjax.state", "fitjax.metrics", "fitjax.precision", "fitjax.strategies",
                 "fitjax._logged", "fitjax._lazy", "fitjax.plugins", "fitjax._storage", "fitjax._safe_names",
                 "fitjax._stack", "fitjax._seed", "fitjax._status", "fitjax._ctrl_c", "fitjax._platform",
-                "fitjax._optional", "fitjax._jax_compat", "fitjax.optim"]),
+                "fitjax._optional", "fitjax._jax_compat", "fitjax.optim", "fitjax._generation_options"]),
     ("step", ["fitjax.step", "fitjax.nn"]),
     ("data", ["fitjax.data"]),
     ("checkpoint", ["fitjax.checkpoint"]),
@@ -353,9 +353,10 @@ def test_the_trainer_read_check_catches_one():
 # The loop reads as one page: `Trainer._train_epoch` is the epoch's outline (its batches, end and
 # stop handling are `fitjax.loop._epoch` and `_stop`; the evaluations `evaluation`), and trainer.py
 # holds the public surface and the outline only. Only code counts toward the page (issue 63: the
-# reference text belongs in the docstrings, beside the signatures): 635 lines of code at this
-# guard's writing, 902 lines in all.
-TRAINER_MAX_CODE_LINES = 700
+# reference text belongs in the docstrings, beside the signatures): 718 lines of code, 1,240 in
+# all, once the Args were back in the docstrings and the 27 read-only attributes plain properties
+# (each with a setter saying what to do instead); issue 63 sets the ceiling at 900.
+TRAINER_MAX_CODE_LINES = 900
 TRAIN_EPOCH_MAX_LINES = 50
 
 

@@ -32,7 +32,7 @@ def test_docstring_examples_run():
                  "fitjax.plugins.environments.slurm", "fitjax.strategies._distributed",
                  "fitjax.integrations.ray", "fitjax.planner._flops", "fitjax.planner._choose", "fitjax.loop.plan",
                  "fitjax.nn._attention", "fitjax.models._config", "fitjax.models._causal_lm",
-                 "fitjax.models._pretrained", "fitjax.data._text"]:
+                 "fitjax.models._pretrained", "fitjax.data._text", "fitjax._generation_options"]:
         failures, _ = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert failures == 0, name
 
@@ -44,8 +44,8 @@ def test_docstring_examples_run():
 ])
 def test_help_documents_every_trainer_argument(name, first, after):
     """`help(fj.Trainer)`, `help(trainer.plan)` and `help(trainer.generate)` show each argument's
-    reference (kept in `fitjax/loop/_trainer_doc.py`, joined to the docstrings when the class is
-    made) between the summary and the next section."""
+    reference (the Args section written in the source's docstring, where an IDE reads it too)
+    between the summary and the next section."""
     import inspect
     import pydoc
     import re

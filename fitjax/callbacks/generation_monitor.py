@@ -3,8 +3,10 @@ Text tab: the callback Lightning users write by hand for a language model."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
+from fitjax._generation_options import GenerationOptions
 from fitjax.callbacks._base import Callback, ignores_batch, ignores_outputs
 from fitjax.loggers import TensorBoardLogger
 
@@ -24,35 +26,39 @@ class GenerationMonitor(Callback):
         prompts: the prompts, the same at every call.
         every_n_train_steps: generate when the global step passes a multiple of it (0: only when
             training ends).
-        max_new_tokens: as `Trainer.generate`'s.
-        temperature: as `Trainer.generate`'s.
-        top_k: as `Trainer.generate`'s.
-        top_p: as `Trainer.generate`'s.
-        seed: the draws' seed; each call adds the global step, so calls differ but a rerun repeats.
         tag: the TensorBoard tag.
+        **options: how to generate: `fj.GenerationOptions`' fields (`max_new_tokens`,
+            `temperature`, `top_k`, `top_p`, `seed`, `eos_token_id`, `use_cache`), checked here;
+            `temperature` is 0.8 unless given, and each call adds the global step to `seed`, so
+            calls differ but a rerun repeats.
 
     Attributes:
+        options: the `fj.GenerationOptions` every call uses (its seed plus the global step).
         history: `[(global_step, [continuation, ...]), ...]` of every call.
 
     Example:
         >>> import fitjax as fj
-        >>> monitor = fj.GenerationMonitor(["Once upon a time", "def main("], every_n_train_steps=500)
+        >>> monitor = fj.GenerationMonitor(["Once upon a time", "def main("], every_n_train_steps=500, top_p=0.95)
         >>> trainer = fj.Trainer(max_steps=2000, callbacks=[monitor])
     """
 
-    def __init__(self, prompts: Sequence[Any], *, every_n_train_steps: int = 500, max_new_tokens: int = 64,
-                 temperature: float = 0.8, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                 tag: str = "samples"):
+    def __init__(self, prompts: Sequence[Any], *, every_n_train_steps: int = 500, tag: str = "samples",
+                 **options: Any):
         if isinstance(prompts, str) or not len(prompts):
             raise ValueError(f"GenerationMonitor(prompts=...) must be a non-empty list of prompts (text or "
                              f"token id lists); got {prompts!r}.")
         if isinstance(every_n_train_steps, bool) or not isinstance(every_n_train_steps, int) or every_n_train_steps < 0:
             raise ValueError(f"GenerationMonitor(every_n_train_steps=...) must be an int >= 0 (0: only when "
                              f"training ends); got {every_n_train_steps!r}.")
+        fields = [f.name for f in dataclasses.fields(GenerationOptions)]
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise TypeError(f"GenerationMonitor({unknown[0]}=...) is not an option; the generation options are "
+                            f"`fj.GenerationOptions`' fields: {', '.join(fields)}.")
         self.prompts = list(prompts)
         self.every_n_train_steps = every_n_train_steps
-        self.options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-        self.seed, self.tag = seed, tag
+        self.options = GenerationOptions(**{"temperature": 0.8, **options}, where="GenerationMonitor")
+        self.tag = tag
         self.history: list[tuple[int, list[Any]]] = []
 
     @ignores_outputs
@@ -68,7 +74,8 @@ class GenerationMonitor(Callback):
     def sample(self, trainer, module) -> list[Any]:
         """Generates now, records the continuations in `history` and writes them; returns them."""
         step = trainer.global_step
-        continuations = trainer.generate(module, self.prompts, seed=self.seed + step, **self.options)
+        options = dataclasses.replace(self.options, seed=self.options.seed + step)
+        continuations = trainer.generate(module, self.prompts, **dataclasses.asdict(options))
         self.history.append((step, continuations))
         text = _table(self.prompts, continuations)
         for logger in trainer.loggers:

@@ -253,6 +253,13 @@ class RichProgressBar(Callback):
             self._progress = None
             self._train_task = self._eval_task = None
 
+    def _close_train_bar(self, trainer) -> None:
+        """The train batches are over (`_status.training_ended`): the bar is drawn at the batch
+        it stopped at (between two clocked redraws a stop can come) and closed."""
+        if self._progress is not None and self._train_task is not None and trainer.progress.batches_done:
+            self._progress.update(self._train_task, completed=trainer.progress.batches_done)  # a paused epoch's
+        self._stop_progress()
+
     def _compile_note(self, step: str) -> str:
         """"compiling <step> step" the first time `step` runs in this run (and remembers it)."""
         if step in self._compiled:
@@ -272,7 +279,8 @@ class RichProgressBar(Callback):
 
     def setup(self, trainer, module, stage: str) -> None:
         # the set-up's status lines (init, compilations) on this console, above the bar when drawn
-        self._status = _status.showing_on(_status.Lines(self.console, live=lambda: self._progress is not None))
+        self._status = _status.showing_on(_status.Lines(self.console, live=lambda: self._progress is not None,
+                                                        close=lambda: self._close_train_bar(trainer)))
         self._stage = stage
         self._compiled = set()  # each run builds (and compiles) its steps anew
         self._compiling = None

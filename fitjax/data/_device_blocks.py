@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fitjax.data._loader import DataLoader
-from fitjax.step import StepInputs, StepOptions, group_batches
+from fitjax.step import StepInputs, StepOptions, compiling, group_batches
 from fitjax.step.jitted import block_sharding
 
 __all__ = ["Feed", "feed_for"]
@@ -108,9 +108,9 @@ class Feed:
             k = rows.shape[0] // batch
             return treedef.unflatten([jnp.take(a, rows, axis=0).reshape(k, batch, *a.shape[1:]) for a in data])
 
-        self._gather = jax.jit(gather, out_shardings=block_sharding(strategy))
+        self._gather = compiling.jit(strategy, gather, out_shardings=block_sharding(strategy))
         # a fresh buffer holding the state's step (never the step array itself: that is donated)
-        self._base = jax.jit(lambda step: step + jnp.zeros_like(step), out_shardings=strategy.replicated)
+        self._base = compiling.jit(strategy, lambda step: step + jnp.zeros_like(step), out_shardings=strategy.replicated)
         # each call's count of real batches, put on the devices once (at most k + 1 values a fit)
         self._counts = _Counts(strategy.replicated)
         self._next: tuple[int, np.ndarray, Any] | None = None  # `(k, rows, block)` gathered ahead

@@ -6,7 +6,6 @@ needs and returning values:
 
     config.LoopConfig     the loop's arguments, checked once and frozen (`self._config`), read
                           through the Lightning-named attributes (`_checks`, `_arguments`)
-    _reads                `config_value()`, `reads(path)`: the attributes that only read a part
     progress.Progress     the loop's one position (`trainer.progress`: its read-only view)
     _schedule             functions of (configuration, progress): when training ends, a stop is
                           obeyed, validation is due
@@ -27,7 +26,8 @@ needs and returning values:
                           fit's restore from one (`resume_fit`)
     _preemption           the signals that stop a fit, the hpc checkpoint, the requeue
     _pieces.PieceRunner   the state pieces' epoch-start and end-of-training work
-    _trainer_doc          the Args sections of the Trainer's, `plan`'s and `generate`'s docstrings
+    generation            `Trainer.generate`'s run, over its options (`fitjax.GenerationOptions`), the
+                          prompts' host side (`_prompts`) and the programs on the devices (`_decode`)
 """
 
 from fitjax.loop.progress import Position, Progress, ProgressView

@@ -25,6 +25,18 @@ from fitjax import module as module_lib
 from fitjax.module import LitModule
 
 
+def fixed_argument(name: str, argument: str | None = None) -> AttributeError:
+    """The error setting `trainer.<name>`, a `Trainer(...)` argument's value (`argument` where
+    the argument has another name), raises."""
+    return AttributeError(f"Trainer.{name} is read-only: it is a `Trainer({argument or name}=...)` argument, fixed "
+                          "when the Trainer is made; make another Trainer to change it.")
+
+
+def loop_sets(name: str) -> AttributeError:
+    """The error setting `trainer.<name>`, what the loop sets for callbacks and users to read, raises."""
+    return AttributeError(f"Trainer.{name} is read-only: the loop sets it; callbacks and users read it.")
+
+
 def positive_int_or_none(name: str, value: Any) -> int | None:
     if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
         return value

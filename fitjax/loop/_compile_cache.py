@@ -101,8 +101,8 @@ def use(setting: bool | str) -> str | None:
                     f"Trainer(compile_cache=<a writable folder>) or {ENV_VAR}=0 silences this.")
         return None
     if _ours is None:  # the thresholds are set once, and only where the user left JAX's defaults
-        for name, value in (("jax_compilation_cache_max_size", MAX_BYTES),
-                            ("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)):
+        for name, value in ((("jax_compilation_cache_max_size", MAX_BYTES),) if _has_filelock() else ()) + (
+                ("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS),):
             if getattr(jax.config, name) == _JAX_DEFAULTS[name]:
                 _replaced[name] = getattr(jax.config, name)
                 _set(name, value)
@@ -112,6 +112,19 @@ def use(setting: bool | str) -> str | None:
     _ours = folder
     log.debug(f"fitjax: XLA's persistent compile cache in {folder}")
     return folder
+
+
+def _has_filelock() -> bool:
+    """Whether `filelock` imports: JAX bounds a cache's size with it, and without it JAX's cache
+    fails to open at the first program and then stores and reads nothing, warning once per
+    program (a fitjax dependency; a hand-assembled environment may lack it: unbounded then)."""
+    try:
+        import filelock  # noqa: F401
+    except ImportError:
+        log.warning("fitjax: the compile cache is unbounded: the `filelock` package is missing (pip install "
+                    "filelock bounds it)")
+        return False
+    return True
 
 
 def _set(name: str, value: Any) -> None:

@@ -14,7 +14,7 @@ from fitjax.data import checked_batches
 from fitjax.loop import _checks as checks
 from fitjax.loop._checks import maybe_len as _maybe_len
 from fitjax.state import TrainState
-from fitjax.step import pieces as pieces_lib
+from fitjax.step import compiling, pieces as pieces_lib
 from fitjax.step.running_stats import make_running_average
 from fitjax.strategies import Strategy
 
@@ -37,8 +37,8 @@ class PieceRunner:
                 return pieces_lib.epoch_start(starting, extras, params, opt_state, epoch)
 
             # the extras donated: updated in place, as the train step updates the state
-            self._epoch_start = strategy.jit(
-                pieces_epoch_start, in_shardings=(shardings.extras, shardings.params, shardings.opt_state,
+            self._epoch_start = compiling.jit(
+                strategy, pieces_epoch_start, in_shardings=(shardings.extras, shardings.params, shardings.opt_state,
                                                   strategy.replicated),
                 out_shardings=shardings.extras, donate_argnums=(0,))
 
@@ -66,8 +66,8 @@ class PieceRunner:
                 params = piece.final_params(extras[piece.name], params)
             return params
 
-        params = self.strategy.jit(pieces_final_params, in_shardings=(sh.extras, sh.params),
-                                   out_shardings=sh.params)(state.extras, state.params)
+        params = compiling.jit(self.strategy, pieces_final_params, in_shardings=(sh.extras, sh.params),
+                              out_shardings=sh.params)(state.extras, state.params)
         state = state.replace(params=params)
         has_floats = any(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(state.model_state))
         if any(p.recompute_model_state for p in ending) and has_floats:
@@ -76,8 +76,8 @@ class PieceRunner:
 
     def _recompute(self, state: TrainState, spec, policy, batches: Iterable):
         sh, replicated = self.shardings, self.strategy.replicated
-        average_step = self.strategy.jit(
-            make_running_average(spec, policy),
+        average_step = compiling.jit(
+            self.strategy, make_running_average(spec, policy),
             in_shardings=(sh.params, sh.model_state, sh.model_state, replicated, replicated,
                           self.strategy.batch_sharding),
             out_shardings=sh.model_state)

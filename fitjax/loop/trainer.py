@@ -34,9 +34,9 @@ from fitjax.loop._stop import StopRequest
 from fitjax.loop._plan import check_no_runs, choose_for_fit, plan_trainer
 from fitjax.loop import _schedule as schedule
 from fitjax.loop.config import LoopConfig
-from fitjax.loop._reads import config_value, reads
 from fitjax.loop.metric_log import MetricLog
-from fitjax.loop import _trainer_doc, evaluation, generation
+from fitjax.loop import _prompts, evaluation, generation
+from fitjax._generation_options import GenerationOptions
 from fitjax.loop.fit_run import Built, FitRun, step_flops, trained_variables
 from fitjax.loop.train_feed import FitLoaders, TrainFeed, check_fit_loaders, epoch_options, fit_loaders
 from fitjax.loop.progress import Progress, ProgressView
@@ -60,11 +60,136 @@ __all__ = ["Trainer"]
 log = logging.getLogger("fitjax")
 
 
-@_trainer_doc.with_arguments  # the Args sections of the class's, `plan`'s and `generate`'s docstrings
 class Trainer(metaclass=_arguments.CheckedArguments):
     """Trains a `LitModule`: jits one step, shards it with a strategy, logs, validates, calls back.
 
     The arguments have Lightning's names and meanings.
+
+    Args:
+        max_epochs: stop after this many epochs (default 1000 when `max_steps` is unset too;
+            -1: no limit; 0: fit trains nothing).
+        max_steps: stop after this many optimizer steps (None or -1: no limit; 0: nothing).
+        max_time: stop once this much training time has passed: "DD:HH:MM:SS", a
+            `datetime.timedelta` or a dict of its arguments (a `fj.Timer` is added, unless
+            `callbacks` has one); the stop saves a checkpoint as an epoch's end does.
+        min_epochs: a stop request (`trainer.should_stop`, `EarlyStopping`) waits until this
+            many epochs are done.
+        min_steps: a stop request waits until this many optimizer steps are done.
+        accelerator: "auto" (JAX's default backend: TPU, then GPU, then CPU), "cpu", "gpu" or
+            "tpu"; a missing backend is an error naming those present. Fit starts with one line
+            saying the platform, devices used of available, processes, strategy, mesh and precision
+            (the "fitjax" logger at INFO).
+        strategy: "auto", "single", "dp", "zero1", "fsdp" or a `fitjax.strategies.Strategy`; or
+            "plan" (a `fitjax.planner.PlannedStrategy`, which takes a memory budget): each fit
+            plans every strategy on these devices (then with remat if none fits) and runs the
+            fastest estimate that fits, said in one line before the banner (docs/guides/plan.md).
+        devices: "auto" (all, on every process), a count, or a list of `jax.Device`. With several
+            processes a count is one machine's devices (Lightning's meaning), checked.
+        num_nodes: machines to run on (Lightning's meaning), checked against the cluster
+            environment; None takes its count. Several processes start `jax.distributed` once,
+            with the environment's numbers (`fitjax.strategies.initialize_distributed`). Only
+            process 0 logs and draws progress.
+        plugins: a `fj.plugins.environments.ClusterEnvironment` (in a list or alone) instead of
+            the detected one (SLURM, torchrun, Kubeflow, MPI, SkyPilot, Cloud TPU, `fitjax launch`).
+        callbacks: extra `Callback`s, a list or one (a progress bar is added when
+            `enable_progress_bar`).
+        logger: True (TensorBoard), False, a `Logger` or a list of them.
+        default_root_dir: where logs (and checkpoints) go; the working directory by default.
+        log_every_n_steps: log and display the train metrics' means every this many steps. The
+            loop does not wait for them: they are fetched while the next steps run and reach
+            the loggers (as Lightning, at row `global_step - 1`: the first row of n is at n-1) and
+            the progress bar a step or two later; reading `callback_metrics` waits for them.
+        val_check_interval: validate every this many train batches (int) or fraction of an epoch
+            (float, rounded down to batches: an epoch may end without one); default once per
+            epoch, at its end. Lightning's rules and errors (see docs/porting.md). Or a duration
+            ("DD:HH:MM:SS", a `datetime.timedelta` or a dict of its arguments, Lightning 2.6):
+            validate after the first train step that ends that long after the last validation
+            ended (or training started), and not at epoch ends.
+        check_val_every_n_epoch: validate in every n-th epoch; None: an int `val_check_interval`
+            counts batches over the whole run.
+        limit_train_batches: train batches per epoch: an int number or a float fraction.
+        limit_val_batches: validation batches per run: an int number or a float fraction.
+        limit_test_batches: test batches: an int number or a float fraction.
+        limit_predict_batches: predict batches: an int number or a float fraction.
+        overfit_batches: train on the same first n batches every epoch (an int, or a float
+            fraction of the train batches) and validate on the first n of the validation data,
+            both drawn in order: a shuffling `fj.DataLoader` or torch `DataLoader` is switched
+            to its order with Lightning's warning (Lightning's `overfit_batches`; it takes the
+            place of `limit_train_batches` and `limit_val_batches`). 0: off.
+        reload_dataloaders_every_n_epochs: ask the datamodule's (or the module's)
+            `train_dataloader()` and `val_dataloader()` again every n epochs, at the start of the
+            epoch (Lightning's); loaders passed to `fit` directly are kept. 0: never.
+        num_sanity_val_steps: validation batches run before training (-1: all, 0: none), so a
+            validation that fails does so before the first epoch; nothing is logged.
+        fast_dev_run: run 1 (or n) batches of train/val, no loggers, checkpoints, early stopping
+            or sanity check — a smoke test of the code.
+        enable_progress_bar: show a `RichProgressBar`.
+        enable_model_summary: print a `RichModelSummary` of the parameters when fit starts.
+        enable_checkpointing: add a `DefaultCheckpoint()` (under `<logger.log_dir>/checkpoints`:
+            the last epoch's state at the end, epoch-end saves within 5% of the fit's time)
+            unless `callbacks` has a `ModelCheckpoint`.
+        seed: the run's base random key (parameter init and every rng stream); default 0. When
+            given, also seeds Python's `random`, numpy's and torch's (when imported) global
+            generators, as `fj.seed_everything(seed)` (a torch `DataLoader(shuffle=True)`'s order).
+        precision: "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true" or a
+            `fitjax.Precision` (see `fitjax.precision`); "16-mixed" logs `loss_scale` and
+            `skipped_steps`; "64-true" runs fit, validate, test and predict with JAX's x64 on.
+        accumulate_grad_batches: micro-batches per optimizer step (their gradients summed, each
+            loss divided by k, inside one jitted step). `global_step`, `max_steps`, schedules and
+            `log_every_n_steps` count optimizer steps; `limit_train_batches` and
+            `val_check_interval` count batches. Like Lightning, an epoch whose batch count is not
+            a multiple of k ends with a step over the m < k batches left (still divided by k).
+            Per-batch hooks fire once per optimizer step (Lightning: per micro-batch).
+        gradient_clip_val: clip the (accumulated, unscaled) gradients at this value before the
+            optimizer.
+        gradient_clip_algorithm: by global norm ("norm") or elementwise ("value").
+        log_grad_norm: log `train/grad_norm`, the global gradient norm before clipping.
+        steps_per_execution: run this many optimizer steps per dispatch (a `lax.scan` over stacked
+            batches): the same numbers, less Python and dispatch overhead for small models. Per-batch
+            hooks fire once per k steps with the last step's outputs and the stacked batch; logging
+            and validation happen at the first k-step boundary at or after their interval. An epoch's
+            leftover steps (fewer than k) run one at a time (a second, smaller compilation).
+        remat: activation rematerialization of a Linen model's layers (the submodules its root
+            calls): "none", "full" (keep only each layer's inputs, recompute the rest in the
+            backward pass), "dots" (also keep the weight products) or "offload" (keep those in
+            host memory). Less activation memory for more FLOPs or transfers, the same numbers
+            (`fitjax.step.remat`; `trainer.plan` shows both).
+        offload: train state kept in the devices' host memory (memory kind "pinned_host") between
+            steps: "none", "optimizer" (the optimizer state) or "optimizer+master" (the parameters
+            in their storage dtype too: "bf16-mixed"'s float32 master weights). Each step copies
+            them in and back (XLA overlaps the transfers where it can); the same numbers, less
+            device memory beside the activations (`fitjax.step.offload`; `fitjax plan` counts them
+            as host memory). Raises where the devices have no host memory kind.
+        detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
+            naming the step and the quantity (a host sync per step: for debugging).
+        profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
+            `<log_dir>/fit-profile.txt`), "jax" (a `jax.profiler` trace of train steps 2-4 under
+            `<log_dir>/plugins/profile/` for TensorBoard) or a `fitjax.profilers.Profiler`.
+            Every fit also logs each XLA program's compile seconds as `compile/<program>_s`
+            (TensorBoard: a table in its Text tab).
+        compile_cache: JAX's persistent compilation cache, so a second run of the same script
+            reads its programs back instead of compiling them: True (default: in
+            `$XDG_CACHE_HOME/fitjax/xla`, else `~/.cache/fitjax/xla`, bounded to 4 GiB, programs
+            that compile in under a second not stored), a folder, or False (off). Turned on when
+            the trainer first compiles, never at import; `FITJAX_COMPILE_CACHE=0` turns it off
+            for every trainer, `FITJAX_COMPILE_CACHE=<folder>` moves fitjax's folder. A cache you
+            configured yourself (`JAX_COMPILATION_CACHE_DIR`, `jax.config`) is left as it is
+            (docs/guides/speed.md).
+        deterministic: make two runs of the same code bitwise identical (see `fitjax.strategies._determinism`).
+        benchmark: Lightning's flag, no JAX meaning (XLA picks its kernels when it compiles);
+            accepted so Lightning configs run. This and the next three log one line saying what
+            JAX does instead when set to other than Lightning's default.
+        inference_mode: Lightning's flag, no JAX meaning (eval computes no gradients).
+        sync_batchnorm: Lightning's flag, no JAX meaning (BatchNorm over a batch sharded on the
+            devices is global already).
+        use_distributed_sampler: Lightning's flag, no JAX meaning (the strategy splits batches).
+        runs: train several runs side by side in one program (one jitted step vmapped over them,
+            on the same batches): a count (`runs=5`: run i from seed `seed + i`) or a list of
+            hyperparameter dicts (`runs=[{"lr": 1e-3}, {"lr": 3e-3}]`, each from `seed` unless
+            it has a "seed"), which the module reads through `self.hparams` in `loss`, `metrics`
+            and `configure_optimizer` (values that differ are traced arrays; one used as a shape
+            is refused). Every logged value is per run: `train/loss/run_<i>`. See
+            docs/guides/many_runs.md.
 
     Example:
         >>> import fitjax as fj
@@ -206,45 +331,148 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         self._lightning_module: LitModule | None = None  # the module of the last fit/validate/test/predict
 
     # ------------------------------------------------------------ the configuration (read-only)
-    # each reads the `LoopConfig` field of its name (`config_value`); setting one is an error
+    # each is the `LoopConfig` field of its name; setting one says it is fixed when the Trainer is made
 
-    max_epochs: int | None = config_value()
-    """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
-    max_steps: int | None = config_value()
-    """Optimizer steps fit takes at most (None: no limit)."""
-    min_epochs: int | None = config_value()
-    """A stop request waits until this many epochs are done (None: no minimum)."""
-    min_steps: int | None = config_value()
-    """A stop request waits until this many optimizer steps are done (None: no minimum)."""
-    num_sanity_val_steps: int = config_value()
-    """Validation batches fit runs before training (-1: all, 0: none)."""
-    log_every_n_steps: int | None = config_value()
-    """Train metrics are logged every this many optimizer steps."""
-    check_val_every_n_epoch: int | None = config_value()
-    """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches over the whole
-    run)."""
-    val_check_interval: int | float | datetime.timedelta | None = config_value()
-    """Validate every this many train batches (int), fraction of an epoch (float) or duration
-    (`datetime.timedelta`); None: once an epoch."""
-    limits: Mapping[str, int | float | None] = config_value()
-    """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or `fast_dev_run`'s,
-    `overfit_batches`' count), likewise "val", "test", "predict"."""
-    fast_dev_run: int = config_value()
-    """Batches of every stage in a smoke test (0: off)."""
-    overfit_batches: int | float = config_value()
-    """The same first train and validation batches every epoch (0: off)."""
-    reload_dataloaders_every_n_epochs: int | None = config_value()
-    """Fit asks the loader hooks again every n epochs (0: never)."""
-    seed: int = config_value()
-    """The run's base random key (parameter init and every rng stream)."""
+    @property
+    def max_epochs(self) -> int | None:
+        """Epochs fit trains at most (None: no limit; 1000 when nothing else bounds the run)."""
+        return self._config.max_epochs
 
-    runs: Runs | None = reads("_runs")
-    """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
-    and name; None for one run."""
-    run_results: RunResults | None = reads("_run_results")
-    """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
-    its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
-    at its end (`.table()`); None for one run."""
+    @max_epochs.setter
+    def max_epochs(self, value: Any) -> None:
+        raise checks.fixed_argument("max_epochs")
+
+    @property
+    def max_steps(self) -> int | None:
+        """Optimizer steps fit takes at most (None: no limit)."""
+        return self._config.max_steps
+
+    @max_steps.setter
+    def max_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("max_steps")
+
+    @property
+    def min_epochs(self) -> int | None:
+        """A stop request waits until this many epochs are done (None: no minimum)."""
+        return self._config.min_epochs
+
+    @min_epochs.setter
+    def min_epochs(self, value: Any) -> None:
+        raise checks.fixed_argument("min_epochs")
+
+    @property
+    def min_steps(self) -> int | None:
+        """A stop request waits until this many optimizer steps are done (None: no minimum)."""
+        return self._config.min_steps
+
+    @min_steps.setter
+    def min_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("min_steps")
+
+    @property
+    def num_sanity_val_steps(self) -> int:
+        """Validation batches fit runs before training (-1: all, 0: none)."""
+        return self._config.num_sanity_val_steps
+
+    @num_sanity_val_steps.setter
+    def num_sanity_val_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("num_sanity_val_steps")
+
+    @property
+    def log_every_n_steps(self) -> int | None:
+        """Train metrics are logged every this many optimizer steps."""
+        return self._config.log_every_n_steps
+
+    @log_every_n_steps.setter
+    def log_every_n_steps(self, value: Any) -> None:
+        raise checks.fixed_argument("log_every_n_steps")
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """Fit validates in every n-th epoch (None: an int `val_check_interval` counts batches over the whole
+        run)."""
+        return self._config.check_val_every_n_epoch
+
+    @check_val_every_n_epoch.setter
+    def check_val_every_n_epoch(self, value: Any) -> None:
+        raise checks.fixed_argument("check_val_every_n_epoch")
+
+    @property
+    def val_check_interval(self) -> int | float | datetime.timedelta | None:
+        """Validate every this many train batches (int), fraction of an epoch (float) or duration
+        (`datetime.timedelta`); None: once an epoch."""
+        return self._config.val_check_interval
+
+    @val_check_interval.setter
+    def val_check_interval(self, value: Any) -> None:
+        raise checks.fixed_argument("val_check_interval")
+
+    @property
+    def limits(self) -> Mapping[str, int | float | None]:
+        """Each stage's batch limit, read-only: `limits["train"]` is `limit_train_batches` (or `fast_dev_run`'s,
+        `overfit_batches`' count), likewise "val", "test", "predict"."""
+        return self._config.limits
+
+    @limits.setter
+    def limits(self, value: Any) -> None:
+        raise checks.fixed_argument("limits", "limit_train_batches=..., limit_val_batches")
+
+    @property
+    def fast_dev_run(self) -> int:
+        """Batches of every stage in a smoke test (0: off)."""
+        return self._config.fast_dev_run
+
+    @fast_dev_run.setter
+    def fast_dev_run(self, value: Any) -> None:
+        raise checks.fixed_argument("fast_dev_run")
+
+    @property
+    def overfit_batches(self) -> int | float:
+        """The same first train and validation batches every epoch (0: off)."""
+        return self._config.overfit_batches
+
+    @overfit_batches.setter
+    def overfit_batches(self, value: Any) -> None:
+        raise checks.fixed_argument("overfit_batches")
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int | None:
+        """Fit asks the loader hooks again every n epochs (0: never)."""
+        return self._config.reload_dataloaders_every_n_epochs
+
+    @reload_dataloaders_every_n_epochs.setter
+    def reload_dataloaders_every_n_epochs(self, value: Any) -> None:
+        raise checks.fixed_argument("reload_dataloaders_every_n_epochs")
+
+    @property
+    def seed(self) -> int:
+        """The run's base random key (parameter init and every rng stream)."""
+        return self._config.seed
+
+    @seed.setter
+    def seed(self, value: Any) -> None:
+        raise checks.fixed_argument("seed")
+
+    @property
+    def runs(self) -> Runs | None:
+        """The runs trained side by side (`Trainer(runs=...)`): each one's seed, hyperparameters
+        and name; None for one run."""
+        return self._runs
+
+    @runs.setter
+    def runs(self, value: Any) -> None:
+        raise checks.loop_sets("runs")
+
+    @property
+    def run_results(self) -> RunResults | None:
+        """With `Trainer(runs=...)`: each run's final logged values (`.final[i]`), its values where
+        its `val/loss` (else `train/loss_epoch`) was lowest (`.best[i]`) and the table fit logs
+        at its end (`.table()`); None for one run."""
+        return self._run_results
+
+    @run_results.setter
+    def run_results(self, value: Any) -> None:
+        raise checks.loop_sets("run_results")
 
     def stop_run(self, run: int) -> None:
         """With `Trainer(runs=...)`, during fit: stops run `run` (an early stop of one run, as
@@ -273,9 +501,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """The first logger (Lightning's `trainer.logger`)."""
         return self.loggers[0] if self.loggers else None
 
-    lightning_module: LitModule | None = reads("_lightning_module")
-    """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
-    `trainer.lightning_module`); None before any."""
+    @property
+    def lightning_module(self) -> LitModule | None:
+        """The module of the last `fit`, `validate`, `test` or `predict` (Lightning's
+        `trainer.lightning_module`); None before any."""
+        return self._lightning_module
+
+    @lightning_module.setter
+    def lightning_module(self, value: Any) -> None:
+        raise checks.loop_sets("lightning_module")
 
     @property
     def log_dir(self) -> str:
@@ -284,8 +518,14 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         log_dir = self.logger.log_dir if self.logger is not None else None
         return str(log_dir if log_dir is not None else self.default_root_dir)
 
-    precision: str = reads("step_options.precision.name")
-    """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+    @property
+    def precision(self) -> str:
+        """The precision policy's name, e.g. "16-mixed" (Lightning's `trainer.precision`)."""
+        return self.step_options.precision.name
+
+    @precision.setter
+    def precision(self, value: Any) -> None:
+        raise checks.loop_sets("precision")
 
     @property
     def checkpoint_callbacks(self) -> list[ModelCheckpoint]:
@@ -301,15 +541,35 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         """True on process 0 (the one that logs and draws progress)."""
         return jax.process_index() == 0
 
-    progress: ProgressView = reads("_progress_view")
-    """The loop's position, read-only: epoch, global step, batches done, what was last
-    logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
-    `fitjax.loop.progress`)."""
-    stage: Stage = reads("_stage")
-    """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
-    whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
-    sanity_checking: bool = reads("_stage.sanity_checking")
-    """True while fit's sanity check runs its validation batches (Lightning's flag)."""
+    @property
+    def progress(self) -> ProgressView:
+        """The loop's position, read-only: epoch, global step, batches done, what was last
+        logged/validated/saved, and `crossed(n)` to schedule work every n steps (see
+        `fitjax.loop.progress`)."""
+        return self._progress_view
+
+    @progress.setter
+    def progress(self, value: Any) -> None:
+        raise checks.loop_sets("progress")
+
+    @property
+    def stage(self) -> Stage:
+        """What runs now, read-only: its name ("fit", "validate", "test", "predict" or None),
+        whether it is fit's sanity check, and `validate`/`test`'s `verbose=`."""
+        return self._stage
+
+    @stage.setter
+    def stage(self, value: Any) -> None:
+        raise checks.loop_sets("stage")
+
+    @property
+    def sanity_checking(self) -> bool:
+        """True while fit's sanity check runs its validation batches (Lightning's flag)."""
+        return self._stage.sanity_checking
+
+    @sanity_checking.setter
+    def sanity_checking(self, value: Any) -> None:
+        raise checks.loop_sets("sanity_checking")
 
     @property
     def accumulate_grad_batches(self) -> int:
@@ -346,9 +606,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
     def should_stop(self, value: bool) -> None:
         self._stop_request.requested = value
 
-    interrupted: bool = reads("_interrupted")
-    """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
-    status `INTERRUPTED`); False while a fit runs and after one that finished."""
+    @property
+    def interrupted(self) -> bool:
+        """True when the last fit ended by an exception, Ctrl-C included (Lightning's flag: its
+        status `INTERRUPTED`); False while a fit runs and after one that finished."""
+        return self._interrupted
+
+    @interrupted.setter
+    def interrupted(self, value: Any) -> None:
+        raise checks.loop_sets("interrupted")
 
     @property
     def received_sigterm(self) -> bool:
@@ -364,28 +630,69 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         fit's once it has built them, else the last fit's or evaluation's."""
         return (self._run.built() if self._run is not None else None) or self._built
 
-    global_step: int = reads("_progress.global_step")
-    """Optimizer steps taken (Lightning's `trainer.global_step`)."""
-    current_epoch: int = reads("_progress.epoch")
-    """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
-    num_training_batches: int | None = reads("_progress.batches_in_epoch")
-    """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
-    callback_metrics: HostMetrics = reads("_metric_log.callback_metrics")
-    """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
-    `ModelCheckpoint` read them.
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (Lightning's `trainer.global_step`)."""
+        return self._progress.global_step
 
-    As in Lightning, the values logged on step are the last train step's after every step
-    (kept on the device by the loop and read here, once per step, when someone reads them).
-    They include the train log window on its way to the host, if any: the values are those
-    of every log step so far. Reading waits for the device only on the first read after a
-    log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
-    the window at its next step). The loop itself and the progress bar never read it per step.
-    """
-    logged_metrics: HostMetrics = reads("_metric_log.logged_metrics")
-    """The latest value of every key written to the loggers (Lightning's)."""
-    progress_bar_metrics: HostMetrics = reads("_metric_log.progress_bar_metrics")
-    """The values the progress bar shows: the train window's last means and what was
-    logged with `prog_bar=True` (Lightning's)."""
+    @global_step.setter
+    def global_step(self, value: Any) -> None:
+        raise checks.loop_sets("global_step")
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, 0-based (Lightning's `trainer.current_epoch`)."""
+        return self._progress.epoch
+
+    @current_epoch.setter
+    def current_epoch(self, value: Any) -> None:
+        raise checks.loop_sets("current_epoch")
+
+    @property
+    def num_training_batches(self) -> int | None:
+        """Train batches per epoch after `limit_train_batches` (None: the data has no length)."""
+        return self._progress.batches_in_epoch
+
+    @num_training_batches.setter
+    def num_training_batches(self, value: Any) -> None:
+        raise checks.loop_sets("num_training_batches")
+
+    @property
+    def callback_metrics(self) -> HostMetrics:
+        """The latest value of every logged key (host floats), as callbacks and `EarlyStopping` /
+        `ModelCheckpoint` read them.
+
+        As in Lightning, the values logged on step are the last train step's after every step
+        (kept on the device by the loop and read here, once per step, when someone reads them).
+        They include the train log window on its way to the host, if any: the values are those
+        of every log step so far. Reading waits for the device only on the first read after a
+        log step, and only when the copy has not arrived yet; it writes nothing (the loop logs
+        the window at its next step). The loop itself and the progress bar never read it per step.
+        """
+        return self._metric_log.callback_metrics
+
+    @callback_metrics.setter
+    def callback_metrics(self, value: Any) -> None:
+        raise checks.loop_sets("callback_metrics")
+
+    @property
+    def logged_metrics(self) -> HostMetrics:
+        """The latest value of every key written to the loggers (Lightning's)."""
+        return self._metric_log.logged_metrics
+
+    @logged_metrics.setter
+    def logged_metrics(self, value: Any) -> None:
+        raise checks.loop_sets("logged_metrics")
+
+    @property
+    def progress_bar_metrics(self) -> HostMetrics:
+        """The values the progress bar shows: the train window's last means and what was
+        logged with `prog_bar=True` (Lightning's)."""
+        return self._metric_log.progress_bar_metrics
+
+    @progress_bar_metrics.setter
+    def progress_bar_metrics(self, value: Any) -> None:
+        raise checks.loop_sets("progress_bar_metrics")
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -523,7 +830,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     _preemption.requeue_job(run.requeue_from)  # last: SLURM ends this job once it is requeued
             self._metric_log.finalize("success")
 
-    @_trainer_doc.with_arguments
     def plan(self, module: LitModule, train_data: Any = None, *, datamodule: DataModule | None = None,
              target: str = "local", sweep: bool | Mapping[str, Sequence] = False, memory_bytes: int | None = None,
              headroom: float = 0.1, strategy: str | Strategy | None = None) -> Plan:
@@ -537,6 +843,26 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         else XLA's count) and XLA's FLOPs; the bytes each kind of collective moves; a roofline
         estimate of the step's time and MFU from the device kind's peak figures. See
         docs/guides/plan.md.
+
+        Args:
+            module: the `LitModule`, as for `fit` (left as it was).
+            train_data: as for `fit` (only the first batch's shapes and dtypes are used), or
+                that batch as `jax.ShapeDtypeStruct`s (`{"tokens": ShapeDtypeStruct((16, 4097),
+                jnp.int32)}`).
+            datamodule: or a `DataModule`, as for `fit`.
+            target: "local" (this trainer's devices), a TPU slice ("tpu-v5e-16", "tpu-v4-8",
+                "tpu-v5p-128", "tpu-v6e-256"...: compiled deviceless with libtpu, `pip install
+                'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
+            sweep: False: the trainer as configured; True: also other strategies and meshes,
+                remat and micro-batches with accumulation; or `{axis: [values]}` (axes
+                "strategy", "accumulate", "precision", "remat").
+            memory_bytes: memory per device to fit in (default: the device's, or the device
+                kind's from the table; none on CPU).
+            headroom: the fraction of the memory kept free (fragmentation, the runtime).
+            strategy: plan this strategy instead of the trainer's, its mesh built over the
+                target's devices, not this machine's: "auto" is "dp" over a slice's chips, and
+                `FSDP(fsdp=4, tensor=2)` plans for "tpu-v5e-8" from a laptop with one device
+                (`fj.plan` and `fitjax plan` pass a target's strategy this way).
 
         Returns:
             A `fitjax.planner.Plan`: `print(plan)` shows the table, `plan.as_dict()` the figures,
@@ -603,6 +929,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
+            _status.training_ended()  # the bar closed before on_train_end's summaries print
             run.state = run.pieces.end_training(
                 run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
                 lambda: _pieces.statistics_batches(run.feed.loader, self.current_epoch, self.limits["train"]))
@@ -659,6 +986,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             stop, run.requeue_from = _preemption.stopped(self, self._stop_request.signal)
             raise stop
         if ended == "pause":  # the epoch's end work is left to the fit that resumes it
+            _status.training_ended()  # the bar closed above the stop's line
             _stop.pause_epoch(self._progress, self.checkpoint_callbacks, self, module,
                               is_global_zero=self.is_global_zero)
             return
@@ -773,7 +1101,6 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *host)
 
     @in_precision
-    @_trainer_doc.with_arguments
     def generate(self, module: LitModule, prompts: Any, *, max_new_tokens: int = 64, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                  eos_token_id: int | Sequence[int] | None = None, use_cache: bool | None = None) -> Any:
@@ -796,6 +1123,21 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         `Interrupted` (status 130 if uncaught) whose `generated` holds the tokens made so far,
         in the form this returns (docs/guides/language_models.md); a second one raises at once.
 
+        Args:
+            module: the `LitModule` whose model generates.
+            prompts: see above; prompts of different lengths are left-padded together.
+            max_new_tokens: tokens generated per prompt at most; with the longest prompt within
+                the model's `max_positions` (if it has one) and int32's positions.
+            temperature: 0 picks the most likely token (greedy); otherwise the logits are
+                divided by it and a token drawn.
+            top_k: draw among the k most likely tokens only (None: all).
+            top_p: draw among the most likely tokens holding this probability mass (None: all).
+            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
+            eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
+                model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
+            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
+                sequence for each token (slower, the same tokens).
+
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)
             >>> # trainer.generate(module, [[50256, 464, 3290]], max_new_tokens=8, temperature=0)
@@ -804,10 +1146,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         _compile_cache.use(self._compile_cache)
         model = module_lib.unwrap_host_model(getattr(module, "model", None))
         if eos_token_id is None:
-            eos_token_id = generation.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
-        options = generation.GenerateOptions.make(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            eos_token_id=eos_token_id, use_cache=use_cache)
+            eos_token_id = _prompts.default_eos(getattr(module, "tokenizer", None), getattr(model, "config", None))
+        options = GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                    seed=seed, eos_token_id=eos_token_id, use_cache=use_cache, where="Trainer.generate")
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             state = self.state
             held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \

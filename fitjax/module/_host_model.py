@@ -96,6 +96,8 @@ class HostModel:
                 out, _ = binding.apply(call, params, model_state, rng, arrays, train=training)
             return out
 
+        # raw `jax.jit`: a host call of the model (a hook, a notebook) has no strategy; it runs where
+        # its arrays are, outside any fit's mesh
         return jax.jit(host_call)
 
 

@@ -7,7 +7,8 @@ the bound model that every step makes (`forward`), what a module gives the step 
 (`model_binding`), the options that shape the step (`options`), the state pieces callbacks add
 around it (`pieces`), host batches grouped into step calls (`grouping`), and the build that jits
 every variant once per shape with the strategy's shardings (`jitted.build`, compiled as `xla_cpu`
-plans on XLA:CPU). It imports nothing from data, checkpointing, the loop, callbacks or loggers.
+plans on XLA:CPU), and the one way every fitjax program is jitted (`compiling.jit`). It imports
+nothing from data, checkpointing, the loop, callbacks or loggers.
 """
 
 from fitjax.step.jitted import Compiled, build, check_optimizer

@@ -4,8 +4,9 @@ Everything here returns values; nothing mutates the trainer. Every jitted train 
 (a full call, an epoch's leftover steps, a call picking its batches from a block on the device)
 goes through `_jit_train`, the one place where a train step's platform-specific compile choices
 are made: the state is donated, and on XLA:CPU the program is compiled as `xla_cpu` plans. Every
-program (train steps, the state's init, the evaluation and predict steps) is compiled with its
-platform's options (`compiler_options`: `xla_cpu`'s on CPU, `xla_tpu`'s on TPU).
+program (train steps, the evaluation and predict steps) is jitted by `compiling.jit`, with its
+platform's options (`compiler_options`: `xla_cpu`'s on CPU, `xla_tpu`'s on TPU); the state's init
+gets the same options from a raw `jax.jit` (see `build`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import context, forward, hlo_loops, offload, train, trainable, xla_cpu, xla_gpu, xla_tpu
+from fitjax.step import compiling, context, forward, hlo_loops, offload, train, trainable, xla_cpu, xla_gpu
+from fitjax.step.compiling import compiler_options
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy, with_model_rules
@@ -202,12 +204,14 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
             if given is not None:
                 return given
             with xla_gpu.rng_kernels(strategy.platform):
-                return jax.jit(lambda r, b: _variables(init_fn(r, b, None)), out_shardings=variable_shardings)(
-                    rng, sharded_batch)
+                return compiling.jit(strategy, lambda r, b: _variables(init_fn(r, b, None)),
+                                out_shardings=variable_shardings)(rng, sharded_batch)
         given = spec.weights((abstract_state.params, abstract_state.model_state), variable_shardings, initial)
-    platform_options = compiler_options(strategy.platform)  # CPU: LLVM's level 2; TPU: `xla_tpu`'s
     with xla_gpu.rng_kernels(strategy.platform):  # GPU: the init's draws compile in seconds, same bits
-        state = jax.jit(init_fn, out_shardings=shardings, compiler_options=platform_options)(rng, sharded_batch, given)
+        # raw `jax.jit`, not `compiling.jit`: `Strategy.jit` wraps `init_fn` anew, and a new function retraces the
+        # module's loss `eval_shape` traced above (tests/loop/test_setup.py counts the traces)
+        state = jax.jit(init_fn, out_shardings=shardings, compiler_options=compiler_options(strategy.platform))(
+            rng, sharded_batch, given)
 
     programs = {}
     if fit:
@@ -223,20 +227,20 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
 
     def jit_eval(stage: str, dataloader_idx: int = 0, returns: bool = False) -> Callable[..., Any]:
         # every output replicated: the returned rows too (each process reads the whole batch's)
-        return strategy.jit(
+        return compiling.jit(
+            strategy,
             runs.eval_step(forward.make_eval_step(spec, options.precision, stage, dataloader_idx, returns=returns)),
             in_shardings=(shardings.params, shardings.model_state, replicated, replicated,
                           batch_sharding, batch_sharding, replicated),
             out_shardings=replicated,
             donate_argnums=(3,),
-            compiler_options=platform_options,
         )
 
-    predict_step = strategy.jit(
+    predict_step = compiling.jit(
+        strategy,
         runs.predict_step(forward.make_predict_step(spec, options.precision)),
         in_shardings=(shardings.params, shardings.model_state, replicated, batch_sharding),
         out_shardings=batch_sharding,
-        compiler_options=platform_options,
     )
     log_specs = {**(test_names.log_specs if test_names else {}), **names.log_specs}
     def eval_step(stage: str, found: forward.StepNames, specs: dict, dataloader_idx: int = 0) -> EvalStep:
@@ -330,18 +334,13 @@ def _host_sharding(strategy: Strategy, options: StepOptions, leading: int):
     return stacked_sharding(strategy.batch_sharding, leading)
 
 
-def compiler_options(platform: str, options: dict | None = None) -> dict | None:
-    """`options` with the platform's own under them (`xla_cpu`'s on CPU, `xla_tpu`'s on TPU)."""
-    return xla_tpu.compiler_options(platform, xla_cpu.compiler_options(platform, options))
-
-
 def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, donate: bool = True,
                options: dict | None = None) -> Callable:
     """`fn(state, inputs)` jitted with the state's shardings (donated unless `donate=False`)."""
     # what the state keeps in host memory (`Trainer(offload=...)`) the step fetches itself, late
-    return strategy.jit(fn, in_shardings=(shardings, inputs_sharding), out_shardings=(shardings, strategy.replicated),
-                        donate_argnums=(0,) if donate else (), fetch_host=False,
-                        compiler_options=compiler_options(strategy.platform, options))
+    return compiling.jit(strategy, fn, in_shardings=(shardings, inputs_sharding),
+                    out_shardings=(shardings, strategy.replicated), donate_argnums=(0,) if donate else (),
+                    options=options, fetch_host=False)
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings,

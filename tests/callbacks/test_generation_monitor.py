@@ -43,3 +43,13 @@ def test_samples_every_n_steps_reach_the_text_tab(tmp_path):
 def test_arguments_are_checked(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fj.GenerationMonitor(**kwargs)
+
+
+def test_generation_options_are_checked_when_the_monitor_is_made():
+    """The options are `fj.GenerationOptions`', checked at construction, not at the first sample
+    hundreds of steps in."""
+    assert fj.GenerationMonitor(PROMPTS, top_k=5).options == fj.GenerationOptions(temperature=0.8, top_k=5)
+    with pytest.raises(ValueError, match=r"GenerationMonitor\(top_p=\.\.\.\) must be None or a number in \(0, 1\]"):
+        fj.GenerationMonitor(PROMPTS, top_p=2)
+    with pytest.raises(TypeError, match=r"GenerationMonitor\(top_n=\.\.\.\) is not an option; .* max_new_tokens, "):
+        fj.GenerationMonitor(PROMPTS, top_n=5)

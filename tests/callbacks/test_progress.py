@@ -418,3 +418,34 @@ def test_the_live_bar_redraws_on_its_clock_between_steps_not_at_every_step():
     assert 3 <= len(middle[0]) <= 16, drawn[0]  # on the clock: not every step (22), not only the ends
     assert 24 in drawn[0] and 24 in drawn[1]  # each epoch's last batch is drawn
     assert len(middle[1]) <= 3, drawn[1]
+
+
+class _StopAndSummarise(fj.Callback):
+    """Before the bar in the list (as a user's callback is before the default bar): stops the fit
+    at step 11 when `stop`, and prints a summary at `on_train_end` on the bar's console."""
+
+    def __init__(self, bar, stop: bool):
+        self.bar, self.stop = bar, stop
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.stop and trainer.global_step == 11:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer, module):
+        self.bar.console.print("SUMMARY")
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_the_bar_is_closed_before_the_summaries_at_the_end_of_training(stop):
+    """The live bar closes when the train batches end, so on_train_end's summaries and fit's closing
+    line print below its last state (a live bar was redrawn under each of them); a stop between two
+    redraws leaves the bar at the batch it stopped at (it showed 0/8 here)."""
+    bar = _recorded_bar(terminal=True)
+    trainer = quiet_trainer(max_epochs=2, strategy="single", callbacks=[_StopAndSummarise(bar, stop), bar],
+                            enable_progress_bar=True)
+    trainer.fit(Marked(), fj.DataLoader(regression_data(), batch_size=32))  # 8 batches an epoch
+    lines = [line for line in _screen(bar.console.file.getvalue()) if line]
+    bars = [i for i, line in enumerate(lines) if line.startswith("Epoch 1/1 ")]
+    assert len(bars) == 1 and re.match(r"Epoch 1/1 .* 3/8 " if stop else r"Epoch 1/1 .* 8/8 ", lines[bars[0]]), lines
+    closing = [] if stop else ["`Trainer.fit` stopped: `max_epochs=2` reached."]
+    assert lines[lines.index("SUMMARY"):] == ["SUMMARY", *closing] and bars[0] < lines.index("SUMMARY"), lines

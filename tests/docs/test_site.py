@@ -111,9 +111,27 @@ def test_a_long_signature_is_shown_one_parameter_a_line(site):
 
 
 def test_the_trainer_page_shows_the_arguments_reference(site):
-    # fitjax/loop/_trainer_doc.py joins it to the docstring at import; docs/hooks/imported_docs.py reads that
+    # the Args sections written in trainer.py's docstrings, as griffe reads the source
     text = re.sub(r"<[^>]+>", "", (site / "reference" / "fitjax.Trainer.html").read_text())
     assert "stop after this many epochs" in text and "train several runs side by side" in text
     assert "the fraction of the memory kept free" in text  # plan's
     assert "tokens generated per prompt at most" in text  # generate's
     assert text.index("stop after this many epochs") < text.index("trainer = fj.Trainer(max_epochs=3")
+
+
+def test_a_read_only_property_is_not_labelled_writable(site):
+    # docs/hooks/read_only.py: the Trainer's read-only attributes have a setter that only raises
+    html = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (site / "reference" / "fitjax.Trainer.html").read_text()))
+    for name in ("max_epochs", "global_step", "callback_metrics"):
+        assert f" {name} property &para;" in html, name
+    assert " should_stop property writable &para;" in html  # a real setter keeps its label
+
+
+def test_only_raises_tells_a_refusing_setter_from_a_setting_one():
+    import ast
+
+    import read_only  # docs/hooks/read_only.py
+
+    refusing = ast.parse('def f(self, value):\n    """Doc."""\n    raise AttributeError("read-only")\n').body[0]
+    setting = ast.parse("def f(self, value):\n    self._f = value\n").body[0]
+    assert read_only.only_raises(refusing) and not read_only.only_raises(setting)

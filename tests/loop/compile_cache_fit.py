@@ -1,13 +1,17 @@
 """A tiny fit in a process of its own, for tests/loop/test_compile_cache.py: prints JAX's cache
 folder after `import fitjax` and after the fit, and what the persistent cache did (JAX's own log
-lines: each program read back, each compiled)."""
+lines: each program read back, each compiled). With HIDE_FILELOCK=1, as if `filelock` were not
+installed."""
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if os.environ.get("HIDE_FILELOCK"):  # an environment assembled by hand, without fitjax's `filelock`
+    sys.modules["filelock"] = None
 
 import fitjax as fj  # noqa: E402
 import jax  # noqa: E402

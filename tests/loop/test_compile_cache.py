@@ -15,9 +15,10 @@ from helpers import Regressor, persistent_compile_cache, quiet_trainer, regressi
 SCRIPT = Path(__file__).with_name("compile_cache_fit.py")
 
 
-def _run(folder: Path) -> dict:
+def _run(folder: Path, **extra_env: str) -> dict:
     # every program stored, however fast it compiled: a threshold the user sets is kept
-    env = {**os.environ, "FITJAX_COMPILE_CACHE": str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    env = {**os.environ, "FITJAX_COMPILE_CACHE": str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           **extra_env}
     done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -31,6 +32,15 @@ def test_a_second_process_reads_every_program_back_and_compiles_nothing(tmp_path
     second = _run(tmp_path / "xla")
     assert second["misses"] == [], second  # nothing compiled: every program read back
     assert {"jit_train_step", "jit_eval_step", "jit_init"} <= set(second["hits"])
+
+
+def test_without_filelock_the_cache_still_works_unbounded(tmp_path):
+    # JAX bounds the size with `filelock`; without it, a bounded cache would fail to open and
+    # then store nothing (seen on a machine whose packages were installed one by one)
+    first = _run(tmp_path / "xla", HIDE_FILELOCK="1")
+    assert "jit_train_step" in first["misses"]
+    second = _run(tmp_path / "xla", HIDE_FILELOCK="1")
+    assert second["misses"] == [] and "jit_train_step" in second["hits"], second
 
 
 def test_a_cache_the_user_configured_is_left_alone(tmp_path):

@@ -56,6 +56,6 @@ def test_nothing_changes_the_configuration_after_the_trainer_is_made():
     with pytest.raises(TypeError):  # the limits are a read-only mapping
         trainer.limits["val"] = 0
     for field in dataclasses.fields(LoopConfig):
-        with pytest.raises(AttributeError):
+        with pytest.raises(AttributeError, match=rf"^Trainer\.{field.name} is read-only: it is a `Trainer\("):
             setattr(trainer, field.name, getattr(trainer, field.name))
     assert trainer.max_epochs == 3 and trainer.limits["val"] == 2

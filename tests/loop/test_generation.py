@@ -11,7 +11,7 @@ import pytest
 from helpers import TinyLM, TinyLMModule, count_compiles, quiet_trainer
 
 import fitjax as fj
-from fitjax.loop import generation
+from fitjax.loop import _prompts
 
 PROMPTS = [[3, 7, 1, 9, 4], [5, 2], [8, 8, 6, 1, 2, 3, 4, 5, 6, 7, 1, 2, 30], [11]]
 NEW = 8  # every test generates this many tokens: they share the compiled programs of one module
@@ -34,12 +34,12 @@ def single():
 
 
 def test_bucket_is_a_power_of_two_or_one_and_a_half_times_one():
-    assert [generation.bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129)] == \
+    assert [_prompts.bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129)] == \
         [16, 16, 24, 24, 32, 48, 64, 96, 128, 192]
 
 
 def test_layout_left_pads_and_puts_padding_after_each_prompt():
-    batch = generation.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4)
+    batch = _prompts.layout([np.array([7, 8, 9]), np.array([5])], rows=4, length=4)
     np.testing.assert_array_equal(batch["tokens"][:2], [[0, 7, 8, 9], [0, 0, 0, 5]])
     np.testing.assert_array_equal(batch["positions"][:2], [[3, 0, 1, 2], [1, 2, 3, 0]])
     np.testing.assert_array_equal(batch["segment_ids"], [[0, 1, 1, 1], [0, 0, 0, 1], [0] * 4, [0] * 4])
@@ -156,3 +156,20 @@ def test_arguments_are_checked_at_the_call(built, single, kwargs, match):
     prompts = kwargs.pop("prompts", [[1, 2]])
     with pytest.raises(ValueError, match=match):
         single.generate(built, prompts, **kwargs)
+
+
+def test_generate_takes_the_options_and_defaults_of_generation_options():
+    """`Trainer.generate`'s options are `GenerationOptions`' fields, with its defaults (one place
+    says them: a new option is a field there and a keyword here)."""
+    import dataclasses
+    import inspect
+
+    parameters = inspect.signature(fj.Trainer.generate).parameters
+    fields = dataclasses.fields(fj.GenerationOptions)
+    assert [name for name in parameters if name not in ("self", "module", "prompts")] == [f.name for f in fields]
+    assert all(parameters[f.name].default == f.default for f in fields)
+    options = fj.GenerationOptions(temperature=1, top_p=1, eos_token_id=np.int64(7))
+    assert (options.temperature, options.top_p, options.eos_token_id, options.eos) == (1.0, 1.0, (7,), (7,))
+    assert type(options.temperature) is float and fj.GenerationOptions().eos == ()
+    with pytest.raises(ValueError, match=r"^GenerationOptions\(eos_token_id=\.\.\.\) .*got 7.5"):
+        fj.GenerationOptions(eos_token_id=7.5)

@@ -161,7 +161,7 @@ def test_several_steps_per_call_save_at_the_first_step_after_each_multiple(tmp_p
     assert trainer.progress.last_saved.step == 80  # the last call's save, after the epoch's end
     with pytest.raises(AttributeError, match="read-only"):  # callbacks read the loop's position only
         trainer.progress.global_step = 3
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match=r"^Trainer\.global_step is read-only: the loop sets it"):
         trainer.global_step = 3
     assert trainer.progress.state_dict()["global_step"] == 80  # plain data, as checkpoints store it
 

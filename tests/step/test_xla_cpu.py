@@ -77,8 +77,10 @@ def test_a_fits_programs_compile_at_level_2_unless_the_user_named_a_level(monkey
                     fj.DataLoader(data, batch_size=32))
     programs = compiles["init"] + compiles["train_step"] + compiles["eval_step"]
     assert programs >= 3
+    # every program fitjax jits (the data's gathers too: `fitjax.step.compiling.jit`; JAX's own, such
+    # as a key's, ask for nothing), or none when the user named a level
     asked = [level for level in levels if level is not None]
-    assert asked == ([] if flag else [2] * programs)
+    assert asked == [] if flag else asked == [2] * len(asked) and len(asked) >= programs
 
 
 def test_largest_buffer_bytes_reads_hlo_shapes():
