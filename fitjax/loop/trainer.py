@@ -52,7 +52,7 @@ from fitjax import runs as runs_lib
 from fitjax.runs import RunResults, Runs
 from fitjax.state import TrainState
 from fitjax.strategies import (Strategy, accelerator_banner, agree, check_host_memory, enforce_determinism,
-                               initialize_distributed)
+                               in_device_memory, initialize_distributed)
 from fitjax.strategies import resolve as resolve_strategy
 
 __all__ = ["Trainer"]
@@ -1151,8 +1151,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                     seed=seed, eos_token_id=eos_token_id, use_cache=use_cache, where="Trainer.generate")
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             state = self.state
-            held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \
-                else None
+            # parameters kept in host memory (`offload="optimizer+master"`) copied to the device for it
+            held = (in_device_memory(self._eval_params()), state.model_state) \
+                if state is not None and self._in_use.module is module else None
             variables = generation.variables_for(module, held, strategy=self.strategy, seed=self.seed,
                                                  options=self.step_options)
             return generation.generate(module, prompts, options, variables=variables, strategy=self.strategy,

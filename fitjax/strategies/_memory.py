@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import jax
 from jax.sharding import Sharding
 
-__all__ = ["HOST", "any_on_host", "check_host_memory", "device_inputs", "fetched", "has_host", "on_host",
+__all__ = ["HOST", "any_on_host", "check_host_memory", "device_inputs", "fetched", "has_host", "in_device_memory", "on_host",
            "on_host_space", "stored_like"]
 
 #: the memory kind of host memory the device reads directly (page-locked)
@@ -63,6 +63,16 @@ def stored_like(tree: Any, like: Any) -> Any:
 
 def any_on_host(tree: Any) -> bool:
     return any(on_host_space(x) for x in jax.tree.leaves(tree))
+
+
+def in_device_memory(tree: Any) -> Any:
+    """Outside any jitted function: `tree` with each array kept in host memory copied to device
+    memory with the same layout (a new array); the others as they are."""
+    def move(x):
+        kind = getattr(getattr(x, "sharding", None), "memory_kind", None)
+        return jax.device_put(x, x.sharding.with_memory_kind(_DEVICE)) if kind == HOST else x
+
+    return jax.tree.map(move, tree)
 
 
 def device_inputs(fn: Callable, in_shardings: Any) -> Callable:

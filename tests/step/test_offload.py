@@ -7,7 +7,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import pytest
-from helpers import LossHistory, assert_trees_close, quiet_trainer, regression_data
+import numpy as np
+from helpers import LossHistory, TinyLMModule, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
 from fitjax.strategies import HOST
@@ -84,11 +85,20 @@ def test_an_interrupted_fit_resumes_exactly(tmp_path, offload):
     assert_trees_close(resumed.state.opt_state, full.state.opt_state, rtol=0, atol=0)
 
 
-def test_validation_and_predict_read_host_master_weights():
-    trainer = quiet_trainer(max_steps=2, offload="optimizer+master", precision="bf16-mixed", limit_val_batches=1)
+class CallsTheModel(fj.Callback):
+    def on_validation_epoch_end(self, trainer, module):
+        self.outputs = module.model(DATA["x"][:4])  # a host call, on the train state's parameters
+
+
+def test_validation_predict_and_host_calls_read_host_master_weights():
+    called = CallsTheModel()
+    trainer = quiet_trainer(max_steps=2, offload="optimizer+master", precision="bf16-mixed", limit_val_batches=1,
+                            callbacks=[called])
     module = Tower()
     trainer.fit(module, _loader(), _loader())
-    assert "val/loss" in trainer.callback_metrics
+    assert _kinds(trainer.state.params) == {HOST}
+    assert "val/loss" in trainer.callback_metrics and called.outputs.shape == (4, 1)
+    assert _kinds(module.variables) == {"device"}  # the module's own copy: usable by any jax.jit
     assert trainer.predict(module, _loader()).shape == (64, 1)
 
 
@@ -138,3 +148,16 @@ def test_8bit_moments_travel_as_they_are():
     assert losses == pytest.approx(plain_losses, rel=1e-6, abs=1e-6)
     # the float32 moments of the small leaves differ in their last bit (another fusion of the update)
     assert_trees_close(trainer.state.opt_state, plain.state.opt_state, rtol=1e-5, atol=1e-7)
+
+
+class Generates(fj.Callback):
+    def on_train_end(self, trainer, module):  # the train state's parameters, kept in host memory
+        self.tokens = trainer.generate(module, [[1, 2, 3]], max_new_tokens=3, temperature=0)
+
+
+def test_generate_during_a_fit_reads_host_master_weights():
+    generates = Generates()
+    tokens = np.random.default_rng(0).integers(0, 32, size=(16, 9)).astype(np.int32)
+    trainer = quiet_trainer(max_steps=1, offload="optimizer+master", strategy="single", callbacks=[generates])
+    trainer.fit(TinyLMModule(), fj.DataLoader(tokens, batch_size=8))
+    assert _kinds(trainer.state.params) == {HOST} and len(generates.tokens[0]) == 3
