@@ -855,7 +855,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                 'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
             sweep: False: the trainer as configured; True: also other strategies and meshes,
                 remat and micro-batches with accumulation; or `{axis: [values]}` (axes
-                "strategy", "accumulate", "precision", "remat").
+                "strategy", "accumulate", "precision", "remat", "offload").
             memory_bytes: memory per device to fit in (default: the device's, or the device
                 kind's from the table; none on CPU).
             headroom: the fraction of the memory kept free (fragmentation, the runtime).

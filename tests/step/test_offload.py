@@ -121,15 +121,17 @@ def test_combines_with_accumulation_several_steps_a_call_loss_scaling_and_ema():
 
 
 def test_fj_plan_counts_the_offloaded_bytes_as_host_memory():
-    plain = fj.plan(Tower(), _loader(), strategy="single").recommended
-    plan = fj.plan(Tower(), _loader(), strategy="single", offload="optimizer+master",
-                   precision="bf16-mixed")
-    measured = plan.recommended
-    assert plain.memory["host"] == 0
-    assert measured.memory["host"] == measured.memory["params"] + measured.memory["optimizer"] > 0
-    assert measured.offload == "optimizer+master" and "(host)" in plan.render()
+    plan = fj.plan(Tower(), _loader(), strategy="single", precision="bf16-mixed",
+                   sweep={"offload": ["none", "optimizer", "optimizer+master"]})
+    plain, optimizer, master = plan.candidates
+    assert (optimizer.name, master.name) == ("as configured offload=optimizer", "as configured offload=optimizer+master")
+    assert plain.memory["host"] == 0 and optimizer.memory["host"] == optimizer.memory["optimizer"] > 0
+    assert master.memory["host"] == master.memory["params"] + master.memory["optimizer"]
+    assert master.offload == "optimizer+master" and "(host)" in plan.render()
     # XLA:CPU counts its host memory kind as the device's: the plan takes it out of the peak
-    assert measured.memory["peak"] < plain.memory["peak"]
+    assert master.memory["peak"] < plain.memory["peak"]
+    with pytest.raises(ValueError, match=r"Trainer\(offload=...\) got 'disk'"):
+        fj.plan(Tower(), _loader(), strategy="single", sweep={"offload": ["disk"]})
 
 
 def test_the_model_summary_says_where_the_optimizer_state_lives(capsys):
