@@ -11,9 +11,12 @@ import numpy as np
 from helpers import LossHistory, TinyLMModule, assert_trees_close, quiet_trainer, regression_data
 
 import fitjax as fj
-from fitjax.strategies import HOST
+from fitjax.strategies import HOST, check_host_memory
 
-pytestmark = pytest.mark.usefixtures("compile_cache")  # tests/conftest.py
+_KINDS = sorted(m.kind for m in jax.devices()[0].addressable_memories())
+pytestmark = [pytest.mark.usefixtures("compile_cache"),  # tests/conftest.py
+              pytest.mark.skipif(HOST not in _KINDS, reason=f"this JAX's CPU devices have no {HOST!r} memory "
+                                 f"(only {_KINDS}): offload cannot run on them")]
 
 DATA = regression_data(n=64)  # 2 batches of 32 an epoch
 
@@ -53,6 +56,30 @@ def _fit(offload: str = "none", moments: str = "float32", **kwargs):
 def test_a_wrong_value_names_the_argument_and_the_values():
     with pytest.raises(ValueError, match=r"Trainer\(offload=...\) got 'gpu'; use one of \['none', 'optimizer'"):
         fj.Trainer(offload="gpu")
+
+
+class _DeviceMemory:
+    kind = "device"
+
+
+class _NoHostMemory:
+    """What a device of a platform without host memory kinds says (none runs here to ask)."""
+
+    platform, device_kind = "metal", "Apple M2"
+
+    def addressable_memories(self):
+        return [_DeviceMemory()]
+
+    def __str__(self):
+        return "METAL_0"
+
+
+def test_devices_without_host_memory_are_refused_naming_the_option():
+    check_host_memory(jax.devices(), "Trainer(offload='optimizer')")  # XLA:CPU has it
+    with pytest.raises(ValueError, match=r"Trainer\(offload='optimizer'\) keeps arrays in host memory \(memory "
+                       r"kind 'pinned_host'\), which the metal device METAL_0 does not have \(its memories: "
+                       r"\['device'\]\)"):
+        check_host_memory([_NoHostMemory()], "Trainer(offload='optimizer')")
 
 
 @pytest.mark.parametrize("strategy", ["single", "fsdp"])
