@@ -13,7 +13,8 @@ by `fj.DataLoader`; its step is so small that the host's work per step shows. Tw
    and on XLA:CPU the small step's own execution, which runs on the calling thread), the rest
    (`loop`: everything fitjax or the hand loop does around the step), the whole process's CPU
    (other threads too: a logger's writer, Orbax) and the wall time per step. Rows: `hand` (the
-   naive jitted loop over numpy batches the Flax docs teach), `all off` (no progress bar,
+   naive jitted loop over numpy batches the Flax docs teach), `unshuf` (the same loop on
+   consecutive numpy slices: no shuffle, no gather; issue 62's simplest loop), `all off` (no progress bar,
    summary, logger or checkpoint), each default alone on top of that (`+bar`, `+logger`,
    `+ckpt`), and `defaults`.
 2. **Python calls per step** (deterministic, load-independent): the function calls of one
@@ -43,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=3, help="including the warm-up epoch")
     parser.add_argument("--top", type=int, default=12, help="functions listed per configuration")
     parser.add_argument("--smoke", action="store_true",
-                        help="hand, all off and defaults once each, 32-step epochs, calls counted in the same "
+                        help="hand, unshuf, all off and defaults once each, 32-step epochs, calls counted in the same "
                              "runs: checks the script runs (its numbers mean nothing)")
     return parser
 
@@ -66,6 +67,7 @@ import fitjax as fj  # noqa: E402
 # configuration -> the defaults kept on (`overhead.DEFAULT_PARTS` names); None: the hand loop
 CONFIGS = {
     "hand": None,
+    "unshuf": None,  # the hand loop on consecutive numpy slices (no shuffle, no gather)
     "all off": (),
     "+bar": ("progress bar",),
     "+logger": ("logger",),
@@ -174,7 +176,7 @@ def run_fitjax(parts, data, steps_per_epoch, epochs, root, *, count_calls=False,
     return window.result
 
 
-def run_hand(data, steps_per_epoch, epochs, *, count_calls=False) -> Result:
+def run_hand(data, steps_per_epoch, epochs, *, count_calls=False, shuffle=True) -> Result:
     """`overhead.hand_written`'s loop, with the clocks and the step-call time."""
     factory, _, batch_size, _ = overhead.WORKLOADS["tiny_mlp"]
     model, n = factory(), len(data["y"])
@@ -195,10 +197,14 @@ def run_hand(data, steps_per_epoch, epochs, *, count_calls=False) -> Result:
             jax.block_until_ready(state)
             calls = start_counting() if count_calls else None
             start = Clock.now()
-        perm = np.random.default_rng(epoch).permutation(n)
+        perm = np.random.default_rng(epoch).permutation(n) if shuffle else None
         for i in range(steps_per_epoch):
-            idx = perm[i * batch_size:(i + 1) * batch_size]
-            batch = {"x": data["x"][idx], "y": data["y"][idx]}
+            if shuffle:
+                idx = perm[i * batch_size:(i + 1) * batch_size]
+                batch = {"x": data["x"][idx], "y": data["y"][idx]}
+            else:
+                batch = {"x": data["x"][i * batch_size:(i + 1) * batch_size],
+                         "y": data["y"][i * batch_size:(i + 1) * batch_size]}
             t = time.thread_time()
             state, loss = train_step(state, batch)
             if epoch:
@@ -211,7 +217,7 @@ def run_hand(data, steps_per_epoch, epochs, *, count_calls=False) -> Result:
 def run(name, data, steps_per_epoch, epochs, root, *, count_calls=False) -> Result:
     parts = CONFIGS[name]
     if parts is None:
-        return run_hand(data, steps_per_epoch, epochs, count_calls=count_calls)
+        return run_hand(data, steps_per_epoch, epochs, count_calls=count_calls, shuffle=name == "hand")
     return run_fitjax(parts, data, steps_per_epoch, epochs, root, count_calls=count_calls)
 
 
@@ -221,7 +227,7 @@ def main(argv=None):
     configs = list(CONFIGS)
     if args.smoke:
         args.repeats, args.epochs, steps = 1, 2, 32
-        configs = ["hand", "all off", "defaults"]
+        configs = ["hand", "unshuf", "all off", "defaults"]
     data = overhead.make_data(shape, batch_size * steps)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; tiny MLP, batch {batch_size}, {steps} steps an "
           f"epoch, {args.epochs - 1} timed epoch(s), {args.repeats} repeat(s); load average at start "
@@ -245,7 +251,7 @@ def main(argv=None):
     base = counted["all off"].calls
     for name in configs:
         calls = counted[name].calls
-        if name == "all off" or name == "hand":
+        if name in ("all off", "hand", "unshuf"):
             top = sorted(calls.items(), key=lambda kv: -kv[1])[:args.top]
             print(f"\n{name}: the most called functions per step")
         else:

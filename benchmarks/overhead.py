@@ -13,7 +13,9 @@ columns are the medians over the repeats, so they agree with the ratio up to the
   step, numpy batches sliced from a shuffled array) on the same data: fitjax with its defaults
   (progress bar, model summary, TensorBoard, a checkpoint per epoch; target >= 0.95), with one of
   them off (`bar off`, `logger off`, `ckpt off`), with all of them off (target >= 1.05: fitjax
-  keeps the data on the device and donates the state), and `steps_per_execution=32` with all off
+  keeps the data on the device and donates the state); the same five rows against the simplest
+  hand loop (`naive, unshuffled`: the jitted step called on consecutive numpy slices, no
+  shuffle, no donation; targets >= 1.0, all off >= 1.1: issue 62), and `steps_per_execution=32` with all off
   against a raw `lax.scan` of 32 steps a call (target >= 0.95). Then the µs per step each default
   costs (the defaults' time per step less that with the default off; target <= 3% each), in wall
   time and in the main thread's CPU time (`time.thread_time`: what the loop itself costs, little
@@ -32,7 +34,9 @@ columns are the medians over the repeats, so they agree with the ratio up to the
   with `jnp.take` inside the scan (target >= 0.8); `spe/shuf` gathers each epoch's shuffled
   batches on the device in one call and each call picks its 32 (the work fitjax does; target
   >= 0.9); `spe/dev` reuses batches gathered once before timing (no per-epoch work: the step
-  program and its dispatch alone, the limit; target >= 0.9).
+  program and its dispatch alone, the limit; target >= 0.9). `spe/wait`: against the same fit
+  with an `on_train_epoch_end` hook that does nothing, where the loop waits for the epoch's
+  means (what each epoch's end cost before they were read when next needed; target >= 1.0).
 - `defaults`: fitjax with its defaults (progress bar, model summary, TensorBoard, a checkpoint
   per epoch) against the naive hand-written loop the Flax docs teach (`@jax.jit` step, numpy
   batches sliced from a shuffled array): the tiny MLP with 1024-step epochs (target >= 0.9), an
@@ -171,9 +175,10 @@ def _timing(start: tuple[float, float], steps: int) -> Timing:
 # ----------------------------------------------------------------------------- hand-written loop
 
 
-def hand_written(model, data, batch_size, epochs, tx=None) -> Timing:
+def hand_written(model, data, batch_size, epochs, tx=None, *, shuffle: bool = True) -> Timing:
     """The steady state of the Flax-docs loop (epoch 0 is the warm-up); `tx` defaults to
-    `optax.adam(1e-3)`."""
+    `optax.adam(1e-3)`. `shuffle=False`: the simplest loop of all, the step called on
+    consecutive numpy slices of the arrays (views: no copy, no gather), no donation."""
     n = len(data["y"])
     params = model.init(jax.random.key(0), data["x"][:batch_size])["params"]
     tx = optax.adam(1e-3) if tx is None else tx
@@ -194,6 +199,12 @@ def hand_written(model, data, batch_size, epochs, tx=None) -> Timing:
         if epoch == 1:
             jax.block_until_ready(state)
             start = _clocks()
+        if not shuffle:
+            x, y = data["x"], data["y"]
+            for i in range(steps):
+                state, loss = train_step(state, {"x": x[i * batch_size:(i + 1) * batch_size],
+                                                 "y": y[i * batch_size:(i + 1) * batch_size]})
+            continue
         perm = np.random.default_rng(epoch).permutation(n)
         for i in range(steps):
             idx = perm[i * batch_size:(i + 1) * batch_size]
@@ -233,6 +244,14 @@ class SteadyStateTimer(fj.Callback):
     def on_train_end(self, trainer, module):
         jax.block_until_ready(trainer.state)
         self.timing = _timing(self.start, trainer.global_step - self.start_step)
+
+
+class EpochEndHook(fj.Callback):
+    """An `on_train_epoch_end` that does nothing: the loop writes the epoch's means before it, so
+    it waits for them (as it did at every epoch's end before issue 62)."""
+
+    def on_train_epoch_end(self, trainer, module):
+        pass
 
 
 # each default's name -> the Trainer flag that turns it off
@@ -386,7 +405,7 @@ def _load() -> str:
 
 
 # the `tiny` rows: name -> the defaults kept on (None: the hand-written loop)
-TINY_RUNS = {"hand": None, "defaults": tuple(DEFAULT_PARTS),
+TINY_RUNS = {"hand": None, "unshuffled": None, "defaults": tuple(DEFAULT_PARTS),
              **{f"{part.split()[-1] if part != 'checkpoint' else 'ckpt'} off":
                 tuple(p for p in DEFAULT_PARTS if p != part) for part in ("progress bar", "logger", "checkpoint")},
              "all off": ()}
@@ -404,15 +423,16 @@ def tiny_rows(args, workload, root, spe: int) -> None:
     runs = {name: [] for name in (*TINY_RUNS, "spe", "scan")}
 
     def run(name):
-        if name == "hand":
-            return hand_written(factory(), data, batch_size, epochs)
+        if name in ("hand", "unshuffled"):
+            return hand_written(factory(), data, batch_size, epochs, shuffle=name == "hand")
         if name == "spe":
             return with_fitjax(factory(), data, batch_size, epochs, root, defaults=False, steps_per_execution=spe)
         if name == "scan":
             return hand_written_scan(factory(), data, batch_size, epochs, spe)
         return with_fitjax(factory(), data, batch_size, epochs, root, defaults=TINY_RUNS[name])
 
-    for name in () if args.smoke else ("hand", "defaults", "spe", "scan"):  # the process's warm-up, not timed
+    # the process's warm-up, not timed
+    for name in () if args.smoke else ("hand", "unshuffled", "defaults", "spe", "scan"):
         run(name)
     for repeat in range(args.repeats):
         order = list(runs) if repeat % 2 == 0 else list(runs)[::-1]
@@ -421,6 +441,10 @@ def tiny_rows(args, workload, root, spe: int) -> None:
     for name, target in (("defaults", 0.95), ("bar off", 0.95), ("logger off", 0.95), ("ckpt off", 0.95),
                          ("all off", 1.05)):
         print(_row(name, "tiny_mlp", runs[name], runs["hand"], "hand-written naive", target), flush=True)
+    # the simplest hand loop (issue 62): no shuffle, so no gather per batch; fitjax shuffles
+    for name, target in (("defaults", 1.0), ("bar off", 1.0), ("logger off", 1.0), ("ckpt off", 1.0),
+                         ("all off", 1.1)):
+        print(_row(name, "tiny_mlp", runs[name], runs["unshuffled"], "naive, unshuffled", target), flush=True)
     print(_row("spe=32", "tiny_mlp", runs["spe"], runs["scan"], "hand lax.scan of 32", 0.95), flush=True)
     # a default's cost: the defaults' time per step less that with the default off, per repeat,
     # in wall time and in the main thread's CPU time (the loop's own work, steadier under load)
@@ -488,10 +512,12 @@ def main(argv=None):
             print(_row("ema", name, averaged, plain, "fitjax without EMA", 0.95), flush=True)
         if "spe" in rows:
             factory, data, batch_size = data_for("tiny_mlp")
-            scan, shuffled, fixed, fit = [], [], [], []
+            scan, shuffled, fixed, fit, waited = [], [], [], [], []
             for repeat in range(args.repeats):
                 runs = [(fit, lambda: with_fitjax(factory(), data, batch_size, short, root, defaults=False,
                                                   steps_per_execution=spe)),
+                        (waited, lambda: with_fitjax(factory(), data, batch_size, short, root, defaults=False,
+                                                     steps_per_execution=spe, extra_callbacks=[EpochEndHook()])),
                         (scan, lambda: hand_written_scan(factory(), data, batch_size, short, spe)),
                         (shuffled, lambda: hand_written_device_scan(factory(), data, batch_size, short, spe,
                                                                     reshuffle=True)),
@@ -502,6 +528,7 @@ def main(argv=None):
             print(_row("spe=32", "tiny_mlp", fit, scan, "scan, take in the step", 0.8), flush=True)
             print(_row("spe/shuf", "tiny_mlp", fit, shuffled, "scan, epoch on device", 0.9), flush=True)
             print(_row("spe/dev", "tiny_mlp", fit, fixed, "scan, batches on dev.", 0.9), flush=True)
+            print(_row("spe/wait", "tiny_mlp", fit, waited, "fitjax, epoch end hook", 1.0), flush=True)
         if "defaults" in rows:
             for name, target in defaults_on:
                 factory, data, batch_size = data_for(name)

@@ -1,11 +1,19 @@
-"""Train a small CNN on scikit-learn's handwritten digits (ships with scikit-learn: no download).
+"""Train a small CNN on scikit-learn's handwritten digits (ships with
+scikit-learn: no download).
 
-    python examples/digits.py                   # one device: 99.4% validation accuracy, 25 epochs, 12-29 s on 2 CPU cores
-    python examples/digits.py --strategy dp     # the same, data-parallel over every local device
-    python examples/digits.py --model nnx       # the same network written with flax.nnx
-    fitjax fit --config examples/configs/digits.yaml   # the same through the CLI (needs pip install -e '.[cli]')
+    python examples/digits.py               # one device: 99.4% validation
+                                            # accuracy, 25 epochs, 12-29 s
+                                            # on 2 CPU cores
+    python examples/digits.py --strategy dp # the same, data-parallel over
+                                            # every local device
+    python examples/digits.py --model nnx   # the same network written with
+                                            # flax.nnx
+    fitjax fit --config examples/configs/digits.yaml
+                                            # the same through the CLI (needs
+                                            # pip install -e '.[cli]')
 
-TensorBoard events land in `<root-dir>/fitjax_logs/version_N/` (`tensorboard --logdir runs`).
+TensorBoard events land in `<root-dir>/fitjax_logs/version_N/`
+(`tensorboard --logdir runs`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,27 @@
-"""Lightning's DQN template (`reinforce_learn_Qnet.py`), ported to fitjax: CartPole, a replay
-buffer, an epsilon-greedy agent and a target network synced every `sync_rate` steps.
+"""Lightning's DQN template (`reinforce_learn_Qnet.py`), ported to fitjax:
+CartPole, a replay buffer, an epsilon-greedy agent and a target network synced
+every `sync_rate` steps.
 
 What moved where, against the Lightning original:
 
-- The environment is stepped on the host, once per batch, in `on_train_batch_start` (Lightning's
-  template steps it inside `training_step`; fitjax's `training_step` is traced once and compiled,
-  so host work per step belongs in the host hooks, which run between steps as in Lightning).
-  The agent's action comes from `self.net(state)`: host code calls the flax model with the
-  trainer's current weights.
-- The replay buffer feeds the loader: `RLDataset` samples batches from it, as the original's
-  `IterableDataset` does; the batches are host numpy arrays.
+- The environment is stepped on the host, once per batch, in
+  `on_train_batch_start` (Lightning's template steps it inside
+  `training_step`; fitjax's `training_step` is traced once and compiled, so
+  host work per step belongs in the host hooks, which run between steps as in
+  Lightning). The agent's action comes from `self.net(state)`: host code calls
+  the flax model with the trainer's current weights.
+- The replay buffer feeds the loader: `RLDataset` samples batches from it, as
+  the original's `IterableDataset` does; the batches are host numpy arrays.
 - `self.target_net.load_state_dict(self.net.state_dict())` becomes
-  `self.update_params(lambda p: {**p, "target_net": p["net"]})` in `on_train_batch_end`: the new
-  weights join the train state (sharded, donated, checkpointed) before the next step.
-- `self.net` and `self.target_net` are two flax models on the module, as in the original; the
-  optimizer trains `net` only (`{"net": adam, "target_net": set_to_zero}`).
+  `self.update_params(lambda p: {**p, "target_net": p["net"]})` in
+  `on_train_batch_end`: the new weights join the train state (sharded,
+  donated, checkpointed) before the next step.
+- `self.net` and `self.target_net` are two flax models on the module, as in
+  the original; the optimizer trains `net` only
+  (`{"net": adam, "target_net": set_to_zero}`).
 
-    python examples/dqn.py     # CartPole-v1: an episode return of 200 and more within ~4000 steps
+    python examples/dqn.py  # CartPole-v1: an episode return of 200 and more
+                            # within ~4000 steps
 """
 
 from __future__ import annotations

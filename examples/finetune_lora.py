@@ -1,19 +1,25 @@
-"""Fine-tune the GPT example with LoRA on new text: start from a saved model, train small adapters,
-keep them (a small file) and export the merged model.
+r"""Fine-tune the GPT example with LoRA on new text: start from a saved model,
+train small adapters, keep them (a small file) and export the merged model.
 
-    python examples/gpt.py --preset tiny                              # a base: runs/gpt/.../checkpoints
-    python examples/finetune_lora.py --base runs/gpt/fitjax_logs/version_0/checkpoints/last
-    python examples/finetune_lora.py --base path/to/hf_folder         # a Hugging Face model (fitjax.models)
-    python examples/finetune_lora.py                                  # no base: trains one first (tiny)
+    python examples/gpt.py --preset tiny
+                              # a base: runs/gpt/.../checkpoints
+    python examples/finetune_lora.py \
+        --base runs/gpt/fitjax_logs/version_0/checkpoints/last
+    python examples/finetune_lora.py --base path/to/hf_folder
+                              # a Hugging Face model (fitjax.models)
+    python examples/finetune_lora.py
+                              # no base: trains one first (tiny)
 
-The base model learned English prose (the Python documentation topics, examples/gpt.py); the new
-text is Python code: the source of the standard library's `json` package, which every CPython
-ships (no download), read as bytes like the base's corpus. Rank-`--rank` adapters go on the
-attention's query and value and on the MLP of every block (`--targets`); the base weights stay as
-they were and hold no optimizer state. At the end the script prints the validation loss before
-and after, the adapter file's size against the full model's, and the checkpoint of the adapters
-(`ModelCheckpoint(weights="trainable")`: adapters, their optimizer state, the loop position)
-against one of the whole train state.
+The base model learned English prose (the Python documentation topics,
+examples/gpt.py); the new text is Python code: the source of the standard
+library's `json` package, which every CPython ships (no download), read as
+bytes like the base's corpus. Rank-`--rank` adapters go on the attention's
+query and value and on the MLP of every block (`--targets`); the base weights
+stay as they were and hold no optimizer state. At the end the script prints
+the validation loss before and after, the adapter file's size against the full
+model's, and the checkpoint of the adapters
+(`ModelCheckpoint(weights="trainable")`: adapters, their optimizer state, the
+loop position) against one of the whole train state.
 """
 
 from __future__ import annotations

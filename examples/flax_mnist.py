@@ -1,19 +1,23 @@
 """Flax's NNX MNIST example (`examples/mnist/train.py`), ported to fitjax.
 
-The network, the optimizer (SGD, rate 0.1, momentum 0.9), the batch size (128) and the metrics
-(loss and accuracy, train and test, per epoch) are the original's. What changed:
+The network, the optimizer (SGD, rate 0.1, momentum 0.9), the batch size (128)
+and the metrics (loss and accuracy, train and test, per epoch) are the
+original's. What changed:
 
-- The original's `train_step`, `eval_step`, its epoch loop, `nnx.MultiMetric` bookkeeping and
-  TensorBoard writes (about 70 of its 206 lines) become `loss`, `metrics` and one `Trainer.fit`.
-- The original makes one `nnx.Rngs(0)` and passes it to each call for dropout; here the model
-  takes the step's keys from `self.step_rngs()`: folded with the step, so a resumed run draws
-  the same masks (an `nnx.Rngs` made inside `loss` would repeat one mask every step).
+- The original's `train_step`, `eval_step`, its epoch loop, `nnx.MultiMetric`
+  bookkeeping and TensorBoard writes (about 70 of its 206 lines) become
+  `loss`, `metrics` and one `Trainer.fit`.
+- The original makes one `nnx.Rngs(0)` and passes it to each call for
+  dropout; here the model takes the step's keys from `self.step_rngs()`:
+  folded with the step, so a resumed run draws the same masks (an `nnx.Rngs`
+  made inside `loss` would repeat one mask every step).
 - `model.train()` / `model.eval()` are the trainer's to call.
-- Data: scikit-learn's 8x8 digits stand in for MNIST's 28x28 (no download here), so the first
-  dense layer reads 2*2*64 features instead of 7*7*64; `drop_last` as the original's
-  `drop_remainder`.
+- Data: scikit-learn's 8x8 digits stand in for MNIST's 28x28 (no download
+  here), so the first dense layer reads 2*2*64 features instead of 7*7*64;
+  `drop_last` as the original's `drop_remainder`.
 
-    python examples/flax_mnist.py           # 10 epochs: ~93% test accuracy, ~20 s on 2 CPU cores
+    python examples/flax_mnist.py   # 10 epochs: ~93% test accuracy, ~20 s on
+                                    # 2 CPU cores
 """
 
 from __future__ import annotations

@@ -1,22 +1,28 @@
-"""Flax's SST-2 example (`examples/sst2`: a Linen BiLSTM sentiment classifier), ported to fitjax.
+"""Flax's SST-2 example (`examples/sst2`: a Linen BiLSTM sentiment classifier),
+ported to fitjax.
 
-The model is the original's shape: an embedding with word dropout and dropout, a bidirectional
-LSTM over the padded tokens, keys-only MLP attention pooling and a one-hidden-layer MLP giving
-one logit; SGD (rate 0.1, momentum 0.9) with weight decay 3e-6; batches of 64 bucketed by
-length into widths that are multiples of 8, so the step sees a few shapes. What changed:
+The model is the original's shape: an embedding with word dropout and dropout,
+a bidirectional LSTM over the padded tokens, keys-only MLP attention pooling
+and a one-hidden-layer MLP giving one logit; SGD (rate 0.1, momentum 0.9) with
+weight decay 3e-6; batches of 64 bucketed by length into widths that are
+multiples of 8, so the step sees a few shapes. What changed:
 
-- The original's `train_step`/`eval_step`, its epoch loop, metric sums and TensorBoard writes
-  become `loss`, `metrics` and one `Trainer.fit`; its dropout keys (`make_rng("dropout")`) come
-  from the trainer, folded with the step.
-- Its hand-written `flip_sequences` and two scanned LSTMs become flax's `nn.Bidirectional` of two
-  `nn.RNN`s, which take the sequence lengths themselves.
-- The bucketing input pipeline (tf.data's `bucket_by_sequence_length`) is `BucketedBatches`, a
-  plain re-iterable of numpy batches: fitjax takes any re-iterable, and compiles the step once
-  per width (three here).
-- Data: GLUE's SST-2 needs a download, so sentences are generated: random words of which some
-  carry a polarity; the label is the sign of their sum, and "not" flips the next word's.
+- The original's `train_step`/`eval_step`, its epoch loop, metric sums and
+  TensorBoard writes become `loss`, `metrics` and one `Trainer.fit`; its
+  dropout keys (`make_rng("dropout")`) come from the trainer, folded with the
+  step.
+- Its hand-written `flip_sequences` and two scanned LSTMs become flax's
+  `nn.Bidirectional` of two `nn.RNN`s, which take the sequence lengths
+  themselves.
+- The bucketing input pipeline (tf.data's `bucket_by_sequence_length`) is
+  `BucketedBatches`, a plain re-iterable of numpy batches: fitjax takes any
+  re-iterable, and compiles the step once per width (three here).
+- Data: GLUE's SST-2 needs a download, so sentences are generated: random
+  words of which some carry a polarity; the label is the sign of their sum,
+  and "not" flips the next word's.
 
-    python examples/flax_sst2.py       # 6 epochs: ~99% validation accuracy (99.4% measured)
+    python examples/flax_sst2.py    # 6 epochs: ~99% validation accuracy
+                                    # (99.4% measured)
 """
 
 from __future__ import annotations

@@ -1,14 +1,18 @@
-"""Fine-tune a Hugging Face model folder with fitjax and write it back as a folder `transformers`
-loads: GPT-2, Llama 3.x, Mistral, Qwen 2.5/3 and Gemma 2/3 (`fitjax.models`).
+r"""Fine-tune a Hugging Face model folder with fitjax and write it back as a
+folder `transformers` loads: GPT-2, Llama 3.x, Mistral, Qwen 2.5/3 and Gemma
+2/3 (`fitjax.models`).
 
-    python examples/hf_models.py --model path/to/Qwen2.5-0.5B --root-dir runs/hf_models/out
-    python examples/hf_models.py --model path/to/Llama-3.2-1B --lora 8 --strategy fsdp
+    python examples/hf_models.py --model path/to/Qwen2.5-0.5B \
+        --root-dir runs/hf_models/out
+    python examples/hf_models.py --model path/to/Llama-3.2-1B --lora 8 \
+        --strategy fsdp
 
-The text is the source of Python's `json` package (every CPython ships it: no download), cut into
-windows of `--context` tokens by the folder's own tokenizer (`tokenizer.json`, read by the
-`tokenizers` package) or, for a folder without one, as bytes. The script prints the validation
-loss before and after `--steps` steps and writes the fine-tuned model (LoRA adapters merged in)
-with `fitjax.models.save_pretrained`.
+The text is the source of Python's `json` package (every CPython ships it: no
+download), cut into windows of `--context` tokens by the folder's own
+tokenizer (`tokenizer.json`, read by the `tokenizers` package) or, for a
+folder without one, as bytes. The script prints the validation loss before and
+after `--steps` steps and writes the fine-tuned model (LoRA adapters merged
+in) with `fitjax.models.save_pretrained`.
 """
 
 from __future__ import annotations

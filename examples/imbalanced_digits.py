@@ -1,12 +1,15 @@
-"""Imbalanced classes: digits 5-9 kept at 1 in 8 in the train split, scored by macro F1 and AUROC.
+"""Imbalanced classes: digits 5-9 kept at 1 in 8 in the train split, scored by
+macro F1 and AUROC.
 
-    python examples/imbalanced_digits.py              # ~20 s on a laptop CPU
+    python examples/imbalanced_digits.py    # ~20 s on a laptop CPU
 
-Accuracy hides the rare classes; the macro F1 (each class counts the same) and the one-vs-rest
-AUROC do not. Both are fitjax.metrics classes with torchmetrics' arguments: their states (per-class
-counts, per-class threshold counts) are merged on the device over the whole validation set, and
-the numbers are computed once per validation. The checkpoint kept is the epoch with the best
-macro F1; the confusion matrix is drawn in TensorBoard's Images tab (`tensorboard --logdir runs`).
+Accuracy hides the rare classes; the macro F1 (each class counts the same) and
+the one-vs-rest AUROC do not. Both are fitjax.metrics classes with
+torchmetrics' arguments: their states (per-class counts, per-class threshold
+counts) are merged on the device over the whole validation set, and the
+numbers are computed once per validation. The checkpoint kept is the epoch
+with the best macro F1; the confusion matrix is drawn in TensorBoard's Images
+tab (`tensorboard --logdir runs`).
 """
 
 from __future__ import annotations

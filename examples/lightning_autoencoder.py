@@ -1,10 +1,13 @@
-"""Lightning's autoencoder example (encoder + decoder, MSE reconstruction), ported to fitjax.
+"""Lightning's autoencoder example (encoder + decoder, MSE reconstruction),
+ported to fitjax.
 
-Lightning keeps `self.encoder` and `self.decoder` side by side; fitjax trains one flax model, so
-the two become submodules of `AutoEncoder` and `forward` calls its `encode` method. Everything
-else reads as in Lightning: `training_step`, `validation_step`, `self.log`, `configure_optimizers`.
+Lightning keeps `self.encoder` and `self.decoder` side by side; fitjax trains
+one flax model, so the two become submodules of `AutoEncoder` and `forward`
+calls its `encode` method. Everything else reads as in Lightning:
+`training_step`, `validation_step`, `self.log`, `configure_optimizers`.
 
-    python examples/lightning_autoencoder.py    # reconstruction MSE on held-out digits < 0.02
+    python examples/lightning_autoencoder.py
+                            # reconstruction MSE on held-out digits < 0.02
 """
 
 from __future__ import annotations

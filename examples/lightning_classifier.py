@@ -1,11 +1,13 @@
 """A LightningModule + LightningDataModule digits classifier, ported to fitjax.
 
-The Lightning original's shape is kept: `training_step` / `validation_step` / `test_step` with
-`self.log`, `forward`, `configure_optimizers`, and a `DataModule` with `setup` and
-`*_dataloader`. What changed: torch ops became `jax.numpy`, the network is a flax module, the
-optimizer and its schedule are optax, and `batch_idx` is a traced value (see docs/porting.md).
+The Lightning original's shape is kept: `training_step` / `validation_step` /
+`test_step` with `self.log`, `forward`, `configure_optimizers`, and a
+`DataModule` with `setup` and `*_dataloader`. What changed: torch ops became
+`jax.numpy`, the network is a flax module, the optimizer and its schedule are
+optax, and `batch_idx` is a traced value (see docs/porting.md).
 
-    python examples/lightning_classifier.py     # ~97% validation accuracy in well under a minute
+    python examples/lightning_classifier.py
+                            # ~97% validation accuracy in well under a minute
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""A tiny GAN with Lightning's manual optimization, ported to fitjax: two parameter groups, two
-optimizers, one jitted step.
+"""A tiny GAN with Lightning's manual optimization, ported to fitjax: two
+parameter groups, two optimizers, one jitted step.
 
-Lightning's manual GAN calls `opt_d.step()` then `opt_g.step()` imperatively. The pure-JAX form:
-`self.automatic_optimization = False`, `configure_optimizers` returns one optax transformation
-per parameter group (`{"generator": ..., "discriminator": ...}`, the top-level keys of the
-model's params), and `training_step` returns `{group: loss}`. fitjax differentiates each group's
-loss with respect to that group only (one forward pass, one backward pass per group) and updates
-both groups together in the same step.
+Lightning's manual GAN calls `opt_d.step()` then `opt_g.step()` imperatively.
+The pure-JAX form: `self.automatic_optimization = False`,
+`configure_optimizers` returns one optax transformation per parameter group
+(`{"generator": ..., "discriminator": ...}`, the top-level keys of the model's
+params), and `training_step` returns `{group: loss}`. fitjax differentiates
+each group's loss with respect to that group only (one forward pass, one
+backward pass per group) and updates both groups together in the same step.
 
-    python examples/lightning_gan.py     # learns a shifted, stretched 2-D Gaussian
+    python examples/lightning_gan.py  # learns a shifted, stretched 2-D Gaussian
 """
 
 from __future__ import annotations

@@ -1,18 +1,25 @@
-"""Lightning's GAN domain template (`examples/pytorch/domain_templates/generative_adversarial_net.py`),
-ported to fitjax: an MLP generator and discriminator on images, sampled at every epoch's end.
+"""Lightning's GAN domain template
+(`examples/pytorch/domain_templates/generative_adversarial_net.py`), ported to
+fitjax: an MLP generator and discriminator on images, sampled at every epoch's
+end.
 
-Kept as Lightning wrote it: `automatic_optimization = False`, `forward(z)` = the generator,
-`training_step(self, batch)` with `self.log_dict`, `configure_optimizers` with one Adam per
-network, `on_train_epoch_end` calling `self(z)` on the current weights and writing the samples
-with `logger.experiment.add_image` for each of `self.loggers` at `self.current_epoch`, and
-`trainer.fit(model, dm)`. What changed: torch ops became `jax.numpy`/optax, the two networks are
-submodules of one flax module (`self.model.generator`, `self.model.discriminator`; params
-`{"generator": ..., "discriminator": ...}`), the noise comes from the trainer's "noise" rng
-stream, and the manual `optimizers()` / `manual_backward` / `step()` calls became the returned
-`{"generator": g_loss, "discriminator": d_loss}` (each group updated by its own loss's gradient,
-in one jitted step; see docs/porting.md). The data is sklearn's 8x8 digits instead of MNIST.
+Kept as Lightning wrote it: `automatic_optimization = False`, `forward(z)` =
+the generator, `training_step(self, batch)` with `self.log_dict`,
+`configure_optimizers` with one Adam per network, `on_train_epoch_end` calling
+`self(z)` on the current weights and writing the samples with
+`logger.experiment.add_image` for each of `self.loggers` at
+`self.current_epoch`, and `trainer.fit(model, dm)`. What changed: torch ops
+became `jax.numpy`/optax, the two networks are submodules of one flax module
+(`self.model.generator`, `self.model.discriminator`; params
+`{"generator": ..., "discriminator": ...}`), the noise comes from the
+trainer's "noise" rng stream, and the manual `optimizers()` /
+`manual_backward` / `step()` calls became the returned
+`{"generator": g_loss, "discriminator": d_loss}` (each group updated by its
+own loss's gradient, in one jitted step; see docs/porting.md). The data is
+sklearn's 8x8 digits instead of MNIST.
 
-    python examples/lightning_gan_images.py --epochs 60     # samples of every digit; TensorBoard shows them
+    python examples/lightning_gan_images.py --epochs 60
+                            # samples of every digit; TensorBoard shows them
 """
 
 from __future__ import annotations

@@ -1,16 +1,21 @@
-"""Lightning's ImageNet example (`examples/pytorch/domain_templates/imagenet.py`), ported to fitjax.
+"""Lightning's ImageNet example
+(`examples/pytorch/domain_templates/imagenet.py`), ported to fitjax.
 
-Kept as Lightning wrote it: the module owns its data (`setup(stage)`, `train_dataloader()`,
-`val_dataloader()`, `test_dataloader()` returning torch `DataLoader`s), `training_step` /
-`eval_step` with `self.log`, `configure_optimizers` returning `[optimizer], [scheduler]` for an SGD
-with momentum and weight decay and a step-decay `LambdaLR`, and `LightningCLI` with
-`trainer_defaults` (`benchmark`, `TQDMProgressBar`, `ModelCheckpoint(monitor="val_acc1")`),
-`seed_everything_default=42` and `save_config_kwargs`. What changed: torch ops became
-`jax.numpy`, the torchvision ResNet is a small flax ResNet for the 8x8 digits (sklearn's, standing
-in for ImageNet's folders), torchmetrics' `Accuracy` is a line of `jax.numpy`, and the optimizer and
-schedule are optax (the schedule counts steps, as optax's do).
+Kept as Lightning wrote it: the module owns its data (`setup(stage)`,
+`train_dataloader()`, `val_dataloader()`, `test_dataloader()` returning torch
+`DataLoader`s), `training_step` / `eval_step` with `self.log`,
+`configure_optimizers` returning `[optimizer], [scheduler]` for an SGD with
+momentum and weight decay and a step-decay `LambdaLR`, and `LightningCLI` with
+`trainer_defaults` (`benchmark`, `TQDMProgressBar`,
+`ModelCheckpoint(monitor="val_acc1")`), `seed_everything_default=42` and
+`save_config_kwargs`. What changed: torch ops became `jax.numpy`, the
+torchvision ResNet is a small flax ResNet for the 8x8 digits (sklearn's,
+standing in for ImageNet's folders), torchmetrics' `Accuracy` is a line of
+`jax.numpy`, and the optimizer and schedule are optax (the schedule counts
+steps, as optax's do).
 
-    python examples/lightning_imagenet.py fit --trainer.max_epochs=5    # ~0.92 val_acc1 in seconds
+    python examples/lightning_imagenet.py fit --trainer.max_epochs=5
+                            # ~0.92 val_acc1 in seconds
     python examples/lightning_imagenet.py test --ckpt_path=<a checkpoint>
 """
 

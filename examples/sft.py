@@ -1,19 +1,26 @@
-"""Instruction-tune a small Llama: chat records from a JSONL file, packed into full rows, only the
-assistant's answers learned, LoRA adapters, samples generated at each validation, and a Hugging
-Face folder at the end that `transformers` loads.
+"""Instruction-tune a small Llama: chat records from a JSONL file, packed into
+full rows, only the assistant's answers learned, LoRA adapters, samples
+generated at each validation, and a Hugging Face folder at the end that
+`transformers` loads.
 
-    pip install -e ".[lm]"                      # tokenizers, transformers, grain, jinja2, qwix, ...
-    python examples/sft.py                      # about a minute on CPU
-    python examples/sft.py --root-dir runs/sft  # where the data, tokenizer, logs and model go
-    python examples/sft.py --base-steps 12 --steps 12 --seq-len 64   # the smallest run (CI's)
+    pip install -e ".[lm]"         # tokenizers, transformers, grain, jinja2,
+                                   # qwix, ...
+    python examples/sft.py         # about a minute on CPU
+    python examples/sft.py --root-dir runs/sft
+                                   # where the data, tokenizer, logs and model
+                                   # go
+    python examples/sft.py --base-steps 12 --steps 12 --seq-len 64
+                                   # the smallest run (CI's)
 
-Everything is made here, nothing downloaded: the data (two tasks over a small vocabulary, "reverse:
-red cat sat" -> "sat cat red" and "repeat: ..." -> the same words, lengths skewed short as chat
-data is), a word-level tokenizer trained on it with `tokenizers` and saved with a chat template
-(`transformers`' `PreTrainedTokenizerFast`), and a Llama from a config dict. The run has two fits:
-the base learns the language from the chats read whole (every token, full weights), then LoRA
-adapters are instruction-tuned with `completion_only=True` (system and user turns are read, not
-learned). `fj.data.TextLoader` packs both; `train/packing_efficiency` is logged.
+Everything is made here, nothing downloaded: the data (two tasks over a small
+vocabulary, "reverse: red cat sat" -> "sat cat red" and "repeat: ..." -> the
+same words, lengths skewed short as chat data is), a word-level tokenizer
+trained on it with `tokenizers` and saved with a chat template
+(`transformers`' `PreTrainedTokenizerFast`), and a Llama from a config dict.
+The run has two fits: the base learns the language from the chats read whole
+(every token, full weights), then LoRA adapters are instruction-tuned with
+`completion_only=True` (system and user turns are read, not learned).
+`fj.data.TextLoader` packs both; `train/packing_efficiency` is logged.
 """
 
 from __future__ import annotations

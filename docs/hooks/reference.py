@@ -83,16 +83,29 @@ def first_sentence(entry: Entry) -> str:
     return " ".join(inspect.cleandoc(doc or "").split("\n\n")[0].split())
 
 
+def mixed_in(entry: Entry) -> list[str]:
+    """The public members a class takes from the mixins it is built of (its bases named
+    `...Mixin`, such as `LitModule`'s `WeightsMixin`: parts of the class, with no page of their
+    own), which its page lists with its own (mkdocstrings shows no inherited member unless told)."""
+    obj = obj_of(entry)
+    if not inspect.isclass(obj):
+        return []
+    return sorted({name for base in obj.__bases__ if base.__name__.endswith("Mixin")
+                   for name in vars(base) if not name.startswith("_") and name not in vars(obj)})
+
+
 def _entry_page(entry: Entry) -> str:
     also = ""
     if len(entry.names) > 1:
         also = "Also importable as " + ", ".join(f"`{n}`" for n in entry.names[1:]) + ".\n\n"
+    inherited = mixed_in(entry)
     return (
         f"# {entry.name}\n\n{also}"
         f"::: {entry.target}\n"
         f"    options:\n"
         f"      show_root_full_path: false\n"
         f"      heading_level: 2\n"
+        + (f"      inherited_members: [{', '.join(inherited)}]\n" if inherited else "")
     )
 
 

@@ -441,7 +441,7 @@ class LightningCLI:
                              "optimizer's learning_rate; add e.g. --optimizer=optax.adamw.")
             return
         cls = type(self.model)
-        own = any(name in vars(klass) for klass in cls.__mro__[:-1] if klass is not LitModule
+        own = any(name in vars(klass) for klass in cls.__mro__ if klass not in LitModule.__mro__
                   for name in ("configure_optimizer", "configure_optimizers"))
         if own:
             warnings.warn(f"`{cls.__name__}.configure_optimizer` is replaced by the config's `optimizer:` section.",

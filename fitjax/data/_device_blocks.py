@@ -132,8 +132,9 @@ class Feed:
             last = (stretch.block, rows, self._block(rows, stretch.block))
             base = self._base(current_step())
             # what each call takes, made before its steps: no Python call per step
-            # (`tests/loop/test_host_cost.py` counts them)
-            calls = [((last[2], base, self._counts[count]), count, self._steps(count)) for count in counts]
+            # (`tests/loop/test_host_cost.py` counts them), a call's steps once per count
+            steps = {count: self._steps(count) for count in set(counts)}
+            calls = [((last[2], base, self._counts[count]), count, steps[count]) for count in counts]
             for j, (inputs, count, steps) in enumerate(calls):
                 yield StepInputs(inputs, count, steps, full=True, rows=rows[j * call_rows:(j + 1) * call_rows],
                                  on_device=True)

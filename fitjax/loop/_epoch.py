@@ -163,9 +163,17 @@ def explain_failure(run: FitRun, err: Exception, chunk: step_lib.StepInputs, las
 
 def end_epoch(parts: EpochParts, run: FitRun) -> None:
     """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`,
-    and the stop request agreed (an epoch's end is a sync point)."""
-    run.state = parts.metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
+    and the stop request agreed (an epoch's end is a sync point).
+
+    The means are read from the device when next needed, as the log windows are: with no
+    `on_train_epoch_end` hook the host goes on to the next epoch while the device finishes this
+    one (`callback_metrics` and `logged_metrics` wait for them when read). A hook sees them
+    written, as in Lightning: the loggers' rows, the bar's values."""
+    metric_log = parts.metric_log
+    run.state = metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
     parts.progress.epoch_end_done = True
+    if parts.hooks.wants("on_train_epoch_end", run.module):
+        metric_log.finish_windows()
     parts.hooks.call("on_train_epoch_end", parts.trainer, run.module)
     write_params(run)
     agree_at_epoch_end(parts.stop, parts.config, parts.view)

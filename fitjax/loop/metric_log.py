@@ -47,7 +47,7 @@ import collections
 import dataclasses
 import itertools
 import types
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -115,6 +115,31 @@ class _Row:
     pictures: Mapping[str, np.ndarray] | None = None
 
 
+class _Pending(NamedTuple):
+    """What the rows on their way add to `callback_metrics` and `logged_metrics`."""
+
+    callback: HostMetrics
+    logged: HostMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class _EpochEnd:
+    """A train epoch's end behind the windows on their way (the last of them its steps since the
+    last log step): written once they are, it logs the epoch's means at `step` and starts the
+    next epoch's accumulators. `latest`: the epoch's last step's values (on the device) and, when
+    someone read them already, their host values: `callback_metrics` holds them before the means
+    (Lightning writes the means over their plain names)."""
+
+    step: int
+    epoch: int
+    latest: tuple[dict, HostMetrics | None] | None
+
+
+def _is_window(entry: Any) -> bool:
+    """Whether a queue entry is a log window (on its way), not a host entry behind them."""
+    return isinstance(entry, tuple)
+
+
 # the per-batch train hooks: what they log reaches the loggers at log steps only (Lightning's)
 _BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 
@@ -148,12 +173,15 @@ class MetricLog:
         self._rate = StepRate(lambda: compile_times.seconds_total)
         self._every = log_every_n_steps
         self._callback_metrics: HostMetrics = {}
-        self.logged_metrics: HostMetrics = {}  # every key's latest value written to the loggers
-        self.progress_bar_metrics: HostMetrics = {}  # the progress bar's values
+        self._logged_metrics: HostMetrics = {}  # every key's latest value written to the loggers
+        # the progress bar's values: of the windows arrived (the bar never waits for the device)
+        self.progress_bar_metrics: HostMetrics = {}
         self._epoch = EpochAccumulators()
+        self._next_epoch = False  # a new epoch started behind an epoch's end on its way
         self._specs: dict = {}  # the fit's `LitModule.log` options by name
         self._fitting = False  # rows default to Lightning's fit step (`global_step - 1`)
-        # in step order: log windows on their way `(window, log_rows, row)` and host `_Row`s behind them
+        # in step order: log windows on their way `(window, log_rows, row)` and host entries
+        # (`_Row`, `_EpochEnd`) behind them
         self._queue: collections.deque = collections.deque()
         self._latest_step: dict | None = None  # the last train step's values, on the device
         self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
@@ -165,10 +193,16 @@ class MetricLog:
         """The latest value of every logged key (see `Trainer.callback_metrics`): with the rows
         on their way (train windows, read from the device now) and the last step's values (read
         once per step, when asked). A snapshot: reading changes nothing here or in the loggers."""
-        pending = self._pending_callback_metrics()
+        pending = self._pending().callback
         block = _logged.open_host_block()  # what the hook running now logged: logged when it returns
         now = _logged.host_values(block, owner="module", hook="a hook") if block is not None else {}
         return CallbackMetrics({**self._callback_metrics, **pending, **self._latest_step_metrics(), **now})
+
+    @property
+    def logged_metrics(self) -> HostMetrics:
+        """Every key's latest value written to the loggers, with the rows on their way (read from
+        the device now, as `callback_metrics`; a compile time joins when its row is written)."""
+        return {**self._logged_metrics, **self._pending().logged}
 
     @property
     def epoch_accumulators(self) -> EpochAccumulators:
@@ -185,12 +219,17 @@ class MetricLog:
     def end_fit(self) -> None:
         """Fit ends: the values of an interrupted window, or of the last step, are not logged."""
         self._queue.clear()
+        self._next_epoch = False
         self._latest_step = self._latest_step_host = None
         self._fitting = False
 
     def start_epoch(self, accumulators: EpochAccumulators | None = None) -> None:
-        """A train epoch starts: its means start from `accumulators` (a resumed epoch's) or none."""
-        self._epoch = accumulators or EpochAccumulators()
+        """A train epoch starts: its means start from `accumulators` (a resumed epoch's) or none
+        (the last epoch's end, still on its way, starts them when written)."""
+        if accumulators is None and any(isinstance(entry, _EpochEnd) for entry in self._queue):
+            self._next_epoch = True  # the last epoch's windows still merge into its means
+        else:
+            self._epoch = accumulators or EpochAccumulators()
 
     def time_finished(self, probe: jax.Array) -> None:
         """Waits for `probe` (a value of the last train step: `state.step`) and times the steps
@@ -201,8 +240,11 @@ class MetricLog:
 
     def restart_speed(self) -> None:
         """Every train step so far has finished and what ran since was not training (an
-        evaluation, the work between epochs): steps per second are timed from now."""
-        self._rate.restart(step=self._loop.global_step)
+        evaluation, the work between epochs): steps per second are timed from now. With windows
+        on their way (an epoch's end not waited for) the device is still training: the interval
+        runs on from the last point, and their reads time it."""
+        if not any(_is_window(entry) for entry in self._queue):
+            self._rate.restart(step=self._loop.global_step)
 
     def step_done(self, outputs: dict) -> None:
         """Keeps a reference to a train step's values (read only if `callback_metrics` is)."""
@@ -240,7 +282,7 @@ class MetricLog:
         device and then wake up, and on a loaded machine that wake-up can leave the device idle
         for longer than the step (several steps per call put a log step in most calls)."""
         self.read_arrived()
-        while sum(not isinstance(entry, _Row) for entry in self._queue) >= _IN_FLIGHT:
+        while sum(_is_window(entry) for entry in self._queue) >= _IN_FLIGHT:
             self._write_oldest()
         progress = self._loop
         state, window = _log_fetch.start(state, reset, step=progress.global_step, epoch=progress.epoch,
@@ -251,16 +293,16 @@ class MetricLog:
     def read_arrived(self) -> None:
         """Logs the rows whose values have reached the host, oldest first (never waits)."""
         queue = self._queue
-        if not queue or not (isinstance(queue[0], _Row) or queue[0][0].ready()):
+        if not queue or (_is_window(queue[0]) and not queue[0][0].ready()):
             return  # every step but a few: nothing more to do
         arrived = 0
         for entry in queue:
-            if not (isinstance(entry, _Row) or entry[0].ready()):
+            if _is_window(entry) and not entry[0].ready():
                 break
             arrived += 1
         # windows seen arrived together finished at unknown times in between: they share the rate
         # of their steps together
-        windows = [entry[0] for entry in itertools.islice(queue, arrived) if not isinstance(entry, _Row)]
+        windows = [entry[0] for entry in itertools.islice(queue, arrived) if _is_window(entry)]
         rate = self._timed(windows[-1].step) if windows else None
         for _ in range(arrived):
             self._write_oldest(rate)
@@ -271,22 +313,29 @@ class MetricLog:
             self._write_oldest()
 
     def log_train_epoch(self, state: TrainState, reset: Callable[[TrainState], TrainState]) -> TrainState:
-        """Logs the train epoch's means (the windows read so far and the steps since the last log
-        step, fetched now); returns the state with its accumulators reset."""
-        self.finish_windows()
+        """Logs the train epoch's means (the windows and the steps since the last log step);
+        returns the state with its accumulators reset. Nothing waits here: the means are written
+        behind the windows on their way, when those have arrived (`read_arrived`) or when someone
+        needs them (`finish_windows`, the reads). Waiting here left the device idle from the
+        epoch's last step until the host had started the next epoch: with `steps_per_execution`
+        on CPU ~10% of the tiny MLP's speed (issue 62)."""
         state = self.start_window(state, reset, log_rows=False)  # the steps since the last log step
-        self.finish_windows()
-        if self._latest_step is not None:  # newer than the windows, older than the epoch's means
-            self._callback_metrics.update(self._latest_step_metrics())  # (which Lightning writes
-        self._latest_step = self._latest_step_host = None  # over the plain names of both)
-        acc, specs = self._epoch.acc, self._specs
-        self.log(_logged.compute(acc, specs, stage="train", epoch=True),
-                 aliases=_logged.plain_names(acc, specs, epoch=True),
-                 pictures=_logged.pictures(acc, specs, stage="train", epoch=True))
+        outputs, read = self._latest_step, self._latest_step_host  # newer than the windows
+        latest = None if outputs is None else (outputs, read[1] if read is not None and read[0] is outputs else None)
+        self._queue.append(_EpochEnd(self._row(), self._loop.epoch, latest))
+        self._latest_step = self._latest_step_host = None
         return state
 
     def finalize(self, status: str) -> None:
-        """Tells every logger the run ended with `status` ("success", "failed", "interrupted")."""
+        """Tells every logger the run ended with `status` ("success", "failed", "interrupted"),
+        after the rows of the epochs that ended (their means may still be on their way when a
+        later step fails or is interrupted; the windows after them are not logged)."""
+        ended = [i for i, entry in enumerate(self._queue) if isinstance(entry, _EpochEnd)]
+        try:
+            for _ in range(ended[-1] + 1 if ended else 0):
+                self._write_oldest()
+        except Exception:  # noqa: BLE001 - the device's failure: the fit's own error is the one raised
+            self._queue.clear()
         for logger in self._loggers:
             logger.finalize(status)
 
@@ -320,6 +369,8 @@ class MetricLog:
         entry = self._queue.popleft()
         if isinstance(entry, _Row):
             self._write_row(entry)
+        elif isinstance(entry, _EpochEnd):
+            self._write_epoch_end(entry)
         else:
             self._write_window(*entry, rate=rate)
 
@@ -329,6 +380,29 @@ class MetricLog:
         if rate is not None and self._on_timed is not None:
             self._on_timed(rate)
         return rate
+
+    def _write_epoch_end(self, end: _EpochEnd) -> None:
+        """Logs an epoch's means (every window of it written before); the next epoch's start
+        from none if it started meanwhile (until then they stay the ended epoch's: Lightning's
+        position after an epoch's end, which a save there holds)."""
+        self._callback_metrics.update(self._step_values(end.latest))
+        self._write_row(self._epoch_row(self._epoch.acc, end))
+        if self._next_epoch:
+            self._epoch, self._next_epoch = EpochAccumulators(), False
+
+    def _epoch_row(self, acc: Mapping[str, np.ndarray], end: _EpochEnd) -> _Row:
+        """The row of an epoch's means from its accumulators `acc`."""
+        specs = self._specs
+        return _Row(_logged.compute(acc, specs, stage="train", epoch=True), end.step, end.epoch,
+                    _logged.plain_names(acc, specs, epoch=True),
+                    pictures=_logged.pictures(acc, specs, stage="train", epoch=True))
+
+    def _step_values(self, latest: tuple[dict, HostMetrics | None] | None) -> HostMetrics:
+        """An epoch's last step's values as `_EpochEnd.latest` holds them (read now if not yet)."""
+        if latest is None:
+            return {}
+        outputs, values = latest
+        return values if values is not None else self._on_step_values(outputs)
 
     def _write_row(self, row: _Row) -> None:
         if row.to_loggers:
@@ -350,7 +424,7 @@ class MetricLog:
         if not values and not compiled:
             return
         self._callback_metrics.update(values)
-        self.logged_metrics.update({**values, **compiled})
+        self._logged_metrics.update({**values, **compiled})
         row = {**values, **compiled, "epoch": float(epoch)}
         with self._profiler.profile("[log] loggers"):
             for logger in self._loggers:
@@ -385,19 +459,31 @@ class MetricLog:
                 _logged.compute(on_step, self._specs, stage="train", epoch=False),
                 _logged.plain_names(on_step, self._specs, epoch=False))
 
-    def _pending_callback_metrics(self) -> HostMetrics:
-        """What `callback_metrics` holds once the rows on their way are logged (waits for the
-        windows; writes nothing: the loop logs them before its next write to the loggers)."""
-        pending: HostMetrics = {}
+    def _pending(self) -> _Pending:
+        """What `callback_metrics` and `logged_metrics` gain once the rows on
+        their way are logged (waits for the windows; writes nothing: the loop logs them before
+        its next write to the loggers). Follows `_write_oldest`'s order of updates."""
+        pending = _Pending({}, {})
+        epoch = self._epoch.acc
+        ends = any(isinstance(entry, _EpochEnd) for entry in self._queue)  # else no means to compute
         for entry in self._queue:
+            if isinstance(entry, _EpochEnd):
+                pending.callback.update(self._step_values(entry.latest))
+                entry = self._epoch_row(epoch, entry)
+                epoch = {} if self._next_epoch else epoch
             if isinstance(entry, _Row):
-                pending.update({**(entry.aliases or {}), **entry.values})
+                pending.callback.update({**(entry.aliases or {}), **entry.values})
+                if entry.to_loggers:
+                    pending.logged.update(entry.values)
                 continue
             window, log_rows, _ = entry
             host, extra = window.read()
+            if ends:
+                epoch = acc_lib.merge_host(epoch, _logged.keep(host, self._specs, "on_epoch"))
             if log_rows and acc_lib.has_weight(host):
                 extra, values, aliases = self._window_rows_of(host, extra)
-                pending.update({**extra, **aliases, **values})  # `_write`'s order of updates
+                pending.callback.update({**extra, **aliases, **values})  # `_write`'s order of updates
+                pending.logged.update({**extra, **values})
         return pending
 
     def _latest_step_metrics(self) -> HostMetrics:
@@ -410,10 +496,14 @@ class MetricLog:
         cached = self._latest_step_host
         if cached is not None and cached[0] is outputs:
             return cached[1]
+        values = self._on_step_values(outputs)
+        self._latest_step_host = (outputs, values)
+        return values
+
+    def _on_step_values(self, outputs: dict) -> HostMetrics:
+        """A train step's on-step values under their logged keys (waits for the step)."""
         host = jax.device_get({k: v for k, v in outputs.items() if k != step_lib.train.ANOMALY_KEY})
         acc = {k: np.array([v, 1.0]) for k, v in host.items() if np.ndim(v) == 0}
         on_step = _logged.keep(acc, self._specs, "on_step")
-        values = {**_logged.plain_names(on_step, self._specs, epoch=False),
-                  **_logged.compute(on_step, self._specs, stage="train", epoch=False)}
-        self._latest_step_host = (outputs, values)
-        return values
+        return {**_logged.plain_names(on_step, self._specs, epoch=False),
+                **_logged.compute(on_step, self._specs, stage="train", epoch=False)}

@@ -677,7 +677,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
 
     @property
     def logged_metrics(self) -> HostMetrics:
-        """The latest value of every key written to the loggers (Lightning's)."""
+        """The latest value of every key written to the loggers (Lightning's), the rows on their
+        way to them included (reading waits for those, as `callback_metrics` does)."""
         return self._metric_log.logged_metrics
 
     @logged_metrics.setter
@@ -929,6 +930,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                     loaded_at, epoch_iter = self.current_epoch, None
                 self._train_epoch(run, epoch_iter)
                 epoch_iter = None  # the next epoch's is made when (and if) it starts
+            self._metric_log.finish_windows()  # the last epoch's means, before the end of training
             _status.training_ended()  # the bar closed before on_train_end's summaries print
             run.state = run.pieces.end_training(
                 run.state, self.current_epoch, module.step_spec(), self.step_options.precision,
@@ -995,6 +997,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             # the run's end inside an epoch: a save after it (the default checkpoint's at the end
             # of training) resumes at the next batch of this epoch, as one made before its end
             # work does, so a fit resumed with a larger max_steps trains the epoch's rest
+            self._metric_log.finish_windows()  # its accumulators: the epoch's, all of them read
             self._cut_point = self._resume_point()
         self._progress.end_epoch()
 
@@ -1126,17 +1129,15 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         Args:
             module: the `LitModule` whose model generates.
             prompts: see above; prompts of different lengths are left-padded together.
-            max_new_tokens: tokens generated per prompt at most; with the longest prompt within
-                the model's `max_positions` (if it has one) and int32's positions.
-            temperature: 0 picks the most likely token (greedy); otherwise the logits are
-                divided by it and a token drawn.
-            top_k: draw among the k most likely tokens only (None: all).
-            top_p: draw among the most likely tokens holding this probability mass (None: all).
-            seed: the draws' random key: the same seed, prompts and weights give the same tokens.
+            max_new_tokens: `fj.GenerationOptions.max_new_tokens` (each sampling option's meaning,
+                default and allowed values are defined there once, for every place that generates).
+            temperature: `fj.GenerationOptions.temperature` (0: greedy).
+            top_k: `fj.GenerationOptions.top_k`.
+            top_p: `fj.GenerationOptions.top_p`.
+            seed: `fj.GenerationOptions.seed`.
             eos_token_id: the id (or ids) a row stops at; default the tokenizer's, else the
                 model's `config.eos_token_id`; None with neither: rows run to `max_new_tokens`.
-            use_cache: None: a KV cache when the model has `init_cache`; False: re-run the whole
-                sequence for each token (slower, the same tokens).
+            use_cache: `fj.GenerationOptions.use_cache`.
 
         Example:
             >>> # trainer.generate(module, ["Once upon a time"], max_new_tokens=32, temperature=0.8, top_p=0.95)

@@ -24,6 +24,7 @@ The GPT example (`examples/gpt.py`) is one of these models, in GPT-2's layout.
 from fitjax.models._causal_lm import CausalLM, KVCache, init_cache
 from fitjax.models._config import ModelConfig, Rope
 from fitjax.models._layers import LOGICAL_RULES
-from fitjax.models._pretrained import CausalLMModule, from_config, from_pretrained, hf_name, save_pretrained
+from fitjax.models._hf_names import hf_name
+from fitjax.models._pretrained import CausalLMModule, from_config, from_pretrained, save_pretrained
 
 __all__ = ["CausalLM", "CausalLMModule", "KVCache", "LOGICAL_RULES", "ModelConfig", "Rope", "from_config", "from_pretrained", "hf_name", "init_cache", "save_pretrained"]

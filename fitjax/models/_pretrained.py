@@ -1,10 +1,6 @@
-"""Hugging Face folders in and out: `from_config`, `from_pretrained`, `save_pretrained`, and the
-one name map between fitjax's arrays and a `transformers` checkpoint's.
-
-The map is a function from fitjax's name to Hugging Face's (`layers_0.self_attn.q_proj.kernel`
--> `model.layers.0.self_attn.q_proj.weight`); import reads it backwards over the model's own
-arrays, so the two directions cannot disagree. Linear weights are `[out, in]` in torch and
-`[in, out]` in flax (transposed both ways); GPT-2's `Conv1D` weights are already `[in, out]`.
+"""`CausalLMModule`, the training module of a `CausalLM`, and Hugging Face folders in and out:
+`from_config`, `from_pretrained`, `save_pretrained`. The name map between fitjax's arrays and a
+`transformers` checkpoint's is `fitjax.models._hf_names`.
 """
 
 from __future__ import annotations
@@ -12,12 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,17 +21,13 @@ from fitjax.data import packing_efficiency
 from fitjax.models._batches import as_lm_batch
 from fitjax.models._causal_lm import CausalLM
 from fitjax.models._config import ModelConfig, read_config
+from fitjax.models._hf_names import hf_name, import_names, local_folder, transposed
 from fitjax.models._layers import LOGICAL_RULES
 from fitjax.models._stacked import StackedLayers, unstacked
 from fitjax.module import LitModule
 from fitjax.module import export_arrays, open_weight_source, save_safetensors, weights_to_save
 
-__all__ = ["CausalLMModule", "from_config", "from_pretrained", "hf_name", "save_pretrained"]
-
-_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
-# arrays some `transformers` files hold that are no weights: GPT-2's causal-mask buffers, older
-# Llama files' rotary frequencies
-_BUFFERS = re.compile(r"(.*\.)?attn\.(masked_)?bias|.*rotary_emb\.inv_freq")
+__all__ = ["CausalLMModule", "from_config", "from_pretrained", "save_pretrained"]
 
 
 def from_config(config: Mapping[str, Any] | str | os.PathLike, **options: Any) -> CausalLM:
@@ -56,35 +46,6 @@ def from_config(config: Mapping[str, Any] | str | os.PathLike, **options: Any) -
         (100, 64)
     """
     return CausalLM(ModelConfig.from_hf(config, **options))
-
-
-def hf_name(config: ModelConfig, name: str) -> str:
-    """The Hugging Face name of fitjax's array `name` (`h_0.attn.c_attn.kernel` ->
-    `transformer.h.0.attn.c_attn.weight`). A `scan_layers` model's stacked array
-    (`layers.mlp.up_proj.kernel`) is named without the layer (`model.layers.mlp.up_proj.weight`):
-    `StackedLayers` names a checkpoint's per-layer arrays so."""
-    head, _, leaf = name.rpartition(".")
-    head = re.sub(r"^(h|layers)_(\d+)", r"\1.\2", head)
-    leaf = _LEAVES.get(leaf, leaf)
-    if head == "lm_head":
-        return f"lm_head.{leaf}"
-    return f"{'transformer' if config.gpt2_layout else 'model'}.{head}.{leaf}"  # the causal LM's prefix
-
-
-def _transposed(config: ModelConfig) -> dict[str, tuple[int, ...] | None]:
-    """fitjax's arrays stored transposed in the file: torch `nn.Linear` weights (a stacked
-    layer's [layers, in, out] kernel is its layers' [out, in] weights, each transposed)."""
-    if config.gpt2_layout:  # Conv1D weights are [in, out] already
-        return {r"lm_head\.kernel": None}
-    if config.scan_layers:
-        return {r"layers\..*_proj\.kernel": (0, 2, 1), r"lm_head\.kernel": None}
-    return {r".*_proj\.kernel|lm_head\.kernel": None}
-
-
-def _param_names(model: CausalLM) -> list[str]:
-    """fitjax's array names of `model` (from shapes alone: nothing is computed)."""
-    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"])
-    return [".".join(str(k.key) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
 
 
 class CausalLMModule(LitModule):
@@ -172,48 +133,14 @@ def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:
         >>> # module = fitjax.models.from_pretrained("path/to/Llama-3.2-1B", lr=1e-4)
         >>> # fj.Trainer(max_steps=100, strategy="fsdp").fit(module, data)
     """
-    folder = _local_folder(folder)
+    folder = local_folder(folder)
     module = CausalLMModule(read_config(folder), **kwargs)
     config = module.model.config
-    from_hf = {hf_name(config, name): name for name in _param_names(module.model)}
-    base = "transformer." if config.gpt2_layout else "model."
-
-    def rename(name: str) -> str | None:
-        # a base model's file (`GPT2Model`: the Hub's own gpt2 weights) names its arrays without
-        # the causal LM's prefix
-        for candidate in (name, base + name):
-            if candidate in from_hf:
-                return from_hf[candidate]
-        if _BUFFERS.fullmatch(name) or (config.tie_word_embeddings and name == "lm_head.weight"):
-            return None  # a buffer, or a tied head: the token table itself
-        return name  # unexpected: named in the error
-
     source = open_weight_source(folder, argument="from_pretrained(folder)")
     if config.scan_layers:  # the file's `model.layers.<i>.*` seen as one `model.layers.*` [layers, ...]
         source = StackedLayers(source, config.num_layers)
-    module.load_weights(source, mapping=rename, transpose=_transposed(config))
+    module.load_weights(source, mapping=import_names(module.model), transpose=transposed(config))
     return module
-
-
-_HUB_URL = re.compile(r"(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([\w.-]+/[\w.-]+)")
-
-
-def _local_folder(folder: str | os.PathLike) -> Path:
-    """`folder` as a path, once it is a local folder: a Hub name or a URL is answered with how
-    to download it (fitjax downloads nothing; `Path` would mangle a URL into `https:/...`)."""
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"from_pretrained(folder=...) takes a local folder; got {type(folder).__name__}: {folder!r}.")
-    text = os.fspath(folder)
-    path = Path(text).expanduser()
-    if path.is_dir() and "://" not in text:
-        return path
-    hub = _HUB_URL.match(text)
-    name = hub.group(1) if hub else text if re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text) else "NAME"
-    what = ("a URL" if "://" in text else "not a folder" if path.exists() else
-            "no local folder (a Hugging Face Hub name?)")
-    raise ValueError(f"from_pretrained(folder={text!r}): {what}. fitjax reads model folders on local disk and "
-                     f"downloads nothing: download it first, e.g. `huggingface-cli download {name} --local-dir "
-                     f"{name.rsplit('/', 1)[-1] if name != 'NAME' else 'DIR'}`, then pass that folder.")
 
 
 def save_pretrained(module: CausalLMModule, folder: str | os.PathLike, *, dtype: Any = None) -> None:
@@ -239,12 +166,12 @@ def save_pretrained(module: CausalLMModule, folder: str | os.PathLike, *, dtype:
             raise ValueError(f"save_pretrained(module, {str(folder)!r}): the module has no weights yet; fit it, or "
                              "restore it, first.")
         arrays = export_arrays(unstacked(weights_to_save(module), config), mapping=lambda name: hf_name(unrolled, name),
-                               transpose=_transposed(unrolled), dtype=dtype, owner=type(module).__name__)
+                               transpose=transposed(unrolled), dtype=dtype, owner=type(module).__name__)
         if jax.process_index() == 0:
             save_safetensors(arrays, folder / "model.safetensors", {"format": "pt"})
     else:
         module.save_weights(folder / "model.safetensors", mapping=lambda name: hf_name(config, name),
-                            transpose=_transposed(config), dtype=dtype, metadata={"format": "pt"})
+                            transpose=transposed(config), dtype=dtype, metadata={"format": "pt"})
     if jax.process_index() == 0:
         out = config.to_hf()
         floats = ({np.dtype(dtype).name} if dtype is not None else

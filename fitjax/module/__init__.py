@@ -1,7 +1,8 @@
-"""`LitModule`, what the user writes to declare what to train, and what it is built from: the
-Lightning-style adapter (`training_step`, `self.log` options, manual optimization), the
-hyperparameters `save_hyperparameters` collects, what `configure_optimizers` may return, and the
-model host code calls with the trainer's current weights."""
+"""`LitModule`, what the user writes to declare what to train, and what it is built from: its
+weight methods (loading, saving, LoRA), the Lightning-style adapter (`training_step`, `self.log`
+options, manual optimization), the hyperparameters `save_hyperparameters` collects, what
+`configure_optimizers` may return, and the model host code calls with the trainer's current
+weights."""
 
 from fitjax.module._lit_module import LitModule
 from fitjax.module._param_groups import param_groups
@@ -11,10 +12,10 @@ from fitjax.module._param_groups import param_groups
 # hooks, and its weights.
 from fitjax.module._host_model import hook_mode
 from fitjax.module import _hooks as hook_table  # every Lightning hook: called, traced or refused
-from fitjax.module._lit_module import (
+from fitjax.module._lit_module import overrides
+from fitjax.module._weight_room import (
     initial_variables,
     is_unfitted_linen,
-    overrides,
     own_variables,
     set_variables,
     take_params_edits,

@@ -29,6 +29,7 @@ from flax import nnx
 from fitjax._optional import require
 from fitjax._typing import PyTree
 from fitjax.module._param_groups import param_groups
+from fitjax.module._weights import flat_arrays
 
 __all__ = ["LoraSpec"]
 
@@ -139,6 +140,21 @@ def merged(params: PyTree, spec: LoraSpec) -> PyTree:
             out[key] = merged(value, spec)
         return out
     return params
+
+
+def saved(variables: tuple[PyTree, PyTree], spec: LoraSpec, lora: str, owner: str) -> tuple[PyTree, PyTree]:
+    """`(params, model_state)` as `save_weights(lora=...)` writes them: the adapters merged into
+    their weights ("merge"), alone ("adapters") or both as they are ("keep")."""
+    params, model_state = variables
+    if lora == "merge":
+        return merged(params, spec), model_state
+    if lora == "adapters":
+        flat = flat_arrays((params, {}))
+        return {n: a for n, a in flat.items() if n in adapter_names(flat)}, {}
+    if lora == "keep":
+        return params, model_state
+    raise ValueError(f"{owner}.save_weights(lora={lora!r}): pass 'merge' (the adapted weights, "
+                     "for export), 'adapters' (the adapters alone) or 'keep' (both as they are).")
 
 
 def adapter_names(names: Any) -> frozenset[str]:

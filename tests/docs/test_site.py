@@ -115,7 +115,7 @@ def test_the_trainer_page_shows_the_arguments_reference(site):
     text = re.sub(r"<[^>]+>", "", (site / "reference" / "fitjax.Trainer.html").read_text())
     assert "stop after this many epochs" in text and "train several runs side by side" in text
     assert "the fraction of the memory kept free" in text  # plan's
-    assert "tokens generated per prompt at most" in text  # generate's
+    assert "the id (or ids) a row stops at" in text  # generate's
     assert text.index("stop after this many epochs") < text.index("trainer = fj.Trainer(max_epochs=3")
 
 
@@ -135,3 +135,14 @@ def test_only_raises_tells_a_refusing_setter_from_a_setting_one():
     refusing = ast.parse('def f(self, value):\n    """Doc."""\n    raise AttributeError("read-only")\n').body[0]
     setting = ast.parse("def f(self, value):\n    self._f = value\n").body[0]
     assert read_only.only_raises(refusing) and not read_only.only_raises(setting)
+
+
+def test_the_litmodule_page_lists_the_methods_it_takes_from_its_mixins(site):
+    # docs/hooks/reference.py: `load_weights` & co. live on `WeightsMixin`; mkdocstrings shows no
+    # inherited member unless told, and LitModule's page is where a user looks for them
+    entry = next(e for e in reference.public_entries() if e.name == "fitjax.LitModule")
+    assert {"load_weights", "save_weights", "apply_lora", "load_from_checkpoint"} <= set(reference.mixed_in(entry))
+    html = (site / "reference" / "fitjax.LitModule.html").read_text()
+    for name in ("load_weights", "save_weights", "apply_lora", "load_from_checkpoint", "loss"):
+        assert f'id="{entry.target}.{name}"' in html, name
+    assert "Starts the next fit (or validate, test, predict) from weights saved elsewhere." in html
