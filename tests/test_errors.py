@@ -133,6 +133,7 @@ BAD_ARGUMENTS = {
     "accelerator": [("x", ValueError, r"accelerator=\.\.\.\) must be one of 'auto', 'cpu', 'gpu', 'tpu', 'cuda'; got 'x'")],
     "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'plan', 'ddp', 'dp', 'fsdp', 'runs', 'single', 'zero1'\]")],
     "remat": [("x", ValueError, r"remat=\.\.\.\) got 'x'; use one of \['none', 'full', 'dots', 'offload'\]")],
+    "offload": [("x", ValueError, r"offload=\.\.\.\) got 'x'; use one of \['none', 'optimizer', 'optimizer\+master'\]")],
     "runs": [(0, ValueError, r"runs=\.\.\.\) must be at least 1, got 0"),
              ("x", TypeError, r"runs=\.\.\.\) takes a number of runs .*got 'x'")],
     "devices": [(99, ValueError, r"devices=99\) asks for more devices than the 8 available"),

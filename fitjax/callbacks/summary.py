@@ -28,6 +28,7 @@ from rich.text import Text
 from fitjax.module import unwrap_host_model
 from fitjax._typing import PyTree
 from fitjax.callbacks._base import Callback
+from fitjax.strategies import HOST
 
 __all__ = ["LayerRow", "ModelSummary", "RichModelSummary", "summarize"]
 
@@ -72,6 +73,11 @@ class ModelSummary:
     layers: list[LayerRow] = dataclasses.field(default_factory=list)
     frozen_count: int = 0
     frozen_bytes: int = 0
+    #: the optimizer state's bytes (None: not summarized) and where it lives between steps:
+    #: "device" or "host" memory (`Trainer(offload=...)`); where the parameters live
+    optimizer_bytes: int | None = None
+    optimizer_memory: str = "device"
+    params_memory: str = "device"
 
     @property
     def total_count(self) -> int:
@@ -165,7 +171,8 @@ def _state_rows(model_state: PyTree, kinds: dict[tuple[str, ...], str] | None) -
 
 
 def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
-              model: Any = None, order: Sequence[tuple[str, ...]] = (), trains: PyTree = None) -> ModelSummary:
+              model: Any = None, order: Sequence[tuple[str, ...]] = (), trains: PyTree = None,
+              opt_state: PyTree = None) -> ModelSummary:
     """Rows and totals for a model's `params` and `model_state` (nested dicts of arrays).
 
     Args:
@@ -182,6 +189,8 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
             (`LitModule.trainable_mask`: LoRA's base, `param_groups`' frozen groups): those rows
             are of kind `frozen`, counted apart ("Frozen") and among the arrays that do not
             train. None: every parameter trains.
+        opt_state: the optimizer state, summed on a line of its own with the memory it lives in
+            between steps (None: no line).
 
     Example:
         >>> import jax.numpy as jnp
@@ -203,7 +212,16 @@ def summarize(params: PyTree, model_state: PyTree, *, max_depth: int = 1,
         other_count=sum(r.count for r in other), other_bytes=sum(r.nbytes for r in other),
         sharded=any(r.sharding is not None for r in trainable + other),
         frozen_count=sum(r.count for r in frozen), frozen_bytes=sum(r.nbytes for r in frozen),
+        optimizer_bytes=None if opt_state is None else sum(int(x.nbytes) for x in jax.tree.leaves(opt_state)
+                                                           if hasattr(x, "nbytes")),
+        optimizer_memory=_memory(opt_state), params_memory=_memory(params),
     )
+
+
+def _memory(tree: PyTree) -> str:
+    """"host" when every array of `tree` lives in host memory between steps, else "device"."""
+    kinds = {getattr(getattr(x, "sharding", None), "memory_kind", None) for x in jax.tree.leaves(tree)}
+    return "host" if kinds == {HOST} else "device"
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -227,13 +245,17 @@ def _bytes(n: int | None) -> str:
 def totals(summary: ModelSummary) -> list[str]:
     """The totals printed under the table, one a line (Lightning's lines, with bytes): frozen
     parameters (LoRA's base) on a line of their own where there are any."""
-    lines = [f"{_human(summary.trainable_count):<9} Trainable params ({_bytes(summary.trainable_bytes)})"]
+    on_host = ", in host memory" if summary.params_memory == "host" else ""
+    lines = [f"{_human(summary.trainable_count):<9} Trainable params ({_bytes(summary.trainable_bytes)}{on_host})"]
     state_count = summary.other_count - summary.frozen_count
     if summary.frozen_count:
         lines.append(f"{_human(summary.frozen_count):<9} Frozen params ({_bytes(summary.frozen_bytes)})")
     if state_count or not summary.frozen_count:
         lines.append(f"{_human(state_count):<9} Other state ({_bytes(summary.other_bytes - summary.frozen_bytes)})")
-    return lines + [f"{_human(summary.total_count):<9} Total ({_bytes(summary.total_bytes)})"]
+    lines.append(f"{_human(summary.total_count):<9} Total ({_bytes(summary.total_bytes)})")
+    if summary.optimizer_bytes is not None:  # not among the model's arrays: a line of its own
+        lines.append(f"{'':<9} Optimizer state ({_bytes(summary.optimizer_bytes)}, in {summary.optimizer_memory} memory)")
+    return lines
 
 
 def _typed_shape(row: SummaryRow) -> str:
@@ -328,7 +350,7 @@ class RichModelSummary(Callback):
         model = unwrap_host_model(getattr(module, "model", None))
         self.summary = summarize(state.params, state.model_state, max_depth=self.max_depth or 1,
                                  model=model, order=module.variable_order,
-                                 trains=module.trainable_mask(state.params))
+                                 trains=module.trainable_mask(state.params), opt_state=state.opt_state)
         self.console = Console(**{"file": self._file or sys.stdout, **self._console_kwargs})
         title = f"{type(module).__name__} summary"
         if self.max_depth == 0 and not self.arrays:  # Lightning's max_depth=0: the totals only

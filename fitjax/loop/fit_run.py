@@ -24,7 +24,7 @@ from fitjax.loop.train_feed import BatchPositions, FitLoaders, TrainFeed
 from fitjax.module import LitModule
 from fitjax.runs import Runs
 from fitjax.state import TrainState
-from fitjax.strategies import StopAgreement, Strategy
+from fitjax.strategies import StopAgreement, Strategy, in_device_memory
 
 __all__ = ["Built", "FitRun", "step_flops", "trained_variables"]
 
@@ -101,8 +101,10 @@ class FitRun:
 
 def trained_variables(state: TrainState, pieces, *, runs: bool) -> tuple:
     """`(params, model_state)` a fit hands back to its module: the parameters its state pieces
-    leave for it (`pieces.module_params`) and, with several runs, the first run's."""
-    params = step_lib.pieces.module_params(state, pieces)
+    leave for it (`pieces.module_params`) and, with several runs, the first run's; in device
+    memory, where `Trainer(offload="optimizer+master")` kept them on the host (a user's own
+    `jax.jit` of the model mixes no memory kinds)."""
+    params = in_device_memory(step_lib.pieces.module_params(state, pieces))
     model_state = state.model_state
     if runs:  # the module holds one run's weights: the first's
         params, model_state = runs_lib.member((params, model_state), 0)

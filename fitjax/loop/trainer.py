@@ -51,7 +51,8 @@ from fitjax.profilers import CompileTimes, Profiler, resolve_profiler
 from fitjax import runs as runs_lib
 from fitjax.runs import RunResults, Runs
 from fitjax.state import TrainState
-from fitjax.strategies import Strategy, accelerator_banner, agree, enforce_determinism, initialize_distributed
+from fitjax.strategies import (Strategy, accelerator_banner, agree, check_host_memory, enforce_determinism,
+                               in_device_memory, initialize_distributed)
 from fitjax.strategies import resolve as resolve_strategy
 
 __all__ = ["Trainer"]
@@ -153,6 +154,12 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             backward pass), "dots" (also keep the weight products) or "offload" (keep those in
             host memory). Less activation memory for more FLOPs or transfers, the same numbers
             (`fitjax.step.remat`; `trainer.plan` shows both).
+        offload: train state kept in the devices' host memory (memory kind "pinned_host") between
+            steps: "none", "optimizer" (the optimizer state) or "optimizer+master" (the parameters
+            in their storage dtype too: "bf16-mixed"'s float32 master weights). Each step copies
+            them in and back (XLA overlaps the transfers where it can); the same numbers, less
+            device memory beside the activations (`fitjax.step.offload`; `fitjax plan` counts them
+            as host memory). Raises where the devices have no host memory kind.
         detect_anomaly: check every step for a non-finite loss, gradients or parameters and raise
             naming the step and the quantity (a host sync per step: for debugging).
         profiler: None, "simple" (host wall time per phase, a table when fit ends, also in
@@ -228,6 +235,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         log_grad_norm: bool = False,
         steps_per_execution: int = 1,
         remat: str = "none",
+        offload: str = "none",
         detect_anomaly: bool = False,
         deterministic: bool = False,
         profiler: str | Profiler | None = None,
@@ -260,7 +268,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
             precision=precision, accumulate_grad_batches=accumulate_grad_batches,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             steps_per_execution=steps_per_execution, detect_anomaly=detect_anomaly,
-            log_grad_norm=log_grad_norm, remat=remat,
+            log_grad_norm=log_grad_norm, remat=remat, offload=offload,
         )
         self._planned_remat = self.step_options.remat  # strategy="plan" may turn remat on; this is the user's
         self.deterministic = enforce_determinism(deterministic)
@@ -271,6 +279,8 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         # before anything asks JAX for devices
         self.cluster_environment = initialize_distributed(num_nodes, devices=devices, plugins=plugins)
         self.devices = checks.select_devices(devices, accelerator)
+        if self.step_options.offload != "none":
+            check_host_memory(self.devices, f"Trainer(offload={self.step_options.offload!r})")
         # strategy="plan": dp until each fit asks the planner (`_plan.choose_for_fit`)
         self._planned = planned_strategy(strategy)
         self.strategy = resolve_strategy("auto" if self._planned else strategy, num_devices=len(self.devices))
@@ -846,7 +856,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                 'fitjax[tpu-plan]'`), or a GPU kind ("gpu-h100") on a machine with that GPU.
             sweep: False: the trainer as configured; True: also other strategies and meshes,
                 remat and micro-batches with accumulation; or `{axis: [values]}` (axes
-                "strategy", "accumulate", "precision", "remat").
+                "strategy", "accumulate", "precision", "remat", "offload").
             memory_bytes: memory per device to fit in (default: the device's, or the device
                 kind's from the table; none on CPU).
             headroom: the fraction of the memory kept free (fragmentation, the runtime).
@@ -1142,8 +1152,9 @@ class Trainer(metaclass=_arguments.CheckedArguments):
                                     seed=seed, eos_token_id=eos_token_id, use_cache=use_cache, where="Trainer.generate")
         with _interrupt.graceful(), module_lib.hook_mode(module, False), CompileTimes():
             state = self.state
-            held = (self._eval_params(), state.model_state) if state is not None and self._in_use.module is module \
-                else None
+            # parameters kept in host memory (`offload="optimizer+master"`) copied to the device for it
+            held = (in_device_memory(self._eval_params()), state.model_state) \
+                if state is not None and self._in_use.module is module else None
             variables = generation.variables_for(module, held, strategy=self.strategy, seed=self.seed,
                                                  options=self.step_options)
             return generation.generate(module, prompts, options, variables=variables, strategy=self.strategy,

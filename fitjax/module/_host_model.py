@@ -25,6 +25,8 @@ import jax
 import numpy as np
 from flax import nnx
 
+from fitjax.strategies import fetched
+
 __all__ = ["HostModel", "installed", "unwrap"]
 
 _HOST_RNG_SALT = 0x4057  # train-mode host calls draw dropout keys apart from the steps'
@@ -91,6 +93,8 @@ class HostModel:
             return functools.reduce(getattr, path, model)(*args, **kwargs)
 
         def host_call(params, model_state, rng, arrays):
+            # a fit's state kept in host memory (`Trainer(offload=...)`) is read on the device
+            params, model_state = fetched((params, model_state))
             rng = jax.random.fold_in(rng, _HOST_RNG_SALT)
             with hook_mode(self._module, training):
                 out, _ = binding.apply(call, params, model_state, rng, arrays, train=training)

@@ -24,7 +24,7 @@ from fitjax.planner import _flops, _hlo
 from fitjax.planner._moments import adam_moments
 from fitjax.planner._targets import Target, quiet_stderr
 from fitjax.step import jitted
-from fitjax.strategies import Strategy, bytes_per_device
+from fitjax.strategies import HOST, Strategy, bytes_per_device
 
 __all__ = ["Candidate", "Measured", "measure"]
 
@@ -51,7 +51,8 @@ class Measured:
     zero1: bool
     micro_batch: int
     accumulate: int
-    #: params, optimizer, other_state, batch, temporaries (gradients and activations), peak
+    #: params, optimizer, other_state, batch, temporaries (gradients and activations), peak;
+    #: host: the part of the state kept in host memory (`Trainer(offload=...)`), not in the peak
     memory: dict[str, int]
     memory_limit: int | None
     headroom: float
@@ -78,6 +79,8 @@ class Measured:
     #: the moments' storage these figures were estimated for, from a compiled candidate whose
     #: moments are wider (the out-of-memory search's change); None: compiled as it is
     estimated_moments: str | None = None
+    #: what the state keeps in host memory between steps (`Trainer(offload=...)`)
+    offload: str = "none"
 
     @property
     def fits(self) -> bool | None:
@@ -114,7 +117,8 @@ def _refused(candidate: Candidate, target: Target, program, error: str, headroom
         micro_batch=jax.tree.leaves(candidate.batch)[0].shape[0], accumulate=options.accumulate_grad_batches,
         memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=None,
         model_flops_source="-", xla_flops=None, bytes_accessed=None, collectives={}, step_time_s=None, mfu=None,
-        compile_s=compile_s, out_of_memory=error.splitlines()[0], moments=adam_moments(program.state.opt_state))
+        compile_s=compile_s, out_of_memory=error.splitlines()[0], moments=adam_moments(program.state.opt_state),
+        offload=options.offload)
 
 
 def _options_remat(options: step_lib.StepOptions) -> str:
@@ -170,7 +174,8 @@ def measure(candidate: Candidate, target: Target, module: Any, *, headroom: floa
         remat=_options_remat(options), zero1=bool(getattr(strategy, "zero1", False)), micro_batch=rows,
         accumulate=k, memory=memory, memory_limit=target.memory_bytes, headroom=headroom, model_flops=model,
         model_flops_source=source, xla_flops=xla_flops, bytes_accessed=accessed, collectives=found,
-        step_time_s=step_s, mfu=mfu, compile_s=compile_s, moments=adam_moments(program.state.opt_state))
+        step_time_s=step_s, mfu=mfu, compile_s=compile_s, moments=adam_moments(program.state.opt_state),
+        offload=options.offload)
 
 
 @contextlib.contextmanager
@@ -201,14 +206,19 @@ def _memory(program: jitted.AbstractTrain, analysis: Any, strategy: Strategy) ->
     state = program.state
     other = (state.step, state.model_state, state.rng, state.metrics, state.loss_scale, state.extras)
     batch = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(program.inputs))
+    host = bytes_per_device([x for x in jax.tree.leaves(state) if getattr(x.sharding, "memory_kind", None) == HOST])
+    peak = None if analysis is None else jitted.step_memory_bytes(analysis)
+    if peak is not None and host and not getattr(analysis, "host_argument_size_in_bytes", 0):
+        peak -= host  # XLA:CPU counts its host memory kind as the device's (one RAM); XLA:TPU apart
     return {
         "params": bytes_per_device(state.params),
         "optimizer": bytes_per_device(state.opt_state),
         "other_state": bytes_per_device(other),
         "batch": batch // strategy.num_batch_shards,
         "temporaries": None if analysis is None else int(analysis.temp_size_in_bytes),
-        # XLA's own peak: arguments + outputs (a donated argument counted once) + scratch
-        "peak": None if analysis is None else jitted.step_memory_bytes(analysis),
+        "host": host,
+        # XLA's own peak in device memory: arguments + outputs (a donated argument counted once) + scratch
+        "peak": peak,
     }
 
 

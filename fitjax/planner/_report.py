@@ -12,6 +12,7 @@ from rich.table import Table
 
 from fitjax.planner._measure import Measured
 from fitjax.planner._targets import Target
+from fitjax.step.offload import offloaded_fields
 
 __all__ = ["Plan", "human_bytes"]
 
@@ -92,8 +93,10 @@ class Plan:
             fits = {True: "yes", False: "NO", None: "?"}[m.fits]
             wire = sum(c.wire_bytes for c in m.collectives.values())
             mesh = " ".join(f"{axis}={size}" for axis, size in m.mesh.items())  # the strategy's axes
-            table.add_row(f"{mark}{m.name}\n{mesh}", human_bytes(m.memory["params"]),
-                          human_bytes(m.memory["optimizer"]),
+            host = offloaded_fields(m.offload)  # kept in host memory: not in the device's peak
+            table.add_row(f"{mark}{m.name}\n{mesh}",
+                          human_bytes(m.memory["params"]) + (" (host)" if "params" in host else ""),
+                          human_bytes(m.memory["optimizer"]) + (" (host)" if "opt_state" in host else ""),
                           human_bytes(m.memory["temporaries"]), human_bytes(m.memory["peak"]), fits,
                           f"{_flops(m.model_flops)} ({m.model_flops_source})", _flops(m.xla_flops), human_bytes(wire),
                           "?" if m.step_time_s is None else f"{m.step_time_s * 1e3:.3g} ms",

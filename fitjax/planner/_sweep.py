@@ -7,7 +7,9 @@ run. A sweep varies what the user leaves open, each axis a list: the strategy an
 rules or the module's `logical_axis_rules` map some logical axis to "tensor", as
 `fitjax.models.LOGICAL_RULES` does heads and MLP units), activation
 rematerialization, micro-batches with gradient accumulation (the same global batch in `k`
-micro-batches of `1/k` of it: same numbers, less activation memory) and precision.
+micro-batches of `1/k` of it: same numbers, less activation memory), precision, and where the
+optimizer state (and master weights) live between steps (`offload`: only when named, the plan
+with `sweep=True` keeps the trainer's).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from fitjax import precision as precision_lib
+from fitjax.step.offload import check_offload
 from fitjax import step as step_lib
 from fitjax.planner._measure import Candidate, Measured
 from fitjax.planner._report import human_bytes
@@ -28,7 +31,7 @@ from fitjax.strategies import FSDP, DataParallel, SingleDevice, Strategy
 __all__ = ["AXES", "candidates", "recommend", "strategy_variants"]
 
 #: what `sweep=True` varies; `sweep={axis: [values]}` picks its own
-AXES = ("strategy", "accumulate", "precision", "remat")
+AXES = ("strategy", "accumulate", "precision", "remat", "offload")
 
 
 def strategy_variants(base: Strategy, devices: Sequence, model_rules: Mapping[str, Any] | None = None
@@ -99,8 +102,9 @@ def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, de
     remat = getattr(options, "remat", "none")
     remats = _axis(sweep, "remat", list(dict.fromkeys(["none", remat, "full"])) if every and hasattr(options, "remat")
                    else [remat])
+    offloads = [check_offload(o) for o in _axis(sweep, "offload", [getattr(options, "offload", "none")])]
     made = []
-    for name, k, precision, remat in itertools.product(names, accumulate, precisions, remats):
+    for name, k, precision, remat, offload in itertools.product(names, accumulate, precisions, remats, offloads):
         total = rows * k0  # the global batch of one optimizer step stays the same
         if total % k:
             continue
@@ -108,14 +112,19 @@ def candidates(strategy: Strategy, options: step_lib.StepOptions, batch: Any, de
         if micro % len(devices):  # no strategy here splits fewer rows than devices
             continue
         label = " ".join([name, *([precision] if len(precisions) > 1 else []),
-                          *([f"remat={remat}"] if remat != "none" else []), *([f"{k}×{micro}"] if k > 1 else [])])
+                          *([f"remat={remat}"] if remat != "none" else []),
+                          *([f"offload={offload}"] if len(offloads) > 1 and offload != "none" else []),
+                          *([f"{k}×{micro}"] if k > 1 else [])])
 
-        def make(name=name, k=k, precision=precision, remat=remat, micro=micro, label=label) -> Candidate:
+        def make(name=name, k=k, precision=precision, remat=remat, micro=micro, label=label,
+                 offload=offload) -> Candidate:
             chosen = variants[name]()
             chosen.setup(devices)
             replaced = {"accumulate_grad_batches": k, "precision": precision_lib.resolve(precision)}
             if hasattr(options, "remat"):
                 replaced["remat"] = remat
+            if hasattr(options, "offload"):
+                replaced["offload"] = offload
             micro_batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((micro, *x.shape[1:]), x.dtype), batch)
             return Candidate(label, chosen, dataclasses.replace(options, **replaced), micro_batch)
 

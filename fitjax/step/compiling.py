@@ -24,8 +24,9 @@ def compiler_options(platform: str, options: dict | None = None) -> dict | None:
 
 
 def jit(strategy: Strategy, fn: Callable, *, in_shardings: Any = None, out_shardings: Any = None,
-        donate_argnums: tuple[int, ...] = (), options: dict | None = None) -> Callable:
+        donate_argnums: tuple[int, ...] = (), options: dict | None = None, fetch_host: bool = True) -> Callable:
     """`fn` jitted by `strategy` (`Strategy.jit`) with its platform's compiler options under
-    `options`. A sharding not given follows the arguments' placement (in) or XLA's choice (out)."""
+    `options`. A sharding not given follows the arguments' placement (in) or XLA's choice (out).
+    `fetch_host=False`: arguments kept in host memory reach `fn` there (`Strategy.jit`)."""
     return strategy.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums,
-                        compiler_options=compiler_options(strategy.platform, options))
+                        compiler_options=compiler_options(strategy.platform, options), fetch_host=fetch_host)

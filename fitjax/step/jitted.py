@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fitjax import metrics as acc_lib
 from fitjax._typing import Batch
 from fitjax.state import TrainState
-from fitjax.step import compiling, context, forward, hlo_loops, train, trainable, xla_cpu, xla_gpu
+from fitjax.step import compiling, context, forward, hlo_loops, offload, train, trainable, xla_cpu, xla_gpu
 from fitjax.step.compiling import compiler_options
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
@@ -185,13 +185,16 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
     # under the mesh: a kernel XLA cannot partition (`fj.nn.attention`'s) is split over it
     init_fn = strategy.traced_on_mesh(runs.init(options.wrap_init(init_fn, tx)))
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
-    shardings = strategy.state_shardings(abstract_state, binding.annotations)
+    # what `Trainer(offload=...)` keeps in host memory (only a fit has an optimizer state)
+    on_devices = strategy.state_shardings(abstract_state, binding.annotations)
+    shardings = offload.place(on_devices, options.offload if fit else "none")
     replicated = strategy.replicated
     batch_sharding = strategy.batch_sharding
 
     rng = jax.random.key(seed)
     sharded_batch = strategy.shard_batch(batch)
-    variable_shardings = (shardings.params, shardings.model_state)
+    # the variables given to the init, in device memory: the init's outputs go where `shardings` say
+    variable_shardings = (on_devices.params, on_devices.model_state)
     if given is not None:
         # A copy, never an alias: the state is donated to the step, and these arrays belong to the
         # user's model (NNX) or to the module's last fit.
@@ -328,7 +331,7 @@ def _abstract_init(spec: ModuleSpec, strategy: Strategy, batch: Batch, options: 
     train_names = options.train_metric_names(names.train)
     init_fn = options.wrap_init(forward.make_init_fn(spec, tx, train_names, trace="loss"), tx)
     abstract_state = jax.eval_shape(init_fn, jax.random.key(0), abstract_batch, given)
-    shardings = strategy.state_shardings(abstract_state, spec.binding.annotations)
+    shardings = offload.place(strategy.state_shardings(abstract_state, spec.binding.annotations), options.offload)
     return strategy, abstract_batch, tx, train_names, init_fn, abstract_state, shardings
 
 
@@ -365,9 +368,10 @@ def _host_sharding(strategy: Strategy, options: StepOptions, leading: int):
 def _jit_train(fn: Callable, strategy: Strategy, shardings, inputs_sharding, *, donate: bool = True,
                options: dict | None = None) -> Callable:
     """`fn(state, inputs)` jitted with the state's shardings (donated unless `donate=False`)."""
+    # what the state keeps in host memory (`Trainer(offload=...)`) the step fetches itself, late
     return compiling.jit(strategy, fn, in_shardings=(shardings, inputs_sharding),
                     out_shardings=(shardings, strategy.replicated), donate_argnums=(0,) if donate else (),
-                    options=options)
+                    options=options, fetch_host=False)
 
 
 def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, strategy: Strategy, shardings,

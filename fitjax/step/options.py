@@ -16,6 +16,7 @@ import optax
 
 from fitjax import precision as precision_lib
 from fitjax.step import pieces as pieces_lib
+from fitjax.step.offload import check_offload
 from fitjax.step.remat import check_remat
 from fitjax.state import TrainState
 
@@ -43,6 +44,7 @@ class StepOptions:
     log_grad_norm: bool = False
     pieces: tuple[pieces_lib.StatePiece, ...] = ()  # from the callbacks' `step_pieces()`
     remat: str = "none"  # activation rematerialization per layer (`fitjax.step.remat`)
+    offload: str = "none"  # train state fields kept in host memory between steps (`fitjax.step.offload`)
     # the step also returns what `training_step` / `loss` returned, for batch-end hooks that
     # read `outputs` (set by the trainer from its hooks, not a Trainer argument)
     hook_outputs: bool = False
@@ -50,7 +52,7 @@ class StepOptions:
     @classmethod
     def create(cls, *, precision="32-true", accumulate_grad_batches=1, gradient_clip_val=None,
                gradient_clip_algorithm="norm", steps_per_execution=1, detect_anomaly=False,
-               log_grad_norm=False, remat="none") -> "StepOptions":
+               log_grad_norm=False, remat="none", offload="none") -> "StepOptions":
         """Checks the Trainer's arguments; the error names the argument and what it takes."""
         if gradient_clip_val is not None and (
             isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float))
@@ -73,6 +75,7 @@ class StepOptions:
             detect_anomaly=bool(detect_anomaly),
             log_grad_norm=bool(log_grad_norm),
             remat=check_remat(remat),
+            offload=check_offload(offload),
         )
 
     @property

@@ -22,6 +22,9 @@ from fitjax.strategies.single import SingleDevice
 from fitjax.strategies._accelerator import accelerator_devices, check_devices_match
 from fitjax.strategies._accelerator import banner as accelerator_banner
 from fitjax.strategies._determinism import enforce as enforce_determinism
+# For the step and the Trainer: state kept in host memory between programs (`Trainer(offload=...)`).
+from fitjax.strategies._memory import (HOST, any_on_host, check_host_memory, fetched, in_device_memory, on_host,
+                                      stored_like)
 # For the loop, callbacks, loggers and the CLI: what every process agrees on (a flag, process 0's
 # string, rows gathered from all) and the stop vote read between steps.
 from fitjax.strategies._distributed import agree, broadcast_str, gather_rows

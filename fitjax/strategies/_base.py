@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fitjax._platform import traced_for
 from fitjax._typing import Batch, PyTree
+from fitjax.strategies._memory import device_inputs
 
 __all__ = ["Strategy"]
 
@@ -109,14 +110,20 @@ class Strategy(abc.ABC):
         return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, x.__getitem__), tree, shardings)
 
     def jit(self, fn: Callable, *, in_shardings: Any = None, out_shardings: Any = None,
-            donate_argnums: tuple[int, ...] = (), compiler_options: dict[str, Any] | None = None
-            ) -> Callable:
+            donate_argnums: tuple[int, ...] = (), compiler_options: dict[str, Any] | None = None,
+            fetch_host: bool = True) -> Callable:
         """`jax.jit` under this mesh: the one place a strategy's layout reaches compilation (fitjax
         calls it through `fitjax.step.compiling.jit`, which adds the platform's compiler options).
         `fn` is traced for this mesh's platform (`fitjax._platform`), which is not the process's
         default one when the planner compiles for a TPU slice from a CPU machine, and with this
         mesh as `fitjax._platform.traced_mesh()`. A sharding left None is not given to `jax.jit`:
-        the inputs' follow the arguments as placed, the outputs' are XLA's choice."""
+        the inputs' follow the arguments as placed, the outputs' are XLA's choice.
+
+        An argument whose in_sharding keeps it in host memory (`fitjax.strategies._memory`) is
+        copied to device memory at the start of `fn`, so `fn` computes on device arrays only;
+        `fetch_host=False`: `fn` takes them where they are and copies what it reads itself."""
+        if fetch_host and in_shardings is not None:
+            fn = device_inputs(fn, in_shardings)
         shardings = {name: value for name, value in (("in_shardings", in_shardings), ("out_shardings", out_shardings))
                      if value is not None}
         return jax.jit(traced_for(fn, self.platform, self.mesh), donate_argnums=donate_argnums,

@@ -389,8 +389,9 @@ def test_the_array_summary_fits_80_columns_and_names_nnx_state_kinds():
         NNXRegressor(), fj.DataLoader(regression_data(n=32), batch_size=16))
     lines = summary.console.export_text().splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 80 and "…" not in "".join(lines)
-    assert lines[-3:] == ["193       Trainable params (772 B)", "32        Other state (128 B)",
-                          "225       Total (900 B)"]
+    assert lines[-4:-1] == ["193       Trainable params (772 B)", "32        Other state (128 B)",
+                            "225       Total (900 B)"]
+    assert lines[-1].strip() == "Optimizer state (772 B, in device memory)"
     rows = {(row.module, row.name, row.collection) for row in summary.summary.rows}
     assert {("bn", "mean", "batch_stats"), ("bn", "var", "batch_stats"), ("hidden", "kernel", "params")} <= rows
     assert "batch_" in "".join(lines)  # shown (folded in its cell at 80 columns on a mesh)
