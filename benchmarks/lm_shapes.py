@@ -23,7 +23,7 @@ utilisation:
                                                          T the length: attention's scores)
     with LoRA:                       4 N + 6 N_lora + 12 L d T   (no gradient for the frozen weights)
 
-`--scan-layers`, `--attention` and `--loss-chunk` are `CausalLMModule`'s options of those names,
+`--scan-layers`, `--attention`, `--loss-chunk` and `--moments` are `CausalLMModule`'s options of those names,
 `--remat` and `--precision` the Trainer's (bf16-true: bfloat16 weights, gradients and moments, as
 torchtune's full fine-tunes); `--moments` stores AdamW's moments as `fj.optim.adamw(moments=...)`
 does (int8: 8-bit block-wise); `--set key=value` adds or replaces a key of the architecture's
@@ -158,23 +158,12 @@ def flops_per_token(module: CausalLMModule, params, length: int) -> tuple[int, i
     return 4 * n + 6 * trainable + attention, n, trainable
 
 
-class LMModule(CausalLMModule):
-    """`CausalLMModule` whose AdamW keeps its moments as `moments` says (`fj.optim.adamw`)."""
-
-    def __init__(self, config, *, moments: str = "float32", **kwargs):
-        super().__init__(config, **kwargs)
-        self.moments = moments
-
-    def configure_optimizer(self):
-        return fj.optim.adamw(self.hparams.lr, moments=self.moments)
-
-
-def module_for(args) -> LMModule:
+def module_for(args) -> CausalLMModule:
     if args.quantize and not args.lora:
         raise SystemExit(f"lm_shapes.py: --quantize {args.quantize} is QLoRA: give --lora RANK too")
     config = config_for(args.shape, args.set)
-    module = LMModule(config, lr=1e-4, scan_layers=args.scan_layers, attention=args.attention,
-                      loss_chunk=args.loss_chunk, moments=args.moments)
+    module = CausalLMModule(config, lr=1e-4, scan_layers=args.scan_layers, attention=args.attention,
+                            loss_chunk=args.loss_chunk, moments=args.moments)
     if args.lora:
         module.apply_lora(LORA_TARGETS, rank=args.lora, quantize=args.quantize)
     return module

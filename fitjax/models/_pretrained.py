@@ -15,7 +15,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fitjax.data import packing_efficiency
 from fitjax.models._batches import as_lm_batch
@@ -25,6 +24,7 @@ from fitjax.models._hf_names import hf_name, import_names, local_folder, transpo
 from fitjax.models._layers import LOGICAL_RULES
 from fitjax.models._stacked import StackedLayers, unstacked
 from fitjax.module import LitModule
+from fitjax.optim import adamw
 from fitjax.module import export_arrays, open_weight_source, save_safetensors, weights_to_save
 
 __all__ = ["CausalLMModule", "from_config", "from_pretrained", "save_pretrained"]
@@ -73,6 +73,9 @@ class CausalLMModule(LitModule):
             compile time independent of depth; imports and exports map to per-layer names.
         attention: `fitjax.nn.attention`'s implementation ("auto", "xla", "pallas", "cudnn").
         loss_chunk: positions per chunk of the loss.
+        moments: how AdamW stores its two moments between steps (`fj.optim.adamw(moments=...)`):
+            "float32" (optax's AdamW itself, 8 bytes a parameter), "bfloat16" (4) or "int8"
+            (block-wise 8-bit, ~2: bitsandbytes' AdamW8bit), for models that fill the chip.
 
     Example:
         >>> from fitjax.models import CausalLMModule
@@ -88,8 +91,10 @@ class CausalLMModule(LitModule):
     logical_axis_rules = LOGICAL_RULES
 
     def __init__(self, config: Mapping[str, Any] | str | os.PathLike, lr: float = 1e-3, *,
-                 scan_layers: bool = False, attention: str = "auto", loss_chunk: int = 256):
+                 scan_layers: bool = False, attention: str = "auto", loss_chunk: int = 256,
+                 moments: str = "float32"):
         super().__init__()
+        adamw(lr, moments=moments)  # a bad `moments` refused here, naming the choices
         self.save_hyperparameters()
         self.model = CausalLM(ModelConfig.from_hf(config, scan_layers=scan_layers, attention=attention))
 
@@ -115,7 +120,7 @@ class CausalLMModule(LitModule):
         return {}
 
     def configure_optimizer(self):
-        return optax.adamw(self.hparams.lr)
+        return adamw(self.hparams.lr, moments=self.hparams.get("moments", "float32"))  # older saves lack it
 
 
 def from_pretrained(folder: str | os.PathLike, **kwargs: Any) -> CausalLMModule:

@@ -117,3 +117,16 @@ def test_the_module_loss_of_a_packed_row_weights_each_documents_tokens():
     alone = [loss(params, {"tokens": doc}) for doc in (first, second)]  # each a mean over 4 targets
     assert int(total.count) == 8  # 4 targets per document; none across the boundary or in padding
     np.testing.assert_allclose(total.sum, 4 * (alone[0] + alone[1]), rtol=1e-5)
+
+
+def test_the_module_stores_adams_moments_as_asked_and_refuses_an_unknown_storage():
+    import fitjax as fj
+
+    config = {"model_type": "llama", **SMALL, "hidden_size": 64, "intermediate_size": 128}
+    params = models.from_config(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    wide = models.CausalLMModule(config).configure_optimizer().init(params)
+    narrow = models.CausalLMModule(config, moments="int8").configure_optimizer().init(params)
+    assert not any(x.dtype == jnp.int8 for x in jax.tree.leaves(wide))
+    assert any(x.dtype == jnp.int8 for x in jax.tree.leaves(narrow))  # the 64 x 128 MLP weights' codes
+    with pytest.raises(ValueError, match="moments='fp8'.*'int8'"):
+        models.CausalLMModule(config, moments="fp8")
