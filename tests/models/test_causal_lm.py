@@ -120,8 +120,6 @@ def test_the_module_loss_of_a_packed_row_weights_each_documents_tokens():
 
 
 def test_the_module_stores_adams_moments_as_asked_and_refuses_an_unknown_storage():
-    import fitjax as fj
-
     config = {"model_type": "llama", **SMALL, "hidden_size": 64, "intermediate_size": 128}
     params = models.from_config(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
     wide = models.CausalLMModule(config).configure_optimizer().init(params)
