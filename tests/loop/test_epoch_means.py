@@ -107,9 +107,10 @@ class _Clock(fj.Callback):
 @pytest.mark.filterwarnings("ignore:The number of training batches")
 def test_it_per_second_is_timed_across_deferred_epoch_ends():
     _, _, clock = _fit(_Clock, log_every_n_steps=100)  # only the epochs' ends time steps
-    # epoch 0's steps are timed when its means arrive, in epoch 1 (after its start), and so on
-    assert clock.rates[:2] == [None, None] and None not in clock.rates[2:], clock.rates
-    assert all(math.isfinite(rate) and rate > 0 for rate in clock.rates[2:])
+    # epoch 0's steps are timed when its means arrive, some time after epoch 1 starts (when, the
+    # machine's load decides): before that the bar shows no rate, never a wrong one
+    assert clock.rates[0] is None and clock.rates[-1] is not None, clock.rates
+    assert all(rate is None or (math.isfinite(rate) and rate > 0) for rate in clock.rates), clock.rates
     # the speed of finished steps: of the order of the steps' average (a loaded machine moves it)
     assert clock.average / 10 < clock.rates[-1] < clock.average * 10, (clock.rates, clock.average)
 
