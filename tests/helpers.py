@@ -337,3 +337,21 @@ def word_tokenizer(folder, words):
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     return folder
+
+
+class Rows(fj.loggers.Logger):
+    """A logger keeping every row it receives, in order (`rows`: (step, metrics) pairs)."""
+
+    name, version = "rows", 0
+
+    def __init__(self):
+        self.rows: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params):
+        pass
+
+    def steps_of(self, key):
+        return [step for step, row in self.rows if key in row]

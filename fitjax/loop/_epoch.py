@@ -165,15 +165,15 @@ def end_epoch(parts: EpochParts, run: FitRun) -> None:
     """The epoch's means logged (no partial step row: Lightning's rows), `on_train_epoch_end`,
     and the stop request agreed (an epoch's end is a sync point).
 
-    The means are read from the device when next needed, as the log windows are: with no
-    `on_train_epoch_end` hook the host goes on to the next epoch while the device finishes this
-    one (`callback_metrics` and `logged_metrics` wait for them when read). A hook sees them
-    written, as in Lightning: the loggers' rows, the bar's values."""
+    The loop waits here for the epoch's windows and means, so `on_train_epoch_end` sees them
+    written, as in Lightning. Not waiting when no hook reads them was measured (`overhead.py
+    --only spe`, `spe/wait`: 0.99x, the host already runs 3 windows ahead of the device) and
+    made the it/s of an epoch caught up later wrong (the device's catch-up timed as a whole
+    epoch), so every epoch's end waits."""
     metric_log = parts.metric_log
     run.state = metric_log.log_train_epoch(run.state, run.compiled.reset_metrics)
     parts.progress.epoch_end_done = True
-    if parts.hooks.wants("on_train_epoch_end", run.module):
-        metric_log.finish_windows()
+    metric_log.finish_windows()
     parts.hooks.call("on_train_epoch_end", parts.trainer, run.module)
     write_params(run)
     agree_at_epoch_end(parts.stop, parts.config, parts.view)

@@ -8,29 +8,11 @@ from pathlib import Path
 
 import optax
 import pytest
-from helpers import Regressor, quiet_trainer, regression_data
+from helpers import Regressor, Rows, quiet_trainer, regression_data
 
 import fitjax as fj
 
 PACKAGE = Path(fj.__file__).parent
-
-
-class Rows(fj.loggers.Logger):
-    """Keeps every row it receives, in order."""
-
-    name, version = "rows", 0
-
-    def __init__(self):
-        self.rows: list[tuple[int, dict]] = []
-
-    def log_metrics(self, metrics, step):
-        self.rows.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params):
-        pass
-
-    def steps_of(self, key):
-        return [step for step, row in self.rows if key in row]
 
 
 class Scheduled(Regressor):
