@@ -12,22 +12,7 @@ import pytest
 
 import fitjax as fj
 
-from helpers import Regressor, quiet_trainer, regression_data
-
-
-class _Rows(fj.loggers.Logger):
-    """Every row the loop writes, in order."""
-
-    name, version = "rows", 0
-
-    def __init__(self):
-        self.rows: list[tuple[int, dict]] = []
-
-    def log_metrics(self, metrics, step):
-        self.rows.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params):
-        pass
+from helpers import Regressor, Rows, quiet_trainer, regression_data
 
 
 def _epoch_rows(rows):
@@ -60,7 +45,7 @@ class _AtEpochEnd(fj.Callback):
 
 
 def _fit(callback_cls, **kwargs):
-    logger = _Rows()
+    logger = Rows()
     callback = callback_cls(logger)
     kwargs.setdefault("log_every_n_steps", 3)
     trainer = quiet_trainer(max_epochs=3, strategy="single", logger=logger, callbacks=[callback], **kwargs)
@@ -119,7 +104,7 @@ def test_a_failure_after_an_epoch_logs_that_epochs_means():
             if trainer.current_epoch == 1 and batch_idx == 0:  # no step since epoch 0's end
                 raise RuntimeError("stop here")
 
-    logger = _Rows()
+    logger = Rows()
     trainer = quiet_trainer(max_epochs=3, strategy="single", logger=logger, log_every_n_steps=100,
                             callbacks=[_Fails()])
     try:
