@@ -36,8 +36,9 @@ def test_there_are_benchmarks():
 
 # their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
 IN_GPU_CHECK = {"gpt.py", "init_compile.py", "many_runs.py", "overhead.py", "peers.py", "plan_device.py"}
-# and these inside `tpu_check.sh --smoke` (test_tpu_check_smoke)
-IN_TPU_CHECK = {"tpu_sweep.py", "generation.py", "save_probe.py"}
+# and these inside `tpu_check.sh --smoke` (test_tpu_check_smoke; `lm_shapes.py --smoke` three times,
+# the first the command this test ran, `--json` added)
+IN_TPU_CHECK = {"tpu_sweep.py", "generation.py", "save_probe.py", "lm_shapes.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -79,8 +80,9 @@ def test_gpu_check_smoke(env):
 def test_tpu_check_smoke(env, tmp_path):
     """`benchmarks/tpu_check.sh --smoke` runs every part of the TPU check on CPU: the GPT table with
     the defaults-on row, the profile-first sweep, the loop's rows, the planner against a fit and a
-    configuration planned not to fit, the accelerator tests, generation and the save probe; every JSON file it
-    writes names its command and commit."""
+    configuration planned not to fit, the accelerator tests, generation, the save probe and the
+    language models' fits (plain, 8-bit moments, QLoRA); every JSON file it writes names its
+    command and commit."""
     import json
 
     env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
@@ -90,12 +92,14 @@ def test_tpu_check_smoke(env, tmp_path):
     out = done.stdout
     assert done.returncode == 0, (out + done.stderr)[-3000:]
     for part in ("== gpt:", "== tpu_sweep:", "== overhead:", "== plan_device:", "== accelerator:", "== generation:",
-                 "== save_probe:"):
+                 "== save_probe:", "== lm_shapes:", "== lm_shapes_memory:", "== lm_shapes_qlora:"):
         assert part in out, out[-3000:]
     assert "defaults on" in out and "peak plan" in out and "rows, no remat: planned peak" in out
+    assert re.search(r"^smoke, 2 x 128: [\d,]+ tokens/s", out, re.M), out[-3000:]  # lm_shapes.py's own line
     assert out.rstrip().splitlines()[-1].startswith("== tpu_check: ok")
     results = out.rstrip().rsplit("(results: ", 1)[1].rstrip(")")
-    for name in ("machine.json", "gpt.json", "overhead.json", "plan.json", "sweep.json", "save_probe.json"):
+    for name in ("machine.json", "gpt.json", "overhead.json", "plan.json", "sweep.json", "save_probe.json", "lm.json",
+                 "lm-memory.json", "lm-qlora.json"):
         payload = json.loads((Path(results) / name).read_text())
         assert payload["command"] and payload.get("commit", "") != "", name
 
