@@ -42,6 +42,28 @@ _STORE_SERVERS = {"s3": "s3_server", "gs": "gcs_server"}
 # both, each worker ran it (two_processes' two fits of 2 processes: ~30 s each, twice).
 
 
+# The files of the longest single tests run first. `--dist loadgroup` hands out the groups above
+# (each as one unit, the largest first), then the other tests one by one in collection order, each
+# worker holding up to three: a long test near the end keeps one worker busy after the other ran
+# out of work. These files' tests take 10-50 s each on 2 cores (`--durations` of the suite) and
+# their names sort them late (tests/test_*.py after every folder); moved to the front, the run
+# ends on tests of a few seconds and the two workers end together. Whole files move, each in its
+# own order (a module's fixtures are set up once, as before); no test depends on the order.
+_LONG_FILES = ("tests/test_benchmarks.py", "tests/integrations/test_ray.py", "tests/planner/test_attention_on_slices.py",
+               "tests/test_gpt.py", "tests/test_examples.py", "tests/test_examples_lightning.py",
+               "tests/test_finetune_example.py", "tests/cli/test_launch.py", "tests/planner/test_out_of_memory.py",
+               "tests/docs/test_snippets.py", "tests/test_public_api.py", "tests/models/test_scan_and_sharding.py",
+               "tests/step/test_remat.py", "tests/test_hf_models.py")
+
+_missing = [name for name in _LONG_FILES if not os.path.exists(os.path.join(os.path.dirname(__file__), "..", name))]
+assert not _missing, f"tests/conftest.py's _LONG_FILES names files that are gone: {_missing}; update the list"
+
+
+def _long_first(item) -> int:
+    file = item.nodeid.split("::")[0]
+    return _LONG_FILES.index(file) if file in _LONG_FILES else len(_LONG_FILES)
+
+
 def _module_scoped(item) -> bool:
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     return any(chain[-1].scope in ("module", "package", "class") for chain in defs.values() if chain)
@@ -79,6 +101,7 @@ def pytest_collection_modifyitems(config, items):
         group = groups.get(item) or (modules.get(module, module) if _module_scoped(item) else None)
         if group:  # a module fixture's tests go where the module's session-fixture tests go
             _join_group(item, group, loadgroup)
+    items.sort(key=_long_first)  # stable: the other files keep their order
 
 
 @pytest.fixture(scope="module")
