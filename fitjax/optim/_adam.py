@@ -155,8 +155,12 @@ def _scale_by_adam_8bit(b1: float, b2: float, eps: float, eps_root: float, block
             mu_absmax=jax.tree.map(scales, params), nu_absmax=jax.tree.map(scales, params))
 
     def leaf_update(g, mu, mu_scale, nu, nu_scale, keys, count):
-        """One leaf's update and its stored moments `(update, mu, mu_absmax, nu, nu_absmax)`."""
-        block = blocks(g.shape)
+        """One leaf's update and its stored moments `(update, mu, mu_absmax, nu, nu_absmax)`.
+
+        The state says how the leaf is stored (int8 codes or float32), not the gradient's size:
+        a slice of a stacked leaf (`Trainer(update_in_backward=True)` updates one layer's at a
+        time) keeps its stack's storage even where the slice alone would be under `MIN_SIZE`."""
+        block = min(block_size, g.shape[-1]) if mu.dtype == jnp.int8 else None
         if not block:
             mu, nu, update = step(g, mu, nu, count)
             return update, mu, jnp.zeros((), jnp.float32), nu, jnp.zeros((), jnp.float32)
