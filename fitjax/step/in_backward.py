@@ -23,9 +23,10 @@ Equal to the usual step when the optimizer treats each parameter leaf alone and 
 slice of a stacked leaf alone (Adam, AdamW, SGD, Lion, `fj.optim.adamw(moments=...)`): checked for
 the first (`check_per_leaf`), documented for the second (a per-leaf norm such as LAMB's trust
 ratio would see one layer instead of the stack). Each layer's forward pass runs twice, as with
-`remat="full"`. The stochastic rounding of bfloat16 and int8 moments draws other bits than the
-usual step's (each layer's slice is a leaf of its own there): the same distribution, not the same
-numbers.
+`remat="full"`. The optimizer is told which slice it updates (`stack_slice=fj.optim.StackSlice`,
+an extra argument): `fj.optim`'s 8-bit moments then round stochastically with the very bits of
+the usual step, its bfloat16 ones with bits of the layer's own (the usual step's draw for the
+whole stacked leaf at once); either way no two layers draw the same.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import jax.numpy as jnp
 import optax
 from jax.extend.core import Literal
 
+from fitjax.optim import StackSlice
 from fitjax.step import layer_stack
 
 __all__ = ["StateLayout", "check_per_leaf", "find_stack", "fused_update"]
@@ -237,6 +239,11 @@ def fused_update(loss_of: Callable, tx: optax.GradientTransformation, update_fn:
         rest = {k: v for k, v in params.items() if k != key}
         check_per_leaf(update_fn, params, opt_state, params, owner)
         layout = StateLayout.of(tx, opt_state, key, stacked, rest, owner)
+        # each leaf's number in the whole tree: an optimizer that rounds stochastically draws by it
+        # (`fj.optim.StackSlice`), so the layers do not all draw the same bits
+        number = {path: i for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(params)[0])}
+        ids = lambda tree: tuple(number[path] for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0])  # noqa: E731
+        layer_ids, rest_ids = ids({key: stacked}), ids(rest)
 
         def before(rest):
             with layer_stack.capturing() as captured:
@@ -275,7 +282,7 @@ def fused_update(loss_of: Callable, tx: optax.GradientTransformation, update_fn:
             grads, dx = pull(dy)
             grads = per_count(grads, layer_params)
             updates, new = update_fn({key: grads}, layout.layer_state(opt_state, start, i), {key: layer_params},
-                                     value=loss)
+                                     value=loss, stack_slice=StackSlice(layer_ids, i))
             new_params = optax.apply_updates(layer_params, updates[key])
             stacked = jax.tree.map(lambda a, p: jax.lax.dynamic_update_index_in_dim(a, p.astype(a.dtype), i, 0),
                                    stacked, new_params)
@@ -286,7 +293,8 @@ def fused_update(loss_of: Callable, tx: optax.GradientTransformation, update_fn:
         (dx0, stacked, opt_state, squares), _ = jax.lax.scan(backward_layer, carry, indices[::-1])
         (grad_in,) = pull_in(dx0)
         grad_rest = per_count(jax.tree.map(jnp.add, grad_rest, grad_in), rest)
-        updates, new_rest_state = update_fn(grad_rest, layout.rest_state(opt_state), rest, value=loss)
+        updates, new_rest_state = update_fn(grad_rest, layout.rest_state(opt_state), rest, value=loss,
+                                            stack_slice=StackSlice(rest_ids))
         opt_state = layout.put_rest(opt_state, new_rest_state)
         new_params = {**optax.apply_updates(rest, updates), key: stacked}
         grad_norm = jnp.sqrt(squares + _squares(grad_rest))
