@@ -182,8 +182,9 @@ else
     # plan of the unrolled step: more than this part's time). Planned without remat: 6.82 GiB at 2 of its 16 layers, 9.46 at 4
     # (1.32 GiB a layer: ~25 GiB unless XLA rematerializes); remat full ~10 GiB extrapolated (~0.3 GiB a
     # layer); scanned with remat full 15.41 GiB, 0.34 free (each stacked leaf's 8-bit update in float32)
+    # Remat dots (planned 15.09 GiB, 0.65 free): 47.5% MFU at 0c3d643, against 44.4% with remat full
     step 300 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
-      --precision bf16-true --moments int8 --remat full --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
+      --precision bf16-true --moments int8 --remat dots --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
     # Llama-3.1-8B QLoRA (rank 16 on every projection), 4 x 1024, layers scanned (each program one layer
     # long: Qwen's scanned init and compile took 11.5 s and 11.7 s cold on the chip, lm-qwen-scan-ecdef7b.log),
     # remat full, an int8 base. Planned: 14.59 GiB (1.16 free: params 10.58, temporaries 3.70), init
@@ -199,14 +200,14 @@ else
     # layer's optimizer update inside the backward pass (`Trainer(update_in_backward=True)`: no
     # whole-model gradient held). Planned deviceless: 1 x 1024 15.29 GiB (0.46 free: params 5.98,
     # optimizer 6.08, temporaries 3.22; init 12.07), 2 x 1024 15.41 GiB (0.34 free). The usual step at
-    # 1 x 1024 plans 20.46 GiB: run last, to record the chip's refusal and fitjax's out-of-memory message.
+    # 1 x 1024 plans 20.46 GiB: run last; the chip refused it at 0c3d643 (lm-llama3b-full-refused-0c3d643.log).
     step 240 lm_llama3b_full_in_backward "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
       --precision bf16-true --moments int8 --scan-layers --remat full --update-in-backward --warmup 1 --steps 3 \
       --json "$out/lm-llama3b-full-in-backward.json"
     step 200 lm_llama3b_full_in_backward_b2 "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 2 \
       --precision bf16-true --moments int8 --scan-layers --remat full --update-in-backward --warmup 1 --steps 3 \
       --json "$out/lm-llama3b-full-in-backward-b2.json"
-    step 150 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
+    step 120 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
       --precision bf16-true --moments int8 --scan-layers --remat full --warmup 1 --steps 2 \
       --json "$out/lm-llama3b-full.json"
   fi
