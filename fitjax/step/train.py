@@ -16,7 +16,12 @@
         keep the state the step started from if a piece judges its loss bad (SpikeDetection)
         flag a non-finite loss, grads or params (detect_anomaly)
 
-`gradients` is the only place the user's loss is differentiated. Under manual optimization
+With `update_in_backward` (`fitjax.step.in_backward`) the gradient and the update of a scanned
+layer stack are one pass instead: each layer is updated in the backward pass as its gradient
+appears, the rest of the model after; the options that need the whole gradient are refused.
+
+`gradients` is the only place the user's loss is differentiated (`in_backward` differentiates
+the same `loss_of`, around the layers). Under manual optimization
 (`automatic_optimization = False`) the loss's outputs are `{param group: loss}` and each group
 gets the gradient of its own loss; everything around it is the same. An option at its default
 adds nothing: the plain step is the same program as before.
@@ -353,10 +358,9 @@ def _in_backward_step(spec: ModuleSpec, tx: optax.GradientTransformation, option
                 raise ValueError(f"Trainer(update_in_backward=True): a callback {what}, which needs the whole "
                                  "gradient or the state before the update; the layer-by-layer update holds "
                                  "neither. Remove that callback or leave update_in_backward=False.")
-        with context.batch_index(state.step):
-            rng = jax.random.fold_in(state.rng, state.step)
-            params, opt_state, loss, count, outputs, model_state, logged, grad_norm = fused(
-                state.params, state.model_state, rng, inputs, state.opt_state)
+        rng = jax.random.fold_in(state.rng, state.step)
+        params, opt_state, loss, count, outputs, model_state, logged, grad_norm = fused(
+            state.params, state.model_state, rng, inputs, state.opt_state)
         mean = loss if count is None else loss / jnp.maximum(count, 1.0)
         values = values_of(inputs, outputs, mean, logged)
         weight = leading_dim(inputs)
