@@ -424,10 +424,14 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
     slots = runs.slots(train_names)
     make_zeros = _zeros_program(tuple(slots), shardings.metrics) if _means_only(slots, shardings.metrics) else None
 
+    made: list = []  # zeros made ahead by `make_zeros`, taken one a window
+
     def zero_metrics() -> Any:
-        if make_zeros is not None:
-            return make_zeros()
-        return strategy.put(acc_lib.zeros(slots, host=True), shardings.metrics)
+        if make_zeros is None:
+            return strategy.put(acc_lib.zeros(slots, host=True), shardings.metrics)
+        if not made:
+            made.extend(make_zeros())
+        return made.pop()
 
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
             "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
@@ -443,19 +447,26 @@ def _means_only(slots: Mapping[str, Any], shardings: Any) -> bool:
             and all(isinstance(sharding, jax.sharding.Sharding) for sharding in shardings.values()))
 
 
+_ZEROS_AHEAD = 16  # the windows' zeros one call of `_zeros_program` makes
+
+
 @functools.lru_cache(maxsize=32)
 def _zeros_for(names: tuple[str, ...], shardings: tuple[jax.sharding.Sharding, ...]) -> Callable[[], Any]:
-    return jax.jit(lambda: acc_lib.zeros(names), out_shardings=dict(zip(names, shardings)))
+    layout = dict(zip(names, shardings))
+    return jax.jit(lambda: tuple(acc_lib.zeros(names) for _ in range(_ZEROS_AHEAD)),
+                   out_shardings=(layout,) * _ZEROS_AHEAD)
 
 
 def _zeros_program(names: tuple[str, ...], shardings: Mapping[str, jax.sharding.Sharding]) -> Callable[[], Any]:
-    """The accumulators of the means `names` as zeros on the devices, made by a jitted program of
-    no inputs, compiled once per process for each names and layout (every fit shares it).
+    """`_ZEROS_AHEAD` accumulators of the means `names`, as zeros on the devices, made by one
+    jitted program of no inputs, compiled once per process for each names and layout (every fit
+    shares it).
 
     A log window swaps the state's accumulators for zeros, and with `steps_per_execution` most
     calls end at a log step: placing them from the host (`Strategy.put`) was ~15% of the main
     thread's CPU time of `benchmarks/overhead.py --only spe` (tiny MLP, 32 steps a call) on
-    XLA:CPU, a host-to-device transfer per window; this call is one dispatch."""
+    XLA:CPU, a host-to-device transfer per window; a dispatch per window was ~25 µs of it, one
+    per 16 windows (a few bytes each) about a sixteenth."""
     return _zeros_for(names, tuple(shardings[name] for name in names))
 
 
