@@ -59,7 +59,9 @@ def start(state: TrainState, reset: Callable[[TrainState], TrainState], *, step:
     reset (`reset`) and the window."""
     # the accumulators leave the state (replaced by zeros); the extra values stay in it, and the
     # next step donates the state, so those are copied
-    extra = jax.tree.map(lambda x: x.copy(), step_lib.host_values(state))
+    extra = step_lib.host_values(state)
+    if extra:  # most states have none (no loss scale)
+        extra = jax.tree.map(lambda x: x.copy(), extra)
     values = (state.metrics, extra)
     leaves, treedef = jax.tree.flatten(values)
     for leaf in leaves:
