@@ -453,8 +453,11 @@ _ZEROS_AHEAD = 16  # the windows' zeros one call of `_zeros_program` makes
 @functools.lru_cache(maxsize=32)
 def _zeros_for(names: tuple[str, ...], shardings: tuple[jax.sharding.Sharding, ...]) -> Callable[[], Any]:
     layout = dict(zip(names, shardings))
-    return jax.jit(lambda: tuple(acc_lib.zeros(names) for _ in range(_ZEROS_AHEAD)),
-                   out_shardings=(layout,) * _ZEROS_AHEAD)
+
+    def zeros_ahead() -> tuple[dict[str, jax.Array], ...]:
+        return tuple(acc_lib.zeros(names) for _ in range(_ZEROS_AHEAD))
+
+    return jax.jit(zeros_ahead, out_shardings=(layout,) * _ZEROS_AHEAD)
 
 
 def _zeros_program(names: tuple[str, ...], shardings: Mapping[str, jax.sharding.Sharding]) -> Callable[[], Any]:
