@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -439,11 +439,13 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
             "loops_unrolled": unrolled}
 
 
-def _means_only(slots: Mapping[str, Any], shardings: Any) -> bool:
-    """Whether the accumulators `slots` are all means, each laid out by one sharding of its own
-    (`shardings`: the state's metrics shardings), in one process."""
-    return (jax.process_count() == 1 and isinstance(shardings, Mapping) and set(shardings) == set(slots)
-            and all(template is None for template in slots.values())
+def _means_only(slots: Iterable[str] | Mapping[str, Any], shardings: Any) -> bool:
+    """Whether the accumulators `slots` (names of means, or `name -> template`, None a mean) are
+    all means, each laid out by one sharding of its own (`shardings`: the state's metrics
+    shardings), in one process."""
+    templates = slots if isinstance(slots, Mapping) else dict.fromkeys(slots)
+    return (jax.process_count() == 1 and isinstance(shardings, Mapping) and set(shardings) == set(templates)
+            and all(template is None for template in templates.values())
             and all(isinstance(sharding, jax.sharding.Sharding) for sharding in shardings.values()))
 
 
