@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--remat", default="none",
                         help="Trainer(remat=...): none, full, dots or offload; a list (none,full): the first "
                              "whose step the planner fits on this device (5%% kept free)")
+    parser.add_argument("--update-in-backward", action="store_true",
+                        help="Trainer(update_in_backward=True): each layer's optimizer update inside the backward "
+                             "pass, no whole-model gradient held (needs --scan-layers)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config.json key (JSON value: true, 4, \"x\"), e.g. num_hidden_layers=4")
     parser.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (compilation)")
@@ -171,7 +174,8 @@ def module_for(args) -> CausalLMModule:
 
 def trainer_for(args, **kwargs) -> fj.Trainer:
     return fj.Trainer(precision=args.precision, enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False, logger=False, devices=1, remat=args.remat, **kwargs)
+                      enable_checkpointing=False, logger=False, devices=1, remat=args.remat,
+                      update_in_backward=args.update_in_backward, **kwargs)
 
 
 def plan(args) -> dict:
@@ -198,7 +202,8 @@ def plan(args) -> dict:
             "plan_seconds": step_seconds, "init_compile_seconds": time.perf_counter() - started,
             "shape": args.shape, "batch": args.batch, "length": args.length, "lora_rank": args.lora,
             "quantize": args.quantize, "moments": args.moments, "precision": args.precision, "scan_layers": args.scan_layers,
-            "attention": args.attention, "remat": args.remat, "loss_chunk": args.loss_chunk}
+            "attention": args.attention, "remat": args.remat, "loss_chunk": args.loss_chunk,
+            "update_in_backward": args.update_in_backward}
 
 
 def longest(args) -> tuple[int, dict]:
@@ -263,7 +268,7 @@ def run(args) -> dict:
     figures = {"shape": args.shape, "config": config, "batch": args.batch, "length": args.length,
                "lora_rank": args.lora, "quantize": args.quantize, "moments": args.moments,
                "precision": args.precision, "loss_chunk": args.loss_chunk, "scan_layers": args.scan_layers, "attention": args.attention,
-               "remat": args.remat, "matmul_params": n, "lora_params": trainable,
+               "remat": args.remat, "update_in_backward": args.update_in_backward, "matmul_params": n, "lora_params": trainable,
                "flops_per_token": flops, "tokens_per_second": tokens_per_second,
                "step_seconds": timer.seconds / args.steps, "fit_seconds": fit_seconds,
                "mfu": tokens_per_second * flops / peak if peak else None, "peak_flops": peak,
@@ -280,6 +285,7 @@ def describe(args) -> str:
         f"{args.moments} moments" if args.moments != "float32" else "",
         args.precision if args.precision != "bf16-mixed" else "", "scan" if args.scan_layers else "",
         f"remat {args.remat}" if args.remat != "none" else "",
+        "update in backward" if args.update_in_backward else "",
         f"attention {args.attention}" if args.attention != "auto" else "") if o)
 
 

@@ -12,7 +12,7 @@
 #   bash benchmarks/tpu_check.sh --part 6     # where a checkpoint's cost goes: the step beside a save
 #   bash benchmarks/tpu_check.sh --part 7     # fitjax.models at real shapes: Qwen2.5-0.5B, Llama-3.2-1B LoRA
 #   bash benchmarks/tpu_check.sh --part 8     # big models on one chip: Llama-3.2-1B full fine-tune, Llama-3.1-8B QLoRA
-#   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune: planned not to fit, its refusal
+#   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune, the update in the backward pass; the usual step's refusal
 #   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
 #   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
@@ -136,6 +136,8 @@ if [ "$smoke" -eq 1 ]; then
     --loss-chunk 64 --longest 64,128 --json "$out/lm-memory.json"
   step 150 lm_shapes_qlora "$python" "$here/lm_shapes.py" --smoke --lora 4 --quantize int4 --scan-layers \
     --remat none,full --json "$out/lm-qlora.json"
+  step 120 lm_shapes_in_backward "$python" "$here/lm_shapes.py" --smoke --precision bf16-true --moments int8 \
+    --scan-layers --remat full --update-in-backward --json "$out/lm-in-backward.json"
 else
   # limits from runs on one v5e chip (JAX 0.10.2): each part under 10 minutes (each compile of
   # GPT-2 small's step takes ~40 s there, medium's longer)
@@ -180,8 +182,9 @@ else
     # plan of the unrolled step: more than this part's time). Planned without remat: 6.82 GiB at 2 of its 16 layers, 9.46 at 4
     # (1.32 GiB a layer: ~25 GiB unless XLA rematerializes); remat full ~10 GiB extrapolated (~0.3 GiB a
     # layer); scanned with remat full 15.41 GiB, 0.34 free (each stacked leaf's 8-bit update in float32)
+    # Remat dots (planned 15.09 GiB, 0.65 free): 47.5% MFU at 0c3d643, against 44.4% with remat full
     step 300 lm_llama1b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-1b --batch 8 \
-      --precision bf16-true --moments int8 --remat full --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
+      --precision bf16-true --moments int8 --remat dots --warmup 2 --steps 5 --json "$out/lm-llama1b-full.json"
     # Llama-3.1-8B QLoRA (rank 16 on every projection), 4 x 1024, layers scanned (each program one layer
     # long: Qwen's scanned init and compile took 11.5 s and 11.7 s cold on the chip, lm-qwen-scan-ecdef7b.log),
     # remat full, an int8 base. Planned: 14.59 GiB (1.16 free: params 10.58, temporaries 3.70), init
@@ -193,11 +196,18 @@ else
       --lora 16 --quantize int4 --scan-layers --remat full --warmup 2 --steps 4 --json "$out/lm-llama8b-qlora-int4.json"
   fi
   if [ "$part" = 10 ]; then
-    # Llama-3.2-3B full fine-tune does not fit one chip with what fitjax has today: 6 bytes a parameter
-    # (bfloat16 weights and gradients, 8-bit moments) is 19.3 GB before activations. Planned for 2 x 1024
-    # (bf16-true, 8-bit AdamW, remat full): 9.49 GiB at 2 of its 28 layers, 11.17 at 4 (0.84 GiB a
-    # layer): ~31 GiB. Run at batch 1 to record the chip's refusal and fitjax's out-of-memory message.
-    step 240 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
+    # Llama-3.2-3B full fine-tune: bfloat16 weights, 8-bit AdamW, layers scanned, remat full, and each
+    # layer's optimizer update inside the backward pass (`Trainer(update_in_backward=True)`: no
+    # whole-model gradient held). Planned deviceless: 1 x 1024 15.20 GiB (0.55 free: params 5.98,
+    # optimizer 6.08, temporaries 3.13; init 12.07), 2 x 1024 15.33 GiB (0.41 free). The usual step at
+    # 1 x 1024 plans 20.46 GiB: run last; the chip refused it at 0c3d643 (lm-llama3b-full-refused-0c3d643.log).
+    step 240 lm_llama3b_full_in_backward "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
+      --precision bf16-true --moments int8 --scan-layers --remat full --update-in-backward --warmup 1 --steps 3 \
+      --json "$out/lm-llama3b-full-in-backward.json"
+    step 200 lm_llama3b_full_in_backward_b2 "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 2 \
+      --precision bf16-true --moments int8 --scan-layers --remat full --update-in-backward --warmup 1 --steps 3 \
+      --json "$out/lm-llama3b-full-in-backward-b2.json"
+    step 120 lm_llama3b_full "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
       --precision bf16-true --moments int8 --scan-layers --remat full --warmup 1 --steps 2 \
       --json "$out/lm-llama3b-full.json"
   fi

@@ -134,6 +134,7 @@ BAD_ARGUMENTS = {
     "strategy": [("x", ValueError, r"strategy=\.\.\.\) got 'x'; use one of \['auto', 'plan', 'ddp', 'dp', 'fsdp', 'runs', 'single', 'zero1'\]")],
     "remat": [("x", ValueError, r"remat=\.\.\.\) got 'x'; use one of \['none', 'full', 'dots', 'offload'\]")],
     "offload": [("x", ValueError, r"offload=\.\.\.\) got 'x'; use one of \['none', 'optimizer', 'optimizer\+master'\]")],
+    "update_in_backward": [("yes", ValueError, r"update_in_backward=\.\.\.\) must be True or False, got 'yes'")],
     "runs": [(0, ValueError, r"runs=\.\.\.\) must be at least 1, got 0"),
              ("x", TypeError, r"runs=\.\.\.\) takes a number of runs .*got 'x'")],
     "devices": [(99, ValueError, r"devices=99\) asks for more devices than the 8 available"),

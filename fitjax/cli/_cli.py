@@ -31,7 +31,7 @@ from jsonargparse import ArgumentError as _ArgumentError
 from fitjax import _seed
 from fitjax import _storage
 from fitjax.callbacks import Callback
-from fitjax.cli import _errors, _predictions
+from fitjax.cli import _errors, _predictions, _usage
 from fitjax.data import DataModule
 from fitjax.loop import Trainer
 from fitjax.module import LitModule
@@ -66,6 +66,24 @@ class LightningArgumentParser(ArgumentParser):
         self.callback_keys: list[str] = []
         self.optimizer_keys: list[str] = []
         self.lr_scheduler_keys: list[str] = []
+
+    def format_usage(self) -> str:
+        """argparse's usage, or a short one where that is wider than 80 columns (`fitjax.cli._usage`)."""
+        return _usage.short_usage(self, super().format_usage())
+
+    def format_help(self) -> str:
+        """The help with `format_usage`'s usage in place of argparse's."""
+        text = super().format_help()
+        long_usage = super().format_usage()
+        return text.replace(long_usage, self.format_usage(), 1) if text.startswith(long_usage) else text
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        """argparse's, with the title (a class's docstring's first line) folded to 80 columns."""
+        if args:
+            args = (_usage.folded_title(args[0]), *args[1:])
+        elif "title" in kwargs:
+            kwargs["title"] = _usage.folded_title(kwargs["title"])
+        return super().add_argument_group(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         """One `error:` line (with the nearest known key when one is close) and exit status 2.

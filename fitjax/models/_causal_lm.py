@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from fitjax.models._config import ModelConfig
 from fitjax.models._layers import Block, Chunk, Head, embedding, norm, place
 from fitjax.nn import chunked_cross_entropy
+from fitjax.step.layer_stack import run_layers
 
 __all__ = ["CausalLM", "KVCache", "init_cache"]
 
@@ -58,6 +59,18 @@ def init_cache(config: ModelConfig, batch: int, max_length: int, dtype: Any = jn
     slots = (batch, max_length)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros(slots, jnp.int32),
                    jnp.zeros(slots, jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def _one_layer(config: ModelConfig):
+    """One layer of the scanned stack as a pure function of its parameters (one slice of the
+    stacked ones), for `fitjax.step.layer_stack.run_layers`."""
+    block = Block(config, 0)  # the scan's body: every layer is layer 0's module with its own slice
+
+    def layer(layer_params, x, chunk, index):
+        (y, _), _ = block.apply({"params": layer_params}, (x, None), chunk, index)
+        return y
+
+    return layer
 
 
 class CausalLM(nn.Module):
@@ -161,7 +174,12 @@ class CausalLM(nn.Module):
             layers = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
                              in_axes=(nn.broadcast, 0), length=c.num_layers,
                              metadata_params={nn.PARTITION_NAME: "layers"})
-            (x, stacked), _ = layers(c, 0, name=prefix)((x, stacked), chunk, jnp.arange(c.num_layers))
+            stack = layers(c, 0, name=prefix)
+            if cache is None:  # `Trainer(update_in_backward=True)` may run the layers one at a time
+                x = run_layers(prefix, x, chunk, layer=_one_layer(c), num_layers=c.num_layers,
+                               scan=lambda x: stack((x, None), chunk, jnp.arange(c.num_layers))[0][0])
+            else:
+                (x, stacked), _ = stack((x, stacked), chunk, jnp.arange(c.num_layers))
         else:
             for i in range(c.num_layers):
                 (x, stacked), _ = Block(c, i, name=f"{prefix}_{i}")((x, stacked), chunk, i)

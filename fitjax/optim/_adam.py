@@ -6,6 +6,7 @@ only what stays between steps (the state) is narrower. float32 is `optax.scale_b
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -14,9 +15,43 @@ import optax
 
 from fitjax.optim import _blockwise
 
-__all__ = ["ScaleByAdamBlockwiseState", "adam", "adamw", "scale_by_adam"]
+__all__ = ["ScaleByAdamBlockwiseState", "StackSlice", "adam", "adamw", "scale_by_adam"]
 
 MOMENTS = ("float32", "bfloat16", "int8")
+
+
+class StackSlice(NamedTuple):
+    """What `update(..., stack_slice=...)` is given when its gradients are one slice of stacked
+    leaves (`Trainer(update_in_backward=True)` updates one layer at a time): each leaf's number
+    in the whole parameter tree, and the slice's index (a traced int32; None: the leaves are
+    whole). The stochastic rounding then draws what the whole tree's update draws for those
+    rows (8-bit; bfloat16: the leaf's key folded with the index), not the same bits in every layer.
+
+    An optimizer of your own may read it the same way: `update(grads, state, params,
+    stack_slice=None, **extra_args)` in an `optax.GradientTransformationExtraArgs`.
+
+    Example:
+        >>> import jax.numpy as jnp, fitjax as fj
+        >>> tx = fj.optim.scale_by_adam(moments="int8")
+        >>> grads = {"w": jnp.ones((64, 64))}            # layer 3's slice of a stacked [layers, 64, 64]
+        >>> updates, state = tx.update(grads, tx.init(grads), stack_slice=fj.optim.StackSlice((5,), jnp.int32(3)))
+        >>> state.mu["w"].dtype
+        dtype('int8')
+    """
+
+    leaf_ids: tuple[int, ...]
+    index: Any = None
+
+
+def _slice_keys(count: jax.Array, n: int, seed: int, stack_slice: StackSlice | None) -> list[jax.Array]:
+    """Two keys a leaf (`_keys`), by the leaves' numbers in the whole tree when given a slice."""
+    if stack_slice is None:
+        return _keys(count, 2 * n, seed)
+    whole = _keys(count, 2 * (max(stack_slice.leaf_ids, default=0) + 1), seed)
+    keys = [k for i in stack_slice.leaf_ids for k in (whole[2 * i], whole[2 * i + 1])]
+    if stack_slice.index is not None:
+        keys = [jax.random.fold_in(k, stack_slice.index) for k in keys]
+    return keys
 
 
 class ScaleByAdamBlockwiseState(NamedTuple):
@@ -112,20 +147,20 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_roo
 
             return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros(), nu=zeros())
 
-        def update(grads, state, params=None):
-            del params
+        def update(grads, state, params=None, *, stack_slice: StackSlice | None = None, **extra_args):
+            del params, extra_args
             count = optax.safe_increment(state.count)
             mu32 = jax.tree.map(lambda m: m.astype(jnp.float32), state.mu)
             nu32 = jax.tree.map(lambda v: v.astype(jnp.float32), state.nu)
             mu, nu, updates = step(grads, mu32, nu32, count)
             leaves, treedef = jax.tree.flatten(mu)
-            keys = _keys(count, 2 * len(leaves), seed)
+            keys = _slice_keys(count, len(leaves), seed, stack_slice)
             mu = treedef.unflatten([_blockwise.to_bfloat16(x, k) for x, k in zip(leaves, keys[0::2])])
             nu = treedef.unflatten([_blockwise.to_bfloat16(x, k) for x, k in
                                     zip(jax.tree.leaves(nu), keys[1::2])])
             return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
 
-        return optax.GradientTransformation(init, update)
+        return optax.GradientTransformationExtraArgs(init, update)
 
     return _scale_by_adam_8bit(b1, b2, eps, eps_root, block_size, seed)
 
@@ -154,9 +189,13 @@ def _scale_by_adam_8bit(b1: float, b2: float, eps: float, eps_root: float, block
             nu=jax.tree.map(lambda p: codes(p, jnp.uint8), params),
             mu_absmax=jax.tree.map(scales, params), nu_absmax=jax.tree.map(scales, params))
 
-    def leaf_update(g, mu, mu_scale, nu, nu_scale, keys, count):
-        """One leaf's update and its stored moments `(update, mu, mu_absmax, nu, nu_absmax)`."""
-        block = blocks(g.shape)
+    def leaf_update(g, mu, mu_scale, nu, nu_scale, keys, count, index):
+        """One leaf's update and its stored moments `(update, mu, mu_absmax, nu, nu_absmax)`.
+
+        The state says how the leaf is stored (int8 codes or float32), not the gradient's size:
+        a slice of a stacked leaf (`Trainer(update_in_backward=True)` updates one layer's at a
+        time) keeps its stack's storage even where the slice alone would be under `MIN_SIZE`."""
+        block = min(block_size, g.shape[-1]) if mu.dtype == jnp.int8 else None
         if not block:
             mu, nu, update = step(g, mu, nu, count)
             return update, mu, jnp.zeros((), jnp.float32), nu, jnp.zeros((), jnp.float32)
@@ -169,18 +208,23 @@ def _scale_by_adam_8bit(b1: float, b2: float, eps: float, eps_root: float, block
                     *_blockwise.quantize_nu(nu, keys[1], block, rows))
 
         row_bytes = 4 * _blockwise.num_blocks(g.shape, block) * block  # a padded float32 row
+        # a slice of a stacked leaf: its rows are those the whole leaf's update numbers them
+        first_row = 0 if index is None else index.astype(jnp.uint32) * math.prod(g.shape[:-1])
         return _blockwise.map_pieces(rows_update, g.shape[:-1], (g, mu, mu_scale, nu, nu_scale),
-                                     row_bytes, chunk_bytes)
+                                     row_bytes, chunk_bytes, first_row)
 
-    def update(grads, state, params=None):
-        del params
+    def update(grads, state, params=None, *, stack_slice: StackSlice | None = None, **extra_args):
+        del params, extra_args
         count = optax.safe_increment(state.count)
         treedef = jax.tree.structure(grads)
         leaves = [treedef.flatten_up_to(tree) for tree in (
             grads, state.mu, state.mu_absmax, state.nu, state.nu_absmax)]
-        keys = _keys(count, 2 * treedef.num_leaves, seed)
+        # 8-bit: a slice draws from its whole leaf's key and rows (bitwise the whole update's bits)
+        whole = None if stack_slice is None else stack_slice._replace(index=None)
+        keys = _slice_keys(count, treedef.num_leaves, seed, whole)
+        index = None if stack_slice is None else stack_slice.index
         done = [leaf_update(g, mu, mu_scale["absmax"], nu, nu_scale["absmax"], keys[2 * i:2 * i + 2],
-                            count)
+                            count, index)
                 for i, (g, mu, mu_scale, nu, nu_scale) in enumerate(zip(*leaves))]
         updates, mu, mu_absmax, nu, nu_absmax = (list(x) for x in zip(*done)) if done else ([],) * 5
         return treedef.unflatten(updates), ScaleByAdamBlockwiseState(
@@ -188,7 +232,7 @@ def _scale_by_adam_8bit(b1: float, b2: float, eps: float, eps_root: float, block
             mu_absmax=treedef.unflatten([{"absmax": s} for s in mu_absmax]),
             nu_absmax=treedef.unflatten([{"absmax": s} for s in nu_absmax]))
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def adam(learning_rate: float | Callable, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,

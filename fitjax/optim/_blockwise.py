@@ -118,13 +118,14 @@ def pieces(lead: tuple[int, ...], row_bytes: int,
 
 def map_pieces(fn: Callable[..., tuple[jax.Array, ...]], lead: tuple[int, ...],
                args: tuple[jax.Array, ...], row_bytes: int,
-               chunk_bytes: int = CHUNK_BYTES) -> tuple[jax.Array, ...]:
-    """`fn(rows, *args)` (rows: `all_rows(lead)`) computed piece by piece of at most `chunk_bytes`.
+               chunk_bytes: int = CHUNK_BYTES, first_row: jax.Array | int = 0) -> tuple[jax.Array, ...]:
+    """`fn(rows, *args)` (rows: `all_rows(lead) + first_row`) computed piece by piece of at most
+    `chunk_bytes` (`first_row`: where the rows start in a larger leaf `args` are one slice of).
 
     Every array in `args` and out of `fn` has leading dimensions `lead`, and `fn` treats each row
     alone (a piece's leading dimensions may differ from `lead`). The pieces are a `fori_loop`
     writing its outputs in place, so XLA holds one piece's temporaries at a time."""
-    rows = all_rows(lead)
+    rows = all_rows(lead) + jnp.asarray(first_row, jnp.uint32)
     cut = pieces(lead, row_bytes, chunk_bytes)
     if cut is None:
         return fn(rows, *args)

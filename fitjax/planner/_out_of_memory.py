@@ -252,9 +252,19 @@ def out_of_memory_error(module: Any, batch: Any, target: Target, *, strategy: St
                     f"{math.ceil(state * len(target.devices) / room)} devices would hold them" if room > 0 else "")
             lines.append(f"No strategy, micro-batch size or remat fits on these devices: the smallest peak is "
                          f"{best.name}'s, {human_bytes(best.memory['peak'])}{more}. Use more devices, a smaller "
-                         f"model or batch, or bf16 (`precision=\"bf16-mixed\"`).")
+                         f"model or batch{_narrower_precision(options.precision.name)}.")
     lines.append("`trainer.plan(module, data, sweep=True)` shows every candidate (docs/guides/plan.md).")
     return OutOfMemoryError("\n".join(lines), needed_bytes=needed, available_bytes=available, change=change)
+
+
+def _narrower_precision(name: str) -> str:
+    """The precision to offer last, by what the step uses: 16-bit where it is 32- or 64-bit, 16-bit
+    weights where only the computation is; nothing where the weights already are."""
+    if name in ("32-true", "64-true"):
+        return ", or bf16 (`precision=\"bf16-mixed\"`; `\"bf16-true\"` also stores the weights in bfloat16)"
+    if name in ("bf16-mixed", "16-mixed"):
+        return ", or bfloat16 weights and gradients (`precision=\"bf16-true\"`)"
+    return ""
 
 
 def smallest(candidates: Sequence[Measured]) -> Measured | None:

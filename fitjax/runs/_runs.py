@@ -107,6 +107,7 @@ class Runs:
             "precision='16-mixed'": options.precision.initial_loss_scale() is not None,
             "detect_anomaly=True": options.detect_anomaly,
             "remat": options.remat != "none",
+            "update_in_backward=True": options.update_in_backward,
         }
         for option, on in refused.items():
             if on:
@@ -119,13 +120,14 @@ class Runs:
                 "StochasticWeightAveraging, BaseFinetuning, SpikeDetection, ...) is not supported yet: "
                 "drop those callbacks or fit the runs one at a time.")
 
-    def axis(self, module: Any, strategy: Strategy | None = None) -> RunAxis:
-        """The runs of a fit of `module`: its hyperparameters must have every name the runs set;
-        vmapped as `strategy`'s platform does best (`xla_cpu.runs_vmap`; None: `jax.vmap`)."""
+    def axis(self, module: Any, spec: step_lib.ModuleSpec, strategy: Strategy | None = None) -> RunAxis:
+        """The runs of a fit of `module` (whose `step_spec()` is `spec`): its hyperparameters must have
+        every name the runs set; vmapped as `strategy`'s platform does best (`xla_cpu.runs_vmap`;
+        None: `jax.vmap`)."""
         owner = type(module).__name__
-        if vars(module).get("_weights_load") is not None:
-            raise ValueError(f"Trainer(runs=...) with {owner}.load_weights(...) is not supported yet: "
-                             "start the runs from the module's own initialisation.")
+        if spec.weights is not None:
+            raise ValueError(f"Trainer(runs=...) with {owner}.load_weights(...) or .load_adapters(...) is not "
+                             "supported yet: start the runs from the module's own initialisation.")
         saved = dict(module.hparams)
         for i, run in enumerate(self.hparams or ()):
             unknown = sorted(set(run) - set(saved))
@@ -150,8 +152,8 @@ class Runs:
         """The state of every run, stacked, and the programs that train them together;
         `per_run_data`: `batch` holds each run's rows (`RunOrders`), run 0's build the programs
         (every run's state starts from its seed alone, whatever its first rows)."""
-        axis = self.axis(module, strategy)
         spec = module.step_spec()
+        axis = self.axis(module, spec, strategy)
         if spec.variables is not None and not axis.differing:
             # every run would start from the same weights: they would differ by random streams alone
             raise ValueError(

@@ -3,7 +3,8 @@
 One gradient function and the options around it (`train`), the one call of the user's code on
 the bound model that every step makes (`forward`), what a module gives the step layer
 (`module_spec.ModuleSpec`, the only way it reads the module), which parameters train
-(`trainable`), the Linen/NNX binding
+(`trainable`), the optimizer update inside the backward pass for a model whose scanned layer
+stack is offered through `layer_stack` (`in_backward`), the Linen/NNX binding
 (`model_binding`), the options that shape the step (`options`), the state pieces callbacks add
 around it (`pieces`), host batches grouped into step calls (`grouping`), and the build that jits
 every variant once per shape with the strategy's shardings (`jitted.build`, compiled as `xla_cpu`

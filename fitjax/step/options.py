@@ -45,6 +45,7 @@ class StepOptions:
     pieces: tuple[pieces_lib.StatePiece, ...] = ()  # from the callbacks' `step_pieces()`
     remat: str = "none"  # activation rematerialization per layer (`fitjax.step.remat`)
     offload: str = "none"  # train state fields kept in host memory between steps (`fitjax.step.offload`)
+    update_in_backward: bool = False  # each layer updated inside the backward pass (`fitjax.step.in_backward`)
     # the step also returns what `training_step` / `loss` returned, for batch-end hooks that
     # read `outputs` (set by the trainer from its hooks, not a Trainer argument)
     hook_outputs: bool = False
@@ -52,7 +53,7 @@ class StepOptions:
     @classmethod
     def create(cls, *, precision="32-true", accumulate_grad_batches=1, gradient_clip_val=None,
                gradient_clip_algorithm="norm", steps_per_execution=1, detect_anomaly=False,
-               log_grad_norm=False, remat="none", offload="none") -> "StepOptions":
+               log_grad_norm=False, remat="none", offload="none", update_in_backward=False) -> "StepOptions":
         """Checks the Trainer's arguments; the error names the argument and what it takes."""
         if gradient_clip_val is not None and (
             isinstance(gradient_clip_val, bool) or not isinstance(gradient_clip_val, (int, float))
@@ -66,7 +67,7 @@ class StepOptions:
                 f"Trainer(gradient_clip_algorithm=...) got {gradient_clip_algorithm!r}; use one of "
                 f"{list(_CLIP_ALGORITHMS)}."
             )
-        return cls(
+        options = cls(
             precision=precision_lib.resolve(precision),
             accumulate_grad_batches=_positive_int("accumulate_grad_batches", accumulate_grad_batches),
             gradient_clip_val=None if gradient_clip_val is None else float(gradient_clip_val),
@@ -76,7 +77,37 @@ class StepOptions:
             log_grad_norm=bool(log_grad_norm),
             remat=check_remat(remat),
             offload=check_offload(offload),
+            update_in_backward=update_in_backward,
         )
+        if update_in_backward is not False:
+            options._check_update_in_backward()
+        return options
+
+    def _check_update_in_backward(self) -> None:
+        """Refuses what the layer-by-layer update cannot do: each needs the whole gradient at once."""
+        if self.update_in_backward is not True:
+            raise ValueError(f"Trainer(update_in_backward=...) must be True or False, got {self.update_in_backward!r}.")
+        conflicts = {
+            "accumulate_grad_batches": (self.accumulate_grad_batches > 1, self.accumulate_grad_batches,
+                                        "the micro-batches' gradients would be summed before any update: "
+                                        "use a larger batch with remat instead"),
+            "gradient_clip_val": (self.gradient_clip_val is not None and self.gradient_clip_algorithm == "norm",
+                                  self.gradient_clip_val, "a global-norm clip needs every gradient before the first "
+                                  "update: clip by value (gradient_clip_algorithm='value') or not at all"),
+            "precision": (self.precision.loss_scaling, self.precision.name,
+                          "a loss-scaled step is skipped when any gradient is not finite, which is known only "
+                          "after the last layer's update: use 'bf16-mixed' or 'bf16-true'"),
+            "detect_anomaly": (self.detect_anomaly, self.detect_anomaly,
+                               "its check of the whole gradient comes after the updates it should stop"),
+            "remat": (self.remat not in ("none", "full"), self.remat,
+                      "each layer is recomputed in its own backward step, as remat='full' does: use 'full' (or "
+                      "'none', the same here)"),
+            "offload": (self.offload != "none", self.offload, "the state is updated a layer at a time on the "
+                        "device: keep offload='none'"),
+        }
+        for name, (bad, value, why) in conflicts.items():
+            if bad:
+                raise ValueError(f"Trainer(update_in_backward=True) cannot combine with {name}={value!r}: {why}.")
 
     @property
     def batches_per_call(self) -> int:

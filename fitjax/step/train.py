@@ -16,7 +16,12 @@
         keep the state the step started from if a piece judges its loss bad (SpikeDetection)
         flag a non-finite loss, grads or params (detect_anomaly)
 
-`gradients` is the only place the user's loss is differentiated. Under manual optimization
+With `update_in_backward` (`fitjax.step.in_backward`) the gradient and the update of a scanned
+layer stack are one pass instead: each layer is updated in the backward pass as its gradient
+appears, the rest of the model after; the options that need the whole gradient are refused.
+
+`gradients` is the only place the user's loss is differentiated (`in_backward` differentiates
+the same `loss_of`, around the layers). Under manual optimization
 (`automatic_optimization = False`) the loss's outputs are `{param group: loss}` and each group
 gets the gradient of its own loss; everything around it is the same. An option at its default
 adds nothing: the plain step is the same program as before.
@@ -45,7 +50,7 @@ from fitjax import _logged
 from fitjax import metrics as acc_lib
 from fitjax.strategies import any_on_host, fetched, stored_like
 from fitjax.state import TrainState
-from fitjax.step import context, learning_rate, pieces, trainable as trainable_lib
+from fitjax.step import context, in_backward, learning_rate, pieces, trainable as trainable_lib
 from fitjax.step.forward import for_hooks, forward, leading_dim, split_loss, step_values
 from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions, global_norm
@@ -62,22 +67,11 @@ OUTPUTS_KEY = "_outputs"
 _ANOMALY_NAMES = ("loss", "gradients", "parameters")
 
 
-def gradients(spec: ModuleSpec, policy, remat: str = "none",
-              trainable: trainable_lib.Trainable | None = None, *, returns: bool = False) -> Callable:
-    """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state, count)`.
-
-    `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
-    loss (None: no loss scaling). For a `TokenLoss` the gradient is its sum's, `count` its count
-    (the step divides by the counts of all its micro-batches) and the logged loss its mean;
-    otherwise `count` is None. Params and floating inputs are cast to the policy's compute
-    dtype; the loss and the model state keep float32 / their own dtype. `remat` rematerializes
-    each layer's activations (`fitjax.step.remat`). With `trainable`, `params` are its trained
-    part (`Trainable.split`) and `grads(params, ..., frozen=...)` takes the frozen part: a
-    constant of the loss, differentiated never. `returns`: `values[OUTPUTS_KEY]` holds what
-    the user's step returned, for the batch-end hooks (`forward.for_hooks`).
-    """
+def _loss_parts(spec: ModuleSpec, policy, remat: str, returns: bool) -> tuple[Callable, Callable]:
+    """`(loss_of, values_of)`: the step's loss of `(params, model_state, rng, batch)` ->
+    `(loss, count, outputs, new_state, logged)`, and the step's values of `(batch, outputs,
+    loss, logged)` (see `gradients`)."""
     owner = spec.owner
-    merge = (lambda p, frozen: p) if trainable is None else trainable.merge
     if remat != "none" and not isinstance(spec.binding, LinenBinding):
         raise ValueError(f"Trainer(remat={remat!r}) rematerializes the layers of a flax.linen model; "
                          f"{owner}'s model is a {type(spec.binding).__name__.removesuffix('Binding')} model: "
@@ -108,6 +102,27 @@ def gradients(spec: ModuleSpec, policy, remat: str = "none",
         logged.updates.update({key: (declarations[key], state) for key, state in updated.items()})
         values = step_values(spec, batch, outputs, loss, logged, train=True)
         return {**values, OUTPUTS_KEY: for_hooks(outputs, train=True)} if returns else values
+
+    return loss_of, values_of
+
+
+def gradients(spec: ModuleSpec, policy, remat: str = "none",
+              trainable: trainable_lib.Trainable | None = None, *, returns: bool = False) -> Callable:
+    """`grads(params, model_state, rng, batch, scale) -> (grads, values, new_model_state, count)`.
+
+    `values` are the step's logged values (loss, metrics, `module.log`); `scale` multiplies the
+    loss (None: no loss scaling). For a `TokenLoss` the gradient is its sum's, `count` its count
+    (the step divides by the counts of all its micro-batches) and the logged loss its mean;
+    otherwise `count` is None. Params and floating inputs are cast to the policy's compute
+    dtype; the loss and the model state keep float32 / their own dtype. `remat` rematerializes
+    each layer's activations (`fitjax.step.remat`). With `trainable`, `params` are its trained
+    part (`Trainable.split`) and `grads(params, ..., frozen=...)` takes the frozen part: a
+    constant of the loss, differentiated never. `returns`: `values[OUTPUTS_KEY]` holds what
+    the user's step returned, for the batch-end hooks (`forward.for_hooks`).
+    """
+    owner = spec.owner
+    merge = (lambda p, frozen: p) if trainable is None else trainable.merge
+    loss_of, values_of = _loss_parts(spec, policy, remat, returns)
 
     def automatic(params, model_state, rng, batch, scale, frozen=None):
         def loss_fn(p):
@@ -177,6 +192,8 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
     user_names = tuple(n for n in metric_names if n != "grad_norm")
     trainable = trainable_lib.of(tx)  # None: every parameter trains
     grads_of = gradients(spec, policy, options.remat, trainable, returns=options.hook_outputs)
+    # `Trainer(update_in_backward=True)`: the gradient and the update as one layer-by-layer pass
+    fused_step = _in_backward_step(spec, tx, options, trainable, user_names) if options.update_in_backward else None
 
     def split(params):
         """(what trains, what is frozen: None when everything trains)."""
@@ -220,6 +237,8 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
             return _one_step(state, inputs)
 
     def _one_step(state: TrainState, inputs):
+        if fused_step is not None:
+            return fused_step(state, inputs)
         # `Trainer(offload=...)`: the parameters kept in host memory are fetched for the forward
         # pass; the optimizer state, and the parameters again, only once the gradients exist
         kept = (state.params, state.opt_state)
@@ -312,6 +331,49 @@ def make_train_step(spec: ModuleSpec, tx: optax.GradientTransformation, options:
         return state, last
 
     return train_step
+
+
+def _in_backward_step(spec: ModuleSpec, tx: optax.GradientTransformation, options: StepOptions,
+                      trainable: trainable_lib.Trainable | None, user_names: tuple[str, ...]) -> Callable:
+    """`one_step(state, inputs)` with each layer's optimizer update inside the backward pass
+    (`Trainer(update_in_backward=True)`, `fitjax.step.in_backward`). The options it cannot
+    combine with are refused by `StepOptions.create`; what depends on the module, here."""
+    owner = spec.owner
+    if spec.manual or trainable is not None:
+        what = "sets `automatic_optimization = False`" if spec.manual else "trains only part of its parameters"
+        raise ValueError(f"Trainer(update_in_backward=True): {owner} {what}; the layer-by-layer update is for "
+                         "automatic optimization of every parameter. Leave update_in_backward=False.")
+    loss_of, values_of = _loss_parts(spec, options.precision, options.remat, options.hook_outputs)
+    update_fn = optax.with_extra_args_support(tx).update
+    fused = in_backward.fused_update(loss_of, tx, update_fn, options.precision.cast_compute, owner)
+
+    def one_step(state: TrainState, inputs):
+        for what, found in (("imposes the learning rate (StochasticWeightAveraging, the LR finder)",
+                             pieces.learning_rate(options.pieces, state.extras)),
+                            ("freezes or scales parameter groups (BaseFinetuning)",
+                             pieces.group_scales(options.pieces, state.extras)),
+                            ("judges each step before keeping it (SpikeDetection)",
+                             pieces.guard(options.pieces, state.extras, jnp.zeros(()), state.step))):
+            if found is not None:
+                raise ValueError(f"Trainer(update_in_backward=True): a callback {what}, which needs the whole "
+                                 "gradient or the state before the update; the layer-by-layer update holds "
+                                 "neither. Remove that callback or leave update_in_backward=False.")
+        rng = jax.random.fold_in(state.rng, state.step)
+        params, opt_state, loss, count, outputs, model_state, logged, grad_norm = fused(
+            state.params, state.model_state, rng, inputs, state.opt_state)
+        mean = loss if count is None else loss / jnp.maximum(count, 1.0)
+        values = values_of(inputs, outputs, mean, logged)
+        weight = leading_dim(inputs)
+        acc = {**state.metrics, **acc_lib.add({n: state.metrics[n] for n in user_names}, values, weight)}
+        values = _numbers(values)
+        if options.log_grad_norm:
+            values = {**values, "grad_norm": grad_norm}
+            acc = {**acc, **acc_lib.add({"grad_norm": acc["grad_norm"]}, values, weight)}
+        extras = pieces.update_extras(options.pieces, state.extras, params, state.step)  # EMA, ...
+        return state.replace(step=state.step + 1, params=params, model_state=model_state,
+                             opt_state=opt_state, metrics=acc, extras=extras), values
+
+    return one_step
 
 
 def picking(step_fn: Callable, options: StepOptions, *, single: bool = False) -> Callable:

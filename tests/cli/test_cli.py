@@ -297,6 +297,18 @@ def test_help_documents_trainer_model_and_data_arguments(capsys):
             assert f"--trainer.{name}" in out
 
 
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict", "plan"])
+def test_help_fits_80_columns_with_a_usage_naming_the_top_level_options(capsys, monkeypatch, subcommand):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse's width: an 80-column terminal
+    code, out, _ = exits_with(capsys, subcommand, "--help")
+    assert code == 0
+    wide = [line for line in out.splitlines() if len(line) > 80]
+    assert not wide, f"{len(wide)} lines wider than 80 columns, e.g. {wide[:3]}"
+    usage = out.split("\n\n")[0]
+    assert usage.startswith("usage: ") and "--GROUP.ARGUMENT VALUE ..." in usage and "-c CONFIG" in usage
+    assert "--trainer.max_epochs" not in usage and "--trainer.max_epochs" in out  # listed once, below
+
+
 def test_a_command_without_the_cli_extra_names_the_extra_and_the_install_command():
     """README's first install has no jsonargparse: `fitjax fit` says what to install, no traceback."""
     import subprocess

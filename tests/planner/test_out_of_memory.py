@@ -87,6 +87,17 @@ def test_a_budget_no_strategy_or_remat_fits_is_refused_at_compile_with_the_micro
     assert k in (2, 4) and f"with batches of {256 // k} rows, not 256" in error.change
 
 
+def test_a_budget_nothing_fits_offers_no_precision_the_step_already_uses():
+    # bfloat16 weights already: the advice must not be bf16-mixed (float32 weights, more memory)
+    trainer = quiet_trainer(devices=1, max_steps=1, precision="bf16-true",
+                            strategy=PlannedStrategy(memory_bytes=64 * 1024, headroom=0.0))
+    with pytest.raises(OutOfMemoryError, match="No strategy, micro-batch size or remat fits") as refused:
+        trainer.fit(Tall(), fj.DataLoader(data(), batch_size=256))
+    message = str(refused.value)
+    assert "Use more devices, a smaller model or batch." in message and "precision=" not in message
+    assert refused.value.change is None
+
+
 class Refuse(fj.Callback):
     """Raises XLA's real refusal (`real_xla_refusal`'s) as the first step starts: a fit whose step
     ran out of memory, on a CPU that never does."""

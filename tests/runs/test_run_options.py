@@ -110,3 +110,12 @@ def test_every_run_resumes_bitwise_from_the_middle_of_an_epoch(tmp_path):
         np.testing.assert_array_equal(got, want)
     for key in ("train/mae_epoch/run_0", "train/mae_epoch/run_1", "val/loss/run_0", "val/loss/run_1"):
         assert resumed.callback_metrics[key] == straight.callback_metrics[key], key  # sums across the resume
+
+
+def test_runs_refuse_a_module_with_weights_to_load_naming_the_call():
+    donor = Metered()
+    quiet_trainer(max_epochs=1, strategy="single").fit(donor, loader())
+    module = Metered()
+    module.load_weights(donor.variables[0])  # nested {name: array}: read when the trainer builds
+    with pytest.raises(ValueError, match=r"runs=\.\.\.\) with Metered\.load_weights\(\.\.\.\).*own initialisation"):
+        quiet_trainer(max_epochs=1, strategy="single", runs=RUNS).fit(module, loader())
