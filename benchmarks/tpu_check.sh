@@ -198,8 +198,8 @@ else
   if [ "$part" = 10 ]; then
     # Llama-3.2-3B full fine-tune: bfloat16 weights, 8-bit AdamW, layers scanned, remat full, and each
     # layer's optimizer update inside the backward pass (`Trainer(update_in_backward=True)`: no
-    # whole-model gradient held). Planned deviceless: 1 x 1024 15.29 GiB (0.46 free: params 5.98,
-    # optimizer 6.08, temporaries 3.22; init 12.07), 2 x 1024 15.41 GiB (0.34 free). The usual step at
+    # whole-model gradient held). Planned deviceless: 1 x 1024 15.20 GiB (0.55 free: params 5.98,
+    # optimizer 6.08, temporaries 3.13; init 12.07), 2 x 1024 15.33 GiB (0.41 free). The usual step at
     # 1 x 1024 plans 20.46 GiB: run last; the chip refused it at 0c3d643 (lm-llama3b-full-refused-0c3d643.log).
     step 240 lm_llama3b_full_in_backward "$python" "$here/lm_shapes.py" --device --shape llama-3.2-3b --batch 1 \
       --precision bf16-true --moments int8 --scan-layers --remat full --update-in-backward --warmup 1 --steps 3 \

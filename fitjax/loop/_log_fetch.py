@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from fitjax import step as step_lib
 from fitjax.state import TrainState
@@ -34,6 +35,8 @@ class Window:
     values: Any  # (accumulators, extra values): device arrays, copying to the host
     probe: jax.Array | None  # one of them: one step computed them all
     _host: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # read()'s, once read
+    # `values` flattened once, when the copies start (`start`)
+    _flat: tuple[list, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def ready(self) -> bool:
         """Whether reading the values would not wait (checked every step: one leaf, no tree walk)."""
@@ -42,7 +45,11 @@ class Window:
     def read(self) -> tuple[dict, dict]:
         """The host values; waits for the step that computed them if it has not finished."""
         if not self._host:
-            self._host.append(jax.device_get(self.values))
+            # `jax.device_get` reads each leaf with its `__array__`, as `np.asarray` does, after
+            # a tree walk, a copy started again and checks per leaf: ~50 µs of host CPU a window
+            # in the loop of `benchmarks/overhead.py --only spe`, where most calls log
+            leaves, treedef = self._flat if self._flat is not None else jax.tree.flatten(self.values)
+            self._host.append(treedef.unflatten([np.asarray(leaf) for leaf in leaves]))
         return self._host[0]
 
 
@@ -52,9 +59,12 @@ def start(state: TrainState, reset: Callable[[TrainState], TrainState], *, step:
     reset (`reset`) and the window."""
     # the accumulators leave the state (replaced by zeros); the extra values stay in it, and the
     # next step donates the state, so those are copied
-    extra = jax.tree.map(lambda x: x.copy(), step_lib.host_values(state))
+    extra = step_lib.host_values(state)
+    if extra:  # most states have none (no loss scale)
+        extra = jax.tree.map(lambda x: x.copy(), extra)
     values = (state.metrics, extra)
-    leaves = jax.tree.leaves(values)
+    leaves, treedef = jax.tree.flatten(values)
     for leaf in leaves:
         leaf.copy_to_host_async()
-    return reset(state), Window(step, epoch, batches_done, values, leaves[0] if leaves else None)
+    return reset(state), Window(step, epoch, batches_done, values, leaves[0] if leaves else None,
+                                _flat=(leaves, treedef))

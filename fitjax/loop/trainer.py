@@ -163,7 +163,7 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         update_in_backward: apply the optimizer's update to each layer inside the backward pass, as
             soon as that layer's gradient exists (torchtune's `optimizer_in_bwd`): the whole-model
             gradient is never held, one layer's at a time (Llama-3.2-3B's full fine-tune, bf16-true,
-            8-bit moments, 1 x 1024 on one v5e chip: planned 20.46 GiB without, 15.29 GiB with).
+            8-bit moments, 1 x 1024 on one v5e chip: planned 20.46 GiB without, 15.20 GiB with).
             For a model whose layers are one scan (`fitjax.models.CausalLMModule(scan_layers=True)`)
             and an optimizer that updates each parameter alone (`fj.optim.adamw`, any moments;
             checked); each layer is recomputed in its backward step as with remat="full". Not with

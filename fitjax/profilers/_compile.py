@@ -103,6 +103,8 @@ class CompileTimes:
         summed; programs under `MIN_SECONDS` (JAX's eager one-op programs, mostly) are summed
         into `compile/other_s`."""
         logged: dict[str, float] = {}
+        if not self._seconds and not self._pending:  # every row but a few (read without the lock:
+            return logged  # a compilation recorded meanwhile is taken with the next row)
         other = 0.0
         for name, values in self.take_each().items():
             if sum(values) >= MIN_SECONDS:

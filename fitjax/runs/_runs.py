@@ -107,6 +107,7 @@ class Runs:
             "precision='16-mixed'": options.precision.initial_loss_scale() is not None,
             "detect_anomaly=True": options.detect_anomaly,
             "remat": options.remat != "none",
+            "update_in_backward=True": options.update_in_backward,
         }
         for option, on in refused.items():
             if on:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -418,17 +418,61 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
             return _put(inputs[0], target[0]), _put(inputs[1], target[1])
         return _put(inputs, target)
 
-    # Fresh zeros placed from the host: no program to compile (a jitted `state -> state` would
-    # also pass every leaf of the state through XLA, ~3 µs a leaf on CPU).
+    # Fresh zeros for each log window (a jitted `state -> state` would also pass every leaf of
+    # the state through XLA, ~3 µs a leaf on CPU): made on the devices by a program of no
+    # inputs when the accumulators are means only, else placed from the host.
     slots = runs.slots(train_names)
+    make_zeros = _zeros_program(tuple(slots), shardings.metrics) if _means_only(slots, shardings.metrics) else None
+
+    made: list = []  # zeros made ahead by `make_zeros`, taken one a window
 
     def zero_metrics() -> Any:
-        return strategy.put(acc_lib.zeros(slots, host=True), shardings.metrics)
+        if make_zeros is None:
+            return strategy.put(acc_lib.zeros(slots, host=True), shardings.metrics)
+        if not made:
+            made.extend(make_zeros())
+        return made.pop()
 
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
             "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
             "make": lambda single, unrolled=False: runs.step(make(single, unrolled), stacked=stacked(single)),
             "loops_unrolled": unrolled}
+
+
+def _means_only(slots: Iterable[str] | Mapping[str, Any], shardings: Any) -> bool:
+    """Whether the accumulators `slots` (names of means, or `name -> template`, None a mean) are
+    all means, each laid out by one sharding of its own (`shardings`: the state's metrics
+    shardings), in one process."""
+    templates = slots if isinstance(slots, Mapping) else dict.fromkeys(slots)
+    return (jax.process_count() == 1 and isinstance(shardings, Mapping) and set(shardings) == set(templates)
+            and all(template is None for template in templates.values())
+            and all(isinstance(sharding, jax.sharding.Sharding) for sharding in shardings.values()))
+
+
+_ZEROS_AHEAD = 16  # the windows' zeros one call of `_zeros_program` makes
+
+
+@functools.lru_cache(maxsize=32)
+def _zeros_for(names: tuple[str, ...], shardings: tuple[jax.sharding.Sharding, ...]) -> Callable[[], Any]:
+    layout = dict(zip(names, shardings))
+
+    def zeros_ahead() -> tuple[dict[str, jax.Array], ...]:
+        return tuple(acc_lib.zeros(names) for _ in range(_ZEROS_AHEAD))
+
+    return jax.jit(zeros_ahead, out_shardings=(layout,) * _ZEROS_AHEAD)
+
+
+def _zeros_program(names: tuple[str, ...], shardings: Mapping[str, jax.sharding.Sharding]) -> Callable[[], Any]:
+    """`_ZEROS_AHEAD` accumulators of the means `names`, as zeros on the devices, made by one
+    jitted program of no inputs, compiled once per process for each names and layout (every fit
+    shares it).
+
+    A log window swaps the state's accumulators for zeros, and with `steps_per_execution` most
+    calls end at a log step: placing them from the host (`Strategy.put`) was ~15% of the main
+    thread's CPU time of `benchmarks/overhead.py --only spe` (tiny MLP, 32 steps a call) on
+    XLA:CPU, a host-to-device transfer per window; a dispatch per window was ~25 µs of it, one
+    per 16 windows (a few bytes each) about a sixteenth."""
+    return _zeros_for(names, tuple(shardings[name] for name in names))
 
 
 def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: StepOptions, abstract_state,

@@ -202,6 +202,7 @@ def test_bad_runs_are_refused_at_the_trainer(runs, error, match):
     ({"strategy": "fsdp"}, "strategy=FSDP.*'single', 'dp'.*or 'runs'"),
     ({"precision": "16-mixed"}, "precision='16-mixed'"),
     ({"detect_anomaly": True}, "detect_anomaly=True"),
+    ({"update_in_backward": True}, "update_in_backward=True"),
     ({"callbacks": [fj.EMA(0.9)]}, r"callbacks that change the train step \(\['ema'\]"),
 ])
 def test_options_that_do_not_compose_yet_are_refused_by_name(option, match):
