@@ -79,6 +79,17 @@ def row_uniform(key: jax.Array, rows: jax.Array, shape: tuple[int, ...]) -> jax.
     return draw(rows.reshape(-1)).reshape(shape)
 
 
+def row_uniform_pair(key: jax.Array, rows: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """Two arrays of uniform floats in [0, 1) of the blocked `shape` (as `row_uniform`'s), from one
+    32-bit draw a value: its high 16 bits and its low 16 bits. Threefry's hash is most of the
+    rounding's cost (~120 integer operations a 32-bit word), so `mu` and `nu` sharing a word
+    halves it; 16 bits bias a rounding by at most 2**-17 of an 8-bit code's step."""
+    draw = jax.vmap(lambda r: jax.random.bits(jax.random.fold_in(key, r), shape[-2:], jnp.uint32))
+    bits = draw(rows.reshape(-1)).reshape(shape)
+    scale = jnp.float32(2.0**-16)
+    return ((bits >> 16).astype(jnp.float32) * scale, (bits & jnp.uint32(0xFFFF)).astype(jnp.float32) * scale)
+
+
 # A piece takes its rows from GROUPS evenly spaced runs of the cut axis, so a mesh of 2, 4 or 8
 # devices sharding that axis holds its share of every piece (a contiguous piece would live on one
 # device, and XLA would gather the leaf to slice it). A run of a multiple of TILE rows (a TPU tile
@@ -157,19 +168,21 @@ def to_bfloat16(x: jax.Array, key: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(rounded, jnp.float32).astype(jnp.bfloat16)
 
 
-def quantize_mu(mu: jax.Array, key: jax.Array, block_size: int,
-                rows: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def quantize_mu(mu: jax.Array, key: jax.Array, block_size: int, rows: jax.Array | None = None,
+                noise: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Signed codes `round(127 * sign(q) * sqrt|q|)` of `q = mu / absmax` per block, and absmax.
 
     `rows` are the flat indices of `mu`'s rows in its leaf (`all_rows`: all of them), which the
-    rounding's bits are drawn from. The square-root map spends more codes near zero than a linear one: a value 1/16129 of its
-    block's largest still gets a non-zero code (linear: 1/127)."""
+    rounding's bits are drawn from; `noise`, the rounding's uniform numbers of the blocked shape
+    when the caller drew them (`row_uniform_pair`: `key` and `rows` are then unused). The
+    square-root map spends more codes near zero than a linear one: a value 1/16129 of its block's
+    largest still gets a non-zero code (linear: 1/127)."""
     blocks = _blocks(mu.astype(jnp.float32), block_size)
     absmax = jnp.max(jnp.abs(blocks), axis=-1)
     q = blocks / jnp.where(absmax > 0, absmax, 1.0)[..., None]
     scaled = jnp.sqrt(jnp.abs(q)) * MU_LEVELS
-    rows = all_rows(mu.shape[:-1]) if rows is None else rows
-    noise = row_uniform(key, rows, scaled.shape)
+    if noise is None:
+        noise = row_uniform(key, all_rows(mu.shape[:-1]) if rows is None else rows, scaled.shape)
     codes = jnp.minimum(jnp.floor(scaled + noise), MU_LEVELS) * jnp.sign(q)
     return _unblocks(codes, mu.shape).astype(jnp.int8), absmax
 
@@ -179,19 +192,20 @@ def dequantize_mu(codes: jax.Array, absmax: jax.Array, block_size: int) -> jax.A
     return _unblocks(jnp.sign(c) * c * c * absmax[..., None], codes.shape)
 
 
-def quantize_nu(nu: jax.Array, key: jax.Array, block_size: int,
-                rows: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def quantize_nu(nu: jax.Array, key: jax.Array, block_size: int, rows: jax.Array | None = None,
+                noise: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Unsigned codes `round(255 * sqrt(r / absmax))` of `r = sqrt(nu)` per block, and absmax of r.
 
-    `rows` as `quantize_mu`'s.
+    `rows` and `noise` as `quantize_mu`'s.
     `nu` is kept as its fourth root: a value 2.4e-10 of its block's largest still gets a non-zero
     code, and a non-zero `nu` never gets code 0 (it would divide the update by `eps` alone)."""
     blocks = _blocks(jnp.sqrt(nu.astype(jnp.float32)), block_size)
     absmax = jnp.max(blocks, axis=-1)
     q = blocks / jnp.where(absmax > 0, absmax, 1.0)[..., None]
     scaled = jnp.sqrt(q) * NU_LEVELS
-    rows = all_rows(nu.shape[:-1]) if rows is None else rows
-    codes = jnp.minimum(jnp.floor(scaled + row_uniform(key, rows, scaled.shape)), NU_LEVELS)
+    if noise is None:
+        noise = row_uniform(key, all_rows(nu.shape[:-1]) if rows is None else rows, scaled.shape)
+    codes = jnp.minimum(jnp.floor(scaled + noise), NU_LEVELS)
     codes = jnp.where(q > 0, jnp.maximum(codes, 1.0), 0.0)
     return _unblocks(codes, nu.shape).astype(jnp.uint8), absmax
 
