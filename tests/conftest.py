@@ -15,13 +15,6 @@ import tempfile
 if os.environ.get("FITJAX_COMPILE_CACHE", "").strip().lower() not in ("0", "false", "no", "off"):
     os.environ["FITJAX_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="fitjax-test-xla-")
     atexit.register(shutil.rmtree, os.environ["FITJAX_COMPILE_CACHE"], True)
-    # And every program is stored there, however fast it compiled (JAX's threshold, 1 s, which
-    # fitjax keeps: a user's cache does not fill with programs cheaper to compile again than to
-    # read). The suite's fits build the same small programs again and again, across files: each
-    # is compiled once per worker and read back after, as a user's second run reads its programs.
-    # Measured on tests/callbacks (187 tests, one process): 633 compilations -> 405, the
-    # process's CPU 204 s -> 170 s, 70% of it compiling before. Subprocesses inherit it too.
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -47,28 +40,6 @@ _STORE_SERVERS = {"s3": "s3_server", "gs": "gcs_server"}
 # Likewise a module's tests that share a module-scoped fixture (a reference run, two launched
 # processes, the module's compile cache) run on one worker, which sets it up once: split over
 # both, each worker ran it (two_processes' two fits of 2 processes: ~30 s each, twice).
-
-
-# The files of the longest single tests run first. `--dist loadgroup` hands out the groups above
-# (each as one unit, the largest first), then the other tests one by one in collection order, each
-# worker holding up to three: a long test near the end keeps one worker busy after the other ran
-# out of work. These files' tests take 10-50 s each on 2 cores (`--durations` of the suite) and
-# their names sort them late (tests/test_*.py after every folder); moved to the front, the run
-# ends on tests of a few seconds and the two workers end together. Whole files move, each in its
-# own order (a module's fixtures are set up once, as before); no test depends on the order.
-_LONG_FILES = ("tests/test_benchmarks.py", "tests/integrations/test_ray.py", "tests/planner/test_attention_on_slices.py",
-               "tests/test_gpt.py", "tests/test_examples.py", "tests/test_examples_lightning.py",
-               "tests/test_finetune_example.py", "tests/cli/test_launch.py", "tests/planner/test_out_of_memory.py",
-               "tests/docs/test_snippets.py", "tests/test_public_api.py", "tests/models/test_scan_and_sharding.py",
-               "tests/step/test_remat.py", "tests/test_hf_models.py")
-
-_missing = [name for name in _LONG_FILES if not os.path.exists(os.path.join(os.path.dirname(__file__), "..", name))]
-assert not _missing, f"tests/conftest.py's _LONG_FILES names files that are gone: {_missing}; update the list"
-
-
-def _long_first(item) -> int:
-    file = item.nodeid.split("::")[0]
-    return _LONG_FILES.index(file) if file in _LONG_FILES else len(_LONG_FILES)
 
 
 def _module_scoped(item) -> bool:
@@ -108,7 +79,6 @@ def pytest_collection_modifyitems(config, items):
         group = groups.get(item) or (modules.get(module, module) if _module_scoped(item) else None)
         if group:  # a module fixture's tests go where the module's session-fixture tests go
             _join_group(item, group, loadgroup)
-    items.sort(key=_long_first)  # stable: the other files keep their order
 
 
 @pytest.fixture(scope="module")
