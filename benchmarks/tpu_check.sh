@@ -49,7 +49,7 @@
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
 # git, or from $FITJAX_COMMIT where the tree travels without its .git (the device machine).
 # What the machine lacks (flax, optax, orbax, rich, pyyaml from the machine's own package index;
-# tensorboardX and qwix from benchmarks/wheels/) is installed into a scratch folder, never into the system.
+# tensorboardX, qwix and zstandard from benchmarks/wheels/) is installed into a scratch folder, never into the system.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -82,7 +82,7 @@ mkdir -p "$FITJAX_RESULTS"
 # programs compiled once per machine: a second fit of the same step is a cache hit
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/fitjax-tpu-check-cache}"
 
-if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix, filelock" 2>/dev/null; then
+if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix, filelock, zstandard" 2>/dev/null; then
   site="${TMPDIR:-/tmp}/fitjax-tpu-check-site"
   if [ -d /opt/pypi/simple ]; then
     PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated -q --only-binary=:all: \
