@@ -14,7 +14,7 @@
 #   bash benchmarks/tpu_check.sh --part 8     # big models on one chip: Llama-3.2-1B full fine-tune, Llama-3.1-8B QLoRA
 #   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune, the update in the backward pass; the usual step's refusal
 #   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
-#   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
+#   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm, a hand loop beside it
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #   bash benchmarks/tpu_check.sh -- CMD ARG.. # one command with the parts' packages and environment
 #
@@ -226,12 +226,13 @@ else
   if [ "$part" = exec ]; then
     step 590 exec "$@"
   fi
-  if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm
+  if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm,
+    # and a hand-written loop of its model and step beside it (first_step_hand.py, its own cache cold and warm)
     step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
       --remat full --json "$out/lm-qwen-scan.json"
-    step 390 first_step "$python" "$here/first_output.py" --example gpt.py --runs 1 --compile-cache "$out/cache" \
-      --json "$out/first-step.json" -- --preset gpt2-small --max-steps 30 --sample-length 0
-    rm -rf "$out/cache"
+    step 390 first_step "$python" "$here/first_output.py" --example gpt.py --hand --no-cold --runs 1 \
+      --compile-cache "$out/cache" --json "$out/first-step.json" -- --preset gpt2-small --max-steps 30 --sample-length 0
+    rm -rf "$out/cache" "$out/cache-hand"
   fi
 fi
 echo
