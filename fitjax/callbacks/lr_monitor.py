@@ -44,19 +44,30 @@ def injected_learning_rates(opt_state: Any) -> dict[str, jax.Array]:
     return {f"lr/{group}": value for group, value in found}
 
 
+# what jitting a schedule that branches on its count in Python raises (it is then called eagerly)
+_UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                jax.errors.TracerArrayConversionError)
+
+
 def _on_host(schedule: Callable[[Any], Any]) -> Callable[[int], float]:
     """`schedule` as a host function `count -> lr`, jitted on the host's CPU device (the module
-    docstring says why), compiled at its first call."""
-    jitted = jax.jit(schedule)
+    docstring says why), compiled at its first call; called as it is where it cannot be traced
+    (`lambda count: 0.1 if count < 100 else 0.01`)."""
+    jitted: Callable[[Any], Any] | None = jax.jit(schedule)
     try:
         cpu = jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without "cpu": the default device runs it
         cpu = None
 
     def at(count: int) -> float:
-        # a Python int is a weakly typed argument, as in the eager call it replaces
+        nonlocal jitted
         with jax.default_device(cpu):
-            return float(np.asarray(jitted(count)))
+            if jitted is not None:
+                try:  # a Python int is a weakly typed argument, as in the eager call it replaces
+                    return float(np.asarray(jitted(count)))
+                except _UNTRACEABLE:
+                    jitted = None
+            return float(np.asarray(schedule(count)))
 
     return at
 

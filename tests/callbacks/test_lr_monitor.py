@@ -86,6 +86,22 @@ def test_reading_a_schedule_attribute_compiles_one_program_once():
     assert compiles.per_step[0] <= 1 and compiles.per_step[1:] == [0] * 15
 
 
+class PythonSchedule(Regressor):
+    """A schedule that branches on its count in Python: it cannot be jitted, only called."""
+
+    lr_schedule = staticmethod(lambda count: 0.1 if count < 4 else 0.01)
+
+    def configure_optimizer(self):
+        return optax.sgd(0.1)  # the monitor reads `lr_schedule` (the optimizer cannot be built from it)
+
+
+def test_a_schedule_that_cannot_be_traced_is_called_as_it_is():
+    monitor = fj.LearningRateMonitor()
+    trainer = quiet_trainer(max_epochs=1, strategy="single", log_every_n_steps=3, callbacks=[monitor])
+    trainer.fit(PythonSchedule(), fj.DataLoader(regression_data(n=128), batch_size=16))
+    assert monitor.history == {"lr": [(3, 0.1), (6, 0.01)]}
+
+
 def test_param_groups_get_one_key_each_and_epoch_interval_logs_at_epoch_ends():
     monitor = _fit("groups", logging_interval="epoch")
     assert monitor.history == {
