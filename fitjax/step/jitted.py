@@ -434,7 +434,7 @@ def _train_programs(spec: ModuleSpec, tx, options: StepOptions, train_names, str
         return made.pop()
 
     return {"train_step": train_step, "train_tail_step": tail_step, "block_step": block_step,
-            "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.replace(metrics=zero_metrics()),
+            "shard_inputs": shard_inputs, "reset_metrics": lambda s: s.with_metrics(zero_metrics()),
             "make": lambda single, unrolled=False: runs.step(make(single, unrolled), stacked=stacked(single)),
             "loops_unrolled": unrolled}
 
