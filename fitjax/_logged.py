@@ -116,6 +116,8 @@ def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
 
 def keep(values: dict[str, Any], specs: dict[str, LogSpec], option: str) -> dict[str, Any]:
     """`values` without the logged names whose `option` ("on_step" or "on_epoch") is False."""
+    if not specs:  # nothing logged with options (the loss alone): a copy, no lookup per name
+        return dict(values)
     return {k: v for k, v in values.items() if getattr(specs.get(k), option, None) is not False}
 
 

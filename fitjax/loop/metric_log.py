@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import types
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -306,15 +305,16 @@ class MetricLog:
         head = queue[0]
         if isinstance(head, tuple) and not head[0].ready():  # `_is_window` inline: every step asks
             return  # every step but a few: nothing more to do
-        arrived = 0
+        arrived, last = 0, None  # the entries to write, the last window among them
         for entry in queue:
-            if _is_window(entry) and not entry[0].ready():
-                break
+            if _is_window(entry):
+                if arrived and not entry[0].ready():  # the first entry's was asked above
+                    break
+                last = entry[0]
             arrived += 1
         # windows seen arrived together finished at unknown times in between: they share the rate
         # of their steps together
-        windows = [entry[0] for entry in itertools.islice(queue, arrived) if _is_window(entry)]
-        rate = self._timed(windows[-1].step) if windows else None
+        rate = self._timed(last.step) if last is not None else None
         for _ in range(arrived):
             self._write_oldest(rate)
 
