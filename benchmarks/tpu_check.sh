@@ -14,7 +14,7 @@
 #   bash benchmarks/tpu_check.sh --part 8     # big models on one chip: Llama-3.2-1B full fine-tune, Llama-3.1-8B QLoRA
 #   bash benchmarks/tpu_check.sh --part 10    # Llama-3.2-3B full fine-tune, the update in the backward pass; the usual step's refusal
 #   bash benchmarks/tpu_check.sh --part 11    # the longest contexts: Qwen2.5-0.5B full, Llama-3.1-8B QLoRA 4-bit
-#   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm
+#   bash benchmarks/tpu_check.sh --part 9     # a scanned Qwen fit; the GPT example's first step, compile cache cold/warm, a hand loop beside it
 #   bash benchmarks/tpu_check.sh --smoke      # every part on CPU in seconds (checks the script runs)
 #   bash benchmarks/tpu_check.sh -- CMD ARG.. # one command with the parts' packages and environment
 #
@@ -49,7 +49,7 @@
 # committed so every TPU figure in the docs names the run that produced it. The commit comes from
 # git, or from $FITJAX_COMMIT where the tree travels without its .git (the device machine).
 # What the machine lacks (flax, optax, orbax, rich, pyyaml from the machine's own package index;
-# tensorboardX and qwix from benchmarks/wheels/) is installed into a scratch folder, never into the system.
+# tensorboardX, qwix and zstandard from benchmarks/wheels/) is installed into a scratch folder, never into the system.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -82,7 +82,7 @@ mkdir -p "$FITJAX_RESULTS"
 # programs compiled once per machine: a second fit of the same step is a cache hit
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${TMPDIR:-/tmp}/fitjax-tpu-check-cache}"
 
-if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix, filelock" 2>/dev/null; then
+if ! "$python" -c "import flax, optax, orbax.checkpoint, rich, yaml, tensorboardX, qwix, filelock, zstandard" 2>/dev/null; then
   site="${TMPDIR:-/tmp}/fitjax-tpu-check-site"
   if [ -d /opt/pypi/simple ]; then
     PIP_CONFIG_FILE=/dev/null "$python" -m pip install --isolated -q --only-binary=:all: \
@@ -226,12 +226,13 @@ else
   if [ "$part" = exec ]; then
     step 590 exec "$@"
   fi
-  if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm
+  if [ "$part" = 9 ]; then  # a scanned fit; the GPT example's first step with the compile cache cold and warm,
+    # and a hand-written loop of its model and step beside it (first_step_hand.py, its own cache cold and warm)
     step 200 lm_qwen_scan "$python" "$here/lm_shapes.py" --device --shape qwen2.5-0.5b --scan-layers \
       --remat full --json "$out/lm-qwen-scan.json"
-    step 390 first_step "$python" "$here/first_output.py" --example gpt.py --runs 1 --compile-cache "$out/cache" \
-      --json "$out/first-step.json" -- --preset gpt2-small --max-steps 30 --sample-length 0
-    rm -rf "$out/cache"
+    step 390 first_step "$python" "$here/first_output.py" --example gpt.py --hand --no-cold --runs 1 \
+      --compile-cache "$out/cache" --json "$out/first-step.json" -- --preset gpt2-small --max-steps 30 --sample-length 0
+    rm -rf "$out/cache" "$out/cache-hand"
   fi
 fi
 echo

@@ -9,6 +9,11 @@ Where the value comes from (in this order):
 2. Otherwise the module's `lr_schedule` attribute (a schedule `count -> lr`, or a number),
    evaluated at the optimizer's own update count (found in the state: a `ScaleByScheduleState`
    first, else any `count` field), so gradient accumulation's skipped updates are not counted.
+   The schedule is jitted once and run on the host's CPU device: one small compilation at the
+   first log step and ~10 µs a read, where evaluating it eagerly compiled each of its ~12
+   operations on the accelerator (~0.06 s each on a TPU v5e) and dispatched them there at
+   every log step. Jitted, it is also the rate the step applied bit for bit (on CPU: the step
+   evaluates it jitted too), where the eager evaluation differed in the last bits.
 
 optax transformations keep their schedule in a closure, out of reach, so without either of those
 the monitor raises when training starts and says how to expose the value. Reading it is one small
@@ -37,6 +42,34 @@ def injected_learning_rates(opt_state: Any) -> dict[str, jax.Array]:
     if len(found) == 1:
         return {"lr": found[0][1]}
     return {f"lr/{group}": value for group, value in found}
+
+
+# what jitting a schedule that branches on its count in Python raises (it is then called eagerly)
+_UNTRACEABLE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+                jax.errors.TracerArrayConversionError)
+
+
+def _on_host(schedule: Callable[[Any], Any]) -> Callable[[int], float]:
+    """`schedule` as a host function `count -> lr`, jitted on the host's CPU device (the module
+    docstring says why), compiled at its first call; called as it is where it cannot be traced
+    (`lambda count: 0.1 if count < 100 else 0.01`)."""
+    jitted: Callable[[Any], Any] | None = jax.jit(schedule)
+    try:
+        cpu = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without "cpu": the default device runs it
+        cpu = None
+
+    def at(count: int) -> float:
+        nonlocal jitted
+        with jax.default_device(cpu):
+            if jitted is not None:
+                try:  # a Python int is a weakly typed argument, as in the eager call it replaces
+                    return float(np.asarray(jitted(count)))
+                except _UNTRACEABLE:
+                    jitted = None
+            return float(np.asarray(schedule(count)))
+
+    return at
 
 
 class LearningRateMonitor(Callback):
@@ -76,7 +109,7 @@ class LearningRateMonitor(Callback):
             value = float(schedule)
             self._schedule = lambda count: value
         elif callable(schedule):
-            self._schedule = schedule
+            self._schedule = _on_host(schedule)
         else:
             raise ValueError(
                 f"LearningRateMonitor cannot find the learning rate of {type(module).__name__}'s "
@@ -103,7 +136,7 @@ class LearningRateMonitor(Callback):
             return {k: float(v) for k, v in jax.device_get(injected_learning_rates(opt_state)).items()}
         count = update_count(opt_state)
         count = trainer.global_step if count is None else int(jax.device_get(count))
-        return {"lr": float(np.asarray(self._schedule(max(count - 1, 0))))}
+        return {"lr": float(self._schedule(max(count - 1, 0)))}
 
     def _log(self, trainer, module) -> None:
         values = self.current(trainer)

@@ -29,6 +29,9 @@ def test_a_second_process_reads_every_program_back_and_compiles_nothing(tmp_path
     # `import fitjax` leaves JAX's cache as it was; the fit turns fitjax's on
     assert first["after_import"] is None and first["after_fit"] == str(tmp_path / "xla")
     assert "jit_train_step" in first["misses"] and not first["hits"]
+    # compressed with zstandard (a dependency; JAX's zlib fallback reads a TPU train step 6x slower)
+    stored = list((tmp_path / "xla").glob("*-cache"))
+    assert stored and all(p.read_bytes()[:4] == b"\x28\xb5\x2f\xfd" for p in stored)  # zstd's frame magic
     second = _run(tmp_path / "xla")
     assert second["misses"] == [], second  # nothing compiled: every program read back
     assert {"jit_train_step", "jit_eval_step", "jit_init"} <= set(second["hits"])
