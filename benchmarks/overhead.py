@@ -291,9 +291,10 @@ def _defaults_epochs(args, steps_per_epoch: int) -> int:
     return max(args.epochs, 1 - (-DEVICE_TIMED_STEPS // steps_per_epoch))
 
 
-def hand_written_scan(model, data, batch_size, epochs, k):
-    """Steady-state steps/s of a hand-written loop running `k` steps per call (`lax.scan`), the
-    data on the device and each call's batches gathered there from the epoch's permutation."""
+def hand_written_scan(model, data, batch_size, epochs, k) -> Timing:
+    """Steady-state steps/s (with the main thread's CPU per step) of a hand-written loop running
+    `k` steps per call (`lax.scan`), the data on the device and each call's batches gathered
+    there from the epoch's permutation."""
     n = len(data["y"])
     params = model.init(jax.random.key(0), data["x"][:batch_size])["params"]
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
@@ -317,17 +318,18 @@ def hand_written_scan(model, data, batch_size, epochs, k):
     for epoch in range(epochs):
         if epoch == 1:
             jax.block_until_ready(state)
-            start = time.perf_counter()
+            start = _clocks()
         perm = np.random.default_rng(epoch).permutation(n)[:calls * k * batch_size]
         rows = jax.device_put(perm.reshape(calls, k, batch_size).astype(np.int32))
         for i in range(calls):
             state, _ = k_steps(state, on_device, rows[i])
     jax.block_until_ready(state)
-    return calls * k * (epochs - 1) / (time.perf_counter() - start)
+    return _timing(start, calls * k * (epochs - 1))
 
 
-def hand_written_device_scan(model, data, batch_size, epochs, k, *, reshuffle: bool):
-    """Steady-state steps/s of the fastest hand-written loop of `k` steps per call: the batches
+def hand_written_device_scan(model, data, batch_size, epochs, k, *, reshuffle: bool) -> Timing:
+    """Steady-state steps/s (with the main thread's CPU per step) of the fastest hand-written
+    loop of `k` steps per call: the batches
     already on the device, each call one `lax.scan` over its `k` batches picked there (a dynamic
     index: no gather inside the step). `reshuffle`: each epoch's shuffled batches are gathered on
     the device in one call, the work fitjax does too; otherwise they are gathered once before
@@ -362,12 +364,12 @@ def hand_written_device_scan(model, data, batch_size, epochs, k, *, reshuffle: b
     for epoch in range(epochs):
         if epoch == 1:
             jax.block_until_ready(state)
-            start = time.perf_counter()
+            start = _clocks()
         batches = epoch_batches(epoch) if reshuffle else fixed
         for i in range(calls):
             state, _ = k_steps(state, batches, np.int32(i))
     jax.block_until_ready(state)
-    return calls * k * (epochs - 1) / (time.perf_counter() - start)
+    return _timing(start, calls * k * (epochs - 1))
 
 
 def median_ratio(runs: list[float], base: list[float]) -> float:
