@@ -17,6 +17,9 @@ import fitjax as fj
 from fitjax import checkpoint
 from fitjax.checkpoint import _writer
 
+# the same small programs, fit after fit: compiled once (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 DATA = regression_data(n=64)  # 4 batches of 16 an epoch
 
 
