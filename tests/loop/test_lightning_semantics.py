@@ -19,6 +19,9 @@ from helpers import MLP, Regressor, quiet_trainer, regression_data
 
 import fitjax as fj
 
+# the same small programs, fit after fit: compiled once (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 
 class Recorder(fj.Callback):
     """What the hooks saw: validations (sanity check apart), which hooks ran, saves."""
