@@ -10,6 +10,9 @@ from helpers import (HostBatches, LossHistory, Regressor, assert_trees_close, co
 
 import fitjax as fj
 
+# the same small programs, fit after fit: compiled once (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 
 class SeenBatches(fj.Callback):
     def __init__(self):
