@@ -26,8 +26,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
 GPT = dict(layers=2, width=256, heads=4, context=128)  # head_dim 64, 128 tokens: the kernel applies
 LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 256, "intermediate_size": 512,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-# 8 query heads over 2 key/value heads, head_dim 64: under tensor=2 each device holds 4 and 1
-GROUPED_LLAMA = {**LLAMA, "hidden_size": 512, "num_attention_heads": 8}
+# 4 query heads over 2 key/value heads, head_dim 64: under tensor=2 each device holds 2 and 1
+GROUPED_LLAMA = LLAMA
 _TARGETS: dict[str, planner.Target] = {}
 
 
