@@ -26,8 +26,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
 GPT = dict(layers=2, width=256, heads=4, context=128)  # head_dim 64, 128 tokens: the kernel applies
 LLAMA = {"model_type": "llama", "vocab_size": 256, "hidden_size": 256, "intermediate_size": 512,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-# 8 query heads over 2 key/value heads, head_dim 64: under tensor=2 each device holds 4 and 1
-GROUPED_LLAMA = {**LLAMA, "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8}
+# 4 query heads over 2 key/value heads, head_dim 64: under tensor=2 each device holds 2 and 1
+GROUPED_LLAMA = LLAMA
 _TARGETS: dict[str, planner.Target] = {}
 
 
@@ -90,16 +90,16 @@ def test_an_imported_llamas_step_with_the_kernel_compiles_for_a_slice_and_moves_
 
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 def test_an_imported_llama_under_fsdp_x_tensor_compiles_with_the_kernel_moves_no_more_and_splits_over_all(scan):
-    """`fitjax.models`' Llama (grouped KV heads, 256 positions) under `FSDP(fsdp=4, tensor=2)` for
+    """`fitjax.models`' Llama (grouped KV heads, 128 positions: the kernel's smallest block) under `FSDP(fsdp=4, tensor=2)` for
     `tpu-v5e-8`, its rules the module's own (`LOGICAL_RULES`): the kernel's step moves no more than
     the plain path's, and the compiled program takes every decoder kernel split over all 8 chips."""
     from fitjax.models import CausalLMModule
 
     compiled: list = []
     kernel, kernel_bytes = _compiled(CausalLMModule(GROUPED_LLAMA, scan_layers=scan),
-                                     fj.strategies.FSDP(fsdp=4, tensor=2), "tpu-v5e-8", length=256, compiled=compiled)
+                                     fj.strategies.FSDP(fsdp=4, tensor=2), "tpu-v5e-8", compiled=compiled)
     plain, plain_bytes = _compiled(CausalLMModule(GROUPED_LLAMA, scan_layers=scan, attention="xla"),
-                                   fj.strategies.FSDP(fsdp=4, tensor=2), "tpu-v5e-8", length=256)
+                                   fj.strategies.FSDP(fsdp=4, tensor=2), "tpu-v5e-8")
     assert kernel.count("tpu_custom_call") == (3 if scan else 3 * GROUPED_LLAMA["num_hidden_layers"])
     assert "tpu_custom_call" not in plain
     _moves_no_more(kernel_bytes, plain_bytes)

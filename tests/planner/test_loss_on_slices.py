@@ -18,7 +18,7 @@ import fitjax as fj
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                 reason="compiles for a TPU slice with libtpu: pip install -e '.[dev]'")
 
-LENGTH = 256
+LENGTH = 128  # the loss in 8 chunks of 16 positions
 
 
 @pytest.mark.parametrize("strategy", [lambda: fj.strategies.FSDP(), lambda: fj.strategies.FSDP(fsdp=4, tensor=2)],

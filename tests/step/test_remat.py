@@ -28,7 +28,7 @@ class Block(nn.Module):
 
 
 class Tower(fj.LitModule):
-    def __init__(self, layers=3, width=32):
+    def __init__(self, layers=2, width=32):
         super().__init__()
         self.model = nn.Sequential([Block(width) for _ in range(layers)])
 
@@ -48,7 +48,7 @@ def data(n=64, d=8):
 def _fit(strategy, remat):
     history = LossHistory()
     module = Tower()
-    quiet_trainer(strategy=strategy, max_steps=6, remat=remat, callbacks=[history]).fit(
+    quiet_trainer(strategy=strategy, max_steps=3, remat=remat, callbacks=[history]).fit(
         module, fj.DataLoader(data(), batch_size=16))
     return jax.device_get(module.variables[0]), history.losses
 
