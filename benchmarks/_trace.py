@@ -67,6 +67,13 @@ def device_lane(folder: str) -> list[tuple[float, float]]:
                                             for e in _device_events(events, "XLA Modules"))
 
 
+def device_lane_named(folder: str) -> list[tuple[str, float, float]]:
+    """`device_lane` with each program's name: sorted (name, start, end) in µs."""
+    events = _newest_events(folder)
+    return [] if events is None else sorted(((e["name"], e["ts"], e["ts"] + e["dur"])
+                                             for e in _device_events(events, "XLA Modules")), key=lambda x: x[1])
+
+
 def steady_window(first: int, per_epoch: int, steps: int) -> int:
     """The first of `steps` optimizer steps to trace, from `first` on, whose window holds no epoch
     end (an epoch end's work is not a steady step's: the default checkpoint's copy to host memory,

@@ -3,6 +3,7 @@
     python benchmarks/host_profile.py                 # the table and the per-step calls (~2 min)
     python benchmarks/host_profile.py --repeats 7     # steadier medians
     python benchmarks/host_profile.py --smoke         # every part once, tiny sizes: checks it runs
+    python benchmarks/host_profile.py --steps-per-execution 32   # fitjax's rows per call of 32 steps
 
 The workload is `benchmarks/overhead.py`'s tiny MLP (64-64-10, batch 32, 1024 steps an epoch) fed
 by `fj.DataLoader`; its step is so small that the host's work per step shows. Two parts:
@@ -43,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3, help="including the warm-up epoch")
     parser.add_argument("--top", type=int, default=12, help="functions listed per configuration")
+    parser.add_argument("--steps-per-execution", type=int, default=1, metavar="K",
+                        help="fitjax's configurations only, with K steps a call of the step, and every figure "
+                             "per call instead of per step (issue 62: the loop's host time per call with "
+                             "`steps_per_execution`)")
     parser.add_argument("--smoke", action="store_true",
                         help="hand, unshuf, all off and defaults once each, 32-step epochs, calls counted in the same "
                              "runs: checks the script runs (its numbers mean nothing)")
@@ -133,6 +138,13 @@ class Result:
     def loop(self) -> float:
         return self.thread - self.in_step
 
+    def per_call(self, steps: int) -> "Result":
+        """These figures per call of `steps` steps instead of per step."""
+        self.thread, self.process, self.wall, self.in_step = (
+            x * steps for x in (self.thread, self.process, self.wall, self.in_step))
+        self.calls = None if self.calls is None else {k: v * steps for k, v in self.calls.items()}
+        return self
+
 
 def start_counting() -> collections.Counter:
     calls: collections.Counter = collections.Counter()
@@ -214,20 +226,26 @@ def run_hand(data, steps_per_epoch, epochs, *, count_calls=False, shuffle=True) 
     return Result(clocks, in_step, steps_per_epoch * (epochs - 1), stop_counting(calls))
 
 
-def run(name, data, steps_per_epoch, epochs, root, *, count_calls=False) -> Result:
+def run(name, data, steps_per_epoch, epochs, root, *, count_calls=False, per_call: int = 1) -> Result:
     parts = CONFIGS[name]
     if parts is None:
         return run_hand(data, steps_per_epoch, epochs, count_calls=count_calls, shuffle=name == "hand")
-    return run_fitjax(parts, data, steps_per_epoch, epochs, root, count_calls=count_calls)
+    if per_call == 1:
+        return run_fitjax(parts, data, steps_per_epoch, epochs, root, count_calls=count_calls)
+    return run_fitjax(parts, data, steps_per_epoch, epochs, root, count_calls=count_calls,
+                      steps_per_execution=per_call).per_call(per_call)
 
 
 def main(argv=None):
     args = _parser().parse_args(argv)
     _, shape, batch_size, steps = overhead.WORKLOADS["tiny_mlp"]
     configs = list(CONFIGS)
+    per_call = args.steps_per_execution
     if args.smoke:
         args.repeats, args.epochs, steps = 1, 2, 32
         configs = ["hand", "unshuf", "all off", "defaults"]
+    if per_call > 1:  # the hand loops take one step a call: left out
+        configs = [name for name in configs if CONFIGS[name] is not None]
     data = overhead.make_data(shape, batch_size * steps)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; tiny MLP, batch {batch_size}, {steps} steps an "
           f"epoch, {args.epochs - 1} timed epoch(s), {args.repeats} repeat(s); load average at start "
@@ -236,13 +254,15 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as root:
         for repeat in range(args.repeats):
             for name in configs if repeat % 2 == 0 else configs[::-1]:
-                results[name].append(run(name, data, steps, args.epochs, root, count_calls=args.smoke))
+                results[name].append(run(name, data, steps, args.epochs, root, count_calls=args.smoke,
+                                         per_call=per_call))
         # counted in runs of their own (the counting slows every call down), except in the smoke run
         counted = ({name: runs[0] for name, runs in results.items()} if args.smoke else
-                   {name: run(name, data, steps, 2, root, count_calls=True) for name in configs})
+                   {name: run(name, data, steps, 2, root, count_calls=True, per_call=per_call) for name in configs})
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    print("µs per step (medians)  main thread CPU = in the step call + loop;  process CPU;  wall;  "
-          "Python calls per step")
+    unit = "step" if per_call == 1 else f"call of {per_call} steps"
+    print(f"µs per {unit} (medians)  main thread CPU = in the step call + loop;  process CPU;  wall;  "
+          f"Python calls per {unit}")
     print(f"{'config':<10} {'thread':>8} {'in step':>8} {'loop':>8} {'process':>8} {'wall':>8} {'calls':>7}")
     med = lambda name, attr: statistics.median(getattr(r, attr) for r in results[name])  # noqa: E731
     for name in configs:
@@ -253,11 +273,11 @@ def main(argv=None):
         calls = counted[name].calls
         if name in ("all off", "hand", "unshuf"):
             top = sorted(calls.items(), key=lambda kv: -kv[1])[:args.top]
-            print(f"\n{name}: the most called functions per step")
+            print(f"\n{name}: the most called functions per {unit}")
         else:
             diff = {k: calls.get(k, 0) - base.get(k, 0) for k in set(calls) | set(base)}
             top = sorted(((k, v) for k, v in diff.items() if abs(v) >= 0.01), key=lambda kv: -abs(kv[1]))[:args.top]
-            print(f"\n{name}: calls per step against all off ({sum(diff.values()):+.1f})")
+            print(f"\n{name}: calls per {unit} against all off ({sum(diff.values()):+.1f})")
         for key, per_step in top:
             print(f"  {per_step:8.2f}  {key}")
 

@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", action="store_true", help="run where JAX finds a device (a TPU, a GPU)")
     parser.add_argument("--json", default=None, help="write every row's figures here as JSON")
+    parser.add_argument("--trace", default=None, metavar="FOLDER",
+                        help="with the spe rows: after them, trace one steady epoch of fitjax's spe fit and of "
+                             "the hand scan over batches on the device (jax.profiler, into FOLDER) and print "
+                             "each side's programs on the device: count, device time, idle share")
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny MLP only, 64-step epochs, 1 repeat: checks the script runs in seconds "
                              "(its numbers mean nothing)")
@@ -246,6 +250,23 @@ class SteadyStateTimer(fj.Callback):
         self.timing = _timing(self.start, trainer.global_step - self.start_step)
 
 
+class TraceEpoch(fj.Callback):
+    """Traces epoch 1 (a steady one, after the compiles) with `jax.profiler` into `folder`."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def on_train_epoch_start(self, trainer, module):
+        if trainer.current_epoch == 1:
+            jax.block_until_ready(trainer.state)
+            jax.profiler.start_trace(self.folder)
+
+    def on_train_epoch_end(self, trainer, module):
+        if trainer.current_epoch == 1:
+            jax.block_until_ready(trainer.state)
+            jax.profiler.stop_trace()
+
+
 class EpochEndHook(fj.Callback):
     """An `on_train_epoch_end` that does nothing: the loop writes the epoch's means before it, so
     it waits for them (as it did at every epoch's end before issue 62)."""
@@ -291,9 +312,10 @@ def _defaults_epochs(args, steps_per_epoch: int) -> int:
     return max(args.epochs, 1 - (-DEVICE_TIMED_STEPS // steps_per_epoch))
 
 
-def hand_written_scan(model, data, batch_size, epochs, k):
-    """Steady-state steps/s of a hand-written loop running `k` steps per call (`lax.scan`), the
-    data on the device and each call's batches gathered there from the epoch's permutation."""
+def hand_written_scan(model, data, batch_size, epochs, k) -> Timing:
+    """Steady-state steps/s (with the main thread's CPU per step) of a hand-written loop running
+    `k` steps per call (`lax.scan`), the data on the device and each call's batches gathered
+    there from the epoch's permutation."""
     n = len(data["y"])
     params = model.init(jax.random.key(0), data["x"][:batch_size])["params"]
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
@@ -317,21 +339,24 @@ def hand_written_scan(model, data, batch_size, epochs, k):
     for epoch in range(epochs):
         if epoch == 1:
             jax.block_until_ready(state)
-            start = time.perf_counter()
+            start = _clocks()
         perm = np.random.default_rng(epoch).permutation(n)[:calls * k * batch_size]
         rows = jax.device_put(perm.reshape(calls, k, batch_size).astype(np.int32))
         for i in range(calls):
             state, _ = k_steps(state, on_device, rows[i])
     jax.block_until_ready(state)
-    return calls * k * (epochs - 1) / (time.perf_counter() - start)
+    return _timing(start, calls * k * (epochs - 1))
 
 
-def hand_written_device_scan(model, data, batch_size, epochs, k, *, reshuffle: bool):
-    """Steady-state steps/s of the fastest hand-written loop of `k` steps per call: the batches
+def hand_written_device_scan(model, data, batch_size, epochs, k, *, reshuffle: bool,
+                             trace: str | None = None) -> Timing:
+    """Steady-state steps/s (with the main thread's CPU per step) of the fastest hand-written
+    loop of `k` steps per call: the batches
     already on the device, each call one `lax.scan` over its `k` batches picked there (a dynamic
     index: no gather inside the step). `reshuffle`: each epoch's shuffled batches are gathered on
     the device in one call, the work fitjax does too; otherwise they are gathered once before
-    timing and every epoch reuses that order (the limit: the step program and its dispatch)."""
+    timing and every epoch reuses that order (the limit: the step program and its dispatch).
+    `trace`: a folder where epoch 1 is traced (`jax.profiler`)."""
     n = len(data["y"])
     params = model.init(jax.random.key(0), data["x"][:batch_size])["params"]
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
@@ -362,12 +387,47 @@ def hand_written_device_scan(model, data, batch_size, epochs, k, *, reshuffle: b
     for epoch in range(epochs):
         if epoch == 1:
             jax.block_until_ready(state)
-            start = time.perf_counter()
+            start = _clocks()
+            if trace:
+                jax.profiler.start_trace(trace)
         batches = epoch_batches(epoch) if reshuffle else fixed
         for i in range(calls):
             state, _ = k_steps(state, batches, np.int32(i))
+        if epoch == 1 and trace:
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
     jax.block_until_ready(state)
-    return calls * k * (epochs - 1) / (time.perf_counter() - start)
+    return _timing(start, calls * k * (epochs - 1))
+
+
+def traced_spe(folder: str, factory, data, batch_size: int, root: str, spe: int) -> None:
+    """One steady epoch of fitjax's `steps_per_execution` fit and of the hand scan over batches
+    on the device, each traced: per side the programs the device ran (name, count, device
+    milliseconds) and its idle share over the epoch, so a gap is placed on the device (a longer
+    program) or on the host (idle time between programs)."""
+    from _trace import device_lane_named, idle_of
+
+    sides = {"fitjax": os.path.join(folder, "fitjax"), "hand": os.path.join(folder, "hand")}
+    with_fitjax(factory(), data, batch_size, 2, root, defaults=False, steps_per_execution=spe,
+                extra_callbacks=[TraceEpoch(sides["fitjax"])])
+    hand_written_device_scan(factory(), data, batch_size, 2, spe, reshuffle=True, trace=sides["hand"])
+    summary = {}
+    for side, path in sides.items():
+        programs = device_lane_named(path)
+        idle = idle_of([(start, end) for _, start, end in programs])
+        per_name: dict[str, list[float]] = {}
+        for name, start, end in programs:
+            per_name.setdefault(name, []).append(end - start)
+        summary[side] = {"idle": idle, "programs": {name: {"count": len(d), "device_ms": sum(d) / 1e3}
+                                                    for name, d in per_name.items()}}
+        if idle is None:
+            print(f"trace    {side}: no device lane (a CPU run)", flush=True)
+            continue
+        listed = ", ".join(f"{name} x{p['count']} {p['device_ms']:.2f} ms"
+                           for name, p in sorted(summary[side]["programs"].items(), key=lambda kv: -kv[1]["device_ms"]))
+        print(f"trace    {side}: epoch {idle['window_s'] * 1e3:.2f} ms, device busy {idle['busy_s'] * 1e3:.2f} ms "
+              f"(idle {idle['idle_share']:.1%}); {listed}", flush=True)
+    ROWS.append({"row": "spe trace", "sides": summary})
 
 
 def median_ratio(runs: list[float], base: list[float]) -> float:
@@ -529,6 +589,8 @@ def main(argv=None):
             print(_row("spe/shuf", "tiny_mlp", fit, shuffled, "scan, epoch on device", 0.9), flush=True)
             print(_row("spe/dev", "tiny_mlp", fit, fixed, "scan, batches on dev.", 0.9), flush=True)
             print(_row("spe/wait", "tiny_mlp", fit, waited, "fitjax, epoch end hook", 1.0), flush=True)
+            if args.trace:
+                traced_spe(args.trace, factory, data, batch_size, root, spe)
         if "defaults" in rows:
             for name, target in defaults_on:
                 factory, data, batch_size = data_for(name)

@@ -21,8 +21,9 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 
-__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "loader_count",
-           "loader_suffix", "numbers", "of_loader", "open_host_block", "pictures", "plain_names", "record"]
+__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "keyed",
+           "loader_count", "loader_suffix", "numbers", "of_loader", "open_host_block", "pictures", "plain_names",
+           "plain_of", "record"]
 
 REDUCE_FX = ("mean",)
 
@@ -115,6 +116,8 @@ def record(owner: str, name: Any, value: Any, spec: LogSpec) -> None:
 
 def keep(values: dict[str, Any], specs: dict[str, LogSpec], option: str) -> dict[str, Any]:
     """`values` without the logged names whose `option` ("on_step" or "on_epoch") is False."""
+    if not specs:  # nothing logged with options (the loss alone): a copy, no lookup per name
+        return dict(values)
     return {k: v for k, v in values.items() if getattr(specs.get(k), option, None) is not False}
 
 
@@ -153,7 +156,12 @@ def compute(acc: dict[str, Any], specs: dict[str, LogSpec], *, stage: str, epoch
     Lightning-style hook keep Lightning's keys: the bare name, or `<name>_step` (train window)
     and `<name>_epoch` (epoch and evaluation means) when logged both on_step and on_epoch.
     """
-    return {_key(name, specs, stage=stage, epoch=epoch): value for name, value in numbers(acc).items()}
+    return keyed(numbers(acc), specs, stage=stage, epoch=epoch)
+
+
+def keyed(values: dict[str, float], specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> dict[str, float]:
+    """`compute` of an accumulator whose `numbers` are `values`."""
+    return {_key(name, specs, stage=stage, epoch=epoch): value for name, value in values.items()}
 
 
 def for_progress_bar(values: dict[str, float], specs: dict[str, LogSpec]) -> dict[str, float]:
@@ -170,7 +178,12 @@ def plain_names(acc: dict[str, Any], specs: dict[str, LogSpec], *, epoch: bool) 
     """Lightning's plain names in `callback_metrics` for values logged from a Lightning-style
     hook with both `on_step` and `on_epoch`: `name` holds the latest of `name_step` (a train
     window) and `name_epoch` (an epoch or evaluation mean); loggers get the suffixed keys only."""
-    return {name: value for name, value in numbers(acc).items()
+    return plain_of(numbers(acc), specs)
+
+
+def plain_of(values: dict[str, float], specs: dict[str, LogSpec]) -> dict[str, float]:
+    """`plain_names` of an accumulator whose `numbers` are `values`."""
+    return {name: value for name, value in values.items()
             if (spec := specs.get(name.partition("/")[0])) is not None and spec.lightning and spec.on_step
             and spec.on_epoch}
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import flax.struct
 import jax
 
@@ -36,3 +39,19 @@ class TrainState:
     metrics: dict[str, jax.Array]
     loss_scale: PyTree = None
     extras: PyTree = None
+
+    def with_fields(self, **fields: Any) -> "TrainState":
+        """`replace(**fields)` made without `dataclasses.replace`'s call of `__init__` over every
+        field (~0.4 µs on CPU against ~3): the loop swaps the metric accumulators at most log
+        steps and the train step's call its random key at every call (`fitjax.step.jitted`).
+        A `TrainState` has no `__post_init__` to run."""
+        if not fields.keys() <= _FIELDS:
+            raise TypeError(f"TrainState.with_fields: {sorted(fields.keys() - _FIELDS)!r} are not fields of a "
+                            f"TrainState; its fields are {sorted(_FIELDS)!r}.")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(fields)
+        return new
+
+
+_FIELDS = frozenset(field.name for field in dataclasses.fields(TrainState))

@@ -153,6 +153,19 @@ class HostBatches:
         self.loader.load_state_dict(state)
 
 
+def sigint_as(handler: str, command: list[str]) -> list[str]:
+    """`command`, a Python process's (`[sys.executable, ...]`), started with SIGINT's `handler`:
+    "SIG_DFL" as a terminal's foreground process has it, whatever the suite was started with (a
+    run started in the background, `nohup` or a script's `&`, passes SIGINT on ignored, and Python
+    then installs no KeyboardInterrupt handler), or "SIG_IGN" as such a background job has it. A
+    small launcher sets it and execs the command (a `preexec_fn` would fork this multithreaded
+    process, which JAX warns may deadlock)."""
+    assert command[0] == sys.executable and handler in ("SIG_DFL", "SIG_IGN"), (handler, command[:1])
+    launcher = (f"import os, signal, sys; signal.signal(signal.SIGINT, signal.{handler}); "
+                "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+    return [sys.executable, "-c", launcher, *command[1:]]
+
+
 def quiet_trainer(**kwargs) -> fj.Trainer:
     kwargs.setdefault("enable_progress_bar", False)
     kwargs.setdefault("enable_model_summary", False)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import sigint_as
 
 from fitjax import _bootstrap
 
@@ -40,8 +41,8 @@ print(json.dumps({"before": before, "after": snapshot()}))
 def _import_fitjax(**env: str) -> tuple[dict, dict]:
     # a user's environment: not the suite's platform and flags (conftest.py sets both)
     base = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS", _bootstrap.OPT_OUT_VAR)}
-    done = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**base, "PYTHONPATH": str(ROOT), **env})
+    done = subprocess.run(sigint_as("SIG_DFL", [sys.executable, "-c", _SCRIPT]), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**base, "PYTHONPATH": str(ROOT), **env})
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     return found["before"], found["after"]

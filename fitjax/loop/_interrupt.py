@@ -19,6 +19,9 @@ state not yet returned) is not raised there: the loop stops once the new state i
 
 Outside a fit, from `import fitjax` on, Ctrl-C raises `Interrupted` too, without the line
 (`fitjax._ctrl_c`): the script ends with 130 and no traceback whenever it lands.
+
+A process started with SIGINT ignored (`nohup`, a shell script's `&` job) keeps ignoring it:
+fit, its signal handling and generation install no SIGINT handler there (`listening`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import jax
 from fitjax._ctrl_c import DEBUG_VAR, Interrupted, debugging, interrupted
 from fitjax._ctrl_c import held, track_collections, tracking_collections, untrack_collections
 
-__all__ = ["DEBUG_VAR", "MESSAGE", "Interrupted", "begin", "graceful"]
+__all__ = ["DEBUG_VAR", "MESSAGE", "Interrupted", "begin", "graceful", "listening"]
 
 MESSAGE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."  # Lightning's words
 SAVING = "Still shutting down: saving the checkpoint and closing the loggers, please wait ..."
@@ -87,13 +90,22 @@ def _still_saving(signum, frame) -> None:
         log.info(SAVING)
 
 
+def listening() -> bool:
+    """Whether fitjax may handle SIGINT here: in the main thread (Python's rule for handlers) of a
+    process that does not ignore it. A process started with SIGINT ignored (`nohup`, a background
+    job of a script) asked not to be stopped by Ctrl-C: taking the signal back would let a Ctrl-C
+    meant for the shell that started it end the training."""
+    return (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def graceful() -> Iterator[None]:
     """Around `Trainer.fit`'s body (a context, not a wrapper: warnings keep pointing at the
     user's call): a Ctrl-C anywhere in it (the argument checks and the data's set-up included)
     ends as `Interrupted` once fit's own handling (`begin`, the exception hooks, teardown) is
     done; the SIGINT handler from before fit is back when it ends."""
-    main = threading.current_thread() is threading.main_thread()  # Python's rule for handlers
+    main = listening()
     previous = signal.signal(signal.SIGINT, on_sigint) if main else None
     tracking = not tracking_collections()  # set by `import fitjax`, or a stage inside a fit: it stays
     if tracking:

@@ -92,7 +92,9 @@ def stop_on_signals(environment, state: Callable[[], Any]) -> Iterator[StopAgree
 
     checkpoint.writer().signalled(None)
 
-    handlers = {**{sig: handler for sig in reasons}, signal.SIGINT: on_sigint}
+    handlers = {sig: handler for sig in reasons}
+    if _interrupt.listening():  # a process that ignores SIGINT keeps ignoring it
+        handlers[signal.SIGINT] = on_sigint
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, handle) for sig, handle in handlers.items()}

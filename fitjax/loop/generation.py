@@ -26,7 +26,6 @@ import contextlib
 import dataclasses
 import math
 import signal
-import threading
 import time
 import warnings
 from typing import Any, Iterator
@@ -39,7 +38,7 @@ from fitjax import module as module_lib
 from fitjax import precision as precision_lib
 from fitjax import step as step_lib
 from fitjax import strategies
-from fitjax.loop import _decode, _prompts
+from fitjax.loop import _decode, _interrupt, _prompts
 from fitjax.loop import _token_ids as prompt_ids
 from fitjax._generation_options import INT32_MAX, GenerationOptions
 
@@ -108,7 +107,7 @@ def _stop_on_ctrl_c() -> Iterator[_CtrlC]:
     second one is the handler's from before (`Trainer.generate`'s: raised at once). From the main
     thread only (Python's rule); the previous handler is back after."""
     ctrl_c = _CtrlC()
-    if threading.current_thread() is not threading.main_thread():
+    if not _interrupt.listening():  # another thread, or a process that ignores SIGINT
         yield ctrl_c
         return
     previous = signal.getsignal(signal.SIGINT)

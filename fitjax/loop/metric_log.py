@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import types
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -183,6 +182,10 @@ class MetricLog:
         # in step order: log windows on their way `(window, log_rows, row)` and host entries
         # (`_Row`, `_EpochEnd`) behind them
         self._queue: collections.deque = collections.deque()
+        # the log windows in `_queue`, counted as they come and go: asked at every log step and
+        # epoch start, where walking the queue was a Python call per entry
+        self._windows = 0
+        self._copies: bool | None = None  # whether windows copy ahead (`_log_fetch.copies`), per fit
         self._latest_step: dict | None = None  # the last train step's values, on the device
         self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
 
@@ -215,10 +218,11 @@ class MetricLog:
         """A fit starts with steps whose `LitModule.log` options are `specs`."""
         self._specs, self._fitting = specs, True
         self._latest_step = self._latest_step_host = None
+        self._copies = None
 
     def end_fit(self) -> None:
         """Fit ends: the values of an interrupted window, or of the last step, are not logged."""
-        self._queue.clear()
+        self._clear()
         self._next_epoch = False
         self._latest_step = self._latest_step_host = None
         self._fitting = False
@@ -243,7 +247,7 @@ class MetricLog:
         evaluation, the work between epochs): steps per second are timed from now. With windows
         on their way (an epoch's end not waited for) the device is still training: the interval
         runs on from the last point, and their reads time it."""
-        if not any(_is_window(entry) for entry in self._queue):
+        if not self._windows:
             self._rate.restart(step=self._loop.global_step)
 
     def step_done(self, outputs: dict) -> None:
@@ -282,28 +286,35 @@ class MetricLog:
         device and then wake up, and on a loaded machine that wake-up can leave the device idle
         for longer than the step (several steps per call put a log step in most calls)."""
         self.read_arrived()
-        while sum(_is_window(entry) for entry in self._queue) >= _IN_FLIGHT:
+        while self._windows >= _IN_FLIGHT:
             self._write_oldest()
         progress = self._loop
+        if self._copies is None:  # asked once a fit: the accumulators stay on the same devices
+            self._copies = _log_fetch.copies((state.metrics, step_lib.host_values(state)))
         state, window = _log_fetch.start(state, reset, step=progress.global_step, epoch=progress.epoch,
-                                         batches_done=progress.batches_done)
+                                         batches_done=progress.batches_done, copy=self._copies)
         self._queue.append((window, log_rows, self._row()))
+        self._windows += 1
         return state
 
     def read_arrived(self) -> None:
         """Logs the rows whose values have reached the host, oldest first (never waits)."""
         queue = self._queue
-        if not queue or (_is_window(queue[0]) and not queue[0][0].ready()):
+        if not queue:
+            return
+        head = queue[0]
+        if isinstance(head, tuple) and not head[0].ready():  # `_is_window` inline: every step asks
             return  # every step but a few: nothing more to do
-        arrived = 0
+        arrived, last = 0, None  # the entries to write, the last window among them
         for entry in queue:
-            if _is_window(entry) and not entry[0].ready():
-                break
+            if _is_window(entry):
+                if arrived and not entry[0].ready():  # the first entry's was asked above
+                    break
+                last = entry[0]
             arrived += 1
         # windows seen arrived together finished at unknown times in between: they share the rate
         # of their steps together
-        windows = [entry[0] for entry in itertools.islice(queue, arrived) if _is_window(entry)]
-        rate = self._timed(windows[-1].step) if windows else None
+        rate = self._timed(last.step) if last is not None else None
         for _ in range(arrived):
             self._write_oldest(rate)
 
@@ -335,7 +346,7 @@ class MetricLog:
             for _ in range(ended[-1] + 1 if ended else 0):
                 self._write_oldest()
         except Exception:  # noqa: BLE001 - the device's failure: the fit's own error is the one raised
-            self._queue.clear()
+            self._clear()
         for logger in self._loggers:
             logger.finalize(status)
 
@@ -364,6 +375,10 @@ class MetricLog:
         else:
             self._write_row(row)
 
+    def _clear(self) -> None:
+        self._queue.clear()
+        self._windows = 0
+
     def _write_oldest(self, rate: float | None | types.EllipsisType = ...) -> None:
         """Writes the oldest row; a window is timed when read unless `rate` says its speed."""
         entry = self._queue.popleft()
@@ -372,6 +387,7 @@ class MetricLog:
         elif isinstance(entry, _EpochEnd):
             self._write_epoch_end(entry)
         else:
+            self._windows -= 1
             self._write_window(*entry, rate=rate)
 
     def _timed(self, step: int) -> float | None:
@@ -454,10 +470,10 @@ class MetricLog:
     def _window_rows_of(self, host: dict, extra: dict) -> tuple[HostMetrics, HostMetrics, HostMetrics]:
         """A window's host values as its rows log them: the extra values, the on-step means and
         their plain names (Lightning's aliases)."""
-        on_step = _logged.keep(host, self._specs, "on_step")
+        numbers = _logged.numbers(_logged.keep(host, self._specs, "on_step"))  # once for both
         return ({name: float(value) for name, value in extra.items()},
-                _logged.compute(on_step, self._specs, stage="train", epoch=False),
-                _logged.plain_names(on_step, self._specs, epoch=False))
+                _logged.keyed(numbers, self._specs, stage="train", epoch=False),
+                _logged.plain_of(numbers, self._specs))
 
     def _pending(self) -> _Pending:
         """What `callback_metrics` and `logged_metrics` gain once the rows on

@@ -206,6 +206,21 @@ class ProgressView:
         """The index in the epoch of the last batch stepped (-1 before the first)."""
         return self._progress.batches_done - 1
 
+    # What the loop's metric log and schedule read at every call of the train step, as
+    # properties: `__getattr__` runs only after the ordinary lookup has failed, an exception
+    # raised and caught inside CPython, ~1 µs a read on CPU (issue 62: the loop's host time).
+    @property
+    def epoch(self) -> int:
+        return self._progress.epoch
+
+    @property
+    def global_step(self) -> int:
+        return self._progress.global_step
+
+    @property
+    def batches_done(self) -> int:
+        return self._progress.batches_done
+
 
 _READABLE = frozenset(k for k in vars(Progress()) if not k.startswith("_")) | {
     "position", "recent_logged", "steps_per_second", "state_dict"}  # state_dict: a copy

@@ -172,6 +172,9 @@ def merge_host(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for k in {*a, *b}:
         x, y = a.get(k), b.get(k)
+        if type(x) is np.ndarray and type(y) is np.ndarray:  # two means (every name but a metric's)
+            out[k] = np.add(x, y, dtype=np.float64)  # the float64 sum of both cast: the same bits
+            continue
         if isinstance(x, Saved) and isinstance(y, Tracked):
             x = x.like(y)
         if isinstance(x, Tracked) or isinstance(y, Tracked):

@@ -31,6 +31,7 @@ from fitjax import checkpoint
 
 import ctrl_c_fit
 from ctrl_c_fit import Model, data
+from helpers import sigint_as
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -51,8 +52,8 @@ class _Terminal:
                        "--data.class_path=ctrl_c_fit.Data", "--trainer.callbacks+=ctrl_c_fit.SendCtrlC",
                        "--trainer.callbacks.init_args.phase=compile", "--trainer.devices=1",
                        f"--trainer.default_root_dir={out}"]
-        self.proc = subprocess.Popen(command, stdin=follower,
-                                     stdout=follower, stderr=follower, env=env, cwd=out, start_new_session=True)
+        self.proc = subprocess.Popen(sigint_as("SIG_DFL", command), stdin=follower, stdout=follower,
+                                     stderr=follower, env=env, cwd=out, start_new_session=True)
         os.close(follower)
         self._chunks: list[bytes] = []
         self._reader = threading.Thread(target=self._read, args=(leader,), daemon=True)
@@ -187,13 +188,15 @@ def test_ctrl_c_in_validate_and_predict_ends_them_as_fit_does(tmp_path):
         assert isinstance(caught.value, SystemExit) and caught.value.code == 130, stage
 
 
-def _script_with_ctrl_c(after: str, delay: float, *, repeat: bool) -> tuple[int, str, str]:
-    """`python ctrl_c_script.py`, sent SIGINT `delay` seconds after it printed a line starting
-    with `after` (and then every 50 ms until it ends, with `repeat`): (status, stdout, stderr)."""
+def _script_with_ctrl_c(after: str, delay: float, *, repeat: bool,
+                        sigint: str = "SIG_DFL") -> tuple[int, str, str]:
+    """`python ctrl_c_script.py`, started with SIGINT's handler `sigint`, sent SIGINT `delay`
+    seconds after it printed a line starting with `after` (and then every 50 ms until it ends,
+    with `repeat`): (status, stdout, stderr)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("FITJAX_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, str(HERE / "ctrl_c_script.py")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(sigint_as(sigint, [sys.executable, str(HERE / "ctrl_c_script.py")]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     seen = []
     while not seen or not seen[-1].startswith(after):
         seen.append(proc.stdout.readline())
@@ -228,3 +231,11 @@ def test_ctrl_c_before_fit_and_again_while_exiting_ends_the_script_with_130_and_
     assert "set up" not in early.result()[1]  # it ended at its import
     assert "set up" not in setup.result()[1]  # and during its set-up
     assert again.result()[1].count(LINE) == 1  # the fit's line, once
+
+
+def test_a_script_started_with_ctrl_c_ignored_trains_to_the_end_through_every_ctrl_c():
+    # `nohup python train.py`, or `python train.py &` in a shell script: SIGINT ignored from the
+    # start, as the user (or the shell) asked; fit and its signal handling take no handler back
+    status, out, err = _script_with_ctrl_c("fitjax: ", 0.2, repeat=True, sigint="SIG_IGN")
+    assert status == 0, f"status {status}\n{out}\n{err[-3000:]}"
+    assert "trained to the end" in out and LINE not in out + err, out + err[-3000:]

@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from helpers import sigint_as
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 LINE = "Detected KeyboardInterrupt, attempting graceful shutdown ..."
@@ -33,8 +35,8 @@ def _in_terminal(out: Path, phases: list[str], timeout: float = 300) -> tuple[in
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]), "PYTHONFAULTHANDLER": "1",
            "COLUMNS": "80", "LINES": "24"}
     env.pop("FITJAX_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, str(HERE / "ctrl_c_phases.py"), str(out), *phases], stdin=follower,
-                            stdout=follower, stderr=follower, env=env, cwd=out, start_new_session=True)
+    proc = subprocess.Popen(sigint_as("SIG_DFL", [sys.executable, str(HERE / "ctrl_c_phases.py"), str(out), *phases]),
+                            stdin=follower, stdout=follower, stderr=follower, env=env, cwd=out, start_new_session=True)
     os.close(follower)
     chunks: list[bytes] = []
 

@@ -25,16 +25,18 @@ from fitjax.loop.progress import Progress
 
 # Python calls (functions and generator resumptions: fitjax's, JAX's, the standard library's)
 # in a train step that is not a log step, with the defaults on: the loop, the progress bar's and
-# the default checkpoint's per-step hooks and their dispatch, and the step's call (16 of them are
-# JAX's, for the train state's random key). 66 before issue 40's changes, 48 after; 78 once the
+# the default checkpoint's per-step hooks and their dispatch, and the step's call (16 of them
+# were JAX's, for the train state's random key, until 16 below). 66 before issue 40's changes, 48 after; 78 once the
 # one road of logged values (issue 35) ran each callback's hook in its own `collecting()` block
 # with the host model installed (15 calls per hook); 38 since fitjax's own per-step hooks are
 # marked `plain_hook` and called directly (one call for the two, none of those blocks); 36 since
 # the default checkpoint (epoch-end saves, each waited for) has no per-step hook (32 measured
 # then); 28 since a lone plain hook is called as its bound method, no batch is made for hooks
 # that ignore it, and the bar (here printing plain lines) looks for an arrived log window only
-# from the next possible log step on (drawn live, it reads the clock between its redraws).
-CALLS_PER_STEP = 28
+# from the next possible log step on (drawn live, it reads the clock between its redraws); 16
+# since the step's program takes the state's random key beside the state and does not return
+# it (`fitjax.step.jitted.KeyAside`: JAX made the returned typed key again in Python).
+CALLS_PER_STEP = 16
 HOOK_CALLS_PER_STEP = 1  # on_train_batch_end of the progress bar
 
 
