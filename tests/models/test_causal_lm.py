@@ -4,6 +4,8 @@ documents equal the same documents run alone, and a config fitjax cannot run is 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,7 @@ CONFIGS = {
 }
 
 
+@functools.cache  # one of each per module: the tests of a family share its compiled init and programs
 def model_and_params(family):
     """The model, its `apply` jitted (a call run op by op compiles each op: slower than the whole),
     and random weights (Gemma's norms start at zero and would hide a wrong (1 + w))."""
@@ -121,9 +124,10 @@ def test_the_module_loss_of_a_packed_row_weights_each_documents_tokens():
 
 def test_the_module_stores_adams_moments_as_asked_and_refuses_an_unknown_storage():
     config = {"model_type": "llama", **SMALL, "hidden_size": 64, "intermediate_size": 128}
-    params = models.from_config(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
-    wide = models.CausalLMModule(config).configure_optimizer().init(params)
-    narrow = models.CausalLMModule(config, moments="int8").configure_optimizer().init(params)
+    # the states' dtypes only: traced, not run (eagerly each op of the inits compiled on its own)
+    params = jax.eval_shape(models.from_config(config).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    wide = jax.eval_shape(models.CausalLMModule(config).configure_optimizer().init, params)
+    narrow = jax.eval_shape(models.CausalLMModule(config, moments="int8").configure_optimizer().init, params)
     assert not any(x.dtype == jnp.int8 for x in jax.tree.leaves(wide))
     assert any(x.dtype == jnp.int8 for x in jax.tree.leaves(narrow))  # the 64 x 128 MLP weights' codes
     with pytest.raises(ValueError, match="moments='fp8'.*'int8'"):

@@ -48,8 +48,10 @@ def hf_logits(model) -> np.ndarray:
         return model(torch.from_numpy(TOKENS[:, :-1]).long()).logits.numpy()
 
 
-def logits(module) -> np.ndarray:
-    return np.asarray(module.model.apply({"params": module.variables[0]}, TOKENS[:, :-1]))
+def logits(module, apply) -> np.ndarray:
+    """The module's logits on TOKENS by `apply`, its model's `apply` jitted (eagerly each op
+    compiles on its own: slower than the whole program, and one program serves new weights)."""
+    return np.asarray(apply({"params": module.variables[0]}, TOKENS[:, :-1]))
 
 
 def saved_by_transformers(family, folder):
@@ -67,12 +69,13 @@ def test_a_transformers_model_imports_with_equal_logits_and_exports_back(family,
     module = models.from_pretrained(tmp_path / "hf")
     strategy = fj.strategies.FSDP(min_size_to_shard=0)  # every array read in slices, transposed ones too
     quiet_trainer(strategy=strategy).validate(module, fj.DataLoader({"tokens": TOKENS}, batch_size=8), verbose=False)
-    np.testing.assert_allclose(logits(module), expected, atol=1e-4, rtol=0)
+    apply = jax.jit(module.model.apply)
+    np.testing.assert_allclose(logits(module, apply), expected, atol=1e-4, rtol=0)
 
     noise = np.random.default_rng(1)  # weights unlike the imported ones: a fine-tune's
     params = jax.tree.map(lambda p: p + 0.05 * noise.normal(size=p.shape).astype(p.dtype), module.variables[0])
     fj.module.set_variables(module, params, module.variables[1])
-    changed = logits(module)
+    changed = logits(module, apply)
     assert np.abs(changed - expected).max() > 1e-2
     models.save_pretrained(module, tmp_path / "out")
     back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
@@ -112,4 +115,4 @@ def test_a_base_model_file_without_the_causal_lm_prefix_imports(tmp_path):
     expected = hf_logits(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval())
     module = models.from_pretrained(tmp_path / "base")
     quiet_trainer(strategy="single").validate(module, fj.DataLoader({"tokens": TOKENS}, batch_size=8), verbose=False)
-    np.testing.assert_allclose(logits(module), expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(logits(module, jax.jit(module.model.apply)), expected, atol=1e-4, rtol=0)

@@ -91,9 +91,9 @@ def _stacked(params, config):
 def test_scanned_layers_compute_the_unrolled_models_numbers_and_cache(config):
     unrolled, scanned = models.from_config(config), models.from_config(config, scan_layers=True)
     tokens = jnp.asarray(TOKENS[:2, :8])
-    params = nn.unbox(unrolled.init(jax.random.key(0), tokens))["params"]
+    params = nn.unbox(jax.jit(unrolled.init)(jax.random.key(0), tokens))["params"]  # eager: op by op, slower
     stacked = _stacked(dict(params), unrolled.config)
-    boxed = scanned.init(jax.random.key(0), tokens)["params"]
+    boxed = jax.eval_shape(scanned.init, jax.random.key(0), tokens)["params"]  # the layout only: no numbers
     assert jax.tree.structure(stacked) == jax.tree.structure(nn.unbox(boxed))
     prefix = "h" if unrolled.config.gpt2_layout else "layers"
     assert all(names[0] == "layers" for names in
@@ -121,8 +121,13 @@ def test_scanned_layers_compute_the_unrolled_models_numbers_and_cache(config):
 def test_greedy_generation_with_scanned_layers_equals_the_unrolled_models():
     trainer = quiet_trainer(strategy="single")
     unrolled = models.CausalLMModule(GPT2)
-    params = nn.unbox(unrolled.model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]
-    params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(1), x.shape), params)
+
+    @jax.jit  # eagerly, each op of the init compiles on its own: slower than the whole
+    def init():
+        params = nn.unbox(unrolled.model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))["params"]
+        return jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(1), x.shape), params)
+
+    params = init()
     fj.module.set_variables(unrolled, params, {})
     scanned = models.CausalLMModule(GPT2, scan_layers=True)
     fj.module.set_variables(scanned, _stacked(dict(params), unrolled.model.config), {})
@@ -156,12 +161,15 @@ def test_the_chunked_loss_is_the_full_logits_loss(config):
     text = {"tokens": TOKENS[:4, :-1], "targets": TOKENS[:4, 1:], "loss_mask": rng.random((4, 16)) < 0.7,
             "segment_ids": segments[:, :-1], "positions": np.broadcast_to(np.arange(16), (4, 16)).astype(np.int32)}
     batches = [{"tokens": TOKENS[:4]}, {"tokens": TOKENS[:4], "segment_ids": segments}, text]
-    params = nn.unbox(module.model.init(jax.random.key(0), jnp.asarray(TOKENS[:1, :4])))["params"]
+    params = nn.unbox(jax.jit(module.model.init)(jax.random.key(0), jnp.asarray(TOKENS[:1, :4])))["params"]
+    # jitted both: eagerly each op compiles on its own (slower than the whole program)
+    new = jax.jit(lambda p, batch: module.loss(module.model.bind({"params": p}), batch))
+    old = jax.jit(lambda p, batch: _old_loss(module.model, p, batch))
     for batch in batches:
         batch = jax.tree.map(jnp.asarray, batch)
-        got = module.loss(module.model.bind({"params": params}), batch)
+        got = new(params, batch)
         got = got if isinstance(got, jax.Array) else got.mean
-        assert float(got) == pytest.approx(float(_old_loss(module.model, params, batch)), rel=1e-5)
+        assert float(got) == pytest.approx(float(old(params, batch)), rel=1e-5)
 
 
 def test_a_transformers_llama_round_trips_through_scanned_layers(tmp_path):
@@ -179,7 +187,8 @@ def test_a_transformers_llama_round_trips_through_scanned_layers(tmp_path):
     trainer.validate(module, fj.DataLoader({"tokens": TOKENS}, batch_size=8), verbose=False)
     params = module.variables[0]
     assert params["layers"]["self_attn"]["q_proj"]["kernel"].shape == (2, 32, 32)  # [layers, in, out]
-    logits = lambda: np.asarray(module.model.apply({"params": module.variables[0]}, TOKENS[:, :-1]))  # noqa: E731
+    apply = jax.jit(module.model.apply)  # one program for both weights (eagerly: each op compiled alone)
+    logits = lambda: np.asarray(apply({"params": module.variables[0]}, TOKENS[:, :-1]))  # noqa: E731
     np.testing.assert_allclose(logits(), expected, atol=1e-4, rtol=0)
 
     noise = np.random.default_rng(1)
