@@ -202,8 +202,30 @@ def compute(acc: Mapping[str, Any]) -> HostMetrics:
 def compute_values(acc: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The computed value of each metric entry that merged any example (host numpy arrays: a
     scalar, a vector of per-class numbers, or a matrix)."""
-    return {name: np.asarray(jax.device_get(entry.metric.compute()))
+    return {name: np.asarray(jax.device_get(_computed(entry.metric)))
             for name, entry in acc.items() if isinstance(entry, Tracked) and float(entry.count) > 0}
+
+
+@jax.jit
+def _jitted_compute(metric: Any) -> Any:
+    return metric.compute()
+
+
+def _computed(metric: Any) -> Any:
+    """`metric.compute()` as one program, compiled once per metric and shape in a process: called
+    op by op, an AUROC's or an F1's value compiles each of its dozens of operations on its first
+    read, and on an accelerator dispatches each of them at every read. A metric jit cannot trace
+    (configuration that is not hashable, a value read or a slice sized on the host inside
+    `compute`, as some metrax metrics do) is computed as it is, from then on without trying."""
+    if type(metric) not in _UNTRACEABLE:
+        try:
+            return _jitted_compute(metric)
+        except Exception:  # noqa: BLE001  (the call as it is raises whatever is really wrong)
+            _UNTRACEABLE.add(type(metric))
+    return metric.compute()
+
+
+_UNTRACEABLE: set[type] = set()
 
 
 def template_of(value: Any) -> Any:
