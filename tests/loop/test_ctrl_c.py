@@ -139,6 +139,18 @@ def test_a_second_ctrl_c_during_the_shutdown_save_says_it_is_saving(interrupted)
     assert "Still shutting down: saving the checkpoint" in output, output[-3000:]
 
 
+@pytest.fixture
+def sigint_as_in_a_script():
+    """SIGINT in this process as a script run from a terminal has it (Python's KeyboardInterrupt),
+    whatever the suite was started with: a background job passes it on ignored, and fit then
+    rightly leaves it ignored (`test_a_script_started_with_ctrl_c_ignored_...`)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 class _CtrlCInGarbageCollection(fj.Callback):
     """Sends Ctrl-C from inside a garbage-collector callback (JAX has one: where a Ctrl-C
     during set-up was lost, printed as "Exception ignored", in 1 of 7 tries)."""
@@ -158,6 +170,7 @@ class _CtrlCInGarbageCollection(fj.Callback):
             gc.callbacks.remove(send)
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_script")
 def test_a_ctrl_c_from_a_garbage_collector_callback_is_not_lost_and_fit_raises_interrupted(tmp_path):
     trainer = ctrl_c_fit.trainer(tmp_path, callbacks=[_CtrlCInGarbageCollection()], enable_progress_bar=False,
                                  enable_model_summary=False)
@@ -178,6 +191,7 @@ class _CtrlCInEvaluation(fj.Callback):
 
 
 @pytest.mark.filterwarnings("ignore:.*never fitted nor loaded")
+@pytest.mark.usefixtures("sigint_as_in_a_script")
 def test_ctrl_c_in_validate_and_predict_ends_them_as_fit_does(tmp_path):
     """Lightning handles Ctrl-C the same way in every stage: its line, then the program ends."""
     trainer = ctrl_c_fit.trainer(tmp_path, callbacks=[_CtrlCInEvaluation()], enable_progress_bar=False,
