@@ -105,8 +105,8 @@ def graceful() -> Iterator[None]:
     user's call): a Ctrl-C anywhere in it (the argument checks and the data's set-up included)
     ends as `Interrupted` once fit's own handling (`begin`, the exception hooks, teardown) is
     done; the SIGINT handler from before fit is back when it ends."""
-    main = listening()
-    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
+    handling = listening()
+    previous = signal.signal(signal.SIGINT, on_sigint) if handling else None
     tracking = not tracking_collections()  # set by `import fitjax`, or a stage inside a fit: it stays
     if tracking:
         track_collections()
@@ -121,7 +121,7 @@ def graceful() -> Iterator[None]:
         _Shutdown.begun = False
         if tracking:
             untrack_collections()
-        if main:  # None: a handler set from C, which Python cannot set back; its default then
+        if handling:  # None: a handler set from C, which Python cannot set back; its default then
             signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
