@@ -62,7 +62,7 @@ from fitjax.state import TrainState
 
 __all__ = ["CallbackMetrics", "EpochAccumulators", "MetricLog"]
 
-_IN_FLIGHT = 4  # log windows on their way to the host at most (each holds a few scalars)
+_IN_FLIGHT = 4  # log windows' transfers on their way to the host at most (each of a few scalars)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +185,7 @@ class MetricLog:
         # the log windows in `_queue`, counted as they come and go: asked at every log step and
         # epoch start, where walking the queue was a Python call per entry
         self._windows = 0
-        self._copies: bool | None = None  # whether windows copy ahead (`_log_fetch.copies`), per fit
+        self._fetch: _log_fetch.Fetcher | None = None  # how windows go to the host, per fit
         self._latest_step: dict | None = None  # the last train step's values, on the device
         self._latest_step_host: tuple | None = None  # (those values, read) once someone read them
 
@@ -218,7 +218,7 @@ class MetricLog:
         """A fit starts with steps whose `LitModule.log` options are `specs`."""
         self._specs, self._fitting = specs, True
         self._latest_step = self._latest_step_host = None
-        self._copies = None
+        self._fetch = None
 
     def end_fit(self) -> None:
         """Fit ends: the values of an interrupted window, or of the last step, are not logged."""
@@ -282,17 +282,18 @@ class MetricLog:
         `log_rows=False`: they only join the epoch's means (the end of an epoch).
 
         The windows before it stay on their way until they have arrived (`read_arrived`), at
-        most `_IN_FLIGHT` of them: reading one that has not arrived makes the host wait for the
-        device and then wake up, and on a loaded machine that wake-up can leave the device idle
-        for longer than the step (several steps per call put a log step in most calls)."""
+        most `_IN_FLIGHT` transfers of them (windows sent alone or stacked, `_log_fetch`): reading
+        one that has not arrived makes the host wait for the device and then wake up, and on a
+        loaded machine that wake-up can leave the device idle for longer than the step (several
+        steps per call put a log step in most calls)."""
         self.read_arrived()
-        while self._windows >= _IN_FLIGHT:
+        if self._fetch is None:  # once a fit: the accumulators keep their shapes and devices
+            self._fetch = _log_fetch.Fetcher.for_values((state.metrics, step_lib.host_values(state)))
+        while self._windows >= _IN_FLIGHT * self._fetch.windows_in_flight:
             self._write_oldest()
         progress = self._loop
-        if self._copies is None:  # asked once a fit: the accumulators stay on the same devices
-            self._copies = _log_fetch.copies((state.metrics, step_lib.host_values(state)))
-        state, window = _log_fetch.start(state, reset, step=progress.global_step, epoch=progress.epoch,
-                                         batches_done=progress.batches_done, copy=self._copies)
+        state, window = self._fetch.start(state, reset, step=progress.global_step, epoch=progress.epoch,
+                                          batches_done=progress.batches_done)
         self._queue.append((window, log_rows, self._row()))
         self._windows += 1
         return state
