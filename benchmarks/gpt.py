@@ -61,6 +61,9 @@ SHAPES = {  # model and batch; micro-batch rows (global), accumulate 2 -> tokens
     "gpt2-small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304, batch_size=16),
     "gpt2-medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304, batch_size=8),
 }
+# what --smoke runs under the name "cpu": every code path of the runs on a model that compiles and
+# steps in a fraction of the CPU shape's time (the smoke's numbers mean nothing)
+SMOKE_SHAPE = dict(layers=1, width=64, heads=2, context=64, batch_size=8)
 MESHES = {  # name: (devices, data, fsdp, tensor); None: a plain data-parallel mesh
     "single": (1, None, None, None),
     "dp": (8, None, None, None),
@@ -104,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
                                                       "share and each side's time per op as JSON here, the "
                                                       "traces beside it")
     parser.add_argument("--smoke", action="store_true",
-                        help="the single mesh, 1 warm-up and 1 timed step, 1 repeat: checks the script runs")
+                        help="the single mesh, a 1-layer model (SMOKE_SHAPE), 1 warm-up and 1 timed step, 1 repeat: "
+                             "checks the script runs")
     return parser
 
 
@@ -335,7 +339,7 @@ def main(argv=None) -> None:
                                     "warmup": args.warmup, "rows": rows, "idle": idle})
     with tempfile.TemporaryDirectory() as root:
         for shape_name in shapes:
-            shape = SHAPES[shape_name]
+            shape = SMOKE_SHAPE if args.smoke else SHAPES[shape_name]
             train, _ = gpt.splits(shape["context"])
             data = train["tokens"]
             flops = gpt.flops_per_token(**shape)

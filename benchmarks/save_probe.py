@@ -178,7 +178,7 @@ def fit(shape: dict, data: np.ndarray, *, epoch_steps: int, first: int, traced: 
 
 
 def main(args) -> None:
-    shape = bench.SHAPES["cpu" if args.smoke else "gpt2-small"]
+    shape = bench.SMOKE_SHAPE if args.smoke else bench.SHAPES["gpt2-small"]
     train, _ = bench.gpt.splits(shape["context"])
     data = train["tokens"]
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} ({jax.devices()[0].platform})", flush=True)
