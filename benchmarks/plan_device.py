@@ -74,7 +74,7 @@ import gpt  # noqa: E402
 from fitjax.planner import human_bytes, spec_for  # noqa: E402
 
 GPT2_SMALL = dict(layers=12, width=768, heads=12, context=1024, vocab=50304)
-TINY = dict(layers=2, width=64, heads=4, context=64, vocab=256)
+TINY = dict(layers=1, width=64, heads=4, context=64, vocab=256)
 
 
 def _trainer(**kwargs) -> fj.Trainer:
@@ -144,6 +144,8 @@ def _planned(args, rows: int, remats: list[str] | None) -> dict:
 
 def main(argv=None) -> None:
     args = _parser().parse_args(argv)
+    if args.smoke:  # one warm-up step: the first compiles, the next is timed
+        args.warmup = 1
     shape, rows = (TINY, 2) if args.smoke else (GPT2_SMALL, args.rows)
     steps = 2 if args.smoke else args.steps
     if args.fit:

@@ -56,6 +56,7 @@ import _results  # noqa: E402
 
 SHAPES = {
     "tiny": dict(layers=2, width=128, heads=2, context=128, vocab=512),
+    "smoke": dict(layers=1, width=128, heads=2, context=128, vocab=256),  # --smoke's: each choice's code path
     "small": dict(layers=12, width=768, heads=12, context=1024, vocab=50304),   # GPT-2 small, 124 M
     "medium": dict(layers=24, width=1024, heads=16, context=1024, vocab=50304),  # GPT-2 medium, 355 M
 }
@@ -256,8 +257,8 @@ def main(argv=None) -> None:
     args = _parser().parse_args(argv)
     interpret = jax.devices()[0].platform != "tpu"
     if args.smoke:
-        args.config = ["tiny:attn=xla,batch=2", "tiny:attn=splash,batch=2,loss=chunked,chunk=64",
-                       "tiny:attn=fj,batch=2,remat=dots,scan=1"]
+        args.config = ["smoke:attn=xla,batch=2", "smoke:attn=splash,batch=2,loss=chunked,chunk=64",
+                       "smoke:attn=fj,batch=2,remat=dots,scan=1"]
         args.steps = 1
     configs = [Config.parse(text) for text in args.config]
     result = {"peak_tflops": args.peak_tflops, "steps": args.steps, "rows": []}
