@@ -14,15 +14,22 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 
+# what the check scripts' --smoke adds to XLA_FLAGS: XLA:CPU without LLVM's costlier passes (a smoke
+# checks that a script runs, not how fast its programs do); `ported.py --smoke` 33 s of CPU -> 24.5 s
+SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
 @pytest.fixture(scope="session")  # not "module": this module's tests stay spread over the workers
 def env(tmp_path_factory) -> dict[str, str]:
-    """The scripts' environment: their own devices (no XLA_FLAGS of the suite), and one XLA
-    persistent cache for all of them (a fresh folder per test worker): the smoke runs fit the same
-    tiny models again and again, in one script and across scripts, and each program is compiled once.
-    Measured on 2 cores: `overhead.py --smoke` alone 43 s of CPU without it, 23 s with a cold one."""
+    """The scripts' environment: their own devices (none of the suite's XLA_FLAGS: the smokes'
+    compile options alone), and one XLA persistent cache for all of them (a fresh folder per test
+    worker): the smoke runs fit the same tiny models again and again, in one script and across
+    scripts, and each program is compiled once. Measured on 2 cores: `overhead.py --smoke` alone
+    43 s of CPU without it, 23 s with a cold one."""
     cache = tmp_path_factory.mktemp("xla_cache")
     return {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_COMPILATION_CACHE_DIR": str(cache),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            "XLA_FLAGS": SMOKE_XLA_FLAGS}
 
 
 def _run(script: str, *args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
