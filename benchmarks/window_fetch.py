@@ -18,6 +18,7 @@ windows:
   one array, copied once and read once.
 
 Usage: python benchmarks/window_fetch.py [--calls 3000] [--repeats 3] [--json FILE]
+       python benchmarks/window_fetch.py --smoke    # every way once, a few calls: checks it runs
 """
 
 from __future__ import annotations
@@ -27,9 +28,23 @@ import collections
 import json
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ways", default="none,async,sync,batch4,batch8,batch16")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--smoke", action="store_true", help="every way once, 90 calls: checks the script runs")
+    return parser
+
+
+if __name__ == "__main__":  # --help (or a wrong argument) answered before JAX is imported
+    _parser().parse_args()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 WIDTH, STEPS = 64, 32
 IN_FLIGHT = 4  # windows on their way at most (fitjax's `_IN_FLIGHT`)
@@ -113,12 +128,9 @@ def run(way: str, calls: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--ways", default="none,async,sync,batch4,batch8,batch16")
-    parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
+    args = _parser().parse_args()
+    if args.smoke:
+        args.calls, args.repeats = 90, 1
     ways = args.ways.split(",")
     rows = {way: [] for way in ways}
     for _ in range(args.repeats):
