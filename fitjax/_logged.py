@@ -21,8 +21,8 @@ import numpy as np
 
 from fitjax import metrics as acc_lib
 
-__all__ = ["LogSpec", "Logged", "collecting", "compute", "for_progress_bar", "host_values", "keep", "keyed",
-           "loader_count", "loader_suffix", "numbers", "of_loader", "open_host_block", "pictures", "plain_names",
+__all__ = ["LogSpec", "Logged", "collecting", "compute", "compute_with_pictures", "for_progress_bar", "host_values",
+           "keep", "keyed", "loader_count", "loader_suffix", "numbers", "of_loader", "open_host_block", "plain_names",
            "plain_of", "record"]
 
 REDUCE_FX = ("mean",)
@@ -123,20 +123,29 @@ def keep(values: dict[str, Any], specs: dict[str, LogSpec], option: str) -> dict
 
 def numbers(acc: dict[str, Any]) -> dict[str, float]:
     """The numbers a host accumulator gives: the means, and each metric's value, a vector of them
-    as `name/0`, `name/1`, ... (a matrix is left out here: see `pictures`)."""
-    out = acc_lib.compute(acc)
+    as `name/0`, `name/1`, ... (a matrix is left out here: see `compute_with_pictures`)."""
+    return _numbers_and_matrices(acc)[0]
+
+
+def compute_with_pictures(acc: dict[str, Any], specs: dict[str, LogSpec], *, stage: str, epoch: bool
+                          ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """`compute`'s values and the matrices the accumulator's metrics give (a confusion matrix),
+    both under their logged keys: each metric computed once for both."""
+    values, matrices = _numbers_and_matrices(acc)
+    return (keyed(values, specs, stage=stage, epoch=epoch),
+            {_key(name, specs, stage=stage, epoch=epoch): value for name, value in matrices.items()})
+
+
+def _numbers_and_matrices(acc: dict[str, Any]) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    out, matrices = acc_lib.compute(acc), {}
     for name, value in acc_lib.compute_values(acc).items():
         if value.ndim == 0:
             out[name] = float(value)
         elif value.ndim == 1:
             out.update({f"{name}/{i}": float(v) for i, v in enumerate(value)})
-    return out
-
-
-def pictures(acc: dict[str, Any], specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> dict[str, np.ndarray]:
-    """The matrices a host accumulator's metrics give (a confusion matrix), under their logged keys."""
-    return {_key(name, specs, stage=stage, epoch=epoch): value
-            for name, value in acc_lib.compute_values(acc).items() if value.ndim >= 2}
+        else:
+            matrices[name] = value
+    return out, matrices
 
 
 def _key(name: str, specs: dict[str, LogSpec], *, stage: str, epoch: bool) -> str:

@@ -164,13 +164,12 @@ def evaluate(trainer, module, compiled, built_from, hooks, loaders, params, mode
             if wants_batch_end:
                 hooks.call(hook, trainer, module, outputs, batch, batch_idx, *extra)
         host = jax.device_get(acc)  # sync point: once per loader of an evaluation
-        values = _logged.compute(host, specs, stage=stage, epoch=True)
+        values, pictures = _logged.compute_with_pictures(host, specs, stage=stage, epoch=True)
         suffix = _logged.loader_suffix(dataloader_idx) if several else ""
         evaluated.values.update({k + suffix: v for k, v in values.items()})
         evaluated.aliases.update({k + suffix: v for k, v in _logged.plain_names(host, specs, epoch=True).items()})
         evaluated.progress_bar.update({k + suffix: v for k, v in _logged.for_progress_bar(values, specs).items()})
-        evaluated.pictures.update({k + suffix: v for k, v in
-                                   _logged.pictures(host, specs, stage=stage, epoch=True).items()})
+        evaluated.pictures.update({k + suffix: v for k, v in pictures.items()})
     return evaluated
 
 

@@ -410,9 +410,8 @@ class MetricLog:
     def _epoch_row(self, acc: Mapping[str, np.ndarray], end: _EpochEnd) -> _Row:
         """The row of an epoch's means from its accumulators `acc`."""
         specs = self._specs
-        return _Row(_logged.compute(acc, specs, stage="train", epoch=True), end.step, end.epoch,
-                    _logged.plain_names(acc, specs, epoch=True),
-                    pictures=_logged.pictures(acc, specs, stage="train", epoch=True))
+        values, pictures = _logged.compute_with_pictures(acc, specs, stage="train", epoch=True)
+        return _Row(values, end.step, end.epoch, _logged.plain_names(acc, specs, epoch=True), pictures=pictures)
 
     def _step_values(self, latest: tuple[dict, HostMetrics | None] | None) -> HostMetrics:
         """An epoch's last step's values as `_EpochEnd.latest` holds them (read now if not yet)."""
