@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--smoke", action="store_true", help="1 repeat of 20 steps: checks the script runs")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 repeat of 20 steps, fitjax's scheduler only: checks the script runs")
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
                         help="the tiny MLP (default) or the MNIST-sized one of overhead.py")
     parser.add_argument("--child", choices=("true", "false"), help=argparse.SUPPRESS)
@@ -118,7 +119,8 @@ def main(argv=None):
         import subprocess
 
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        for value, name in (("true", "XLA's default, breadth-first"), ("false", "depth-first, as fitjax sets it")):
+        schedulers = (("true", "XLA's default, breadth-first"), ("false", "depth-first, as fitjax sets it"))
+        for value, name in schedulers[1:] if args.smoke else schedulers:  # the smoke: one child runs the code
             print(f"== scheduler: {name} ({_SCHEDULER_FLAG}={value})", flush=True)
             subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--child", value],
                            env=env, check=True)

@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--compile-cache", type=Path,
                         help="also run with JAX's persistent compilation cache in this (new) folder, "
                              "primed by one run (reported as the cold run)")
-    parser.add_argument("--smoke", action="store_true", help="1 run: checks the script runs")
+    parser.add_argument("--smoke", action="store_true", help="1 run of 1 epoch: checks the script runs")
     parser.add_argument("--no-cold", action="store_true",
                         help="with --compile-cache: only the priming run (cold) and the warm ones")
     parser.add_argument("--example", default="digits.py", help="the example under examples/ (default digits.py)")
@@ -133,8 +133,8 @@ def main() -> None:
                      f"got --example {args.example}")
     epochs = 3  # the example's schedule warms up for 2 epochs
     keep = args.smoke  # the smoke keeps the caller's JAX cache (the test suite's: each program compiled once)
-    if args.smoke:
-        args.runs = 1
+    if args.smoke:  # one run of one epoch: every line the script reads still comes
+        args.runs, epochs = 1, 1
 
     def example(root: Path, env: dict[str, str]) -> Callable[[], dict[str, float]]:
         return lambda: one_run(root, args.extra, env, epochs, args.example, keep_jax_cache=keep)
