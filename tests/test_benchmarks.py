@@ -43,7 +43,7 @@ def test_there_are_benchmarks():
 
 # their --smoke runs inside `gpu_check.sh --smoke` (test_gpu_check_smoke), once
 IN_GPU_CHECK = {"gpt.py", "init_compile.py", "many_runs.py", "overhead.py", "peers.py", "plan_device.py"}
-# and these inside `tpu_check.sh --smoke` (test_tpu_check_smoke; `lm_shapes.py --smoke` three times,
+# and these inside `tpu_check.sh --smoke` (test_tpu_check_smoke; `lm_shapes.py --smoke` four times,
 # the first the command this test ran, `--json` added)
 IN_TPU_CHECK = {"tpu_sweep.py", "generation.py", "save_probe.py", "lm_shapes.py"}
 
