@@ -69,10 +69,10 @@ SHAPES = {  # the published config.json values of each architecture
                      "head_dim": 128, "max_position_embeddings": 131072, "rope_theta": 500000.0,
                      "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
                      "rope_scaling": {**LLAMA3_ROPE, "factor": 8.0}},
-    # seconds on a CPU: the same code path, nothing measured (one layer: an unrolled model's
-    # compile time grows with its layers)
+    # seconds on a CPU: the same code path, nothing measured (2 layers: update_in_backward's check
+    # that one layer's optimizer state is a slice of the whole model's needs two)
     "smoke": {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
               "max_position_embeddings": 256, "tie_word_embeddings": True},
 }
 LORA_TARGETS = r".*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
