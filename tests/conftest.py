@@ -29,7 +29,7 @@ assert "--xla_cpu_enable_concurrency_optimized_scheduler=false" in os.environ["X
 assert len(jax.devices("cpu")) == 8, "conftest must run before anything imports jax"
 
 
-# One of each session fixture per test run, also under `pytest -n 2 --dist loadgroup` (README's
+# One of each session fixture per test run, also under `pytest -n 4 --dist loadgroup` (README's
 # command): the tests that use one run on the same worker, which starts it once.
 # A test parametrized over the stores ("s3", "gs": tests/storage/conftest.py's `store_bucket`, or a
 # parameter that picks a bucket fixture by that name) joins the group of that store's server.
