@@ -21,6 +21,7 @@ later at most), or when it is read. Windows that come slowly go one by one, as t
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from typing import Any, Callable
@@ -104,20 +105,28 @@ class Fetcher:
         copy: copy each window's values to the host ahead of their read (`copies`).
         stack: hold windows that come fast and send them stacked; only with `copy`, in one
             process (a stack of arrays of several processes is not readable on one).
+        ahead: with `stack`, how many windows the host may take before the device has computed
+            the oldest of them: the caller's bound on windows in flight, which reads the oldest
+            window when it is reached, bounds this only when windows go alone.
         clock: the clock (seconds).
     """
 
-    def __init__(self, *, copy: bool, stack: bool, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, *, copy: bool, stack: bool, ahead: int = 4,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._copy, self._stack, self._clock = copy, stack and copy, clock
         self._open: _Stack | None = None  # the stack held windows join
         self._last = -math.inf  # when the last window was taken
+        # the newest windows' probes: the host waits for the oldest before taking one more, so it
+        # runs at most `ahead` windows (their steps and batches) ahead of the device, as when
+        # each window was read at the bound
+        self._recent: collections.deque = collections.deque(maxlen=ahead)
 
     @classmethod
-    def for_values(cls, values: Any) -> Fetcher:
+    def for_values(cls, values: Any, *, ahead: int) -> Fetcher:
         """The fetcher for windows of `values` (the state's accumulators and extra values)."""
         copy = copies(values)
         small = sum(leaf.nbytes for leaf in jax.tree.leaves(values)) <= _STACK_BYTES
-        return cls(copy=copy, stack=small and jax.process_count() == 1)
+        return cls(copy=copy, stack=small and jax.process_count() == 1, ahead=ahead)
 
     @property
     def windows_in_flight(self) -> int:
@@ -140,6 +149,10 @@ class Fetcher:
         now, last = self._clock(), self._last
         self._last = now
         if leaves and self._stack and (self._open is not None and not self._open.sent or now - last < HOLD_SECONDS):
+            recent = self._recent
+            if len(recent) == recent.maxlen:
+                recent[0].block_until_ready()  # at once where the device keeps up (the host-bound loops)
+            recent.append(window.probe)
             if self._open is None or self._open.sent:
                 self._open = _Stack(due=now + HOLD_SECONDS, clock=self._clock)
             self._open.hold(window)

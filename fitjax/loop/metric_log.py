@@ -282,13 +282,15 @@ class MetricLog:
         `log_rows=False`: they only join the epoch's means (the end of an epoch).
 
         The windows before it stay on their way until they have arrived (`read_arrived`), at
-        most `_IN_FLIGHT` transfers of them (windows sent alone or stacked, `_log_fetch`): reading
-        one that has not arrived makes the host wait for the device and then wake up, and on a
-        loaded machine that wake-up can leave the device idle for longer than the step (several
-        steps per call put a log step in most calls)."""
+        most `_IN_FLIGHT` of them, or `_IN_FLIGHT` stacks of them when they are stacked (whose
+        fetcher keeps the host `_IN_FLIGHT` windows ahead of the device at most, `_log_fetch`):
+        reading one that has not arrived makes the host wait for the device and then wake up, and
+        on a loaded machine that wake-up can leave the device idle for longer than the step
+        (several steps per call put a log step in most calls)."""
         self.read_arrived()
         if self._fetch is None:  # once a fit: the accumulators keep their shapes and devices
-            self._fetch = _log_fetch.Fetcher.for_values((state.metrics, step_lib.host_values(state)))
+            self._fetch = _log_fetch.Fetcher.for_values((state.metrics, step_lib.host_values(state)),
+                                                        ahead=_IN_FLIGHT)
         while self._windows >= _IN_FLIGHT * self._fetch.windows_in_flight:
             self._write_oldest()
         progress = self._loop

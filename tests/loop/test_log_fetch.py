@@ -107,11 +107,40 @@ def test_windows_that_come_fast_wait_on_the_device_until_due_or_read_and_slow_on
 def test_large_windows_and_several_processes_are_never_stacked():
     small = {"loss": jnp.zeros((2,), jnp.float32)}
     big = {"histogram": jnp.zeros((1 << 15,), jnp.float32)}  # 128 KiB
-    on_cpu = _log_fetch.Fetcher.for_values((small, {}))
+    on_cpu = _log_fetch.Fetcher.for_values((small, {}), ahead=4)
     assert on_cpu.windows_in_flight == 1  # on CPU: read where they are, one by one
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_log_fetch, "copies", lambda values: True)
-        assert _log_fetch.Fetcher.for_values((small, {})).windows_in_flight == _log_fetch.STACKED
-        assert _log_fetch.Fetcher.for_values((big, {})).windows_in_flight == 1
+        assert _log_fetch.Fetcher.for_values((small, {}), ahead=4).windows_in_flight == _log_fetch.STACKED
+        assert _log_fetch.Fetcher.for_values((big, {}), ahead=4).windows_in_flight == 1
         patch.setattr(jax, "process_count", lambda: 2)
-        assert _log_fetch.Fetcher.for_values((small, {})).windows_in_flight == 1
+        assert _log_fetch.Fetcher.for_values((small, {}), ahead=4).windows_in_flight == 1
+
+
+class _Computing:
+    """A window's accumulator the device is still computing: records the host's waits for it."""
+
+    nbytes = 8
+
+    def __init__(self, waits: list, name: int):
+        self.waits, self.name = waits, name
+
+    def is_ready(self):
+        return False
+
+    def block_until_ready(self):
+        self.waits.append(self.name)
+        return self
+
+
+def test_held_windows_keep_the_host_at_most_ahead_windows_ahead_of_the_device():
+    # with windows held (not read at the bound of windows in flight), the host waits for the
+    # device's oldest of the last `ahead` windows before taking another, as reading it did
+    clock, waits = _Clock(), []
+    fetcher = _log_fetch.Fetcher(copy=True, stack=True, ahead=3, clock=clock)
+    _start(fetcher, 0.0, 0)  # alone: nothing before it
+    for i in range(1, 6):
+        state = _State(0.0)
+        state.metrics = {"loss": _Computing(waits, i)}
+        fetcher.start(state, lambda s: s, step=i, epoch=0, batches_done=i)
+    assert waits == [1, 2]  # the 4th held window waited for the 1st, the 5th for the 2nd
