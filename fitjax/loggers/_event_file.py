@@ -69,6 +69,7 @@ def synchronous(writer: Any, flush_secs: float) -> Any:
         return writer  # not the tensorboardX this was written against: its own writer stays
     queued._worker.stop()  # writes what it was given (a purge step's events), then ends
     queued._event_queue.close()
+    queued._event_queue.join_thread()  # the queue's feeder thread, started by `stop`, has ended
     queued._worker = queued._event_queue = None
     queued._closed = True  # its atexit hook and its own close leave the file to us
     file_writer.event_writer = _EventFile(queued._ev_writer, queued.get_logdir(), flush_secs)

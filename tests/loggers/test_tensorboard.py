@@ -4,6 +4,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import tensorboardX  # noqa: F401  (imported before the GIL is contended in a test below)
 import yaml
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -42,14 +43,28 @@ def test_scalars_are_written_at_their_global_steps(tmp_path):
     assert _points(accumulator, "val/acc") == [(20, 0.75)]
 
 
+def _spin(done: threading.Event) -> None:
+    while not done.is_set():
+        sum(range(1000))
+
+
 def test_what_was_logged_is_readable_after_save_and_no_thread_writes_it(tmp_path):
     """Events are written by the thread that logs (tensorboardX's queue and writer thread cost a
     tiny step ~11%): `save()` puts every event logged so far on disk, with the file still open."""
     before = set(threading.enumerate())
+    busy = threading.Event()  # threads that contend for the GIL, as a loaded machine's would:
+    hogs = [threading.Thread(target=_spin, args=(busy,), daemon=True) for _ in range(2)]
+    for hog in hogs:  # tensorboardX's queue feeder, left to end by itself, was seen alive in CI
+        hog.start()
     logger = TensorBoardLogger(tmp_path, flush_secs=3600)  # no timed flush during the test
-    for step in range(1, 201):
+    logger.log_metrics({"train/loss": 1.0}, step=1)  # opens the file
+    assert set(threading.enumerate()) - before == set(hogs)  # no writer or feeder thread running
+    busy.set()
+    for hog in hogs:
+        hog.join()
+    for step in range(2, 201):
         logger.log_metrics({"train/loss": 1.0 / step}, step=step)
-    assert set(threading.enumerate()) == before  # no writer (or queue feeder) thread started
+    assert set(threading.enumerate()) == before
     logger.save()
     assert len(_points(_read(logger.log_dir), "train/loss")) == 200
     logger.log_metrics({"train/loss": 0.0}, step=201)
