@@ -736,8 +736,10 @@ class Trainer(metaclass=_arguments.CheckedArguments):
         XLA's cost analysis of the train step compiled as it runs (this strategy's partitioned
         program, precision, accumulation, clipping, optimizer: everything the step does), with
         its loops unrolled so every micro-batch counts; divided by `steps_per_execution`. Known
-        once fit has built its step (from `on_fit_start` on, and after fit); the first read in a
-        fit compiles that program once (no step runs). None where the backend reports no FLOPs.
+        once fit has built its step (from `on_fit_start` on, and after fit). Read after a step
+        ran, it is the analysis of the program that ran (batches kept on the devices: with their
+        pick, a few FLOPs), nothing compiled again; read before, the step is compiled once for
+        the count (no step runs). None where the backend reports no FLOPs.
         Custom calls (a cuDNN attention kernel) are opaque to the analysis: their FLOPs are not
         counted. `remat="none"` counts the same step without rematerialization: the model's
         FLOPs when `Trainer(remat=...)` recomputes layers (one more compilation), which

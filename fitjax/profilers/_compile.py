@@ -27,8 +27,9 @@ _NOT_IN_KEY = re.compile(r"[^A-Za-z0-9_]+")
 _WRAPPED = re.compile(r"(?:jit|pjit|pmap)\((.*)\)")  # JAX names the lowering "jit(<function>)"
 _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 # The step programs fitjax builds (`fitjax.step`), as their status lines name them; their first
-# compilations are the slow, silent parts of a fit's start after the init. The train step compiled
-# again for XLA's FLOP count (`ThroughputMonitor`'s MFU) is said as that, not as a recompilation.
+# compilations are the slow, silent parts of a fit's start after the init. A train step compiled
+# on its own for XLA's FLOP count (read before any step ran, or the step without remat for
+# `ThroughputMonitor`'s MFU) is said as that, not as a recompilation.
 _STEPS = {"train_step": "the train step", "eval_step": "the evaluation step", "predict_step": "the predict step"}
 _COUNTS = {"train_step_flops": "the train step's FLOPs"}
 

@@ -16,6 +16,7 @@ import functools
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -29,7 +30,7 @@ from fitjax.step.module_spec import ModuleSpec
 from fitjax.step.options import StepOptions
 from fitjax.strategies import Strategy, with_model_rules
 
-__all__ = ["AbstractTrain", "Compiled", "EvalStep", "KeyAside", "StepBuild", "abstract_init", "abstract_train", "block_sharding", "build",
+__all__ = ["AbstractTrain", "Compiled", "EvalStep", "KeyAside", "StepBuild", "StepCost", "abstract_init", "abstract_train", "block_sharding", "build",
            "check_optimizer", "compiler_options", "cost_of", "step_inputs", "step_memory_bytes",
            "train_step_cost"]
 
@@ -80,8 +81,8 @@ class Compiled:
     #: `state -> state` with the train metric accumulators zeroed
     reset_metrics: Callable[[TrainState], TrainState] | None = None
     #: `() -> dict`: XLA's cost analysis of one full call of the train step, per device
-    #: (`train_step_cost`); compiles a program when called
-    train_step_cost: Callable[[], dict[str, float]] | None = None
+    #: (`StepCost`); compiles a program when called, unless the step has run
+    train_step_cost: "StepCost | None" = None
     #: `options -> {name: program}` of the train programs for other options (another
     #: `accumulate_grad_batches`) on the same state and shardings
     train_programs_for: Callable[[StepOptions], dict[str, Any]] | None = None
@@ -219,8 +220,8 @@ def build(spec: ModuleSpec, strategy: Strategy, batch: Batch, *, seed: int, purp
             made = _train_programs(spec, tx, other, train_names, strategy, shardings, runs,
                                    abstract=(abstract_state, abstract_batch))
             make, unrolled = made.pop("make"), made.pop("loops_unrolled")
-            made["train_step_cost"] = lambda: train_step_cost(  # the step as it runs, loops and all
-                make(single=False, unrolled=unrolled), strategy, shardings, other, abstract_state, abstract_batch)
+            made["train_step_cost"] = StepCost(lambda: train_step_cost(  # the step as it runs, loops and all
+                make(single=False, unrolled=unrolled), strategy, shardings, other, abstract_state, abstract_batch))
             return made
 
         programs = {**train_programs_for(options), "train_programs_for": train_programs_for}
@@ -529,6 +530,51 @@ def train_step_cost(step_fn: Callable, strategy: Strategy, shardings, options: S
                         donate=False)
     inputs = step_inputs(abstract_batch, options, processes=jax.process_count())
     return cost_of(jitted.lower(abstract_state, inputs).compile())
+
+
+class StepCost:
+    """XLA's cost analysis of one full call of the train step, per device, when called.
+
+    Once the loop has `record`ed a call of the step it runs (the train step, or the block step
+    that picks its batches on the devices: the same step and a gather), that program is the one
+    analysed, and it is not compiled again: JAX gives `step.lower(...).compile()` the executable
+    `step(...)` compiled, for arguments shaped, typed and placed alike. Before any call (read at
+    `on_fit_start`) the step is compiled on its own, as a program named `train_step_flops`
+    (`count`). A second compilation of the step only to count it had doubled the start of a
+    fit reporting its MFU (the GPT example's ThroughputMonitor)."""
+
+    __slots__ = ("_count", "_ran")
+
+    def __init__(self, count: Callable[[], dict[str, float]]) -> None:
+        self._count = count
+        self._ran: tuple[Any, Any, Any] | None = None
+
+    @property
+    def recorded(self) -> bool:
+        return self._ran is not None
+
+    def record(self, step: Any, state: TrainState, inputs: Any) -> None:
+        """`step(state, inputs)` is a full call (every step of a call, not a shorter tail) about
+        to run: its arguments' shapes, types and placements are kept (not the arrays)."""
+        self._ran = (step, _abstract(state), _abstract(inputs))
+
+    def __call__(self) -> dict[str, float]:
+        if self._ran is None:
+            return self._count()
+        step, state, inputs = self._ran
+        return cost_of(step.lower(state, inputs).compile())
+
+
+def _abstract(tree: Any) -> Any:
+    """`tree` with each array as a `jax.ShapeDtypeStruct` of its shape, dtype, sharding and weak
+    type (a program lowered for it is the one the arrays' call compiled)."""
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=getattr(x, "weak_type", False))
+        if isinstance(x, np.ndarray | np.generic):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return x
+    return jax.tree.map(leaf, tree)
 
 
 def step_memory_bytes(memory_analysis: Any) -> int:

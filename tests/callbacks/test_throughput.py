@@ -152,15 +152,18 @@ def test_remat_raises_the_hardware_flops_but_not_the_model_flops_or_mfu():
     plain, _, plain_rows = _fit(module=Tower(), peak_flops=1e9)
     remat, _, remat_rows = _fit(module=Tower(), peak_flops=1e9, remat="full")
     model = plain.train_step_flops()
-    assert remat.train_step_flops(remat="none") == model  # the same program without remat
+    # the same step without remat, counted as a program of its own: the fits count the programs
+    # they ran, which also pick each batch from those kept on the devices (a few index FLOPs)
+    assert remat.train_step_flops(remat="none") == pytest.approx(model, rel=1e-2)
     assert remat.train_step_flops() > model * 1.05  # the recomputed layers' forward passes
     row, plain_row = remat_rows[-1][1], plain_rows[-1][1]
-    assert _per_batch(row, "flops_per_sec") == pytest.approx(model)
+    assert _per_batch(row, "flops_per_sec") == pytest.approx(model, rel=1e-2)
     assert _per_batch(row, "hardware_flops_per_sec") == pytest.approx(remat.train_step_flops())
     assert _per_batch(plain_row, "hardware_flops_per_sec") == pytest.approx(model)
     # MFU from the model's FLOPs: remat's extra work shows in the HFU only
     assert row["train/device/mfu"] == pytest.approx(row["train/device/flops_per_sec"] / 1e9)
-    assert row["train/device/hfu"] / row["train/device/mfu"] == pytest.approx(remat.train_step_flops() / model)
+    assert row["train/device/hfu"] / row["train/device/mfu"] == pytest.approx(remat.train_step_flops() / model,
+                                                                              rel=1e-2)
 
 
 def test_a_modules_flops_per_batch_is_the_model_count_as_in_lightning():
