@@ -5,9 +5,11 @@ among them, kept from probing by `import fitjax` on a machine without a TPU).
 """
 
 import atexit
+import faulthandler
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # fitjax's compile cache (`Trainer(compile_cache=True)`, the default) goes to a folder of this
 # test run, as a user would move it: the suite never writes into the real ~/.cache, and a program
@@ -88,3 +90,35 @@ def compile_cache(tmp_path_factory):
     `pytestmark = pytest.mark.usefixtures("compile_cache")`."""
     with persistent_compile_cache(tmp_path_factory.mktemp("xla_cache")):
         yield
+
+
+# A test worker that dies (xdist: "node down: Not properly terminated") says only which test it
+# was running. Each worker writes Python's traceback of every thread at a fatal signal (SIGSEGV,
+# SIGABRT, ...) to a file its controller prints when the worker goes down; an empty file means
+# the worker was killed (SIGKILL) or exited without a fault.
+def _faults_file(controller: int, worker: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"fitjax-tests-{controller}-{worker}.faults"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler plugin, which writes to stderr
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        config._fitjax_faults = open(_faults_file(os.getppid(), worker), "a")  # noqa: SIM115 (open until exit)
+        faulthandler.enable(file=config._fitjax_faults, all_threads=True)
+
+
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker went down; printed at once (a crashed worker can leave xdist's
+    group scheduler waiting, pytest-xdist#1378: the run's own report may never come)."""
+    path = _faults_file(os.getpid(), node.gateway.id)
+    text = path.read_text(errors="replace").strip() if error and path.exists() else ""
+    if error:
+        print(f"\n{node.gateway.id} died: {text[-6000:] if text else 'no fatal signal (killed, or it exited)'}",
+              flush=True)
+
+
+def pytest_unconfigure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        for path in Path(tempfile.gettempdir()).glob(f"fitjax-tests-{os.getpid()}-*.faults"):
+            path.unlink(missing_ok=True)
