@@ -8,6 +8,8 @@ the others waiting in a collective forever) and brings sharded outputs back to e
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Any, Sequence
 
 import jax
@@ -63,10 +65,13 @@ def initialize_distributed(num_nodes: int | None = None, *, devices: Any = "auto
                 f"({environment.describe_variables()}): set JAX_COORDINATOR_ADDRESS=host:port, or "
                 "MASTER_ADDR and MASTER_PORT, for every process (process 0's host)."
             )
+        rank = environment.global_rank() if process_id is None else process_id
+        if rank == 0:
+            _check_coordinator_port(coordinator, environment)
         try:
             jax.distributed.initialize(
                 coordinator, num_processes=world,
-                process_id=environment.global_rank() if process_id is None else process_id,
+                process_id=rank,
                 local_device_ids=environment.local_device_ids(), cluster_detection_method="deactivate",
                 **environment.timeouts)
         except RuntimeError as exc:
@@ -84,6 +89,35 @@ def initialize_distributed(num_nodes: int | None = None, *, devices: Any = "auto
         )
     _check_devices(devices, environment)
     return environment
+
+
+def _check_coordinator_port(coordinator: str, environment: ClusterEnvironment) -> None:
+    """Process 0 starts JAX's coordinator service on the port of `coordinator` ("host:port"),
+    listening on every address of its machine. Where that port is taken JAX's runtime does not
+    raise: it logs "Failed to add port to server" and the process dies of a segmentation fault.
+    Checked here first, to say which port and how to choose another (a port taken between this
+    check and JAX's start still fails JAX's way)."""
+    port = coordinator.rpartition(":")[2]
+    if not port.isdigit():
+        return  # JAX's own error names a malformed address
+    for family, anywhere in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this machine: the IPv4 probe decides
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's server binds
+            try:
+                probe.bind((anywhere, int(port)))
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    raise RuntimeError(
+                        f"jax.distributed's coordinator cannot listen on port {port} of this machine (process "
+                        f"0 starts it, at {coordinator!r}): {exc.strerror}. {type(environment).__name__} took the "
+                        f"address from {environment.describe_variables()}; choose a free port for every process "
+                        "(MASTER_PORT, or JAX_COORDINATOR_ADDRESS=host:port).") from exc
+                continue  # this family cannot bind here (no such address): the other one decides
+            return
 
 
 def _check_devices(devices: Any, environment: ClusterEnvironment) -> None:

@@ -29,10 +29,21 @@ def missing_binaries() -> list[str]:
     return [name for name in (*DAEMONS, "srun", "sbatch", "sinfo", "scontrol") if shutil.which(name) is None]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(*, next_too: bool = False) -> int:
+    """A port free on loopback; `next_too`: one whose next port is free too (torchrun's agent
+    holds MASTER_PORT and JAX's coordinator then listens on MASTER_PORT + 1)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not next_too:
+            return port
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
 
 
 class SlurmCluster:

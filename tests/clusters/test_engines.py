@@ -120,7 +120,7 @@ def test_sbatch_without_srun_runs_one_process_and_says_how_to_run_more(slurm, tm
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torch's torchrun is not installed (dev extra)")
 def test_torchrun_with_node_rank_exported_matches_fitjax_launch(launched, tmp_path):
     # NODE_RANK=0 is what Lightning's docs have users export; it must not become every process's rank
-    run(["torchrun", "--nproc_per_node", 2, "--master_addr", "127.0.0.1", "--master_port", free_port(),
+    run(["torchrun", "--nproc_per_node", 2, "--master_addr", "127.0.0.1", "--master_port", free_port(next_too=True),
          WORKER, tmp_path], tmp_path, _env(NODE_RANK="0"))
     got = results(tmp_path)
     assert_environment(got, "TorchElasticEnvironment")

@@ -13,8 +13,10 @@ import http.server
 import os
 import re
 import signal
+import socket
 import threading
 
+import jax
 import pytest
 
 import fitjax as fj
@@ -142,6 +144,23 @@ def test_torchrun_with_node_rank_exported_uses_rank_and_local_rank(launched):
     assert type(env) is envs.TorchElasticEnvironment
     # rank 1 (not NODE_RANK's 0), one device per process; the agent's store holds MASTER_PORT
     assert numbers(env) == (2, 1, 1, 0, 1, 2, "localhost:42378", [1])
+
+
+def test_a_coordinator_port_in_use_is_named_before_jax_would_crash_on_it(launched):
+    """Process 0 starts JAX's coordinator on MASTER_PORT + 1 under torchrun's agent store; JAX
+    dies of a segmentation fault when that port is taken (seen when another program held it):
+    fitjax says which port and which variable to change, before starting anything."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        launched({**TORCHRUN_1, "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": str(taken - 1)})
+        with pytest.raises(RuntimeError, match=rf"coordinator cannot listen on port {taken} of this machine "
+                                               rf"\(process 0 starts it, at '127.0.0.1:{taken}'\).*"
+                                               r"MASTER_PORT='\d+'.*choose a free port for every process"):
+            initialize_distributed()
+    assert not jax.distributed.is_initialized()
 
 
 def test_slurm_comes_before_torchelastic_as_in_lightning(launched):
