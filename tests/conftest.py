@@ -111,11 +111,11 @@ def pytest_configure(config):
 def pytest_testnodedown(node, error):
     """xdist's controller: a worker went down; printed at once (a crashed worker can leave xdist's
     group scheduler waiting, pytest-xdist#1378: the run's own report may never come)."""
+    if not error:
+        return
     path = _faults_file(os.getpid(), node.gateway.id)
-    text = path.read_text(errors="replace").strip() if error and path.exists() else ""
-    if error:
-        print(f"\n{node.gateway.id} died: {text[-6000:] if text else 'no fatal signal (killed, or it exited)'}",
-              flush=True)
+    text = path.read_text(errors="replace").strip() if path.exists() else ""
+    print(f"\n{node.gateway.id} died: {text[-6000:] if text else 'no fatal signal (killed, or it exited)'}", flush=True)
 
 
 def pytest_unconfigure(config):

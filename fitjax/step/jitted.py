@@ -16,8 +16,8 @@ import functools
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
